@@ -1,0 +1,1 @@
+//! tern-bench (being built).

@@ -1,0 +1,1 @@
+//! tern-broker (being built).

@@ -1,0 +1,4 @@
+//! The `tern` binary (being built).
+fn main() {
+    println!("tern {}", env!("CARGO_PKG_VERSION"));
+}

@@ -1,0 +1,1 @@
+//! tern-store (being built).

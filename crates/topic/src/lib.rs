@@ -1,0 +1,1 @@
+//! tern-topic (being built).

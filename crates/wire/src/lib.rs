@@ -1,0 +1,1 @@
+//! tern-wire (being built).
