@@ -69,11 +69,17 @@ pub struct Str(Bytes);
 impl Str {
     /// Validates `bytes` as an MQTT UTF-8 string.
     pub fn from_bytes(bytes: Bytes) -> Result<Str, crate::DecodeError> {
-        let text = std::str::from_utf8(&bytes).map_err(|_| crate::DecodeError::InvalidUtf8)?;
-        if text.contains('\0') {
+        std::str::from_utf8(&bytes).map_err(|_| crate::DecodeError::InvalidUtf8)?;
+        // Byte search (memchr) instead of a char scan: U+0000 is the single byte 0 in UTF-8.
+        if bytes.contains(&0) {
             return Err(crate::DecodeError::NullCharacter);
         }
         Ok(Str(bytes))
+    }
+
+    /// Wraps bytes the caller has already validated (UTF-8, no U+0000).
+    pub(crate) fn from_validated(bytes: Bytes) -> Str {
+        Str(bytes)
     }
 
     /// Builds a `Str` from static text; panics only on a programming error (U+0000 in a literal).

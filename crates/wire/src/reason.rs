@@ -56,3 +56,59 @@ impl ReasonCode {
         self.0 < 0x80
     }
 }
+
+/// Reason codes the spec allows in each packet (MQTT 5.0 sections 3.2.2.2, 3.4.2.1, 3.5.2.1,
+/// 3.6.2.1, 3.7.2.1, 3.9.3, 3.11.3, 3.14.2.1, 3.15.2.1).
+pub(crate) fn allowed_in(packet_type: crate::packet::PacketType, code: u8) -> bool {
+    use crate::packet::PacketType::*;
+    match packet_type {
+        ConnAck => matches!(
+            code,
+            0x00 | 0x80..=0x8A | 0x8C | 0x90 | 0x95 | 0x97 | 0x99..=0x9D | 0x9F
+        ),
+        PubAck | PubRec => matches!(
+            code,
+            0x00 | 0x10 | 0x80 | 0x83 | 0x87 | 0x90 | 0x91 | 0x97 | 0x99
+        ),
+        PubRel | PubComp => matches!(code, 0x00 | 0x92),
+        SubAck => matches!(
+            code,
+            0x00..=0x02 | 0x80 | 0x83 | 0x87 | 0x8F | 0x91 | 0x97 | 0x9E | 0xA1 | 0xA2
+        ),
+        UnsubAck => matches!(code, 0x00 | 0x11 | 0x80 | 0x83 | 0x87 | 0x8F | 0x91),
+        Disconnect => matches!(
+            code,
+            0x00 | 0x04 | 0x80..=0x83 | 0x87 | 0x89 | 0x8B | 0x8D..=0x90 | 0x93..=0xA2
+        ),
+        Auth => matches!(code, 0x00 | 0x18 | 0x19),
+        Connect | Publish | Subscribe | Unsubscribe | PingReq | PingResp => false,
+    }
+}
+
+/// MQTT 3.1.1 CONNACK return code for a 5.0 reason code (3.2.2.3). Reasons 3.x cannot express
+/// become 0x03 "server unavailable" (the nearest refusal that does not blame the client's
+/// credentials or identity).
+pub(crate) fn connack_v3_code(reason: ReasonCode) -> u8 {
+    match reason.0 {
+        0x00 => 0x00,
+        0x84 => 0x01,
+        0x85 => 0x02,
+        0x88 | 0x89 => 0x03,
+        0x86 | 0x8C => 0x04,
+        0x87 | 0x8A => 0x05,
+        _ => 0x03,
+    }
+}
+
+/// The 5.0 reason code for an MQTT 3.1.1 CONNACK return code; `None` above 5.
+pub(crate) fn connack_from_v3_code(code: u8) -> Option<ReasonCode> {
+    Some(match code {
+        0x00 => ReasonCode::SUCCESS,
+        0x01 => ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
+        0x02 => ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+        0x03 => ReasonCode::SERVER_UNAVAILABLE,
+        0x04 => ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+        0x05 => ReasonCode::NOT_AUTHORIZED,
+        _ => return None,
+    })
+}
