@@ -1,0 +1,395 @@
+//! The hot loops: one publisher or subscriber per task, each driving its own socket.
+//!
+//! Every loop waits for socket readiness and then does non-blocking reads and writes, so one task
+//! reads acknowledgements while its writes are pending and can never deadlock against a broker
+//! that stops reading while it cannot write. Publishers copy a pre-encoded PUBLISH per message and
+//! patch packet id and bench header in place; writes go out in batches of up to
+//! [`OUT_HIGH_WATER_BYTES`]. Each read takes up to [`READ_CHUNK_BYTES`] and decodes every whole
+//! packet in it. The clock is read once per batch, not per message.
+//!
+//! # Invariants
+//! - A publisher has at most `window` QoS>0 messages unacknowledged, and `window` is below the
+//!   65,535 packet ids, so a free id always exists when the window has room.
+//! - Counters shared between tasks ([`Shared`]) are updated once per batch, not per message.
+//! - `out` grows past [`OUT_HIGH_WATER_BYTES`] only by acknowledgements owed for packets already
+//!   read, which the read size bounds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tern_wire::{Packet, QoS};
+use tokio::io::Interest;
+use tokio::sync::watch;
+
+use crate::checker::{Counts, StreamCheck};
+use crate::cli::Qos;
+use crate::mqtt::{
+    AckKind, AckTemplate, Conn, MAX_PACKET_BYTES, MqttError, PublishTemplate, READ_CHUNK_BYTES,
+};
+use crate::payload::Header;
+use crate::stats::Latency;
+
+/// A publisher stops filling its write buffer at this size and waits for the socket.
+pub const OUT_HIGH_WATER_BYTES: usize = 64 * 1024;
+/// Packet id space: 1..=65535.
+const PACKET_IDS: usize = 65_536;
+const FREE: u64 = u64::MAX;
+
+/// The run's monotonic clock; every timestamp in payloads is ns since `epoch`.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    epoch: Instant,
+}
+
+impl Clock {
+    pub fn new() -> Clock {
+        Clock {
+            epoch: Instant::now(),
+        }
+    }
+
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub fn instant(&self, at_ns: u64) -> Instant {
+        self.epoch + Duration::from_nanos(at_ns)
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// Live counters for the progress line and the drain logic.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub sent: AtomicU64,
+    pub acked: AtomicU64,
+    pub delivered: AtomicU64,
+}
+
+/// Open-loop schedule: message `seq` is due at `start_ns + seq * interval_ns`.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    pub start_ns: u64,
+    pub interval_ns: f64,
+}
+
+impl Pace {
+    #[inline]
+    pub fn due_ns(&self, seq: u64) -> u64 {
+        self.start_ns + (seq as f64 * self.interval_ns) as u64
+    }
+}
+
+pub struct PublisherPlan {
+    pub id: u32,
+    pub qos: Qos,
+    pub messages: u64,
+    pub window: u32,
+    pub template: PublishTemplate,
+    pub pace: Option<Pace>,
+}
+
+#[derive(Debug, Default)]
+pub struct PublisherResult {
+    pub sent: u64,
+    pub acked: u64,
+    pub ack_latency: Latency,
+    pub first_send_ns: Option<u64>,
+    pub last_ack_ns: u64,
+    /// Open loop: messages stamped with their due time because back-pressure held them.
+    pub delayed_by_backpressure: u64,
+}
+
+/// Publishes `plan.messages` messages and waits for every acknowledgement.
+pub async fn run_publisher(
+    mut conn: Conn,
+    plan: PublisherPlan,
+    clock: Clock,
+    shared: Arc<Shared>,
+) -> Result<PublisherResult, MqttError> {
+    let qos = plan.qos;
+    let window = match conn.limits.receive_maximum {
+        Some(max) => plan.window.min(u32::from(max)),
+        None => plan.window,
+    }
+    .max(1);
+    let pubrel = AckTemplate::new(conn.protocol, AckKind::PubRel)?;
+    let template = &plan.template;
+    let mut since_ns = if qos == Qos::AtMostOnce {
+        Vec::new()
+    } else {
+        vec![FREE; PACKET_IDS]
+    };
+    let mut next_packet_id: usize = 1;
+    let mut inflight: u32 = 0;
+    let mut seq: u64 = 0;
+    let mut out = BytesMut::with_capacity(OUT_HIGH_WATER_BYTES + template.bytes.len());
+    let mut result = PublisherResult::default();
+    // Open loop: set while a due message could not be queued because of back-pressure.
+    let mut held_back = false;
+
+    loop {
+        let now_ns = clock.now_ns();
+        let mut wake_at_ns = None;
+        let sent_before = seq;
+        while seq < plan.messages {
+            let window_full = qos != Qos::AtMostOnce && inflight >= window;
+            if window_full || out.len() >= OUT_HIGH_WATER_BYTES {
+                held_back = plan.pace.is_some_and(|pace| pace.due_ns(seq) <= now_ns);
+                break;
+            }
+            let send_ns = match plan.pace {
+                Some(pace) => {
+                    let due_ns = pace.due_ns(seq);
+                    if due_ns > now_ns {
+                        held_back = false;
+                        wake_at_ns = Some(due_ns);
+                        break;
+                    }
+                    // A message the timer merely woke late for is stamped with the real send
+                    // time; one that back-pressure held keeps its due time, so the wait counts.
+                    if held_back {
+                        result.delayed_by_backpressure += 1;
+                        due_ns
+                    } else {
+                        now_ns
+                    }
+                }
+                None => now_ns,
+            };
+            let start = out.len();
+            out.extend_from_slice(&template.bytes);
+            if let Some(at) = template.packet_id_at {
+                while since_ns[next_packet_id] != FREE {
+                    next_packet_id = next_packet_id % (PACKET_IDS - 1) + 1;
+                }
+                let id = next_packet_id as u16;
+                out[start + at..start + at + 2].copy_from_slice(&id.to_be_bytes());
+                since_ns[next_packet_id] = send_ns;
+                next_packet_id = next_packet_id % (PACKET_IDS - 1) + 1;
+                inflight += 1;
+            }
+            let header = Header {
+                publisher_id: plan.id,
+                seq,
+                send_time_ns: send_ns,
+            };
+            // The template's payload is at least HEADER_BYTES long (checked by the CLI).
+            let _ = header.write(&mut out[start + template.payload_at..]);
+            result.first_send_ns.get_or_insert(send_ns);
+            seq += 1;
+        }
+        if seq > sent_before {
+            shared.sent.fetch_add(seq - sent_before, Ordering::Relaxed);
+        }
+        if seq == plan.messages && inflight == 0 && out.is_empty() {
+            break;
+        }
+
+        let interest = if out.is_empty() {
+            Interest::READABLE
+        } else {
+            Interest::READABLE | Interest::WRITABLE
+        };
+        let ready = match wake_at_ns {
+            Some(at_ns) if out.is_empty() => {
+                tokio::select! {
+                    ready = conn.stream.ready(interest) => Some(ready?),
+                    _ = tokio::time::sleep_until(clock.instant(at_ns).into()) => None,
+                }
+            }
+            _ => Some(conn.stream.ready(interest).await?),
+        };
+        let Some(ready) = ready else { continue };
+
+        if ready.is_readable() {
+            conn.inbuf.reserve(READ_CHUNK_BYTES);
+            match conn.stream.try_read_buf(&mut conn.inbuf) {
+                Ok(0) => return Err(MqttError::Closed),
+                Ok(_) => {
+                    let now_ns = clock.now_ns();
+                    let acked_before = result.acked;
+                    while let Some(packet) =
+                        tern_wire::decode(&mut conn.inbuf, conn.protocol, MAX_PACKET_BYTES)?
+                    {
+                        let completed = match (&packet, qos) {
+                            (Packet::PubAck(ack), Qos::AtLeastOnce) => Some(ack.packet_id),
+                            (Packet::PubComp(ack), Qos::ExactlyOnce) => Some(ack.packet_id),
+                            (Packet::PubRec(ack), Qos::ExactlyOnce) => {
+                                if !ack.reason.is_success() {
+                                    return Err(MqttError::Refused(ack.reason.0));
+                                }
+                                pubrel.push(ack.packet_id, &mut out);
+                                None
+                            }
+                            (Packet::Disconnect(_), _) => return Err(MqttError::Closed),
+                            (Packet::PingResp, _) => None,
+                            _ => return Err(MqttError::Unexpected("packet", "publishing")),
+                        };
+                        if let Some(id) = completed {
+                            let slot = &mut since_ns[usize::from(id)];
+                            if *slot == FREE {
+                                return Err(MqttError::Unexpected(
+                                    "ack for a packet id not in flight",
+                                    "publishing",
+                                ));
+                            }
+                            result.ack_latency.record_ns(now_ns.saturating_sub(*slot));
+                            *slot = FREE;
+                            inflight -= 1;
+                            result.acked += 1;
+                            result.last_ack_ns = now_ns;
+                        }
+                    }
+                    if result.acked > acked_before {
+                        shared
+                            .acked
+                            .fetch_add(result.acked - acked_before, Ordering::Relaxed);
+                    }
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        if ready.is_writable() && !out.is_empty() {
+            write_some(&conn, &mut out)?;
+        }
+    }
+    result.sent = seq;
+    Ok(result)
+}
+
+fn write_some(conn: &Conn, out: &mut BytesMut) -> Result<(), MqttError> {
+    match conn.stream.try_write(out) {
+        Ok(written) if written == out.len() => out.clear(),
+        Ok(written) => out.advance(written),
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+        Err(error) => return Err(error.into()),
+    }
+    Ok(())
+}
+
+pub struct SubscriberPlan {
+    pub publishers: u32,
+    pub messages_per_publisher: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct SubscriberResult {
+    pub counts: Counts,
+    pub e2e_latency: Latency,
+    /// Every PUBLISH received, duplicates included.
+    pub deliveries: u64,
+    pub last_delivery_ns: u64,
+    /// Deliveries whose QoS was not the QoS subscribed at (the broker downgraded or upgraded).
+    pub qos_mismatches: u64,
+}
+
+/// Receives until every publisher's every message arrived, or until `stop` says so.
+pub async fn run_subscriber(
+    mut conn: Conn,
+    plan: SubscriberPlan,
+    qos: Qos,
+    clock: Clock,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<SubscriberResult, MqttError> {
+    let puback = AckTemplate::new(conn.protocol, AckKind::PubAck)?;
+    let pubrec = AckTemplate::new(conn.protocol, AckKind::PubRec)?;
+    let pubcomp = AckTemplate::new(conn.protocol, AckKind::PubComp)?;
+    let mut checks: Vec<StreamCheck> = (0..plan.publishers)
+        .map(|_| StreamCheck::new(plan.messages_per_publisher))
+        .collect();
+    let mut incomplete = checks.iter().filter(|check| !check.complete()).count();
+    let mut out = BytesMut::new();
+    let mut result = SubscriberResult::default();
+    let mut malformed_payloads = 0u64;
+
+    loop {
+        if incomplete == 0 && out.is_empty() {
+            break;
+        }
+        let interest = if out.is_empty() {
+            Interest::READABLE
+        } else {
+            Interest::READABLE | Interest::WRITABLE
+        };
+        let ready = tokio::select! {
+            ready = conn.stream.ready(interest) => ready?,
+            _ = stop.changed() => break,
+        };
+        if ready.is_readable() {
+            conn.inbuf.reserve(READ_CHUNK_BYTES);
+            match conn.stream.try_read_buf(&mut conn.inbuf) {
+                Ok(0) => return Err(MqttError::Closed),
+                Ok(_) => {
+                    let now_ns = clock.now_ns();
+                    let deliveries_before = result.deliveries;
+                    while let Some(packet) =
+                        tern_wire::decode(&mut conn.inbuf, conn.protocol, MAX_PACKET_BYTES)?
+                    {
+                        match packet {
+                            Packet::Publish(publish) => {
+                                result.deliveries += 1;
+                                match publish.qos {
+                                    QoS::AtMostOnce => {}
+                                    QoS::AtLeastOnce => puback.push(publish.packet_id, &mut out),
+                                    QoS::ExactlyOnce => pubrec.push(publish.packet_id, &mut out),
+                                }
+                                if Qos::from_wire(publish.qos) != qos {
+                                    result.qos_mismatches += 1;
+                                }
+                                let Ok(header) = Header::read(&publish.payload) else {
+                                    malformed_payloads += 1;
+                                    continue;
+                                };
+                                let Some(check) = checks.get_mut(header.publisher_id as usize)
+                                else {
+                                    malformed_payloads += 1;
+                                    continue;
+                                };
+                                let was_complete = check.complete();
+                                if check.record(header.seq) {
+                                    result
+                                        .e2e_latency
+                                        .record_ns(now_ns.saturating_sub(header.send_time_ns));
+                                }
+                                if !was_complete && check.complete() {
+                                    incomplete -= 1;
+                                }
+                            }
+                            Packet::PubRel(ack) => pubcomp.push(ack.packet_id, &mut out),
+                            Packet::PingResp => {}
+                            Packet::Disconnect(_) => return Err(MqttError::Closed),
+                            _ => return Err(MqttError::Unexpected("packet", "subscribing")),
+                        }
+                    }
+                    if result.deliveries > deliveries_before {
+                        result.last_delivery_ns = now_ns;
+                        shared
+                            .delivered
+                            .fetch_add(result.deliveries - deliveries_before, Ordering::Relaxed);
+                    }
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        if !out.is_empty() {
+            write_some(&conn, &mut out)?;
+        }
+    }
+    for check in &checks {
+        result.counts.add(&check.counts());
+    }
+    result.counts.out_of_range += malformed_payloads;
+    Ok(result)
+}

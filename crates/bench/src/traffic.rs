@@ -1,0 +1,330 @@
+//! Runs pubsub, fan-out and latency benchmarks: sets up every connection first, starts the
+//! publishers together, drains the subscribers, and builds the report.
+//!
+//! Every subscriber subscribes to every publisher's topic, so it expects
+//! `publishers * messages` messages. The run ends when every subscriber has all of them, or when
+//! deliveries stop making progress for `--drain-ms` after the publishers finished (the only way
+//! a QoS 0 loss can show).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::checker::{Counts, judge};
+use crate::cli::{Common, Qos, TopicMode};
+use crate::load::{
+    Clock, Pace, PublisherPlan, PublisherResult, Shared, SubscriberPlan, SubscriberResult,
+    run_publisher, run_subscriber,
+};
+use crate::mqtt::{Conn, ConnectOptions, PublishTemplate, connect};
+use crate::payload::HEADER_BYTES;
+use crate::procfs::{CpuMark, Target, rss_bytes};
+use crate::progress::Progress;
+use crate::report::{TrafficReport, protocol_name};
+use crate::stats::{Latency, rate_per_s};
+
+/// What to run (pubsub, fan-out and latency all reduce to this).
+#[derive(Debug, Clone)]
+pub struct TrafficPlan {
+    pub publishers: u32,
+    pub subscribers: u32,
+    pub messages_per_publisher: u64,
+    pub payload_bytes: usize,
+    pub qos: Qos,
+    pub window: u32,
+    pub topics: TopicMode,
+    /// Open loop: messages per second over all publishers.
+    pub offered_rate_per_s: Option<u64>,
+}
+
+impl TrafficPlan {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.payload_bytes < HEADER_BYTES {
+            bail!("--payload-bytes must be at least {HEADER_BYTES} (the bench header)");
+        }
+        if self.payload_bytes > crate::cli::MAX_PAYLOAD_BYTES {
+            bail!(
+                "--payload-bytes must be at most {}",
+                crate::cli::MAX_PAYLOAD_BYTES
+            );
+        }
+        if self.window == 0 || self.window > crate::cli::MAX_WINDOW {
+            bail!("--window must be in 1..={}", crate::cli::MAX_WINDOW);
+        }
+        if self.publishers == 0 {
+            bail!("at least one publisher is needed");
+        }
+        if self.offered_rate_per_s == Some(0) {
+            bail!("--rate must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Resolves `--host`/`--port` to one address.
+pub async fn resolve(common: &Common) -> anyhow::Result<SocketAddr> {
+    let mut addrs = tokio::net::lookup_host((common.host.as_str(), common.port))
+        .await
+        .with_context(|| format!("cannot resolve {}", common.host))?;
+    addrs
+        .next()
+        .with_context(|| format!("{} resolves to no address", common.host))
+}
+
+/// A short tag unique enough to keep concurrent and consecutive runs apart on one broker.
+pub fn run_tag() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{:x}{:x}",
+        std::process::id() & 0xffff,
+        (nanos as u64) & 0xff_ffff
+    )
+}
+
+async fn connect_many(
+    common: &Common,
+    addr: SocketAddr,
+    ids: Vec<String>,
+    subscribe_to: Option<(Vec<String>, Qos)>,
+) -> anyhow::Result<Vec<Conn>> {
+    let limit = Arc::new(Semaphore::new(common.connect_concurrency.max(1)));
+    let protocol = common.protocol.wire();
+    let subscribe_to = Arc::new(subscribe_to);
+    let mut tasks = JoinSet::new();
+    for (index, client_id) in ids.into_iter().enumerate() {
+        let limit = limit.clone();
+        let subscribe_to = subscribe_to.clone();
+        tasks.spawn(async move {
+            let _permit = limit.acquire_owned().await;
+            let options = ConnectOptions {
+                addr,
+                source: None,
+                protocol,
+                client_id: &client_id,
+                keep_alive_s: 600,
+            };
+            let mut conn = connect(&options)
+                .await
+                .with_context(|| format!("connecting {client_id}"))?;
+            if let Some((filters, qos)) = subscribe_to.as_ref() {
+                conn.subscribe(filters, *qos)
+                    .await
+                    .with_context(|| format!("subscribing {client_id}"))?;
+            }
+            anyhow::Ok((index, conn))
+        });
+    }
+    let mut conns: Vec<Option<Conn>> = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (index, conn) = joined.context("connect task panicked")??;
+        if conns.len() <= index {
+            conns.resize_with(index + 1, || None);
+        }
+        conns[index] = Some(conn);
+    }
+    Ok(conns.into_iter().flatten().collect())
+}
+
+/// Runs one traffic benchmark.
+pub async fn run(
+    common: &Common,
+    plan: &TrafficPlan,
+    progress: &Progress,
+) -> anyhow::Result<TrafficReport> {
+    plan.validate()?;
+    let addr = resolve(common).await?;
+    let protocol = common.protocol.wire();
+    let tag = run_tag();
+    let topic_base = format!("{}/{tag}", common.prefix);
+    let topics: Vec<String> = match plan.topics {
+        TopicMode::Shared => vec![format!("{topic_base}/all")],
+        TopicMode::PerPublisher => (0..plan.publishers)
+            .map(|p| format!("{topic_base}/{p}"))
+            .collect(),
+    };
+    let topic_of = |publisher: u32| match plan.topics {
+        TopicMode::Shared => topics[0].clone(),
+        TopicMode::PerPublisher => topics[publisher as usize].clone(),
+    };
+
+    progress.phase(&format!("connecting {} subscribers", plan.subscribers));
+    let sub_ids = (0..plan.subscribers)
+        .map(|i| format!("{}-{tag}-s{i}", common.prefix))
+        .collect();
+    let subscribers = connect_many(common, addr, sub_ids, Some((topics.clone(), plan.qos))).await?;
+    progress.phase(&format!("connecting {} publishers", plan.publishers));
+    let pub_ids = (0..plan.publishers)
+        .map(|i| format!("{}-{tag}-p{i}", common.prefix))
+        .collect();
+    let publishers = connect_many(common, addr, pub_ids, None).await?;
+    let effective_window = publishers
+        .iter()
+        .map(|conn| {
+            conn.limits
+                .receive_maximum
+                .map_or(plan.window, |max| plan.window.min(u32::from(max)))
+        })
+        .min()
+        .unwrap_or(plan.window);
+
+    let clock = Clock::new();
+    let shared = Arc::new(Shared::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let cpu = CpuMark::now(common.broker_pid);
+
+    let mut sub_tasks = JoinSet::new();
+    for conn in subscribers {
+        let sub_plan = SubscriberPlan {
+            publishers: plan.publishers,
+            messages_per_publisher: plan.messages_per_publisher,
+        };
+        sub_tasks.spawn(run_subscriber(
+            conn,
+            sub_plan,
+            plan.qos,
+            clock,
+            shared.clone(),
+            stop_rx.clone(),
+        ));
+    }
+    // Open loop: start a little in the future so every publisher is scheduled before its first due time.
+    let start_ns = clock.now_ns() + 10_000_000;
+    let mut pub_tasks = JoinSet::new();
+    for (id, conn) in publishers.into_iter().enumerate() {
+        let id = id as u32;
+        let template = PublishTemplate::new(protocol, &topic_of(id), plan.qos, plan.payload_bytes)?;
+        let pace = plan.offered_rate_per_s.map(|rate| {
+            let interval_ns = 1e9 * f64::from(plan.publishers) / rate as f64;
+            Pace {
+                start_ns: start_ns
+                    + (interval_ns * f64::from(id) / f64::from(plan.publishers)) as u64,
+                interval_ns,
+            }
+        });
+        let pub_plan = PublisherPlan {
+            id,
+            qos: plan.qos,
+            messages: plan.messages_per_publisher,
+            window: plan.window,
+            template,
+            pace,
+        };
+        pub_tasks.spawn(run_publisher(conn, pub_plan, clock, shared.clone()));
+    }
+
+    let total_expected = u64::from(plan.publishers) * plan.messages_per_publisher;
+    progress.start(
+        shared.clone(),
+        total_expected,
+        u64::from(plan.subscribers) * total_expected,
+    );
+    let mut pub_results: Vec<PublisherResult> = Vec::new();
+    while let Some(joined) = pub_tasks.join_next().await {
+        pub_results.push(
+            joined
+                .context("publisher task panicked")?
+                .context("publisher")?,
+        );
+    }
+
+    // Drain: wait while deliveries still make progress.
+    let drain = Duration::from_millis(common.drain_ms);
+    let mut sub_results: Vec<SubscriberResult> = Vec::new();
+    let mut last_delivered = shared.delivered.load(Ordering::Relaxed);
+    loop {
+        tokio::select! {
+            joined = sub_tasks.join_next() => match joined {
+                Some(joined) => sub_results.push(joined.context("subscriber task panicked")?.context("subscriber")?),
+                None => break,
+            },
+            _ = tokio::time::sleep(drain) => {
+                let delivered = shared.delivered.load(Ordering::Relaxed);
+                if delivered == last_delivered {
+                    let _ = stop_tx.send(true);
+                }
+                last_delivered = delivered;
+            }
+        }
+    }
+    let cpu = cpu.usage();
+    progress.finish();
+    let broker_rss_bytes = common
+        .broker_pid
+        .and_then(|pid| rss_bytes(Target::Pid(pid)));
+
+    let mut counts = Counts::default();
+    let mut e2e = Latency::new();
+    let mut ack = Latency::new();
+    let mut deliveries = 0;
+    let mut qos_mismatches = 0;
+    let mut last_delivery_ns = 0;
+    for result in &sub_results {
+        counts.add(&result.counts);
+        e2e.merge(&result.e2e_latency);
+        deliveries += result.deliveries;
+        qos_mismatches += result.qos_mismatches;
+        last_delivery_ns = last_delivery_ns.max(result.last_delivery_ns);
+    }
+    let first_send_ns = pub_results
+        .iter()
+        .filter_map(|r| r.first_send_ns)
+        .min()
+        .unwrap_or(0);
+    let last_ack_ns = pub_results.iter().map(|r| r.last_ack_ns).max().unwrap_or(0);
+    for result in &pub_results {
+        ack.merge(&result.ack_latency);
+    }
+    let sent: u64 = pub_results.iter().map(|r| r.sent).sum();
+    let acked: u64 = pub_results.iter().map(|r| r.acked).sum();
+    let end_ns = if plan.subscribers > 0 {
+        last_delivery_ns.max(last_ack_ns)
+    } else {
+        last_ack_ns.max(clock.now_ns())
+    };
+    let elapsed_ns = end_ns.saturating_sub(first_send_ns);
+    let publish_end_ns = if plan.qos == Qos::AtMostOnce {
+        end_ns
+    } else {
+        last_ack_ns
+    };
+    let mut verdict = judge(plan.qos, &counts);
+    if qos_mismatches > 0 {
+        verdict.notes.push(format!(
+            "{qos_mismatches} deliveries at a QoS other than subscribed"
+        ));
+    }
+    Ok(TrafficReport {
+        protocol: protocol_name(common.protocol),
+        qos: plan.qos.level(),
+        publishers: plan.publishers,
+        subscribers: plan.subscribers,
+        messages_per_publisher: plan.messages_per_publisher,
+        payload_bytes: plan.payload_bytes,
+        window: (plan.qos != Qos::AtMostOnce).then_some(effective_window),
+        topics: plan.topics,
+        offered_rate_per_s: plan.offered_rate_per_s,
+        sent,
+        acked,
+        deliveries,
+        elapsed_ms: elapsed_ns as f64 / 1e6,
+        delivered_per_s: rate_per_s(counts.received, elapsed_ns),
+        published_per_s: rate_per_s(sent, publish_end_ns.saturating_sub(first_send_ns)),
+        delivered_bytes_per_s: rate_per_s(counts.received, elapsed_ns) * plan.payload_bytes as f64,
+        e2e_latency: e2e.summary(),
+        ack_latency: ack.summary(),
+        delayed_by_backpressure: pub_results.iter().map(|r| r.delayed_by_backpressure).sum(),
+        qos_mismatches,
+        counts,
+        verdict,
+        cpu,
+        broker_rss_bytes,
+    })
+}
