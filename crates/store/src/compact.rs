@@ -1,0 +1,143 @@
+//! Compaction: rewriting sealed blocks without their deleted records and markers.
+//!
+//! Blocks are compacted oldest first. When block `i` is rewritten every older block is
+//! already clean (holds no deleted record), and a delete marker can only target records at
+//! or before its own block, so all of block `i`'s markers have become moot and are dropped
+//! with its deleted records. For the same reason a live keyed-state tombstone in block `i`
+//! is dropped too: no older value of its key is left anywhere. A block with nothing live
+//! left is unlinked instead of rewritten.
+//!
+//! # Invariants
+//! - A rewrite goes to a temporary file that is fsynced, renamed over the block and made
+//!   durable with a directory fsync; a crash leaves either the old or the new block.
+//! - The rewritten block keeps its base sequence, so sequences are never reused.
+
+use bytes::Bytes;
+
+use crate::error::{Result, StoreError};
+use crate::format::{self, BLOCK_HEADER_LEN, Entry, FLAG_TOMBSTONE, encode_block_header};
+use crate::state::{Block, ENTRY_DELETED, State};
+use crate::writer::Writer;
+
+/// Sum of bytes held by deleted records and markers in sealed blocks.
+pub(crate) fn garbage_bytes(st: &State) -> u64 {
+    let n = st.blocks.len().saturating_sub(1);
+    st.blocks
+        .iter()
+        .take(n)
+        .map(|b| {
+            let stored: u64 = b.len.saturating_sub(BLOCK_HEADER_LEN as u64);
+            stored.saturating_sub(b.live_bytes)
+        })
+        .sum()
+}
+
+fn is_dirty(b: &Block) -> bool {
+    b.live < b.entries.len() as u64
+        || !b.markers.is_empty()
+        || b.entries
+            .iter()
+            .any(|e| e.flags & u32::from(FLAG_TOMBSTONE) != 0)
+}
+
+/// Compacts up to `max_blocks` dirty sealed blocks, oldest first.
+pub(crate) fn compact(w: &mut Writer, st: &mut State, max_blocks: usize) -> Result<()> {
+    let sh = w.sh().clone();
+    let mut done = 0;
+    let mut bi = 0;
+    while bi + 1 < st.blocks.len() && done < max_blocks {
+        if !is_dirty(&st.blocks[bi]) {
+            bi += 1;
+            continue;
+        }
+        // Live tombstones go away with the rewrite.
+        for ei in 0..st.blocks[bi].entries.len() {
+            let e = st.blocks[bi].entries[ei];
+            if e.flags & ENTRY_DELETED == 0 && e.flags & u32::from(FLAG_TOMBSTONE) != 0 {
+                st.delete_at(bi, ei);
+            }
+        }
+        done += 1;
+        if st.blocks[bi].live == 0 {
+            if let Some(b) = st.blocks.remove(bi) {
+                w.unlink.push(b);
+            }
+            continue;
+        }
+        let b = &st.blocks[bi];
+        let mut raw = vec![0u8; b.len as usize];
+        b.file
+            .read_exact_at(&mut raw, 0)
+            .map_err(|e| StoreError::io("read block", &b.path, &e))?;
+        let raw = Bytes::from(raw);
+        let mut out = Vec::with_capacity(b.live_bytes as usize + BLOCK_HEADER_LEN);
+        out.extend_from_slice(&encode_block_header(b.base_seq));
+        let mut topics: Vec<Bytes> = Vec::new();
+        let mut entries = Vec::with_capacity(b.live as usize);
+        let mut remap = vec![u32::MAX; b.topics.len()];
+        for e in b.entries.iter().filter(|e| e.flags & ENTRY_DELETED == 0) {
+            let r = format::decode_record(&raw, e.offset as usize).map_err(|d| {
+                StoreError::Corrupt {
+                    path: b.path.clone(),
+                    range: e.seq..=e.seq,
+                    detail: format!("during compaction: {d:?}"),
+                }
+            })?;
+            if r.seq != e.seq {
+                return Err(StoreError::Corrupt {
+                    path: b.path.clone(),
+                    range: e.seq..=e.seq,
+                    detail: "index and block disagree".into(),
+                });
+            }
+            let t = &mut remap[e.topic as usize];
+            if *t == u32::MAX {
+                *t = topics.len() as u32;
+                topics.push(b.topics[e.topic as usize].clone());
+            }
+            entries.push(Entry {
+                offset: out.len() as u32,
+                topic: *t,
+                ..*e
+            });
+            out.extend_from_slice(&raw[e.offset as usize..e.offset as usize + e.len as usize]);
+        }
+        let tmp = b.path.with_extension("compact");
+        let _ = sh.vfs.remove_file(&tmp);
+        let file = sh
+            .vfs
+            .open_rw(&tmp, true)
+            .map_err(|e| StoreError::io("create", &tmp, &e))?;
+        file.set_len(0)
+            .map_err(|e| StoreError::io("truncate", &tmp, &e))?;
+        file.write_all_at(&out, 0)
+            .map_err(|e| StoreError::io("write", &tmp, &e))?;
+        file.sync_data()
+            .map_err(|e| StoreError::io("fdatasync", &tmp, &e))?;
+        sh.vfs
+            .rename(&tmp, &b.path)
+            .map_err(|e| StoreError::io("rename", &tmp, &e))?;
+        sh.vfs
+            .sync_dir(&sh.dir)
+            .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+        let mut nb = Block::from_index(
+            b.base_seq,
+            b.path.clone(),
+            file,
+            format::IndexData {
+                block_len: out.len() as u64,
+                topics,
+                entries,
+                deletes: Vec::new(),
+            },
+        );
+        nb.sealed = true;
+        let ix = format::encode_index(&nb.index_data());
+        if let Err(e) = sh.vfs.write_file(&nb.index_path(), &ix) {
+            tracing::warn!(stream = %sh.name, error = %e, "could not write block index after compaction");
+        }
+        st.blocks[bi] = nb;
+        bi += 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! Per-stream configuration: block size, sync policy, retention limits.
+
+use std::time::Duration;
+
+use crate::error::{Result, StoreError};
+
+/// Default block file size: large enough that per-block costs (open, unlink, index) are
+/// amortised over tens of thousands of small records, small enough to expire finely.
+pub const DEFAULT_BLOCK_SIZE_BYTES: u64 = 4 * 1024 * 1024;
+/// Largest record (header + topic + properties + payload) the store accepts.
+pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
+/// Longest topic, bounded by the u16 length field of the record format.
+pub const MAX_TOPIC_BYTES: usize = u16::MAX as usize;
+/// Most records in one `append_batch`.
+pub const MAX_BATCH_RECORDS: usize = 1024;
+/// Default bound of the writer queue in bytes of encoded records.
+pub const DEFAULT_MAX_QUEUE_BYTES: usize = 32 * 1024 * 1024;
+/// Most removed ranges kept for `drain_removed` before older ones are merged.
+pub const MAX_PENDING_REMOVED_RANGES: usize = 4096;
+
+/// When an append becomes durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// `fdatasync` after every group-commit batch, before its tickets complete (default).
+    Always,
+    /// `fdatasync` at most every interval; tickets complete after the covering sync.
+    Interval(Duration),
+    /// Never sync; tickets complete once the data is written to the file (page cache).
+    Never,
+}
+
+/// What a limit does when it is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Discard {
+    /// Remove the oldest records to make room (default).
+    #[default]
+    Old,
+    /// Reject the new append with `StoreError::LimitReached`.
+    New,
+}
+
+/// Retention limits of a stream; `None` means unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Records older than this (by record time) are expired by `expire` and the writer's timer.
+    pub max_age: Option<Duration>,
+    /// Most live records in the stream.
+    pub max_msgs: Option<u64>,
+    /// Most live record bytes (encoded size) in the stream.
+    pub max_bytes: Option<u64>,
+    /// Most live records per topic.
+    pub max_msgs_per_topic: Option<u64>,
+    /// Behaviour of `max_msgs`, `max_bytes` and `max_msgs_per_topic` when reached.
+    pub discard: Discard,
+}
+
+/// Configuration of one stream.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// Size at which the active block is sealed and a new one started.
+    pub block_size_bytes: u64,
+    pub sync: SyncPolicy,
+    pub limits: Limits,
+    /// Bound of the queue between appenders and the writer thread.
+    pub max_queue_bytes: usize,
+    /// How often the writer applies `max_age` on its own while idle.
+    pub expire_interval: Duration,
+    /// Verify every record checksum of sealed blocks on open (otherwise sealed blocks are
+    /// trusted through their index and verified when read).
+    pub verify_on_open: bool,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        StreamConfig {
+            block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
+            sync: SyncPolicy::Always,
+            limits: Limits::default(),
+            max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
+            expire_interval: Duration::from_secs(1),
+            verify_on_open: false,
+        }
+    }
+}
+
+impl StreamConfig {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.block_size_bytes < 4096 || self.block_size_bytes > u32::MAX as u64 {
+            return Err(StoreError::InvalidConfig(format!(
+                "block_size_bytes {} outside 4096..=4294967295",
+                self.block_size_bytes
+            )));
+        }
+        if self.max_queue_bytes < 4096 {
+            return Err(StoreError::InvalidConfig(
+                "max_queue_bytes below 4096".into(),
+            ));
+        }
+        if let SyncPolicy::Interval(d) = self.sync {
+            if d.is_zero() {
+                return Err(StoreError::InvalidConfig("sync interval of zero".into()));
+            }
+        }
+        if self.limits.max_msgs_per_topic == Some(0) {
+            return Err(StoreError::InvalidConfig(
+                "max_msgs_per_topic of zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}

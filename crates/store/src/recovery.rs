@@ -1,0 +1,376 @@
+//! Opening a stream directory: loading sealed blocks through their indexes, scanning the
+//! active block, truncating a torn tail, quarantining damaged sealed blocks, replaying
+//! delete markers and restoring the next sequence.
+//!
+//! # Invariants
+//! - The next sequence is above every sequence any block, marker, quarantined range or torn
+//!   record header ever showed, and at least the active block's base: sequences are never
+//!   reused, even when the newest records were removed.
+//! - A batch whose last record is missing from the tail is dropped whole.
+
+use std::collections::HashMap;
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::config::StreamConfig;
+use crate::error::{Result, StoreError};
+use crate::format::{
+    self, BLOCK_HEADER_LEN, DecodeError, Entry, FLAG_BATCH_MORE, IndexData, KIND_DATA,
+    encode_block_header,
+};
+use crate::state::{Block, Corruption, State, block_file_name, index_file_name};
+use crate::vfs::{VFile, Vfs, path_in};
+
+/// What recovery found when a stream was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Bytes cut from the end of the active block (a torn or damaged tail).
+    pub truncated_bytes: u64,
+    /// Sequences that were lost with the cut tail, as far as they could be read.
+    pub lost: Option<RangeInclusive<u64>>,
+    /// Sealed blocks found damaged and moved to `quarantine/`.
+    pub quarantined: Vec<Corruption>,
+    /// Sealed blocks whose index was missing or stale and was rebuilt.
+    pub indexes_rebuilt: usize,
+}
+
+pub(crate) struct Opened {
+    pub state: State,
+    pub active_file: Arc<dyn VFile>,
+    pub active_len: u64,
+    pub next_seq: u64,
+    pub last_time_ns: u64,
+    pub report: RecoveryReport,
+}
+
+struct Scan {
+    ix: IndexData,
+    damage: Option<(u64, String)>,
+    torn_high_seq: u64,
+}
+
+/// Parses a block's records; stops at the first damage or at an unfinished batch.
+fn scan(raw: &Bytes, base_seq: u64) -> Scan {
+    let mut topics: Vec<Bytes> = Vec::new();
+    let mut ids: HashMap<Bytes, u32> = HashMap::new();
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut deletes = Vec::new();
+    let mut off = BLOCK_HEADER_LEN;
+    let mut batch: Option<(usize, usize, usize)> = None;
+    let mut damage = None;
+    let mut torn_high_seq = 0;
+    let mut prev_seq = base_seq.saturating_sub(1);
+    while off < raw.len() {
+        match format::decode_record(raw, off) {
+            Ok(r) => {
+                if r.kind == KIND_DATA {
+                    if r.seq <= prev_seq && !(entries.is_empty() && r.seq == base_seq)
+                        || r.seq < base_seq
+                    {
+                        damage = Some((off as u64, format!("sequence {} out of order", r.seq)));
+                        break;
+                    }
+                    if r.flags & FLAG_BATCH_MORE != 0 && batch.is_none() {
+                        batch = Some((off, entries.len(), deletes.len()));
+                    }
+                    let tid = match ids.get(&r.topic[..]) {
+                        Some(&t) => t,
+                        None => {
+                            let t = topics.len() as u32;
+                            topics.push(r.topic.clone());
+                            ids.insert(r.topic.clone(), t);
+                            t
+                        }
+                    };
+                    entries.push(Entry {
+                        seq: r.seq,
+                        time_ns: r.time_ns,
+                        offset: off as u32,
+                        len: r.len as u32,
+                        topic: tid,
+                        flags: u32::from(r.flags),
+                    });
+                    prev_seq = r.seq;
+                    if r.flags & FLAG_BATCH_MORE == 0 {
+                        batch = None;
+                    }
+                } else {
+                    deletes.extend(r.delete_ranges());
+                }
+                off += r.len;
+            }
+            Err(e) => {
+                if raw.len() >= off + format::RECORD_HEADER_LEN {
+                    let s =
+                        u64::from_le_bytes(raw[off + 20..off + 28].try_into().unwrap_or([0; 8]));
+                    // An unverified header: believe it only if it is plausibly the next one.
+                    if s > prev_seq && s < prev_seq.saturating_add(1 << 20) {
+                        torn_high_seq = s;
+                    }
+                }
+                let what = match e {
+                    DecodeError::Truncated => "truncated record".to_string(),
+                    DecodeError::Corrupt(d) => d,
+                };
+                damage = Some((off as u64, what));
+                break;
+            }
+        }
+    }
+    if let Some((boff, n_entries, n_deletes)) = batch {
+        // An unfinished batch: drop it whole.
+        if let Some(e) = entries.last() {
+            torn_high_seq = torn_high_seq.max(e.seq);
+        }
+        entries.truncate(n_entries);
+        deletes.truncate(n_deletes);
+        let what = damage
+            .map(|d| d.1)
+            .unwrap_or_else(|| "unfinished batch".into());
+        damage = Some((boff as u64, what));
+    }
+    let valid_len = damage.as_ref().map_or(raw.len() as u64, |d| d.0);
+    // Topics whose only records were dropped stay in the table with no entries; harmless.
+    Scan {
+        ix: IndexData {
+            block_len: valid_len,
+            topics,
+            entries,
+            deletes,
+        },
+        damage,
+        torn_high_seq,
+    }
+}
+
+fn parse_block_name(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(".blk")?;
+    if stem.len() != 20 {
+        return None;
+    }
+    stem.parse().ok()
+}
+
+pub(crate) fn quarantine_block(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    base: u64,
+    range: RangeInclusive<u64>,
+    detail: String,
+) -> Result<Corruption> {
+    let qdir = dir.join("quarantine");
+    vfs.create_dir_all(&qdir)
+        .map_err(|e| StoreError::io("create quarantine", &qdir, &e))?;
+    let from = path_in(dir, &block_file_name(base));
+    let to = path_in(&qdir, &block_file_name(base));
+    vfs.rename(&from, &to)
+        .map_err(|e| StoreError::io("quarantine block", &from, &e))?;
+    let _ = vfs.remove_file(&path_in(dir, &index_file_name(base)));
+    vfs.sync_dir(&qdir)
+        .map_err(|e| StoreError::io("fsync directory", &qdir, &e))?;
+    vfs.sync_dir(dir)
+        .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
+    tracing::error!(path = %to.display(), first = range.start(), last = range.end(), %detail,
+        "corrupt sealed block quarantined; its sequences are not served");
+    Ok(Corruption {
+        path: to,
+        range,
+        detail,
+    })
+}
+
+pub(crate) fn create_block(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    base: u64,
+) -> Result<(PathBuf, Arc<dyn VFile>)> {
+    let path = path_in(dir, &block_file_name(base));
+    let file = vfs
+        .open_rw(&path, true)
+        .map_err(|e| StoreError::io("create block", &path, &e))?;
+    file.write_all_at(&encode_block_header(base), 0)
+        .map_err(|e| StoreError::io("write block header", &path, &e))?;
+    file.sync_data()
+        .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+    vfs.sync_dir(dir)
+        .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
+    Ok((path, file))
+}
+
+pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Result<Opened> {
+    vfs.create_dir_all(dir)
+        .map_err(|e| StoreError::io("create stream dir", dir, &e))?;
+    let names = vfs
+        .list_dir(dir)
+        .map_err(|e| StoreError::io("list", dir, &e))?;
+    let mut bases: Vec<u64> = names.iter().filter_map(|n| parse_block_name(n)).collect();
+    bases.sort_unstable();
+    for n in names.iter().filter(|n| n.ends_with(".compact")) {
+        let _ = vfs.remove_file(&path_in(dir, n));
+    }
+    let mut report = RecoveryReport::default();
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut next_seq: u64 = 1;
+    for (i, &base) in bases.iter().enumerate() {
+        let is_active = i + 1 == bases.len();
+        let next_base = bases.get(i + 1).copied();
+        let path = path_in(dir, &block_file_name(base));
+        next_seq = next_seq.max(base);
+        let file = vfs
+            .open_rw(&path, false)
+            .map_err(|e| StoreError::io("open block", &path, &e))?;
+        let raw = Bytes::from(
+            vfs.read_file(&path)
+                .map_err(|e| StoreError::io("read block", &path, &e))?,
+        );
+        let header = format::decode_block_header(&raw);
+        let header_ok = matches!(header, Ok(b) if b == base);
+        if !header_ok {
+            if is_active && raw.len() < BLOCK_HEADER_LEN {
+                // Torn while being created: nothing in it was ever acknowledged.
+                file.set_len(0)
+                    .map_err(|e| StoreError::io("truncate", &path, &e))?;
+                file.write_all_at(&encode_block_header(base), 0)
+                    .map_err(|e| StoreError::io("write block header", &path, &e))?;
+                file.sync_data()
+                    .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+                blocks.push(Block::new(base, path, file, BLOCK_HEADER_LEN as u64));
+                continue;
+            }
+            let end = next_base.map_or(u64::MAX, |n| n - 1);
+            let detail = format!(
+                "block header: {}",
+                header.err().unwrap_or_else(|| "base mismatch".into())
+            );
+            report
+                .quarantined
+                .push(quarantine_block(vfs, dir, base, base..=end, detail)?);
+            continue;
+        }
+        if !is_active && !config.verify_on_open {
+            let ix_path = path_in(dir, &index_file_name(base));
+            if let Ok(buf) = vfs.read_file(&ix_path) {
+                if let Some(ix) = format::decode_index(&Bytes::from(buf)) {
+                    if ix.block_len == raw.len() as u64 {
+                        let mut b = Block::from_index(base, path, file, ix);
+                        b.sealed = true;
+                        blocks.push(b);
+                        continue;
+                    }
+                }
+            }
+        }
+        let sc = scan(&raw, base);
+        next_seq = next_seq.max(sc.torn_high_seq.saturating_add(1));
+        if is_active {
+            if let Some((off, what)) = &sc.damage {
+                let lost_from = sc.ix.entries.last().map_or(base, |e| e.seq + 1);
+                let lost_to = sc.torn_high_seq.max(lost_from);
+                let cut = raw.len() as u64 - off;
+                tracing::warn!(path = %path.display(), offset = off, bytes = cut, %what,
+                    first_lost = lost_from, last_lost_seen = lost_to, "truncating damaged tail of active block");
+                file.set_len(*off)
+                    .map_err(|e| StoreError::io("truncate", &path, &e))?;
+                file.sync_data()
+                    .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+                report.truncated_bytes = cut;
+                report.lost = Some(lost_from..=lost_to);
+            }
+            blocks.push(Block::from_index(base, path, file, sc.ix));
+        } else if let Some((off, what)) = sc.damage {
+            let end = next_base.map_or(u64::MAX, |n| n - 1);
+            let detail = format!("at offset {off}: {what}");
+            report
+                .quarantined
+                .push(quarantine_block(vfs, dir, base, base..=end, detail)?);
+        } else {
+            report.indexes_rebuilt += 1;
+            let mut b = Block::from_index(base, path, file, sc.ix);
+            b.sealed = true;
+            let ix = format::encode_index(&b.index_data());
+            if let Err(e) = vfs.write_file(&b.index_path(), &ix) {
+                tracing::warn!(error = %e, "could not rewrite block index");
+            }
+            blocks.push(b);
+        }
+    }
+    for q in &report.quarantined {
+        if *q.range.end() != u64::MAX {
+            next_seq = next_seq.max(q.range.end() + 1);
+        }
+    }
+    // The newest block was quarantined (or there is none): start a fresh active block.
+    let need_new = blocks.last().is_none_or(|b| b.sealed);
+    for b in &blocks {
+        if let Some(s) = b.last_seq() {
+            next_seq = next_seq.max(s + 1);
+        }
+        for &(_, hi) in &b.markers {
+            next_seq = next_seq.max(hi.saturating_add(1));
+        }
+    }
+    if need_new {
+        if let Some(b) = blocks.last_mut() {
+            b.sealed = true;
+        }
+        let (path, file) = create_block(vfs, dir, next_seq)?;
+        blocks.push(Block::new(next_seq, path, file, BLOCK_HEADER_LEN as u64));
+    }
+    let mut state = State::new(config.limits.max_msgs_per_topic.is_some());
+    let mut last_time_ns = 0;
+    let mut markers = Vec::new();
+    for b in blocks {
+        if let Some(e) = b.entries.last() {
+            last_time_ns = last_time_ns.max(e.time_ns);
+        }
+        markers.extend_from_slice(&b.markers);
+        for e in &b.entries {
+            state.on_insert(&b.topics[e.topic as usize], e.seq, e.len as u64);
+        }
+        state.blocks.push_back(b);
+    }
+    for (a, z) in markers {
+        apply_delete_range(&mut state, a, z);
+    }
+    let dead = state.take_dead_front();
+    if !dead.is_empty() {
+        for b in &dead {
+            let _ = vfs.remove_file(&b.path);
+            let _ = vfs.remove_file(&b.index_path());
+        }
+        vfs.sync_dir(dir)
+            .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
+    }
+    state.visible_seq = next_seq - 1;
+    state.quarantined = report.quarantined.clone();
+    let n = state.blocks.len();
+    let active = &state.blocks[n - 1];
+    let (active_file, active_len) = (active.file.clone(), active.len);
+    Ok(Opened {
+        state,
+        active_file,
+        active_len,
+        next_seq,
+        last_time_ns,
+        report,
+    })
+}
+
+fn apply_delete_range(st: &mut State, a: u64, z: u64) {
+    let start_block = st.block_pos(a).unwrap_or(0);
+    for bi in start_block..st.blocks.len() {
+        if st.blocks[bi].base_seq > z {
+            break;
+        }
+        let from = st.blocks[bi].entries.partition_point(|e| e.seq < a);
+        for ei in from..st.blocks[bi].entries.len() {
+            if st.blocks[bi].entries[ei].seq > z {
+                break;
+            }
+            st.delete_at(bi, ei);
+        }
+    }
+}

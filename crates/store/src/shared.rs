@@ -1,0 +1,208 @@
+//! State shared by a stream's handles, its writer thread and its tickets.
+//!
+//! # Invariants
+//! - Every sequence `<= durable_seq` has completed: it is durable under the sync policy, or
+//!   it was rejected by a `Discard::New` limit (then `rejected` holds its error until its
+//!   ticket reads or drops it).
+//! - `durable_seq` only grows, and only the writer thread stores it.
+//! - Once `failed` is set it is never cleared; the stream must be reopened.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::Waker;
+
+use crate::config::StreamConfig;
+use crate::error::StoreError;
+use crate::queue::Queue;
+use crate::state::State;
+use crate::vfs::Vfs;
+
+/// Locks a mutex, taking the data even if another thread panicked while holding it: every
+/// structure behind our mutexes is left consistent between statements that can panic.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) struct Shared {
+    pub name: String,
+    pub dir: PathBuf,
+    pub vfs: Arc<dyn Vfs>,
+    pub config: StreamConfig,
+    pub state: Mutex<State>,
+    pub queue: Mutex<Queue>,
+    /// The writer waits here for work.
+    pub writer_cv: Condvar,
+    /// Appenders wait here for queue space.
+    pub space_cv: Condvar,
+    pub durable_seq: AtomicU64,
+    pub failed: AtomicBool,
+    pub failure: Mutex<Option<String>>,
+    wakers: Mutex<Vec<(u64, Waker)>>,
+    waker_count: AtomicUsize,
+    done_lock: Mutex<()>,
+    done_cv: Condvar,
+    blocked: AtomicUsize,
+    rejected: Mutex<HashMap<u64, StoreError>>,
+    rejected_count: AtomicUsize,
+}
+
+impl Shared {
+    pub fn new(
+        name: String,
+        dir: PathBuf,
+        vfs: Arc<dyn Vfs>,
+        config: StreamConfig,
+        state: State,
+        queue: Queue,
+        durable_seq: u64,
+    ) -> Self {
+        Shared {
+            name,
+            dir,
+            vfs,
+            config,
+            state: Mutex::new(state),
+            queue: Mutex::new(queue),
+            writer_cv: Condvar::new(),
+            space_cv: Condvar::new(),
+            durable_seq: AtomicU64::new(durable_seq),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            wakers: Mutex::new(Vec::new()),
+            waker_count: AtomicUsize::new(0),
+            done_lock: Mutex::new(()),
+            done_cv: Condvar::new(),
+            blocked: AtomicUsize::new(0),
+            rejected: Mutex::new(HashMap::new()),
+            rejected_count: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn failed_error(&self) -> StoreError {
+        StoreError::Failed {
+            stream: self.name.clone(),
+            cause: lock(&self.failure)
+                .clone()
+                .unwrap_or_else(|| "unknown".into()),
+        }
+    }
+
+    /// Marks the stream failed and wakes everyone waiting on a ticket.
+    pub fn fail(&self, cause: String) {
+        tracing::error!(stream = %self.name, %cause, "stream refuses writes until reopened");
+        {
+            let mut f = lock(&self.failure);
+            if f.is_none() {
+                *f = Some(cause);
+            }
+        }
+        self.failed.store(true, Ordering::SeqCst);
+        self.wake_all();
+        self.space_cv.notify_all();
+    }
+
+    /// Completion state of `seq`: `None` while pending.
+    pub fn outcome(&self, seq: u64, consume: bool) -> Option<Result<u64, StoreError>> {
+        if self.durable_seq.load(Ordering::SeqCst) >= seq {
+            if self.rejected_count.load(Ordering::SeqCst) > 0 {
+                let mut r = lock(&self.rejected);
+                let hit = if consume {
+                    r.remove(&seq)
+                } else {
+                    r.get(&seq).cloned()
+                };
+                if let Some(e) = hit {
+                    if consume {
+                        self.rejected_count.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    return Some(Err(e));
+                }
+            }
+            return Some(Ok(seq));
+        }
+        if self.failed.load(Ordering::SeqCst) {
+            return Some(Err(self.failed_error()));
+        }
+        None
+    }
+
+    pub fn forget_rejection(&self, seq: u64) {
+        if self.rejected_count.load(Ordering::SeqCst) > 0
+            && lock(&self.rejected).remove(&seq).is_some()
+        {
+            self.rejected_count.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Called by the writer before it publishes `durable_seq` past `seq`.
+    pub fn reject(&self, seq: u64, err: StoreError) {
+        lock(&self.rejected).insert(seq, err);
+        self.rejected_count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn register_waker(&self, seq: u64, waker: &Waker) {
+        let mut w = lock(&self.wakers);
+        if let Some(slot) = w.iter_mut().find(|(s, _)| *s == seq) {
+            if !slot.1.will_wake(waker) {
+                slot.1 = waker.clone();
+            }
+            return;
+        }
+        w.push((seq, waker.clone()));
+        self.waker_count.store(w.len(), Ordering::SeqCst);
+    }
+
+    /// Publishes a new durable sequence and wakes the tickets it completes.
+    pub fn publish_durable(&self, seq: u64) {
+        self.durable_seq.fetch_max(seq, Ordering::SeqCst);
+        if self.waker_count.load(Ordering::SeqCst) > 0 {
+            let ready: Vec<Waker> = {
+                let mut w = lock(&self.wakers);
+                let mut ready = Vec::new();
+                w.retain(|(s, wk)| {
+                    if *s <= seq {
+                        ready.push(wk.clone());
+                        false
+                    } else {
+                        true
+                    }
+                });
+                self.waker_count.store(w.len(), Ordering::SeqCst);
+                ready
+            };
+            ready.into_iter().for_each(Waker::wake);
+        }
+        if self.blocked.load(Ordering::SeqCst) > 0 {
+            let _g = lock(&self.done_lock);
+            self.done_cv.notify_all();
+        }
+    }
+
+    fn wake_all(&self) {
+        let all: Vec<(u64, Waker)> = std::mem::take(&mut *lock(&self.wakers));
+        self.waker_count.store(0, Ordering::SeqCst);
+        all.into_iter().for_each(|(_, w)| w.wake());
+        let _g = lock(&self.done_lock);
+        self.done_cv.notify_all();
+    }
+
+    /// Blocks until `seq` completes.
+    pub fn wait(&self, seq: u64) -> Result<u64, StoreError> {
+        if let Some(r) = self.outcome(seq, true) {
+            return r;
+        }
+        self.blocked.fetch_add(1, Ordering::SeqCst);
+        let mut g = lock(&self.done_lock);
+        let r = loop {
+            if let Some(r) = self.outcome(seq, true) {
+                break r;
+            }
+            g = self.done_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        };
+        drop(g);
+        self.blocked.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+}

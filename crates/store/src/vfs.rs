@@ -1,0 +1,239 @@
+//! The file abstraction the store does all its I/O through, so tests can inject failures.
+//!
+//! [`RealVfs`] maps straight onto `std::fs` (`pwrite`, `pread`, `fdatasync`). [`FaultyVfs`]
+//! wraps it and fails the Nth write or sync after being armed; a failing write still writes
+//! half of its buffer first, the way a real short write or a full disk leaves a torn tail.
+
+use std::fmt::Debug;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// An open file.
+pub trait VFile: Send + Sync + Debug {
+    /// Writes all of `buf` at `offset`.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// `fdatasync`.
+    fn sync_data(&self) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+}
+
+/// Directory and file operations.
+pub trait Vfs: Send + Sync + Debug {
+    /// Opens a file for reading and writing; `create_new` fails if it exists.
+    fn open_rw(&self, path: &Path, create_new: bool) -> io::Result<Arc<dyn VFile>>;
+    fn read_file(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Writes a whole file without syncing it (used for rebuildable index files).
+    fn write_file(&self, path: &Path, data: &[u8]) -> io::Result<()>;
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// `fsync` of a directory, making creates, renames and removes in it durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// File names (not paths) in a directory.
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
+}
+
+/// The real file system.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealVfs;
+
+#[derive(Debug)]
+struct RealFile(File);
+
+impl VFile for RealFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+impl Vfs for RealVfs {
+    fn open_rw(&self, path: &Path, create_new: bool) -> io::Result<Arc<dyn VFile>> {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true);
+        if create_new {
+            o.create_new(true);
+        }
+        Ok(Arc::new(RealFile(o.open(path)?)))
+    }
+    fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
+        fs::read(path)
+    }
+    fn write_file(&self, path: &Path, data: &[u8]) -> io::Result<()> {
+        fs::write(path, data)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(dir)? {
+            if let Ok(name) = e?.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Counters shared by a [`FaultyVfs`] and the files it opened.
+#[derive(Debug)]
+pub struct FaultPlan {
+    /// Writes still allowed before one fails (`u64::MAX` = never fail).
+    pub writes_left: AtomicU64,
+    /// Syncs (file or directory) still allowed before one fails.
+    pub syncs_left: AtomicU64,
+}
+
+impl FaultPlan {
+    fn take(counter: &AtomicU64) -> bool {
+        // Returns true when this call must fail.
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                if n == u64::MAX {
+                    None
+                } else {
+                    Some(n.saturating_sub(1))
+                }
+            })
+            .map(|prev| prev == 0)
+            .unwrap_or(false)
+    }
+}
+
+/// A [`Vfs`] that fails the Nth write or sync, for fault-injection tests.
+#[derive(Debug, Clone)]
+pub struct FaultyVfs {
+    pub plan: Arc<FaultPlan>,
+}
+
+impl Default for FaultyVfs {
+    fn default() -> Self {
+        FaultyVfs {
+            plan: Arc::new(FaultPlan {
+                writes_left: AtomicU64::new(u64::MAX),
+                syncs_left: AtomicU64::new(u64::MAX),
+            }),
+        }
+    }
+}
+
+impl FaultyVfs {
+    /// After `n` more successful writes, every write fails.
+    pub fn fail_write_after(&self, n: u64) {
+        self.plan.writes_left.store(n, Ordering::SeqCst);
+    }
+    /// After `n` more successful syncs, every sync fails.
+    pub fn fail_sync_after(&self, n: u64) {
+        self.plan.syncs_left.store(n, Ordering::SeqCst);
+    }
+}
+
+#[derive(Debug)]
+struct FaultyFile {
+    inner: RealFile,
+    plan: Arc<FaultPlan>,
+}
+
+fn injected(what: &str) -> io::Error {
+    io::Error::other(format!("injected {what} failure"))
+}
+
+impl VFile for FaultyFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if FaultPlan::take(&self.plan.writes_left) {
+            // A torn write: part of the data reaches the file.
+            let _ = self.inner.write_all_at(&buf[..buf.len() / 2], offset);
+            return Err(injected("write"));
+        }
+        self.inner.write_all_at(buf, offset)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_exact_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        if FaultPlan::take(&self.plan.syncs_left) {
+            return Err(injected("fsync"));
+        }
+        self.inner.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
+
+impl Vfs for FaultyVfs {
+    fn open_rw(&self, path: &Path, create_new: bool) -> io::Result<Arc<dyn VFile>> {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true);
+        if create_new {
+            o.create_new(true);
+        }
+        Ok(Arc::new(FaultyFile {
+            inner: RealFile(o.open(path)?),
+            plan: self.plan.clone(),
+        }))
+    }
+    fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
+        RealVfs.read_file(path)
+    }
+    fn write_file(&self, path: &Path, data: &[u8]) -> io::Result<()> {
+        if FaultPlan::take(&self.plan.writes_left) {
+            return Err(injected("write"));
+        }
+        RealVfs.write_file(path, data)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        RealVfs.remove_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealVfs.rename(from, to)
+    }
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        RealVfs.create_dir_all(dir)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        if FaultPlan::take(&self.plan.syncs_left) {
+            return Err(injected("directory fsync"));
+        }
+        RealVfs.sync_dir(dir)
+    }
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+        RealVfs.list_dir(dir)
+    }
+}
+
+/// Joins a directory and a file name.
+pub(crate) fn path_in(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}

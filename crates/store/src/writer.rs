@@ -1,0 +1,600 @@
+//! The writer thread of one stream: group commit, block rolling, limits, removals.
+//!
+//! Each turn drains everything queued, applies it to the in-memory view, issues **one**
+//! `pwrite` for the new bytes, one `fdatasync` (policy `Always`), unlinks blocks that removals
+//! emptied (then one directory fsync), and only then publishes the new durable sequence,
+//! which completes every ticket up to it in order.
+//!
+//! # Invariants
+//! - Records reach the file in sequence order; a batch never spans two blocks.
+//! - Deletions are applied in memory in the same turn as the delete marker that makes them
+//!   durable is written, and removal replies are sent only after that marker is synced.
+//! - After any write or sync error nothing more is written; `Shared::failed` is set.
+
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use std::sync::mpsc::SyncSender;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::config::{Discard, SyncPolicy};
+use crate::error::{Result, StoreError};
+use crate::format::{
+    self, BLOCK_HEADER_LEN, Entry, FLAG_BATCH_MORE, encode_block_header, encode_delete,
+};
+use crate::queue::{Op, QueuedOp, Removed, coalesce, ranges_of};
+use crate::shared::{Shared, lock};
+use crate::state::{Block, State, block_file_name};
+use crate::vfs::{VFile, path_in};
+
+/// Blocks one automatic compaction rewrites at most (bounds the pause it causes).
+const AUTO_COMPACT_BLOCKS: usize = 4;
+/// Most ranges in one delete marker record (16 bytes each).
+const MAX_RANGES_PER_MARKER: usize = 4096;
+
+pub(crate) fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+struct Parsed<'a> {
+    len: usize,
+    flags: u8,
+    seq: u64,
+    time_ns: u64,
+    topic: &'a [u8],
+}
+
+/// Reads the header of a record this process encoded itself (so already well-formed).
+fn parse(b: &[u8], p: usize) -> Parsed<'_> {
+    let u32at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let u64at = |o: usize| u64::from(u32at(o)) | (u64::from(u32at(o + 4)) << 32);
+    let len = u32at(p) as usize;
+    let topic_len = u16::from_le_bytes([b[p + 10], b[p + 11]]) as usize;
+    Parsed {
+        len,
+        flags: b[p + 9],
+        seq: u64at(p + 20),
+        time_ns: u64at(p + 28),
+        topic: &b[p + format::RECORD_HEADER_LEN..p + format::RECORD_HEADER_LEN + topic_len],
+    }
+}
+
+pub(crate) struct Writer {
+    sh: Arc<Shared>,
+    active_file: Arc<dyn VFile>,
+    active_len: u64,
+    out: Vec<u8>,
+    inbox: Vec<u8>,
+    pending_deletes: Vec<u64>,
+    auto_deleted: Vec<u64>,
+    auto_ranges: Vec<RangeInclusive<u64>>,
+    pub(crate) unlink: Vec<Block>,
+    replies: Vec<(SyncSender<Result<Removed>>, Removed)>,
+    written_seq: u64,
+    synced_seq: u64,
+    last_sync: Instant,
+    next_expiry: Option<Instant>,
+    failed: bool,
+}
+
+impl Writer {
+    pub fn new(
+        sh: Arc<Shared>,
+        active_file: Arc<dyn VFile>,
+        active_len: u64,
+        written_seq: u64,
+    ) -> Self {
+        let next_expiry = Some(Instant::now() + sh.config.expire_interval);
+        Writer {
+            sh,
+            active_file,
+            active_len,
+            out: Vec::new(),
+            inbox: Vec::new(),
+            pending_deletes: Vec::new(),
+            auto_deleted: Vec::new(),
+            auto_ranges: Vec::new(),
+            unlink: Vec::new(),
+            replies: Vec::new(),
+            written_seq,
+            synced_seq: written_seq,
+            last_sync: Instant::now(),
+            next_expiry,
+            failed: false,
+        }
+    }
+
+    pub fn run(mut self) {
+        // Limits may have been lowered since the stream was last open.
+        self.turn(0, Vec::new(), vec![Op::Flush], false);
+        loop {
+            let (first_seq, ops, closed) = {
+                let mut q = lock(&self.sh.queue);
+                let mut timed_out = false;
+                while q.is_empty() && !q.closed && !timed_out {
+                    q.writer_waiting = true;
+                    match self.next_deadline() {
+                        None => q = self.sh.writer_cv.wait(q).unwrap_or_else(|e| e.into_inner()),
+                        Some(d) => {
+                            let (g, t) = self
+                                .sh
+                                .writer_cv
+                                .wait_timeout(q, d)
+                                .unwrap_or_else(|e| e.into_inner());
+                            q = g;
+                            timed_out = t.timed_out();
+                        }
+                    }
+                    q.writer_waiting = false;
+                }
+                std::mem::swap(&mut q.buf, &mut self.inbox);
+                let first = q.buf_first_seq;
+                q.buf_first_seq = q.next_seq;
+                q.records = 0;
+                let ops = std::mem::take(&mut q.ops);
+                if q.appenders_waiting > 0 {
+                    self.sh.space_cv.notify_all();
+                }
+                (first, ops, q.closed)
+            };
+            let timer_op = self.due_expiry();
+            let force = self.interval_due();
+            self.turn(first_seq, ops, timer_op, force);
+            self.inbox.clear();
+            if closed && lock(&self.sh.queue).is_empty() {
+                self.final_sync();
+                return;
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Duration> {
+        let now = Instant::now();
+        let mut d: Option<Instant> = self.next_expiry;
+        if let SyncPolicy::Interval(iv) = self.sh.config.sync {
+            if self.written_seq > self.synced_seq {
+                let t = self.last_sync + iv;
+                d = Some(d.map_or(t, |x| x.min(t)));
+            }
+        }
+        d.map(|t| {
+            t.saturating_duration_since(now)
+                .max(Duration::from_micros(100))
+        })
+    }
+
+    fn interval_due(&self) -> bool {
+        match self.sh.config.sync {
+            SyncPolicy::Interval(iv) => self.last_sync.elapsed() >= iv,
+            _ => false,
+        }
+    }
+
+    /// Housekeeping due on the timer: expiry by age, and compaction once deleted records
+    /// take more room than live ones.
+    fn due_expiry(&mut self) -> Vec<Op> {
+        let mut ops = Vec::new();
+        let Some(at) = self.next_expiry else {
+            return ops;
+        };
+        if Instant::now() < at {
+            return ops;
+        }
+        self.next_expiry = Some(Instant::now() + self.sh.config.expire_interval);
+        if self.sh.config.limits.max_age.is_some() {
+            ops.push(Op::Expire { now_ns: now_ns() });
+        }
+        let st = lock(&self.sh.state);
+        if crate::compact::garbage_bytes(&st) > st.live_bytes.max(self.sh.config.block_size_bytes) {
+            ops.push(Op::Compact {
+                max_blocks: AUTO_COMPACT_BLOCKS,
+            });
+        }
+        ops
+    }
+
+    /// One group commit: apply queued records and ops, write, sync, publish, reply.
+    fn turn(
+        &mut self,
+        first_seq: u64,
+        ops: Vec<(usize, QueuedOp)>,
+        internal: Vec<Op>,
+        force_sync: bool,
+    ) {
+        let buf = std::mem::take(&mut self.inbox);
+        if self.failed {
+            self.refuse(&buf, first_seq, ops);
+            self.inbox = buf;
+            return;
+        }
+        let has_ops = !ops.is_empty() || !internal.is_empty();
+        let res = self.apply(&buf, ops, internal);
+        self.inbox = buf;
+        if let Err(e) = res {
+            self.fail(e);
+            return;
+        }
+        if let Err(e) = self.commit(has_ops || force_sync) {
+            self.fail(e);
+        }
+    }
+
+    fn refuse(&mut self, buf: &[u8], _first_seq: u64, ops: Vec<(usize, QueuedOp)>) {
+        let _ = buf;
+        for (_, q) in ops {
+            let _ = q.reply.try_send(Err(self.sh.failed_error()));
+        }
+    }
+
+    fn fail(&mut self, e: StoreError) {
+        self.failed = true;
+        self.sh.fail(e.to_string());
+        for (tx, _) in self.replies.drain(..) {
+            let _ = tx.try_send(Err(self.sh.failed_error()));
+        }
+    }
+
+    fn apply(&mut self, buf: &[u8], ops: Vec<(usize, QueuedOp)>, internal: Vec<Op>) -> Result<()> {
+        let sh = self.sh.clone();
+        let mut st = lock(&sh.state);
+        let mut pos = 0;
+        for (off, q) in ops {
+            self.apply_records(&mut st, &buf[pos..off])?;
+            pos = off;
+            let removed = self.run_op(&mut st, q.op)?;
+            self.replies.push((q.reply, removed));
+        }
+        self.apply_records(&mut st, &buf[pos..])?;
+        for op in internal {
+            let removed = self.run_op(&mut st, op)?;
+            self.auto_ranges.extend(removed.ranges);
+            self.enforce_limits(&mut st);
+        }
+        if !self.auto_deleted.is_empty() {
+            let seqs = std::mem::take(&mut self.auto_deleted);
+            self.auto_ranges.extend(ranges_of(seqs));
+        }
+        if !self.auto_ranges.is_empty() {
+            let r = coalesce(std::mem::take(&mut self.auto_ranges));
+            st.removed_log.push(&r);
+        }
+        if !self.pending_deletes.is_empty() {
+            let ranges: Vec<(u64, u64)> = ranges_of(std::mem::take(&mut self.pending_deletes))
+                .into_iter()
+                .map(|r| (*r.start(), *r.end()))
+                .collect();
+            let high = self.written_seq;
+            for chunk in ranges.chunks(MAX_RANGES_PER_MARKER) {
+                encode_delete(&mut self.out, high, now_ns(), chunk);
+                st.active().markers.extend_from_slice(chunk);
+            }
+        }
+        let dead = st.take_dead_front();
+        self.unlink.extend(dead);
+        Ok(())
+    }
+
+    fn apply_records(&mut self, st: &mut State, bytes: &[u8]) -> Result<()> {
+        let sh = self.sh.clone();
+        let cfg = &sh.config;
+        let mut p = 0;
+        while p < bytes.len() {
+            let mut q = p;
+            let mut n = 0u64;
+            let mut last_seq;
+            loop {
+                let r = parse(bytes, q);
+                q += r.len;
+                n += 1;
+                last_seq = r.seq;
+                if r.flags & FLAG_BATCH_MORE == 0 || q >= bytes.len() {
+                    break;
+                }
+            }
+            let group = &bytes[p..q];
+            if let Some(limit) = self.rejects(st, group, n) {
+                self.sh.reject(
+                    last_seq,
+                    StoreError::LimitReached {
+                        stream: self.sh.name.clone(),
+                        limit,
+                    },
+                );
+                self.written_seq = last_seq;
+                p = q;
+                continue;
+            }
+            let first_seq = parse(bytes, p).seq;
+            let has_entries = !st.active().entries.is_empty();
+            if has_entries
+                && self.active_len + (self.out.len() + group.len()) as u64 > cfg.block_size_bytes
+            {
+                self.roll(st, first_seq)?;
+            }
+            let mut o = p;
+            while o < q {
+                let r = parse(bytes, o);
+                let offset = self.active_len + self.out.len() as u64;
+                let act = st.active();
+                let tid = act.topic_id(r.topic);
+                act.push(Entry {
+                    seq: r.seq,
+                    time_ns: r.time_ns,
+                    offset: offset as u32,
+                    len: r.len as u32,
+                    topic: tid,
+                    flags: u32::from(r.flags),
+                });
+                st.on_insert(r.topic, r.seq, r.len as u64);
+                self.out.extend_from_slice(&bytes[o..o + r.len]);
+                if let (Some(max), Discard::Old) =
+                    (cfg.limits.max_msgs_per_topic, cfg.limits.discard)
+                {
+                    self.trim_topic(st, r.topic, max);
+                }
+                o += r.len;
+            }
+            self.written_seq = last_seq;
+            if cfg.limits.discard == Discard::Old {
+                self.trim_stream(st);
+            }
+            p = q;
+        }
+        Ok(())
+    }
+
+    /// The limit a group would break under `Discard::New`, if any.
+    fn rejects(&self, st: &State, group: &[u8], n: u64) -> Option<&'static str> {
+        let l = &self.sh.config.limits;
+        if l.discard != Discard::New {
+            return None;
+        }
+        if l.max_msgs.is_some_and(|m| st.live + n > m) {
+            return Some("max_msgs");
+        }
+        if l.max_bytes
+            .is_some_and(|m| st.live_bytes + group.len() as u64 > m)
+        {
+            return Some("max_bytes");
+        }
+        if let Some(m) = l.max_msgs_per_topic {
+            let mut o = 0;
+            let mut seen: Vec<&[u8]> = Vec::new();
+            while o < group.len() {
+                let r = parse(group, o);
+                let before = st.topics.get(r.topic).map_or(0, |s| s.count);
+                let in_group = seen.iter().filter(|t| **t == r.topic).count() as u64;
+                if before + in_group + 1 > m {
+                    return Some("max_msgs_per_topic");
+                }
+                seen.push(r.topic);
+                o += r.len;
+            }
+        }
+        None
+    }
+
+    fn trim_topic(&mut self, st: &mut State, topic: &[u8], max: u64) {
+        loop {
+            let oldest = match st.topics.get(topic) {
+                Some(s) if s.count > max => s.seqs.front().copied(),
+                _ => None,
+            };
+            let Some(seq) = oldest else { break };
+            if st.delete_seq(seq).is_none() {
+                break;
+            }
+            self.pending_deletes.push(seq);
+            self.auto_deleted.push(seq);
+        }
+    }
+
+    fn trim_stream(&mut self, st: &mut State) {
+        let l = &self.sh.config.limits;
+        let (max_msgs, max_bytes) = (
+            l.max_msgs.unwrap_or(u64::MAX),
+            l.max_bytes.unwrap_or(u64::MAX),
+        );
+        while st.live > max_msgs || st.live_bytes > max_bytes {
+            let Some((seq, _)) = st.delete_first_live() else {
+                break;
+            };
+            self.pending_deletes.push(seq);
+            self.auto_deleted.push(seq);
+        }
+    }
+
+    /// Applies every discard-old limit to what is already stored (after open).
+    fn enforce_limits(&mut self, st: &mut State) {
+        let l = self.sh.config.limits.clone();
+        if l.discard != Discard::Old {
+            return;
+        }
+        if let Some(max) = l.max_msgs_per_topic {
+            let over: Vec<bytes::Bytes> = st
+                .topics
+                .iter()
+                .filter(|(_, s)| s.count > max)
+                .map(|(t, _)| t.clone())
+                .collect();
+            for t in over {
+                self.trim_topic(st, &t, max);
+            }
+        }
+        self.trim_stream(st);
+    }
+
+    fn run_op(&mut self, st: &mut State, op: Op) -> Result<Removed> {
+        match op {
+            Op::Flush => Ok(Removed::default()),
+            Op::Expire { now_ns } => {
+                let Some(age) = self.sh.config.limits.max_age else {
+                    return Ok(Removed::default());
+                };
+                let cutoff = now_ns.saturating_sub(age.as_nanos() as u64);
+                Ok(self.remove_prefix(st, |e| e.time_ns < cutoff))
+            }
+            Op::RemoveBelow { floor } => Ok(self.remove_prefix(st, |e| e.seq < floor)),
+            Op::Purge { filters } => {
+                let seqs = st.purge(&filters);
+                Ok(self.deleted(seqs, st, 0))
+            }
+            Op::Delete { seqs } => {
+                let mut done = Vec::new();
+                let mut bytes = 0;
+                for s in seqs {
+                    if let Some(b) = st.delete_seq(s) {
+                        bytes += b;
+                        done.push(s);
+                    }
+                }
+                Ok(self.deleted(done, st, bytes))
+            }
+            Op::Compact { max_blocks } => {
+                crate::compact::compact(self, st, max_blocks)?;
+                Ok(Removed::default())
+            }
+        }
+    }
+
+    fn deleted(&mut self, seqs: Vec<u64>, _st: &mut State, bytes: u64) -> Removed {
+        self.pending_deletes.extend_from_slice(&seqs);
+        Removed {
+            records: seqs.len() as u64,
+            bytes,
+            ranges: ranges_of(seqs),
+        }
+    }
+
+    fn remove_prefix(&mut self, st: &mut State, pred: impl Fn(&Entry) -> bool) -> Removed {
+        let (gone, removed, seqs) = st.remove_prefix(pred);
+        self.unlink.extend(gone);
+        self.pending_deletes.extend(seqs);
+        removed
+    }
+
+    /// Seals the active block and starts a new one whose first sequence is `base_seq`.
+    fn roll(&mut self, st: &mut State, base_seq: u64) -> Result<()> {
+        let sh = self.sh.clone();
+        self.write_out(st)?;
+        if sh.config.sync != SyncPolicy::Never {
+            let path = st.active().path.clone();
+            self.active_file
+                .sync_data()
+                .map_err(|e| StoreError::io("fdatasync", path, &e))?;
+            self.synced_seq = self.written_seq;
+        }
+        let act = st.active();
+        act.sealed = true;
+        let ix = format::encode_index(&act.index_data());
+        let ix_path = act.index_path();
+        if let Err(e) = sh.vfs.write_file(&ix_path, &ix) {
+            // The index is a cache of the block; a missing one is rebuilt on open.
+            tracing::warn!(stream = %sh.name, path = %ix_path.display(), error = %e, "could not write block index");
+        }
+        let path = path_in(&sh.dir, &block_file_name(base_seq));
+        let file = sh
+            .vfs
+            .open_rw(&path, true)
+            .map_err(|e| StoreError::io("create block", &path, &e))?;
+        file.write_all_at(&encode_block_header(base_seq), 0)
+            .map_err(|e| StoreError::io("write block header", &path, &e))?;
+        sh.vfs
+            .sync_dir(&sh.dir)
+            .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+        st.blocks.push_back(Block::new(
+            base_seq,
+            path,
+            file.clone(),
+            BLOCK_HEADER_LEN as u64,
+        ));
+        self.active_file = file;
+        self.active_len = BLOCK_HEADER_LEN as u64;
+        Ok(())
+    }
+
+    fn write_out(&mut self, st: &mut State) -> Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let path = st.active().path.clone();
+        self.active_file
+            .write_all_at(&self.out, self.active_len)
+            .map_err(|e| StoreError::io("write", path, &e))?;
+        self.active_len += self.out.len() as u64;
+        self.out.clear();
+        st.active().len = self.active_len;
+        Ok(())
+    }
+
+    /// Writes the turn's bytes, syncs per policy, unlinks emptied blocks, publishes.
+    fn commit(&mut self, force_sync: bool) -> Result<()> {
+        let sh = self.sh.clone();
+        let path = { lock(&sh.state).active().path.clone() };
+        if !self.out.is_empty() {
+            self.active_file
+                .write_all_at(&self.out, self.active_len)
+                .map_err(|e| StoreError::io("write", &path, &e))?;
+            self.active_len += self.out.len() as u64;
+            self.out.clear();
+        }
+        let must_sync = match sh.config.sync {
+            SyncPolicy::Always => true,
+            SyncPolicy::Interval(_) => force_sync,
+            SyncPolicy::Never => false,
+        };
+        if must_sync && self.written_seq > self.synced_seq
+            || force_sync && sh.config.sync != SyncPolicy::Never
+        {
+            self.active_file
+                .sync_data()
+                .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+            self.synced_seq = self.written_seq;
+            self.last_sync = Instant::now();
+        }
+        if sh.config.sync == SyncPolicy::Never
+            || (must_sync && sh.config.sync == SyncPolicy::Always)
+        {
+            self.synced_seq = self.written_seq;
+        }
+        if !self.unlink.is_empty() {
+            for b in self.unlink.drain(..) {
+                for p in [b.path.clone(), b.index_path()] {
+                    if let Err(e) = sh.vfs.remove_file(&p) {
+                        if e.kind() != std::io::ErrorKind::NotFound {
+                            tracing::warn!(stream = %sh.name, path = %p.display(), error = %e, "unlink failed");
+                        }
+                    }
+                }
+            }
+            sh.vfs
+                .sync_dir(&sh.dir)
+                .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+        }
+        {
+            let mut st = lock(&sh.state);
+            st.active().len = self.active_len;
+            st.visible_seq = st.visible_seq.max(self.synced_seq);
+        }
+        sh.publish_durable(self.synced_seq);
+        for (tx, removed) in self.replies.drain(..) {
+            let _ = tx.try_send(Ok(removed));
+        }
+        Ok(())
+    }
+
+    fn final_sync(&mut self) {
+        if self.failed || self.written_seq <= self.synced_seq {
+            return;
+        }
+        if let Err(e) = self.commit(true) {
+            self.fail(e);
+        }
+    }
+
+    pub(crate) fn sh(&self) -> &Arc<Shared> {
+        &self.sh
+    }
+}

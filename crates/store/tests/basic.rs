@@ -1,0 +1,253 @@
+//! Straightforward behaviour of streams, tickets, reads, limits and keyed state.
+
+use std::time::Duration;
+
+use tern_store::{
+    Discard, FilterSet, Limits, NewRecord, Store, StoreError, StreamConfig, SyncPolicy,
+};
+
+fn cfg() -> StreamConfig {
+    StreamConfig {
+        block_size_bytes: 4096,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn append_read_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", cfg()).unwrap();
+        let mut last = None;
+        for i in 0..500u32 {
+            let t = s
+                .append_at(
+                    1000 + i as u64,
+                    format!("t/{}", i % 7).as_bytes(),
+                    b"p",
+                    &i.to_le_bytes(),
+                )
+                .unwrap();
+            assert_eq!(t.seq(), i as u64 + 1);
+            last = Some(t);
+        }
+        assert_eq!(last.unwrap().wait().unwrap(), 500);
+        let r = s.get(42).unwrap().unwrap();
+        assert_eq!(
+            (r.seq, &r.topic[..], &r.payload[..]),
+            (42, &b"t/6"[..], &41u32.to_le_bytes()[..])
+        );
+        assert!(s.info().blocks > 5);
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", cfg()).unwrap();
+    assert_eq!(s.info().msgs, 500);
+    let r = s.get(500).unwrap().unwrap();
+    assert_eq!(&r.payload[..], &499u32.to_le_bytes()[..]);
+    let t = s.append(b"x", b"", b"y").unwrap();
+    assert_eq!(t.wait().unwrap(), 501);
+    let b = s
+        .read_from(1, &FilterSet::new(["t/3", "x"]), 1000, usize::MAX)
+        .unwrap();
+    assert_eq!(b.records.len(), 72);
+    assert!(
+        b.records
+            .iter()
+            .all(|r| &r.topic[..] == b"t/3" || &r.topic[..] == b"x")
+    );
+    let st = s.topic_stats(b"t/3").unwrap();
+    assert_eq!((st.count, st.first_seq, st.last_seq), (71, 4, 494));
+    assert_eq!(s.last_for_topic(b"t/3").unwrap().unwrap().seq, 494);
+}
+
+#[test]
+fn lock_excludes_second_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Store::open(dir.path()).unwrap();
+    assert!(matches!(
+        Store::open(dir.path()),
+        Err(StoreError::Locked(_))
+    ));
+    drop(a);
+    Store::open(dir.path()).unwrap();
+}
+
+#[test]
+fn tickets_are_futures() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", cfg()).unwrap();
+    let tickets: Vec<_> = (0..100)
+        .map(|i| s.append(b"a", b"", &[i]).unwrap())
+        .collect();
+    // A minimal executor: park the thread until woken.
+    struct W(std::thread::Thread);
+    impl std::task::Wake for W {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(W(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    for (i, mut t) in tickets.into_iter().enumerate() {
+        loop {
+            match std::pin::Pin::new(&mut t).poll(&mut cx) {
+                std::task::Poll::Ready(r) => {
+                    assert_eq!(r.unwrap(), i as u64 + 1);
+                    break;
+                }
+                std::task::Poll::Pending => std::thread::park_timeout(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+use std::future::Future;
+
+#[test]
+fn batch_and_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let limits = Limits {
+        max_msgs_per_topic: Some(2),
+        discard: Discard::New,
+        ..Default::default()
+    };
+    let s = store.stream("s", StreamConfig { limits, ..cfg() }).unwrap();
+    let rec = |t: &'static [u8]| NewRecord {
+        topic: t,
+        payload: b"v",
+        ..Default::default()
+    };
+    let t = s.append_batch(&[rec(b"a"), rec(b"b"), rec(b"a")]).unwrap();
+    assert_eq!((t.first_seq(), t.seq()), (1, 3));
+    t.wait().unwrap();
+    let t = s.append_batch(&[rec(b"c"), rec(b"a")]).unwrap();
+    assert!(matches!(t.wait(), Err(StoreError::LimitReached { .. })));
+    assert!(s.get(4).unwrap().is_none());
+    assert!(s.get(5).unwrap().is_none());
+    assert_eq!(s.append(b"b", b"", b"x").unwrap().wait().unwrap(), 6);
+    assert_eq!(s.info().msgs, 4);
+}
+
+#[test]
+fn discard_old_and_removed_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let limits = Limits {
+        max_msgs: Some(10),
+        ..Default::default()
+    };
+    let s = store.stream("s", StreamConfig { limits, ..cfg() }).unwrap();
+    for i in 0..25u8 {
+        let _ = s.append(b"a", b"", &[i]).unwrap();
+    }
+    s.flush().unwrap();
+    assert_eq!(s.info().msgs, 10);
+    assert_eq!(s.info().first_seq, Some(16));
+    let log = s.drain_removed();
+    assert_eq!(log.ranges, vec![1..=15]);
+}
+
+#[test]
+fn expiry_by_age_drops_whole_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let limits = Limits {
+        max_age: Some(Duration::from_nanos(1000)),
+        ..Default::default()
+    };
+    let s = store
+        .stream(
+            "s",
+            StreamConfig {
+                limits,
+                expire_interval: Duration::from_secs(3600),
+                ..cfg()
+            },
+        )
+        .unwrap();
+    for i in 0..1000u64 {
+        let _ = s.append_at(i * 10, b"a/b", b"", &[0u8; 40]).unwrap();
+    }
+    s.flush().unwrap();
+    let blocks = s.info().blocks;
+    // Cutoff at time 5000: records 1..=500 (times 0..4990) go.
+    let r = s.expire(6000).unwrap();
+    assert_eq!(r.ranges, vec![1..=500]);
+    assert_eq!(r.records, 500);
+    assert!(s.info().blocks < blocks);
+    assert_eq!(s.info().first_seq, Some(501));
+    assert_eq!(s.topic_stats(b"a/b").unwrap().count, 500);
+    drop(s);
+    let s = store.stream("s", cfg()).unwrap();
+    assert_eq!(s.info().first_seq, Some(501));
+    assert_eq!(s.info().msgs, 500);
+}
+
+#[test]
+fn sequences_never_reused_after_removal() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", cfg()).unwrap();
+        for _ in 0..10 {
+            let _ = s.append(b"a", b"", b"x").unwrap();
+        }
+        s.flush().unwrap();
+        s.purge(&FilterSet::all()).unwrap();
+        assert_eq!(s.info().msgs, 0);
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", cfg()).unwrap();
+    assert_eq!(s.info().msgs, 0);
+    assert_eq!(s.append(b"a", b"", b"x").unwrap().wait().unwrap(), 11);
+}
+
+#[test]
+fn kv_restores_latest() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let kv = store.kv("sessions", cfg()).unwrap();
+        for i in 0..300u32 {
+            let _ = kv
+                .put(format!("k{}", i % 10).as_bytes(), &i.to_le_bytes())
+                .unwrap();
+        }
+        kv.delete(b"k3").unwrap().wait().unwrap();
+        assert_eq!(kv.get(b"k4").unwrap().unwrap(), &294u32.to_le_bytes()[..]);
+        assert!(kv.get(b"k3").unwrap().is_none());
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let kv = store.kv("sessions", cfg()).unwrap();
+    assert_eq!(kv.get(b"k4").unwrap().unwrap(), &294u32.to_le_bytes()[..]);
+    assert!(kv.get(b"k3").unwrap().is_none());
+    let all = kv.entries(&FilterSet::all()).unwrap();
+    assert_eq!(all.len(), 9);
+    kv.compact(100).unwrap();
+    assert!(kv.stream().info().blocks <= 2);
+    assert_eq!(kv.entries(&FilterSet::all()).unwrap().len(), 9);
+    drop(kv);
+    let kv = store.kv("sessions", cfg()).unwrap();
+    assert_eq!(kv.entries(&FilterSet::all()).unwrap().len(), 9);
+    assert_eq!(kv.get(b"k9").unwrap().unwrap(), &299u32.to_le_bytes()[..]);
+}
+
+#[test]
+fn interval_and_never_policies_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    for (name, sync) in [
+        ("i", SyncPolicy::Interval(Duration::from_millis(5))),
+        ("n", SyncPolicy::Never),
+    ] {
+        let s = store.stream(name, StreamConfig { sync, ..cfg() }).unwrap();
+        let t: Vec<_> = (0..50)
+            .map(|_| s.append(b"a", b"", b"x").unwrap())
+            .collect();
+        for (i, t) in t.into_iter().enumerate() {
+            assert_eq!(t.wait().unwrap(), i as u64 + 1);
+        }
+    }
+}
