@@ -1,1 +1,316 @@
-fn main() {}
+//! Matching, subscribing and unsubscribing against a trie of 100,000 subscriptions with
+//! realistic shapes. Results and the command are recorded in /work/notes/bench-topic.md.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use tern_topic::{Match, MatchCache, SubscriptionTrie};
+
+const SUBSCRIPTIONS: usize = 100_000;
+const SITES: u64 = 100;
+const DEVICES: u64 = 1_000;
+const METRICS: [&str; 4] = ["temp", "humidity", "status", "battery"];
+const TOPICS: usize = 4_096;
+
+/// Counts live heap bytes so that the benchmark can report the trie's memory.
+struct CountingAlloc;
+
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only adds a relaxed counter.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAlloc = CountingAlloc;
+
+/// What a broker would store per subscription (v5 subscription options + identifier).
+#[derive(Clone, Copy)]
+#[allow(dead_code)] // Fields are payload for the benchmark, never read.
+struct Options {
+    qos: u8,
+    no_local: bool,
+    retain_as_published: bool,
+    subscription_id: Option<u32>,
+}
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The mix: 60% exact, 20% `site/+/device/{d}/#`, 10% `site/{s}/device/{d}/+`,
+/// 8% `site/{s}/device/+/{m}`, 2% `site/{s}/#`.
+fn filter(rng: &mut Rng) -> String {
+    let s = rng.below(SITES);
+    let d = rng.below(DEVICES);
+    let m = METRICS[rng.below(METRICS.len() as u64) as usize];
+    match rng.below(100) {
+        0..60 => format!("site/{s}/device/{d}/{m}"),
+        60..80 => format!("site/+/device/{d}/#"),
+        80..90 => format!("site/{s}/device/{d}/+"),
+        90..98 => format!("site/{s}/device/+/{m}"),
+        _ => format!("site/{s}/#"),
+    }
+}
+
+fn options(key: u64) -> Options {
+    Options {
+        qos: (key % 3) as u8,
+        no_local: false,
+        retain_as_published: key % 2 == 0,
+        subscription_id: Some(key as u32),
+    }
+}
+
+fn build_trie(with_share_groups: bool) -> SubscriptionTrie<u64, Options> {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut trie = SubscriptionTrie::new();
+    for key in 0..SUBSCRIPTIONS as u64 {
+        // A few hundred share groups ride along, as a broker would have them.
+        if with_share_groups && key % 200 == 0 {
+            let s = rng.below(SITES);
+            trie.subscribe_shared("workers", &format!("site/{s}/#"), key, options(key))
+                .expect("valid filter");
+        } else {
+            trie.subscribe(&filter(&mut rng), key, options(key))
+                .expect("valid filter");
+        }
+    }
+    trie
+}
+
+fn topics() -> Vec<String> {
+    let mut rng = Rng(42);
+    (0..TOPICS)
+        .map(|_| {
+            let s = rng.below(SITES);
+            let d = rng.below(DEVICES);
+            let m = METRICS[rng.below(METRICS.len() as u64) as usize];
+            format!("site/{s}/device/{d}/{m}")
+        })
+        .collect()
+}
+
+fn count_matches(trie: &SubscriptionTrie<u64, Options>, topic: &str) -> usize {
+    let mut count = 0usize;
+    trie.for_each_match(topic, |m| match m {
+        Match::Subscription { value, .. } => {
+            black_box(value);
+            count += 1;
+        }
+        Match::Shared(group) => {
+            black_box(group.next_member());
+            count += 1;
+        }
+    });
+    count
+}
+
+fn bench_match(c: &mut Criterion) {
+    let before_bytes = LIVE_BYTES.load(Ordering::Relaxed);
+    let trie = build_trie(true);
+    let trie_bytes = LIVE_BYTES.load(Ordering::Relaxed) - before_bytes;
+    let topics = topics();
+    let total: usize = topics.iter().map(|t| count_matches(&trie, t)).sum();
+    eprintln!(
+        "trie: {} subscriptions, {} nodes, {:.1} MiB heap ({} bytes per subscription), \
+         {:.1} matches per topic on average",
+        trie.len(),
+        trie.node_count(),
+        trie_bytes as f64 / (1024.0 * 1024.0),
+        trie_bytes / trie.len(),
+        total as f64 / topics.len() as f64
+    );
+    let mut group = c.benchmark_group("match_100k");
+    let mut i = 0;
+    group.bench_function("device_topic", |b| {
+        b.iter(|| {
+            i = (i + 1) % topics.len();
+            count_matches(&trie, black_box(&topics[i]))
+        })
+    });
+    // Upper bound of what a per-topic match cache could give: a hash lookup of the topic and
+    // a walk over its cloned matches, with no eviction and no invalidation cost counted.
+    let mut cache: std::collections::HashMap<&str, Vec<(u64, Options)>> =
+        std::collections::HashMap::new();
+    for topic in &topics {
+        let mut matches = Vec::new();
+        trie.for_each_match(topic, |m| match m {
+            Match::Subscription { key, value } => matches.push((*key, *value)),
+            Match::Shared(group) => {
+                if let Some((key, value)) = group.next_member() {
+                    matches.push((*key, *value));
+                }
+            }
+        });
+        cache.insert(topic.as_str(), matches);
+    }
+    let mut j = 0;
+    group.bench_function("device_topic_ideal_cache_hit", |b| {
+        b.iter(|| {
+            j = (j + 1) % topics.len();
+            let mut count = 0usize;
+            if let Some(matches) = cache.get(black_box(topics[j].as_str())) {
+                for entry in matches {
+                    black_box(entry);
+                    count += 1;
+                }
+            }
+            count
+        })
+    });
+    // The real cache, sized to hold every topic of the run: hits after the first round.
+    let mut match_cache: MatchCache<u64, Options> = MatchCache::new(2 * TOPICS, 1_024);
+    let mut k = 0;
+    group.bench_function("device_topic_match_cache", |b| {
+        b.iter(|| {
+            k = (k + 1) % topics.len();
+            let topic = black_box(topics[k].as_str());
+            match match_cache.matches(&trie, topic) {
+                Some(matches) => {
+                    let mut count = 0usize;
+                    matches.for_each(|m| match m {
+                        Match::Subscription { value, .. } => {
+                            black_box(value);
+                            count += 1;
+                        }
+                        Match::Shared(group) => {
+                            black_box(group.next_member());
+                            count += 1;
+                        }
+                    });
+                    count
+                }
+                None => count_matches(&trie, topic),
+            }
+        })
+    });
+    // Same mix without share groups: every topic is cacheable.
+    let plain_trie = build_trie(false);
+    let mut plain_cache: MatchCache<u64, Options> = MatchCache::new(2 * TOPICS, 1_024);
+    let mut n = 0;
+    group.bench_function("device_topic_no_groups", |b| {
+        b.iter(|| {
+            n = (n + 1) % topics.len();
+            count_matches(&plain_trie, black_box(&topics[n]))
+        })
+    });
+    group.bench_function("device_topic_no_groups_match_cache", |b| {
+        b.iter(|| {
+            n = (n + 1) % topics.len();
+            let topic = black_box(topics[n].as_str());
+            match plain_cache.matches(&plain_trie, topic) {
+                Some(matches) => {
+                    for entry in matches.subscriptions() {
+                        black_box(entry);
+                    }
+                    matches.subscriptions().len()
+                }
+                None => count_matches(&plain_trie, topic),
+            }
+        })
+    });
+    group.bench_function("no_match_topic", |b| {
+        b.iter(|| count_matches(&trie, black_box("plant/7/line/3/speed")))
+    });
+    group.bench_function("sys_topic", |b| {
+        b.iter(|| count_matches(&trie, black_box("$SYS/broker/clients/connected")))
+    });
+    group.finish();
+}
+
+/// Filters not yet in the trie, built before the clock starts.
+fn fresh_filters(count: u64, salt: u64) -> Vec<String> {
+    (0..count)
+        .map(|i| format!("site/{}/device/{}/extra{salt}_{i}", i % SITES, i % DEVICES))
+        .collect()
+}
+
+fn bench_subscribe(c: &mut Criterion) {
+    let mut trie = build_trie(true);
+    let mut group = c.benchmark_group("churn_100k");
+    let mut salt = 0;
+    group.bench_function("subscribe_new_filter", |b| {
+        b.iter_custom(|iters| {
+            salt += 1;
+            let filters = fresh_filters(iters, salt);
+            let start = Instant::now();
+            for (i, f) in filters.iter().enumerate() {
+                black_box(trie.subscribe(f, 1_000_000 + i as u64, options(1)).ok());
+            }
+            let elapsed = start.elapsed();
+            for (i, f) in filters.iter().enumerate() {
+                trie.unsubscribe(f, &(1_000_000 + i as u64));
+            }
+            elapsed
+        })
+    });
+    group.bench_function("unsubscribe_and_prune", |b| {
+        b.iter_custom(|iters| {
+            salt += 1;
+            let filters = fresh_filters(iters, salt);
+            for (i, f) in filters.iter().enumerate() {
+                let _ = trie.subscribe(f, 1_000_000 + i as u64, options(1));
+            }
+            let start = Instant::now();
+            for (i, f) in filters.iter().enumerate() {
+                black_box(trie.unsubscribe(f, &(1_000_000 + i as u64)));
+            }
+            start.elapsed()
+        })
+    });
+    let mut key = 2_000_000u64;
+    group.bench_function("subscribe_existing_filter_new_key", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                key += 1;
+                black_box(trie.subscribe("site/1/device/1/temp", key, options(1)).ok());
+            }
+            let elapsed = start.elapsed();
+            for k in key - iters + 1..=key {
+                trie.unsubscribe("site/1/device/1/temp", &k);
+            }
+            elapsed
+        })
+    });
+    group.finish();
+    assert_eq!(trie.len(), SUBSCRIPTIONS, "churn left subscriptions behind");
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = bench_match, bench_subscribe
+}
+criterion_main!(benches);

@@ -22,7 +22,8 @@ pub(crate) type HashState = hashbrown::DefaultHashBuilder;
 
 pub(crate) enum HybridMap<Q, T> {
     Small(Vec<(Q, T)>),
-    Large(HashMap<Q, T, HashState>),
+    // Boxed: keeps every node small; only wide nodes pay the extra pointer.
+    Large(Box<HashMap<Q, T, HashState>>),
 }
 
 impl<Q, T> Default for HybridMap<Q, T> {
@@ -85,6 +86,9 @@ impl<Q: Eq + Hash, T> HybridMap<Q, T> {
                 let index = match small_position.flatten() {
                     Some(index) => index,
                     None => {
+                        // Exact growth: most nodes have one child, and Vec's default
+                        // minimum capacity of 4 would triple their size.
+                        entries.reserve_exact(1);
                         entries.push((Q::from(key), make_value()));
                         entries.len() - 1
                     }
@@ -100,7 +104,7 @@ impl<Q: Eq + Hash, T> HybridMap<Q, T> {
             let mut map =
                 HashMap::with_capacity_and_hasher(entries.len() + 1, HashState::default());
             map.extend(entries.drain(..));
-            *self = HybridMap::Large(map);
+            *self = HybridMap::Large(Box::new(map));
         }
     }
 
@@ -121,7 +125,10 @@ impl<Q: Eq + Hash, T> HybridMap<Q, T> {
             }
         }
         match self {
-            HybridMap::Small(entries) => entries.push((key, value)),
+            HybridMap::Small(entries) => {
+                entries.reserve_exact(1);
+                entries.push((key, value));
+            }
             HybridMap::Large(map) => {
                 map.insert(key, value);
             }

@@ -9,6 +9,8 @@
 //!   visits every matching subscription and share group without allocating.
 //! - [`shared`]: [`SharedGroup`], the members of one share group, with a deterministic
 //!   round-robin pick that can skip members the caller rejects.
+//! - [`cache`]: [`MatchCache`], a bounded per-worker cache of match results per topic,
+//!   invalidated by [`SubscriptionTrie::generation`].
 //! - [`error`]: typed errors naming the conformance statements they enforce.
 //! - `hybrid_map` (private): the vector-then-hash-map used for node children and
 //!   subscribers.
@@ -32,12 +34,16 @@
 //! assert_eq!(direct, vec![1, 2]);
 //! ```
 
+pub mod cache;
 pub mod error;
 mod hybrid_map;
 pub mod shared;
 pub mod trie;
 pub mod validate;
 
+pub use cache::{
+    CachedMatches, DEFAULT_CACHE_MAX_MATCHES_PER_TOPIC, DEFAULT_CACHE_MAX_TOPICS, MatchCache,
+};
 pub use error::{
     ShareNameError, SharedFilterError, SubscribeError, TopicFilterError, TopicNameError,
 };

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// The members of one share group on one topic filter.
 #[derive(Debug)]
 pub struct SharedGroup<K, V> {
+    /// Slot in the trie's [`GroupSlab`]; lets a match cache refer to the group.
+    pub(crate) id: usize,
     name: Box<str>,
     filter: Box<str>,
     members: Vec<(K, V)>,
@@ -24,6 +26,7 @@ pub struct SharedGroup<K, V> {
 impl<K: Eq, V> SharedGroup<K, V> {
     pub(crate) fn new(name: &str, filter: &str) -> Self {
         SharedGroup {
+            id: 0,
             name: name.into(),
             filter: filter.into(),
             members: Vec::new(),
@@ -127,6 +130,53 @@ impl<K: Eq, V> SharedGroup<K, V> {
             *cursor = 0;
         }
         before - self.members.len()
+    }
+}
+
+/// Storage for every share group of a trie; nodes hold slot ids.
+///
+/// Ids are reused after removal, but removal changes the trie generation, so an id held by
+/// a cache entry of the current generation always names the same group. Memory is bounded
+/// by the peak number of groups (freed slots are reused, not returned).
+pub(crate) struct GroupSlab<K, V> {
+    slots: Vec<Option<SharedGroup<K, V>>>,
+    free: Vec<usize>,
+}
+
+impl<K, V> Default for GroupSlab<K, V> {
+    fn default() -> Self {
+        GroupSlab {
+            slots: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<K, V> GroupSlab<K, V> {
+    pub(crate) fn insert(&mut self, mut group: SharedGroup<K, V>) -> usize {
+        let id = self.free.pop().unwrap_or(self.slots.len());
+        group.id = id;
+        if id == self.slots.len() {
+            self.slots.push(Some(group));
+        } else {
+            self.slots[id] = Some(group);
+        }
+        id
+    }
+
+    pub(crate) fn remove(&mut self, id: usize) -> Option<SharedGroup<K, V>> {
+        let group = self.slots.get_mut(id)?.take()?;
+        self.free.push(id);
+        Some(group)
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, id: usize) -> Option<&SharedGroup<K, V>> {
+        self.slots.get(id)?.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, id: usize) -> Option<&mut SharedGroup<K, V>> {
+        self.slots.get_mut(id)?.as_mut()
     }
 }
 

@@ -7,7 +7,9 @@
 //!   and `hash`. A `hash` node never has children (`#` is always the last level).
 //! - Every node except the root is non-empty: it has a subscriber, a share group or a
 //!   child. Unsubscribing prunes nodes that become empty, so churn does not leak memory.
-//! - No share group in the trie is empty; removing its last member removes the group.
+//! - No share group in the trie is empty; removing its last member removes the group from
+//!   its node and from the group slab. Groups live in the slab so that a match cache can
+//!   name them by id; nodes hold the ids.
 //! - `len` is the number of (filter, key) subscriptions plus the number of (group, filter,
 //!   key) shared memberships.
 //! - `generation` changes whenever the set of subscriptions or any of their values changes,
@@ -21,7 +23,7 @@ use std::hash::Hash;
 
 use crate::error::SubscribeError;
 use crate::hybrid_map::HybridMap;
-use crate::shared::SharedGroup;
+use crate::shared::{GroupSlab, SharedGroup};
 use crate::validate::{is_sys_topic, validate_share_name, validate_topic_filter};
 
 /// Default limit on levels per subscribed filter; see [`SubscriptionTrie::with_max_filter_levels`].
@@ -55,7 +57,8 @@ struct Node<K, V> {
     plus: Option<Box<Node<K, V>>>,
     hash: Option<Box<Node<K, V>>>,
     subscribers: HybridMap<K, V>,
-    groups: Vec<SharedGroup<K, V>>,
+    /// Ids in the trie's [`GroupSlab`] of the groups on exactly this filter.
+    groups: Vec<usize>,
 }
 
 impl<K, V> Default for Node<K, V> {
@@ -80,12 +83,20 @@ impl<K: Eq + Hash, V> Node<K, V> {
     }
 
     #[inline]
-    fn visit_own<'a>(&'a self, visit: &mut impl FnMut(Match<'a, K, V>)) {
+    fn visit_own<'a>(&'a self, slab: &'a GroupSlab<K, V>, visit: &mut impl FnMut(Match<'a, K, V>)) {
         self.subscribers
             .for_each(|key, value| visit(Match::Subscription { key, value }));
-        for group in &self.groups {
-            visit(Match::Shared(group));
+        for &id in &self.groups {
+            if let Some(group) = slab.get(id) {
+                visit(Match::Shared(group));
+            }
         }
+    }
+
+    fn group_position(&self, slab: &GroupSlab<K, V>, name: &str) -> Option<usize> {
+        self.groups
+            .iter()
+            .position(|&id| slab.get(id).is_some_and(|g| g.name() == name))
     }
 
     /// Node for one level of a filter, created if absent.
@@ -156,23 +167,30 @@ impl<K: Eq + Hash, V> Node<K, V> {
 
     /// Removes every subscription and membership of `key` below this node, pruning empty
     /// nodes; returns how many were removed.
-    fn remove_key(&mut self, key: &K) -> usize {
+    fn remove_key(&mut self, key: &K, slab: &mut GroupSlab<K, V>) -> usize {
         let mut removed = usize::from(
             self.subscribers
                 .remove(key, SUBSCRIBERS_SMALL_MAX)
                 .is_some(),
         );
-        for group in &mut self.groups {
+        self.groups.retain(|&id| {
+            let Some(group) = slab.get_mut(id) else {
+                return false;
+            };
             removed += group.retain(|k| k != key);
-        }
-        self.groups.retain(|g| !g.is_empty());
+            if group.is_empty() {
+                slab.remove(id);
+                return false;
+            }
+            true
+        });
         self.children.retain(CHILDREN_SMALL_MAX, |_, child| {
-            removed += child.remove_key(key);
+            removed += child.remove_key(key, slab);
             !child.is_empty()
         });
         for slot in [&mut self.plus, &mut self.hash] {
             if let Some(child) = slot.as_deref_mut() {
-                removed += child.remove_key(key);
+                removed += child.remove_key(key, slab);
                 if child.is_empty() {
                     *slot = None;
                 }
@@ -186,6 +204,7 @@ impl<K: Eq + Hash, V> Node<K, V> {
 /// the per-subscription value `V` (QoS, no-local, retain-as-published, identifiers...).
 pub struct SubscriptionTrie<K, V> {
     root: Node<K, V>,
+    groups: GroupSlab<K, V>,
     len: usize,
     generation: u64,
     max_filter_levels: usize,
@@ -208,6 +227,7 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
     pub fn with_max_filter_levels(max_filter_levels: usize) -> Self {
         SubscriptionTrie {
             root: Node::default(),
+            groups: GroupSlab::default(),
             len: 0,
             generation: 0,
             max_filter_levels: max_filter_levels.max(1),
@@ -247,10 +267,10 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
         Ok(())
     }
 
-    fn node_mut_or_insert(&mut self, filter: &str) -> &mut Node<K, V> {
+    fn node_mut_or_insert<'t>(root: &'t mut Node<K, V>, filter: &str) -> &'t mut Node<K, V> {
         filter
             .split('/')
-            .fold(&mut self.root, |node, level| node.child_mut(level))
+            .fold(root, |node, level| node.child_mut(level))
     }
 
     fn node(&self, filter: &str) -> Option<&Node<K, V>> {
@@ -268,10 +288,9 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
         value: V,
     ) -> Result<Option<V>, SubscribeError> {
         self.check_filter(filter)?;
-        let old =
-            self.node_mut_or_insert(filter)
-                .subscribers
-                .insert(key, value, SUBSCRIBERS_SMALL_MAX);
+        let old = Self::node_mut_or_insert(&mut self.root, filter)
+            .subscribers
+            .insert(key, value, SUBSCRIBERS_SMALL_MAX);
         if old.is_none() {
             self.len += 1;
         }
@@ -307,15 +326,19 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
     ) -> Result<Option<V>, SubscribeError> {
         validate_share_name(group)?;
         self.check_filter(filter)?;
-        let node = self.node_mut_or_insert(filter);
-        let index = match node.groups.iter().position(|g| g.name() == group) {
-            Some(index) => index,
+        let node = Self::node_mut_or_insert(&mut self.root, filter);
+        let slab = &mut self.groups;
+        let id = match node.group_position(slab, group) {
+            Some(index) => node.groups[index],
             None => {
-                node.groups.push(SharedGroup::new(group, filter));
-                node.groups.len() - 1
+                let id = slab.insert(SharedGroup::new(group, filter));
+                node.groups.push(id);
+                id
             }
         };
-        let old = node.groups[index].insert(key, value);
+        let old = slab
+            .get_mut(id)
+            .and_then(|shared| shared.insert(key, value));
         if old.is_none() {
             self.len += 1;
         }
@@ -326,10 +349,14 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
     /// Removes `key` from the share group `group` on `filter`, returning its value. The
     /// group disappears with its last member.
     pub fn unsubscribe_shared(&mut self, group: &str, filter: &str, key: &K) -> Option<V> {
+        let slab = &mut self.groups;
         let old = self.root.remove_at(filter.split('/'), |node| {
-            let index = node.groups.iter().position(|g| g.name() == group)?;
-            let old = node.groups[index].remove(key)?;
-            if node.groups[index].is_empty() {
+            let index = node.group_position(slab, group)?;
+            let id = node.groups[index];
+            let shared = slab.get_mut(id)?;
+            let old = shared.remove(key)?;
+            if shared.is_empty() {
+                slab.remove(id);
                 node.groups.swap_remove(index);
             }
             Some(old)
@@ -339,15 +366,23 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
         Some(old)
     }
 
+    /// The share group with slot id `id`, for [`crate::MatchCache`]; valid while the
+    /// generation is unchanged.
+    pub(crate) fn group_by_id(&self, id: usize) -> Option<&SharedGroup<K, V>> {
+        self.groups.get(id)
+    }
+
     /// The share group `group` on exactly `filter`.
     pub fn shared_group(&self, group: &str, filter: &str) -> Option<&SharedGroup<K, V>> {
-        self.node(filter)?.groups.iter().find(|g| g.name() == group)
+        let node = self.node(filter)?;
+        let index = node.group_position(&self.groups, group)?;
+        self.groups.get(node.groups[index])
     }
 
     /// Removes every subscription and shared membership of `key` (a session that ends).
     /// Visits the whole trie: O(nodes). Returns how many were removed.
     pub fn remove_key(&mut self, key: &K) -> usize {
-        let removed = self.root.remove_key(key);
+        let removed = self.root.remove_key(key, &mut self.groups);
         if removed > 0 {
             self.len -= removed;
             self.generation = self.generation.wrapping_add(1);
@@ -362,7 +397,13 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
     /// `topic` should be a valid topic name (see [`crate::validate_topic_name`]); an
     /// invalid one is matched literally and harmlessly.
     pub fn for_each_match<'a>(&'a self, topic: &str, mut visit: impl FnMut(Match<'a, K, V>)) {
-        walk(&self.root, Some(topic), is_sys_topic(topic), &mut visit);
+        walk(
+            &self.root,
+            &self.groups,
+            Some(topic),
+            is_sys_topic(topic),
+            &mut visit,
+        );
     }
 
     /// Like [`Self::for_each_match`], normal subscriptions only.
@@ -393,15 +434,16 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
 /// `$` topic [MQTT-4.7.2-1].
 fn walk<'a, K: Eq + Hash, V>(
     node: &'a Node<K, V>,
+    slab: &'a GroupSlab<K, V>,
     rest: Option<&str>,
     skip_wildcards: bool,
     visit: &mut impl FnMut(Match<'a, K, V>),
 ) {
     let Some(rest) = rest else {
-        node.visit_own(visit);
+        node.visit_own(slab, visit);
         // `sport/#` also matches `sport`: the parent level.
         if let Some(hash) = &node.hash {
-            hash.visit_own(visit);
+            hash.visit_own(slab, visit);
         }
         return;
     };
@@ -411,14 +453,14 @@ fn walk<'a, K: Eq + Hash, V>(
     };
     if !skip_wildcards {
         if let Some(hash) = &node.hash {
-            hash.visit_own(visit);
+            hash.visit_own(slab, visit);
         }
         if let Some(plus) = &node.plus {
-            walk(plus, next, false, visit);
+            walk(plus, slab, next, false, visit);
         }
     }
     if let Some(child) = node.children.get(level) {
-        walk(child, next, false, visit);
+        walk(child, slab, next, false, visit);
     }
 }
 
