@@ -1,0 +1,171 @@
+//! The command line and the config file (contract: /work/notes/server-contract.md): help and
+//! version output, `tern listening on ADDR`, exit code 2 with the offending key named, flags
+//! overriding the file.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Broker, run_to_exit};
+
+const T: Duration = Duration::from_secs(20);
+
+#[test]
+fn help_describes_commands_and_serve_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = run_to_exit(&["--help"], dir.path(), T);
+    assert!(top.status.success(), "{}", top.stderr);
+    assert!(top.stdout.contains("serve"), "{}", top.stdout);
+    let serve = run_to_exit(&["serve", "--help"], dir.path(), T);
+    assert!(serve.status.success(), "{}", serve.stderr);
+    for opt in ["--bind", "--config", "--data-dir", "--log"] {
+        assert!(
+            serve.stdout.contains(opt),
+            "`tern serve --help` lacks {opt}:\n{}",
+            serve.stdout
+        );
+    }
+}
+
+#[test]
+fn version_prints_package_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_to_exit(&["--version"], dir.path(), T);
+    assert!(out.status.success());
+    assert!(
+        out.stdout.contains(env!("CARGO_PKG_VERSION")),
+        "{}",
+        out.stdout
+    );
+}
+
+fn serve_with_config(toml: &str) -> common::Finished {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let data = dir.path().join("data");
+    run_to_exit(
+        &[
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        dir.path(),
+        T,
+    )
+}
+
+#[test]
+fn unknown_config_key_exits_2_naming_the_key() {
+    let out = serve_with_config("[limits]\nmax_packet_sizee = 5\n");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr.contains("max_packet_sizee"),
+        "error must name the key: {}",
+        out.stderr
+    );
+    assert!(!out.stdout.contains("tern listening on"));
+}
+
+#[test]
+fn unknown_config_section_exits_2_naming_it() {
+    let out = serve_with_config("[limitz]\nreceive_maximum = 5\n");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("limitz"), "{}", out.stderr);
+}
+
+#[test]
+fn wrongly_typed_value_exits_2_naming_the_key() {
+    let out = serve_with_config("[limits]\nreceive_maximum = \"lots\"\n");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("receive_maximum"), "{}", out.stderr);
+}
+
+/// Receive Maximum 0 cannot be advertised (v5 §3.2.2.3.3: "It is a Protocol Error to include
+/// the Receive Maximum value of 0"), so the config value is a bad value.
+#[test]
+fn receive_maximum_zero_is_a_bad_value() {
+    let out = serve_with_config("[limits]\nreceive_maximum = 0\n");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("receive_maximum"), "{}", out.stderr);
+}
+
+#[test]
+fn out_of_range_value_exits_2_naming_the_key() {
+    let out = serve_with_config("[limits]\nreceive_maximum = 70000\n");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("receive_maximum"), "{}", out.stderr);
+}
+
+#[test]
+fn invalid_toml_exits_2() {
+    let out = serve_with_config("[limits\nreceive_maximum = ");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+}
+
+#[test]
+fn missing_config_file_fails_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_to_exit(
+        &[
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--config",
+            "/nonexistent/tern.toml",
+        ],
+        dir.path(),
+        T,
+    );
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("/nonexistent/tern.toml"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// `--bind` overrides `[listener] bind`: the file names a port that is taken, the flag an
+/// ephemeral one; the broker must start.
+#[test]
+fn bind_flag_overrides_config_file() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let toml = format!("[listener]\nbind = \"{}\"\n", taken.local_addr().unwrap());
+    let b = Broker::start_with(&toml);
+    assert_ne!(b.addr, taken.local_addr().unwrap());
+    assert_ne!(b.port(), 0);
+}
+
+/// Every documented key is accepted with its default value.
+#[test]
+fn documented_defaults_are_accepted() {
+    let toml = r#"
+[listener]
+bind = "127.0.0.1:1883"
+
+[limits]
+max_packet_size_bytes = 1048576
+receive_maximum = 1024
+topic_alias_maximum = 64
+max_keep_alive_s = 3600
+connect_timeout_ms = 10000
+max_inflight_messages = 1024
+max_queued_messages = 100000
+max_session_expiry_interval_s = 4294967295
+max_subscriptions_per_session = 10000
+max_retained_messages = 1000000
+max_client_id_len = 256
+outbound_queue_max_bytes = 8388608
+outbound_queue_max_messages = 100000
+slow_subscriber_timeout_ms = 30000
+
+[sys]
+interval_s = 10
+"#;
+    let b = Broker::start_with(toml);
+    assert_ne!(b.port(), 1883, "--bind from the harness overrides the file");
+}

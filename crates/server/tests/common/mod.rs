@@ -1,0 +1,257 @@
+//! Shared harness of the end-to-end suite: start the real `tern` binary on an ephemeral port,
+//! talk to it with raw bytes ([`raw`]) or with rumqttc ([`rumq`]).
+//!
+//! Every wait in the suite is bounded ([`WAIT`] by default): a packet that never arrives fails
+//! the test instead of hanging it. Nothing here measures time; short broker timeouts are chosen
+//! through the config file so that tests about expiry stay fast.
+//!
+//! # Invariants
+//! - A [`Broker`] kills its child process on drop (also when the test panics), so no test leaks
+//!   a broker. Its stderr (the broker's logs) goes to a file that is printed when a test fails.
+#![allow(dead_code)]
+
+pub mod raw;
+pub mod rumq;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Default bound on every wait for something that should happen.
+pub const WAIT: Duration = Duration::from_secs(5);
+/// How long a test waits to see that something does NOT happen (used sparingly; most negative
+/// checks are ordered behind a marker message instead).
+pub const QUIET: Duration = Duration::from_millis(400);
+/// Bound on the broker's start-up (the `tern listening on` line).
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tern");
+
+/// A running `tern serve` child process.
+pub struct Broker {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    dir: tempfile::TempDir,
+    config_toml: String,
+}
+
+impl Broker {
+    /// Starts a broker with an empty config (every default).
+    pub fn start() -> Broker {
+        Broker::start_with("")
+    }
+
+    /// Starts a broker with `config_toml` as its config file, on `127.0.0.1:0`.
+    pub fn start_with(config_toml: &str) -> Broker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut broker = Broker {
+            child: None,
+            addr: "127.0.0.1:0".parse().expect("addr"),
+            dir,
+            config_toml: config_toml.to_owned(),
+        };
+        broker.spawn();
+        broker
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("tern.toml")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("tern.stderr.log")
+    }
+
+    fn spawn(&mut self) {
+        std::fs::write(self.config_path(), &self.config_toml).expect("write config");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("open log");
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .arg("--bind")
+            .arg("127.0.0.1:0")
+            .arg("--config")
+            .arg(self.config_path())
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .env(
+                "RUST_LOG",
+                std::env::var("TERN_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn tern");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let mut sent = false;
+            // Keep draining after the first line so the broker never blocks on a full pipe.
+            while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                if !sent {
+                    if let Some(rest) = line.trim().strip_prefix("tern listening on ") {
+                        let _ = tx.send(rest.to_owned());
+                        sent = true;
+                    }
+                }
+                line.clear();
+            }
+        });
+        self.child = Some(child);
+        match rx.recv_timeout(START_TIMEOUT) {
+            Ok(addr) => {
+                self.addr = addr.parse().unwrap_or_else(|e| {
+                    panic!("`tern listening on {addr}`: not a socket address: {e}")
+                })
+            }
+            Err(_) => {
+                let status = self
+                    .child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten());
+                panic!(
+                    "tern did not print `tern listening on ADDR` within {START_TIMEOUT:?} (exit: {status:?})\n--- stderr ---\n{}",
+                    self.log_tail(60)
+                );
+            }
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`) to the broker.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on the pid of our own child; no memory is involved.
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(rc, 0, "kill({}, {signal}) failed", self.pid());
+    }
+
+    /// Waits (bounded) for the broker to exit and returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "tern did not exit within {timeout:?}\n{}",
+                    self.log_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the broker (SIGKILL) and starts it again with the same config and data dir.
+    /// The new process listens on a new ephemeral port (`self.addr` is updated).
+    pub fn restart_after_kill(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The last `lines` lines of the broker's stderr (its logs).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(self.log_path()) {
+            let _ = f.read_to_string(&mut text);
+        }
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- tern stderr (tail) ---\n{}", self.log_tail(60));
+        }
+    }
+}
+
+/// Result of running the binary to completion.
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `tern ARGS` (cwd `cwd`) and waits for it to exit, killing it after `timeout`.
+pub fn run_to_exit(args: &[&str], cwd: &Path, timeout: Duration) -> Finished {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tern");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let out_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`tern {}` did not exit within {timeout:?}", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Finished {
+        status,
+        stdout: out_thread.join().unwrap_or_default(),
+        stderr: err_thread.join().unwrap_or_default(),
+    }
+}
+
+/// A unique-enough client id / topic suffix for one test.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -1,0 +1,425 @@
+//! CONNECT / CONNACK: every CONNACK code path of both versions, client identifiers, takeover,
+//! keep alive (1.5×, Server Keep Alive), CONNECT timeout, first/second CONNECT rules.
+//! Statement ids name the version: "(v5)" = MQTT 5.0, "(3.1.1)" = MQTT 3.1.1.
+
+mod common;
+
+use std::time::Duration;
+
+use common::raw::*;
+use common::rumq::{v4, v5};
+use common::{Broker, WAIT};
+
+/// (3.1.1) MQTT-3.2.0-1, MQTT-3.2.2-1; (v5) MQTT-3.1.4-5, MQTT-3.2.2-2: a valid CONNECT with
+/// clean start gets CONNACK 0x00 with Session Present 0 — through rumqttc, both versions.
+#[tokio::test]
+async fn connack_success_both_versions_rumqttc() {
+    let b = Broker::start();
+    let c4 = v4::connect(v4::options(b.addr, "ok-v4")).await;
+    assert_eq!(c4.connack.code, v4::ConnectReturnCode::Success);
+    assert!(!c4.connack.session_present);
+    let c5 = v5::connect(v5::options(b.addr, "ok-v5")).await;
+    assert_eq!(c5.connack.code, v5::ConnectReturnCode::Success);
+    assert!(!c5.connack.session_present);
+}
+
+/// (3.1.1) MQTT-3.1.2-2: an unsupported protocol level gets CONNACK return code 0x01 and the
+/// connection is closed; (v5) MQTT-3.1.2-2 allows the v5 form, 0x84. Either encoding passes.
+#[tokio::test]
+async fn unsupported_protocol_level_connack_0x01_or_0x84_then_close() {
+    let b = Broker::start();
+    let mut c = RawClient::open(b.addr, Protocol::V3_1_1).await;
+    c.send_bytes(&connect_bytes(6, 0x02, 0, "lvl6", &[])).await;
+    let bytes = c.expect_closed_raw().await;
+    let v311 = [0x20, 0x02, 0x00, 0x01];
+    let v5 = [0x20, 0x03, 0x00, 0x84, 0x00];
+    assert!(
+        bytes == v311 || bytes == v5,
+        "expected CONNACK 0x01 (3.1.1 form) or 0x84 (v5 form) then close, got {bytes:02x?}"
+    );
+}
+
+/// (v5) MQTT-3.1.2-1: a protocol name other than "MQTT" (here "MXTT", level 4): the server
+/// closes the connection, optionally after a CONNACK 0x84/0x01; never a successful CONNACK.
+#[tokio::test]
+async fn wrong_protocol_name_is_refused_and_closed() {
+    let b = Broker::start();
+    let mut c = RawClient::open(b.addr, Protocol::V3_1_1).await;
+    let mut bytes = connect_bytes(4, 0x02, 0, "badname", &[]);
+    bytes[5] = b'X';
+    c.send_bytes(&bytes).await;
+    let got = c.expect_closed_raw().await;
+    assert!(
+        got.is_empty() || got == [0x20, 0x02, 0x00, 0x01] || got == [0x20, 0x03, 0x00, 0x84, 0x00],
+        "expected a close (optionally after CONNACK 0x01/0x84), got {got:02x?}"
+    );
+}
+
+/// (3.1.1) MQTT-3.1.2-3 / (v5) MQTT-3.1.2-3: the reserved CONNECT flag must be 0; otherwise
+/// the packet is malformed and the connection is closed (v5 may first send CONNACK ≥ 0x80).
+#[tokio::test]
+async fn reserved_connect_flag_set_closes_connection() {
+    let b = Broker::start();
+    for level in [4u8, 5] {
+        let protocol = if level == 5 {
+            Protocol::V5
+        } else {
+            Protocol::V3_1_1
+        };
+        let mut c = RawClient::open(b.addr, protocol).await;
+        c.send_bytes(&connect_bytes(level, 0x03, 0, "resv", &[]))
+            .await;
+        let before = c.expect_closed().await;
+        for p in &before {
+            match p {
+                Packet::ConnAck(ca) => {
+                    assert!(
+                        !ca.reason.is_success(),
+                        "level {level}: reserved flag accepted: {ca:?}"
+                    );
+                    assert!(!ca.session_present, "MQTT-3.2.2-6 (v5)");
+                }
+                other => panic!("level {level}: unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+/// (3.1.1) MQTT-3.1.2-14: Will QoS 3 is malformed: the connection is closed, no successful
+/// CONNACK (v5: MQTT-3.1.2-12 allows 0, 1, 2 only).
+#[tokio::test]
+async fn will_qos_3_closes_connection() {
+    let b = Broker::start();
+    // flags: will flag (0x04) + will QoS 3 (0x18) + clean (0x02); will topic "w", payload "x".
+    let tail = [0x00, 0x01, b'w', 0x00, 0x01, b'x'];
+    let mut c = RawClient::open(b.addr, Protocol::V3_1_1).await;
+    c.send_bytes(&connect_bytes(4, 0x1E, 0, "willq3", &tail))
+        .await;
+    let before = c.expect_closed().await;
+    assert!(
+        before
+            .iter()
+            .all(|p| matches!(p, Packet::ConnAck(ca) if !ca.reason.is_success())),
+        "expected close (optionally CONNACK ≥ 0x80), got {before:?}"
+    );
+}
+
+/// (3.1.1) MQTT-3.1.3-8: an empty client id with CleanSession 0 gets CONNACK 0x02 (identifier
+/// rejected), Session Present 0 (MQTT-3.2.2-4), then the close (MQTT-3.2.2-5).
+#[tokio::test]
+async fn v311_empty_client_id_without_clean_session_rejected_0x02() {
+    let b = Broker::start();
+    let mut c = RawClient::open(b.addr, Protocol::V3_1_1).await;
+    c.send_bytes(&connect_bytes(4, 0x00, 0, "", &[])).await;
+    let bytes = c.expect_closed_raw().await;
+    assert_eq!(
+        bytes,
+        [0x20, 0x02, 0x00, 0x02],
+        "CONNACK identifier rejected, then close"
+    );
+}
+
+/// (3.1.1) MQTT-3.1.3-6: an empty client id with CleanSession 1 is accepted.
+#[tokio::test]
+async fn v311_empty_client_id_with_clean_session_accepted() {
+    let b = Broker::start();
+    let (mut c, ca) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V3_1_1, "", true, 0)).await;
+    assert!(!ca.session_present);
+    assert!(c.ping().await.is_empty());
+}
+
+/// (v5) MQTT-3.1.3-6, MQTT-3.1.3-7, MQTT-3.2.2-16: an empty client id with clean start gets a
+/// unique Assigned Client Identifier in CONNACK.
+#[tokio::test]
+async fn v5_empty_client_id_gets_unique_assigned_identifier() {
+    let b = Broker::start();
+    let (_c1, ca1) = RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, "", true, 0)).await;
+    let (_c2, ca2) = RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, "", true, 0)).await;
+    let id1 = ca1
+        .properties
+        .assigned_client_identifier
+        .clone()
+        .expect("Assigned Client Identifier");
+    let id2 = ca2
+        .properties
+        .assigned_client_identifier
+        .clone()
+        .expect("Assigned Client Identifier");
+    assert!(!id1.is_empty() && !id2.is_empty());
+    assert_ne!(id1, id2, "assigned ids must be unique (MQTT-3.2.2-16)");
+}
+
+/// (v5) MQTT-3.1.3-5: the server must accept 1..=23 character alphanumeric client ids.
+#[tokio::test]
+async fn v5_23_char_alphanumeric_client_id_accepted() {
+    let b = Broker::start();
+    let id = "abcdefghijKLMNOPQRST012";
+    assert_eq!(id.len(), 23);
+    let (_c, ca) = RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, id, true, 0)).await;
+    assert!(ca.properties.assigned_client_identifier.is_none());
+}
+
+/// (v5) MQTT-3.1.3-8, MQTT-3.2.2-6, MQTT-3.2.2-7: a client id the server rejects (longer than
+/// `max_client_id_len`) gets CONNACK 0x85, Session Present 0, then the close. (3.1.1)
+/// MQTT-3.1.3-9: the same in 3.1.1 is return code 0x02.
+#[tokio::test]
+async fn client_id_too_long_rejected_0x85_v5_and_0x02_v311() {
+    let b = Broker::start_with("[limits]\nmax_client_id_len = 8\n");
+    let (mut c, first) =
+        RawClient::connect_with(b.addr, connect_packet(Protocol::V5, "nine-char", true, 0)).await;
+    match first {
+        Packet::ConnAck(ca) => {
+            assert_eq!(ca.reason, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+            assert!(!ca.session_present);
+        }
+        other => panic!("expected CONNACK 0x85, got {other:?}"),
+    }
+    c.expect_closed_silently().await;
+
+    let mut c = RawClient::open(b.addr, Protocol::V3_1_1).await;
+    c.send_bytes(&connect_bytes(4, 0x02, 0, "nine-char", &[]))
+        .await;
+    assert_eq!(c.expect_closed_raw().await, [0x20, 0x02, 0x00, 0x02]);
+
+    // At the limit is fine.
+    let _ok = RawClient::v5(b.addr, "eight-ch").await;
+}
+
+/// rumqttc sees the refusal as well (3.1.1 MQTT-3.1.3-9 via a real client).
+#[tokio::test]
+async fn client_id_rejection_seen_by_rumqttc_v4() {
+    let b = Broker::start_with("[limits]\nmax_client_id_len = 4\n");
+    let err = match v4::try_connect(v4::options(b.addr, "too-long")).await {
+        Ok(_) => panic!("connection accepted"),
+        Err(e) => e,
+    };
+    assert!(
+        err.to_lowercase().contains("refused") || err.contains("Identifier"),
+        "{err}"
+    );
+}
+
+/// (3.1.1) MQTT-3.1.0-1 / (v5) MQTT-3.1.0-1: the first packet must be CONNECT; anything else
+/// ends the connection without CONNACK.
+#[tokio::test]
+async fn first_packet_not_connect_closes_connection() {
+    let b = Broker::start();
+    let mut c = RawClient::open(b.addr, Protocol::V3_1_1).await;
+    c.send_bytes(&[0xC0, 0x00]).await; // PINGREQ
+    let got = c.expect_closed_raw().await;
+    assert!(
+        got.is_empty(),
+        "no packet may be sent before a CONNECT; got {got:02x?}"
+    );
+}
+
+/// (v5) MQTT-3.1.0-2: a second CONNECT is a Protocol Error: DISCONNECT 0x82 (if sent) and close.
+/// (3.1.1) MQTT-3.1.0-2: the server disconnects the client.
+#[tokio::test]
+async fn second_connect_is_protocol_error() {
+    let b = Broker::start();
+    let mut c = RawClient::v5(b.addr, "twice-v5").await;
+    c.send(&Packet::Connect(Box::new(connect_packet(
+        Protocol::V5,
+        "twice-v5",
+        true,
+        0,
+    ))))
+    .await;
+    let before = c.expect_closed().await;
+    for p in &before {
+        match p {
+            Packet::Disconnect(d) => assert_eq!(d.reason, ReasonCode::PROTOCOL_ERROR),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    let mut c = RawClient::v4(b.addr, "twice-v4").await;
+    c.send(&Packet::Connect(Box::new(connect_packet(
+        Protocol::V3_1_1,
+        "twice-v4",
+        true,
+        0,
+    ))))
+    .await;
+    c.expect_closed_silently().await;
+}
+
+/// A connection that never sends CONNECT is closed after `connect_timeout_ms` (server policy;
+/// the specs leave the time to the server).
+#[tokio::test]
+async fn connect_timeout_closes_idle_socket() {
+    let b = Broker::start_with("[limits]\nconnect_timeout_ms = 200\n");
+    let mut c = RawClient::open(b.addr, Protocol::V3_1_1).await;
+    let got = c.expect_closed_raw().await;
+    assert!(got.is_empty(), "{got:02x?}");
+    // A partial CONNECT does not keep the socket alive either.
+    let mut c = RawClient::open(b.addr, Protocol::V3_1_1).await;
+    c.send_bytes(&[0x10, 0x0E, 0x00]).await;
+    let got = c.expect_closed_raw().await;
+    assert!(got.is_empty(), "{got:02x?}");
+}
+
+/// (3.1.1) MQTT-3.1.4-2: a CONNECT with the client id of a connected client disconnects the
+/// existing client; the new one is accepted.
+#[tokio::test]
+async fn v311_takeover_closes_existing_connection() {
+    let b = Broker::start();
+    let mut old = RawClient::v4(b.addr, "dup-v4").await;
+    let (mut new, ca) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V3_1_1, "dup-v4", true, 0)).await;
+    assert!(!ca.session_present);
+    old.expect_closed_silently().await;
+    assert!(new.ping().await.is_empty(), "new connection stays usable");
+}
+
+/// (v5) MQTT-3.1.4-3: the existing client receives DISCONNECT 0x8E (Session taken over) and
+/// its connection is closed.
+#[tokio::test]
+async fn v5_takeover_sends_disconnect_0x8e() {
+    let b = Broker::start();
+    let mut old = RawClient::v5(b.addr, "dup-v5").await;
+    let mut new = RawClient::v5(b.addr, "dup-v5").await;
+    assert_eq!(
+        old.expect_disconnect().await,
+        ReasonCode::SESSION_TAKEN_OVER
+    );
+    assert!(new.ping().await.is_empty());
+}
+
+/// Takeover through rumqttc v5: the old client's event loop sees DISCONNECT 0x8E.
+#[tokio::test]
+async fn v5_takeover_seen_by_rumqttc() {
+    let b = Broker::start();
+    let mut old = v5::connect(v5::options(b.addr, "dup-rumq")).await;
+    let _new = v5::connect(v5::options(b.addr, "dup-rumq")).await;
+    assert_eq!(
+        old.expect_closed().await,
+        Some(v5::DisconnectReasonCode::SessionTakenOver)
+    );
+}
+
+/// (3.1.1) MQTT-3.12.4-1 / (v5) MQTT-3.12.4-1: PINGREQ is answered with PINGRESP.
+#[tokio::test]
+async fn pingreq_gets_pingresp() {
+    let b = Broker::start();
+    let mut c = RawClient::v4(b.addr, "pinger").await;
+    c.send_bytes(&[0xC0, 0x00]).await;
+    assert!(matches!(c.expect_packet().await, Packet::PingResp));
+}
+
+/// (3.1.1) MQTT-3.1.2-24: no packet within 1.5 × Keep Alive (1 s here) closes the connection.
+#[tokio::test]
+async fn v311_keep_alive_expiry_closes_connection() {
+    let b = Broker::start();
+    let (mut c, _) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V3_1_1, "ka-v4", true, 1)).await;
+    c.expect_closed_silently().await;
+}
+
+/// (v5) MQTT-3.1.2-22: no packet within 1.5 × Keep Alive closes the connection; a DISCONNECT,
+/// if sent, carries 0x8D (Keep Alive timeout).
+#[tokio::test]
+async fn v5_keep_alive_expiry_disconnect_0x8d() {
+    let b = Broker::start();
+    let (mut c, _) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, "ka-v5", true, 1)).await;
+    let before = c.expect_closed().await;
+    for p in &before {
+        match p {
+            Packet::Disconnect(d) => assert_eq!(d.reason, ReasonCode::KEEP_ALIVE_TIMEOUT),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// (v5) MQTT-3.1.2-22: a client that keeps sending PINGREQ well inside its Keep Alive (2 s,
+/// expiry at 3 s) stays connected for longer than the expiry time.
+#[tokio::test]
+async fn keep_alive_is_reset_by_traffic() {
+    let b = Broker::start();
+    let (mut c, _) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, "ka-alive", true, 2)).await;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(c.ping().await.is_empty());
+    }
+}
+
+/// (v5) MQTT-3.2.2-21, MQTT-3.2.2-22: with `max_keep_alive_s = 1` a client asking for 60 s (or 0)
+/// is told Server Keep Alive 1 in CONNACK, and the server enforces that value (1.5 s).
+#[tokio::test]
+async fn v5_server_keep_alive_is_advertised_and_enforced() {
+    let b = Broker::start_with("[limits]\nmax_keep_alive_s = 1\n");
+    let (_c0, ca0) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, "ska-0", true, 0)).await;
+    assert_eq!(
+        ca0.properties.server_keep_alive_s,
+        Some(1),
+        "keep alive 0 exceeds the maximum"
+    );
+    let (mut c, ca) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, "ska-60", true, 60)).await;
+    assert_eq!(ca.properties.server_keep_alive_s, Some(1));
+    let before = c.expect_closed_within(WAIT).await;
+    assert!(
+        before.iter().all(
+            |p| matches!(p, Packet::Disconnect(d) if d.reason == ReasonCode::KEEP_ALIVE_TIMEOUT)
+        ),
+        "{before:?}"
+    );
+}
+
+/// (v5) MQTT-3.2.2-22: a Keep Alive within the maximum is used as sent (no Server Keep Alive,
+/// or the same value).
+#[tokio::test]
+async fn v5_keep_alive_within_maximum_is_kept() {
+    let b = Broker::start_with("[limits]\nmax_keep_alive_s = 100\n");
+    let (_c, ca) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, "ska-ok", true, 30)).await;
+    assert!(
+        matches!(ca.properties.server_keep_alive_s, None | Some(30)),
+        "{:?}",
+        ca.properties
+    );
+}
+
+/// (v5) MQTT-3.2.2-19/-20 are about CONNACK size; here: CONNACK carries the limits the config
+/// sets (Receive Maximum, Topic Alias Maximum, Maximum Packet Size) so clients can obey
+/// MQTT-3.3.4-7, MQTT-3.2.2-17 and MQTT-3.2.2-15.
+#[tokio::test]
+async fn v5_connack_advertises_configured_limits() {
+    let b = Broker::start_with(
+        "[limits]\nreceive_maximum = 7\ntopic_alias_maximum = 3\nmax_packet_size_bytes = 4096\n",
+    );
+    let (_c, ca) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, "limits", true, 0)).await;
+    assert_eq!(ca.properties.receive_maximum, Some(7));
+    assert_eq!(ca.properties.topic_alias_maximum, Some(3));
+    assert_eq!(ca.properties.maximum_packet_size, Some(4096));
+}
+
+/// (v5) MQTT-3.2.0-2: only one CONNACK per connection, and (MQTT-3.1.4-6) nothing the client
+/// sends after a rejected CONNECT is processed: a PUBLISH pipelined behind a rejected CONNECT
+/// reaches no subscriber.
+#[tokio::test]
+async fn data_after_rejected_connect_is_not_processed() {
+    let b = Broker::start_with("[limits]\nmax_client_id_len = 4\n");
+    let mut sub = RawClient::v5(b.addr, "sub1").await;
+    sub.sub("after/reject", 0).await;
+    let mut c = RawClient::open(b.addr, Protocol::V5).await;
+    let mut bytes = connect_bytes(5, 0x02, 0, "much-too-long", &[]);
+    // PUBLISH QoS 0 "after/reject" payload "x" (v5, empty properties).
+    bytes.extend_from_slice(&[0x30, 0x10, 0x00, 0x0C]);
+    bytes.extend_from_slice(b"after/reject");
+    bytes.extend_from_slice(&[0x00, b'x']);
+    c.send_bytes(&bytes).await;
+    let before = c.expect_closed().await;
+    assert_eq!(before.len(), 1, "exactly one CONNACK: {before:?}");
+    // Marker through a valid client: it must be the first thing the subscriber sees.
+    let mut p = RawClient::v5(b.addr, "pub1").await;
+    p.publish_acked(publish("after/reject", b"marker", 0, 0))
+        .await;
+    assert_eq!(&sub.expect_publish().await.payload[..], b"marker");
+}

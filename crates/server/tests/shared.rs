@@ -1,0 +1,206 @@
+//! Shared subscriptions `$share/{group}/{filter}` (v5 §4.8.2): one member per message,
+//! redistribution of unacknowledged messages when a member leaves, groups independent of each
+//! other and of normal subscriptions, filter validation.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+
+use common::Broker;
+use common::raw::*;
+
+async fn member(b: &Broker, id: &str, filter: &str, qos_level: u8) -> RawClient {
+    let mut c = RawClient::v5(b.addr, id).await;
+    c.sub(filter, qos_level).await;
+    c
+}
+
+/// Drains PUBLISHes from `c` (acknowledging them) until a ping round trip shows nothing more.
+async fn drain(c: &mut RawClient) -> Vec<Publish> {
+    let mut got = Vec::new();
+    loop {
+        let before = c.ping().await;
+        if before.is_empty() {
+            return got;
+        }
+        for p in before {
+            match p {
+                Packet::Publish(p) => {
+                    if p.qos == QoS::AtLeastOnce {
+                        c.send(&Packet::PubAck(ack(p.packet_id))).await;
+                    }
+                    got.push(p);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+/// (v5) §4.8.2: each message matching a shared subscription goes to exactly one member of the
+/// group; with 20 messages and two members both receive some (Tern distributes round-robin).
+/// A normal subscriber of the same filter still receives every message.
+#[tokio::test]
+async fn shared_group_delivers_each_message_to_one_member() {
+    let b = Broker::start();
+    let mut m1 = member(&b, "sh-m1", "$share/g/sh/t", 1).await;
+    let mut m2 = member(&b, "sh-m2", "$share/g/sh/t", 1).await;
+    let mut plain = member(&b, "sh-plain", "sh/t", 1).await;
+    let mut p = RawClient::v5(b.addr, "sh-p").await;
+    for i in 0..20u16 {
+        p.publish_acked(publish("sh/t", format!("{i}").as_bytes(), 1, i + 1))
+            .await;
+    }
+    let mut all = Vec::new();
+    for _ in 0..20 {
+        all.push(plain.receive_acked().await.payload);
+    }
+    assert_eq!(all.len(), 20);
+    // Bounded collection: until the two members together hold 20 messages.
+    let mut counts: HashMap<Vec<u8>, u32> = HashMap::new();
+    let (mut n1, mut n2) = (0, 0);
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    while n1 + n2 < 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of 20 messages reached the group",
+            n1 + n2
+        );
+        for (m, n) in [(&mut m1, &mut n1), (&mut m2, &mut n2)] {
+            for got in drain(m).await {
+                assert_eq!(
+                    got.topic.as_str(),
+                    "sh/t",
+                    "shared delivery carries the topic, not the $share filter"
+                );
+                *counts.entry(got.payload.to_vec()).or_default() += 1;
+                *n += 1;
+            }
+        }
+    }
+    assert_eq!(n1 + n2, 20, "each message exactly once across the group");
+    assert!(
+        counts.values().all(|&c| c == 1),
+        "a message went to two members: {counts:?}"
+    );
+    assert!(n1 > 0 && n2 > 0, "distribution: m1 got {n1}, m2 got {n2}");
+}
+
+/// (v5) §4.8.2 (redistribution): QoS 1 messages in flight to a member that leaves (its session
+/// ends: clean start, no session expiry) without acknowledging are sent to another member.
+#[tokio::test]
+async fn unacked_messages_go_to_another_member_when_one_leaves() {
+    let b = Broker::start();
+    let mut leaver = member(&b, "rd-leaver", "$share/rd/rd/t", 1).await;
+    let mut stayer = member(&b, "rd-stayer", "$share/rd/rd/t", 1).await;
+    let mut p = RawClient::v5(b.addr, "rd-p").await;
+    for i in 0..10u16 {
+        p.publish_acked(publish("rd/t", format!("{i}").as_bytes(), 1, i + 1))
+            .await;
+    }
+    // The leaver reads (and never acknowledges) whatever it was given, then drops.
+    let mut leaver_got = BTreeSet::new();
+    loop {
+        let before = leaver.ping().await;
+        if before.is_empty() {
+            break;
+        }
+        for pkt in before {
+            if let Packet::Publish(m) = pkt {
+                leaver_got.insert(m.payload.to_vec());
+            }
+        }
+    }
+    assert!(
+        !leaver_got.is_empty(),
+        "round-robin gave the leaver nothing to lose"
+    );
+    leaver.drop_connection().await;
+    let mut stayer_got = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    while stayer_got.len() < 10 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stayer has {} of 10 (leaver had {} unacked)",
+            stayer_got.len(),
+            leaver_got.len()
+        );
+        for m in drain(&mut stayer).await {
+            stayer_got.insert(m.payload.to_vec());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let all: BTreeSet<Vec<u8>> = (0..10).map(|i: i32| i.to_string().into_bytes()).collect();
+    assert_eq!(stayer_got, all);
+}
+
+/// (v5) §4.8.2: every group receives each message once, independently of other groups.
+#[tokio::test]
+async fn groups_are_independent() {
+    let b = Broker::start();
+    let mut a = member(&b, "gi-a", "$share/ga/gi/#", 0).await;
+    let mut c = member(&b, "gi-c", "$share/gc/gi/#", 0).await;
+    let mut p = RawClient::v5(b.addr, "gi-p").await;
+    for i in 0..5u8 {
+        p.publish_acked(publish("gi/x", &[i], 0, 0)).await;
+    }
+    for m in [&mut a, &mut c] {
+        for i in 0..5u8 {
+            assert_eq!(&m.expect_publish().await.payload[..], &[i]);
+        }
+    }
+}
+
+/// (v5) MQTT-4.8.2-3: the server respects the QoS granted to the member's subscription.
+#[tokio::test]
+async fn shared_delivery_respects_granted_qos() {
+    let b = Broker::start();
+    let mut m = member(&b, "sq-m", "$share/sq/sq/t", 0).await;
+    let mut p = RawClient::v5(b.addr, "sq-p").await;
+    p.publish_acked(publish("sq/t", b"x", 2, 1)).await;
+    assert_eq!(m.expect_publish().await.qos, QoS::AtMostOnce);
+}
+
+/// (v5) MQTT-4.8.2-1, MQTT-4.8.2-2: a share filter needs a non-empty ShareName without `+`, `#`
+/// or `/`, followed by `/` and a filter: otherwise SUBACK 0x8F (Topic Filter invalid).
+#[tokio::test]
+async fn invalid_share_filters_are_rejected() {
+    let b = Broker::start();
+    let mut c = RawClient::v5(b.addr, "sbad").await;
+    for f in [
+        "$share//t",
+        "$share/g",
+        "$share/g+/t",
+        "$share/g#/t",
+        "$share/g/",
+    ] {
+        let reasons = c.subscribe(subscribe(1, &[(f, opts(0))])).await;
+        assert_eq!(reasons, vec![ReasonCode::TOPIC_FILTER_INVALID], "{f}");
+    }
+}
+
+/// Unsubscribing from a shared subscription removes the member: the other one gets all.
+#[tokio::test]
+async fn unsubscribed_member_gets_nothing() {
+    let b = Broker::start();
+    let mut m1 = member(&b, "su-1", "$share/su/su/t", 0).await;
+    let mut m2 = member(&b, "su-2", "$share/su/su/t", 0).await;
+    m1.send(&Packet::Unsubscribe(Unsubscribe {
+        packet_id: 3,
+        properties: Properties::default(),
+        filters: vec![s("$share/su/su/t")],
+    }))
+    .await;
+    match m1.expect_packet().await {
+        Packet::UnsubAck(ua) => assert_eq!(ua.reasons, vec![ReasonCode::SUCCESS]),
+        other => panic!("{other:?}"),
+    }
+    let mut p = RawClient::v5(b.addr, "su-p").await;
+    for i in 0..4u8 {
+        p.publish_acked(publish("su/t", &[i], 0, 0)).await;
+    }
+    for i in 0..4u8 {
+        assert_eq!(&m2.expect_publish().await.payload[..], &[i]);
+    }
+    assert!(m1.ping().await.is_empty());
+}
