@@ -69,9 +69,12 @@ pub struct Common {
     /// No live progress line on stderr.
     #[arg(long, short = 'q')]
     pub quiet: bool,
-    /// Tokio worker threads of the load generator.
+    /// Tokio worker threads of the load generator (multi-thread runtime only).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Tokio runtime flavour of the load generator.
+    #[arg(long, value_enum, default_value = "current")]
+    pub runtime: RuntimeFlavor,
     /// Connections opened concurrently during setup.
     #[arg(long, default_value_t = 64)]
     pub connect_concurrency: usize,
@@ -197,6 +200,13 @@ pub enum ProtocolArg {
     /// MQTT 5.0
     #[value(name = "5")]
     V5,
+}
+
+/// `current`: one thread runs every client (cheapest wake-ups); `multi`: --threads workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+pub enum RuntimeFlavor {
+    Current,
+    Multi,
 }
 
 /// One topic for everybody, or one per publisher.

@@ -70,11 +70,16 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 fn run_blocking(args: &Args) -> anyhow::Result<Report> {
-    let threads = common(&args.command).threads.max(1);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()?;
+    let common = common(&args.command);
+    let runtime = match common.runtime {
+        cli::RuntimeFlavor::Current => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        cli::RuntimeFlavor::Multi => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(common.threads.max(1))
+            .enable_all()
+            .build()?,
+    };
     runtime.block_on(run_async(args))
 }
 

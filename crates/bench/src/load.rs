@@ -1,8 +1,8 @@
 //! The hot loops: one publisher or subscriber per task, each driving its own socket.
 //!
-//! Every loop waits for socket readiness and then does non-blocking reads and writes, so one task
-//! reads acknowledgements while its writes are pending and can never deadlock against a broker
-//! that stops reading while it cannot write. Publishers copy a pre-encoded PUBLISH per message and
+//! Every loop waits on a read and (when it has bytes to send) a write of the same socket at once,
+//! so one task reads acknowledgements while its writes are pending and can never deadlock against
+//! a broker that stops reading while it cannot write. Publishers copy a pre-encoded PUBLISH per message and
 //! patch packet id and bench header in place; writes go out in batches of up to
 //! [`OUT_HIGH_WATER_BYTES`]. Each read takes up to [`READ_CHUNK_BYTES`] and decodes every whole
 //! packet in it. The clock is read once per batch, not per message.
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use tern_wire::{Packet, QoS};
-use tokio::io::Interest;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::checker::{Counts, StreamCheck};
@@ -110,7 +110,7 @@ pub struct PublisherResult {
 
 /// Publishes `plan.messages` messages and waits for every acknowledgement.
 pub async fn run_publisher(
-    mut conn: Conn,
+    conn: Conn,
     plan: PublisherPlan,
     clock: Clock,
     shared: Arc<Shared>,
@@ -122,6 +122,13 @@ pub async fn run_publisher(
     }
     .max(1);
     let pubrel = AckTemplate::new(conn.protocol, AckKind::PubRel)?;
+    let Conn {
+        mut stream,
+        mut inbuf,
+        protocol,
+        ..
+    } = conn;
+    let (mut reader, mut writer) = stream.split();
     let template = &plan.template;
     let mut since_ns = if qos == Qos::AtMostOnce {
         Vec::new()
@@ -194,87 +201,81 @@ pub async fn run_publisher(
             break;
         }
 
-        let interest = if out.is_empty() {
-            Interest::READABLE
-        } else {
-            Interest::READABLE | Interest::WRITABLE
-        };
-        let ready = match wake_at_ns {
-            Some(at_ns) if out.is_empty() => {
-                tokio::select! {
-                    ready = conn.stream.ready(interest) => Some(ready?),
-                    _ = tokio::time::sleep_until(clock.instant(at_ns).into()) => None,
-                }
+        inbuf.reserve(READ_CHUNK_BYTES);
+        let wake = async {
+            match wake_at_ns {
+                Some(at_ns) => tokio::time::sleep_until(clock.instant(at_ns).into()).await,
+                None => std::future::pending().await,
             }
-            _ => Some(conn.stream.ready(interest).await?),
         };
-        let Some(ready) = ready else { continue };
-
-        if ready.is_readable() {
-            conn.inbuf.reserve(READ_CHUNK_BYTES);
-            match conn.stream.try_read_buf(&mut conn.inbuf) {
-                Ok(0) => return Err(MqttError::Closed),
-                Ok(_) => {
-                    let now_ns = clock.now_ns();
-                    let acked_before = result.acked;
-                    while let Some(packet) =
-                        tern_wire::decode(&mut conn.inbuf, conn.protocol, MAX_PACKET_BYTES)?
-                    {
-                        let completed = match (&packet, qos) {
-                            (Packet::PubAck(ack), Qos::AtLeastOnce) => Some(ack.packet_id),
-                            (Packet::PubComp(ack), Qos::ExactlyOnce) => Some(ack.packet_id),
-                            (Packet::PubRec(ack), Qos::ExactlyOnce) => {
-                                if !ack.reason.is_success() {
-                                    return Err(MqttError::Refused(ack.reason.0));
-                                }
-                                pubrel.push(ack.packet_id, &mut out);
-                                None
+        let event = tokio::select! {
+            read = reader.read_buf(&mut inbuf) => Event::Read(read?),
+            written = writer.write(&out), if !out.is_empty() => Event::Wrote(written?),
+            _ = wake, if out.is_empty() => Event::Wake,
+        };
+        match event {
+            Event::Read(0) => return Err(MqttError::Closed),
+            Event::Read(_) => {
+                let now_ns = clock.now_ns();
+                let acked_before = result.acked;
+                while let Some(packet) = tern_wire::decode(&mut inbuf, protocol, MAX_PACKET_BYTES)?
+                {
+                    let completed = match (&packet, qos) {
+                        (Packet::PubAck(ack), Qos::AtLeastOnce) => Some(ack.packet_id),
+                        (Packet::PubComp(ack), Qos::ExactlyOnce) => Some(ack.packet_id),
+                        (Packet::PubRec(ack), Qos::ExactlyOnce) => {
+                            if !ack.reason.is_success() {
+                                return Err(MqttError::Refused(ack.reason.0));
                             }
-                            (Packet::Disconnect(_), _) => return Err(MqttError::Closed),
-                            (Packet::PingResp, _) => None,
-                            _ => return Err(MqttError::Unexpected("packet", "publishing")),
-                        };
-                        if let Some(id) = completed {
-                            let slot = &mut since_ns[usize::from(id)];
-                            if *slot == FREE {
-                                return Err(MqttError::Unexpected(
-                                    "ack for a packet id not in flight",
-                                    "publishing",
-                                ));
-                            }
-                            result.ack_latency.record_ns(now_ns.saturating_sub(*slot));
-                            *slot = FREE;
-                            inflight -= 1;
-                            result.acked += 1;
-                            result.last_ack_ns = now_ns;
+                            pubrel.push(ack.packet_id, &mut out);
+                            None
                         }
-                    }
-                    if result.acked > acked_before {
-                        shared
-                            .acked
-                            .fetch_add(result.acked - acked_before, Ordering::Relaxed);
+                        (Packet::Disconnect(_), _) => return Err(MqttError::Closed),
+                        (Packet::PingResp, _) => None,
+                        _ => return Err(MqttError::Unexpected("packet", "publishing")),
+                    };
+                    if let Some(id) = completed {
+                        let slot = &mut since_ns[usize::from(id)];
+                        if *slot == FREE {
+                            return Err(MqttError::Unexpected(
+                                "ack for a packet id not in flight",
+                                "publishing",
+                            ));
+                        }
+                        result.ack_latency.record_ns(now_ns.saturating_sub(*slot));
+                        *slot = FREE;
+                        inflight -= 1;
+                        result.acked += 1;
+                        result.last_ack_ns = now_ns;
                     }
                 }
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(error) => return Err(error.into()),
+                if result.acked > acked_before {
+                    shared
+                        .acked
+                        .fetch_add(result.acked - acked_before, Ordering::Relaxed);
+                }
             }
-        }
-        if ready.is_writable() && !out.is_empty() {
-            write_some(&conn, &mut out)?;
+            Event::Wrote(written) => consume(&mut out, written),
+            Event::Wake => {}
         }
     }
     result.sent = seq;
     Ok(result)
 }
 
-fn write_some(conn: &Conn, out: &mut BytesMut) -> Result<(), MqttError> {
-    match conn.stream.try_write(out) {
-        Ok(written) if written == out.len() => out.clear(),
-        Ok(written) => out.advance(written),
-        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-        Err(error) => return Err(error.into()),
+/// What woke a load loop.
+enum Event {
+    Read(usize),
+    Wrote(usize),
+    Wake,
+}
+
+fn consume(out: &mut BytesMut, written: usize) {
+    if written >= out.len() {
+        out.clear();
+    } else {
+        out.advance(written);
     }
-    Ok(())
 }
 
 pub struct SubscriberPlan {
@@ -295,7 +296,7 @@ pub struct SubscriberResult {
 
 /// Receives until every publisher's every message arrived, or until `stop` says so.
 pub async fn run_subscriber(
-    mut conn: Conn,
+    conn: Conn,
     plan: SubscriberPlan,
     qos: Qos,
     clock: Clock,
@@ -305,6 +306,13 @@ pub async fn run_subscriber(
     let puback = AckTemplate::new(conn.protocol, AckKind::PubAck)?;
     let pubrec = AckTemplate::new(conn.protocol, AckKind::PubRec)?;
     let pubcomp = AckTemplate::new(conn.protocol, AckKind::PubComp)?;
+    let Conn {
+        mut stream,
+        mut inbuf,
+        protocol,
+        ..
+    } = conn;
+    let (mut reader, mut writer) = stream.split();
     let mut checks: Vec<StreamCheck> = (0..plan.publishers)
         .map(|_| StreamCheck::new(plan.messages_per_publisher))
         .collect();
@@ -317,74 +325,63 @@ pub async fn run_subscriber(
         if incomplete == 0 && out.is_empty() {
             break;
         }
-        let interest = if out.is_empty() {
-            Interest::READABLE
-        } else {
-            Interest::READABLE | Interest::WRITABLE
-        };
-        let ready = tokio::select! {
-            ready = conn.stream.ready(interest) => ready?,
+        inbuf.reserve(READ_CHUNK_BYTES);
+        let event = tokio::select! {
+            read = reader.read_buf(&mut inbuf) => Event::Read(read?),
+            written = writer.write(&out), if !out.is_empty() => Event::Wrote(written?),
             _ = stop.changed() => break,
         };
-        if ready.is_readable() {
-            conn.inbuf.reserve(READ_CHUNK_BYTES);
-            match conn.stream.try_read_buf(&mut conn.inbuf) {
-                Ok(0) => return Err(MqttError::Closed),
-                Ok(_) => {
-                    let now_ns = clock.now_ns();
-                    let deliveries_before = result.deliveries;
-                    while let Some(packet) =
-                        tern_wire::decode(&mut conn.inbuf, conn.protocol, MAX_PACKET_BYTES)?
-                    {
-                        match packet {
-                            Packet::Publish(publish) => {
-                                result.deliveries += 1;
-                                match publish.qos {
-                                    QoS::AtMostOnce => {}
-                                    QoS::AtLeastOnce => puback.push(publish.packet_id, &mut out),
-                                    QoS::ExactlyOnce => pubrec.push(publish.packet_id, &mut out),
-                                }
-                                if Qos::from_wire(publish.qos) != qos {
-                                    result.qos_mismatches += 1;
-                                }
-                                let Ok(header) = Header::read(&publish.payload) else {
-                                    malformed_payloads += 1;
-                                    continue;
-                                };
-                                let Some(check) = checks.get_mut(header.publisher_id as usize)
-                                else {
-                                    malformed_payloads += 1;
-                                    continue;
-                                };
-                                let was_complete = check.complete();
-                                if check.record(header.seq) {
-                                    result
-                                        .e2e_latency
-                                        .record_ns(now_ns.saturating_sub(header.send_time_ns));
-                                }
-                                if !was_complete && check.complete() {
-                                    incomplete -= 1;
-                                }
+        match event {
+            Event::Read(0) => return Err(MqttError::Closed),
+            Event::Read(_) => {
+                let now_ns = clock.now_ns();
+                let deliveries_before = result.deliveries;
+                while let Some(packet) = tern_wire::decode(&mut inbuf, protocol, MAX_PACKET_BYTES)?
+                {
+                    match packet {
+                        Packet::Publish(publish) => {
+                            result.deliveries += 1;
+                            match publish.qos {
+                                QoS::AtMostOnce => {}
+                                QoS::AtLeastOnce => puback.push(publish.packet_id, &mut out),
+                                QoS::ExactlyOnce => pubrec.push(publish.packet_id, &mut out),
                             }
-                            Packet::PubRel(ack) => pubcomp.push(ack.packet_id, &mut out),
-                            Packet::PingResp => {}
-                            Packet::Disconnect(_) => return Err(MqttError::Closed),
-                            _ => return Err(MqttError::Unexpected("packet", "subscribing")),
+                            if Qos::from_wire(publish.qos) != qos {
+                                result.qos_mismatches += 1;
+                            }
+                            let Ok(header) = Header::read(&publish.payload) else {
+                                malformed_payloads += 1;
+                                continue;
+                            };
+                            let Some(check) = checks.get_mut(header.publisher_id as usize) else {
+                                malformed_payloads += 1;
+                                continue;
+                            };
+                            let was_complete = check.complete();
+                            if check.record(header.seq) {
+                                result
+                                    .e2e_latency
+                                    .record_ns(now_ns.saturating_sub(header.send_time_ns));
+                            }
+                            if !was_complete && check.complete() {
+                                incomplete -= 1;
+                            }
                         }
-                    }
-                    if result.deliveries > deliveries_before {
-                        result.last_delivery_ns = now_ns;
-                        shared
-                            .delivered
-                            .fetch_add(result.deliveries - deliveries_before, Ordering::Relaxed);
+                        Packet::PubRel(ack) => pubcomp.push(ack.packet_id, &mut out),
+                        Packet::PingResp => {}
+                        Packet::Disconnect(_) => return Err(MqttError::Closed),
+                        _ => return Err(MqttError::Unexpected("packet", "subscribing")),
                     }
                 }
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(error) => return Err(error.into()),
+                if result.deliveries > deliveries_before {
+                    result.last_delivery_ns = now_ns;
+                    shared
+                        .delivered
+                        .fetch_add(result.deliveries - deliveries_before, Ordering::Relaxed);
+                }
             }
-        }
-        if !out.is_empty() {
-            write_some(&conn, &mut out)?;
+            Event::Wrote(written) => consume(&mut out, written),
+            Event::Wake => {}
         }
     }
     for check in &checks {
