@@ -1,1 +1,33 @@
-//! tern-broker (being built).
+//! tern-broker: the MQTT 3.1.1 / 5.0 broker core on `tern-wire` and `tern-topic`.
+//!
+//! Module map (ARCHITECTURE.md §1–3, §5):
+//! - [`config`]: [`BrokerConfig`], the limits of the server contract, validated.
+//! - [`broker`]: [`Broker`] (shared state, accept loop, shutdown).
+//! - [`connection`]: one connection: CONNECT handshake, read loop, per-packet handlers, close.
+//! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
+//! - [`persist`]: the [`MessageStore`] seam (in-memory now, `tern-store` later) and tickets.
+//! - [`session`]: session state, the registry (takeover, resume), expiry and will timers.
+//! - [`router`]: trie lookups, per-session merging, share-group member choice, delivery.
+//! - [`outbound`]: per-session queue, in-flight window and the vectored writer task.
+//! - [`retained`], [`will`], [`sys`] (`$SYS/broker/...`), [`topic_alias`], [`packet_ids`],
+//!   [`message`] (a routed message, encoded once per protocol), [`metrics`].
+
+pub mod ack_pipeline;
+pub mod broker;
+pub mod config;
+pub mod connection;
+pub mod message;
+pub mod metrics;
+pub mod outbound;
+pub mod packet_ids;
+pub mod persist;
+pub mod retained;
+pub mod router;
+pub mod session;
+pub mod sys;
+pub mod topic_alias;
+pub mod will;
+
+pub use broker::{Broker, Shared};
+pub use config::{BrokerConfig, ConfigError};
+pub use persist::{MemoryStore, MessageStore, PersistError, Ticket, TicketCompleter};

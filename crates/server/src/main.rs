@@ -1,4 +1,91 @@
-//! The `tern` binary (being built).
-fn main() {
-    println!("tern {}", env!("CARGO_PKG_VERSION"));
+//! The `tern` binary: `tern serve` runs the broker (crate tern-broker) on a TCP listener.
+//! - `cli`: the command line; `config_file`: the TOML file; `signals`: SIGINT/SIGTERM.
+
+mod cli;
+mod config_file;
+mod signals;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use tern_broker::Broker;
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+use cli::{Cli, Command, ServeArgs};
+
+/// Exit code for a bad config file (the contract).
+const EXIT_CONFIG: u8 = 2;
+const DEFAULT_BIND: &str = "127.0.0.1:1883";
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let file = match &args.config {
+        Some(path) => match config_file::load(path) {
+            Ok(file) => file,
+            Err(error) => {
+                eprintln!("error: config {}: {error}", path.display());
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        },
+        None => config_file::FileConfig::default(),
+    };
+    let filter = match &args.log {
+        Some(level) => EnvFilter::try_new(level),
+        None => EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new("info")),
+    };
+    let filter = match filter {
+        Ok(filter) => filter,
+        Err(error) => {
+            eprintln!("error: --log: {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let bind = args
+        .bind
+        .clone()
+        .or(file.bind.clone())
+        .unwrap_or_else(|| DEFAULT_BIND.to_string());
+    match run(&bind, file) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(bind: &str, file: config_file::FileConfig) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let broker = Broker::new(file.broker).context("invalid limits")?;
+        let listener = TcpListener::bind(bind)
+            .await
+            .with_context(|| format!("cannot listen on {bind}"))?;
+        let local = listener.local_addr().context("listener has no address")?;
+        {
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "tern listening on {local}").context("stdout")?;
+            stdout.flush().context("stdout")?;
+        }
+        tracing::info!(%local, "listening");
+        broker.serve(listener, signals::shutdown()).await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
 }

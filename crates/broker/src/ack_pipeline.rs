@@ -1,0 +1,302 @@
+//! The per-connection ordered pipeline of inbound PUBLISH / PUBREL outcomes (ARCHITECTURE §2.5).
+//!
+//! Each entry is one inbound packet: its acknowledgement kind, the store ticket if a write was
+//! issued for it, and the message to deliver onward. Entries release their acknowledgement
+//! strictly in arrival order once their write is durable; onward delivery also follows arrival
+//! order, and an entry that must not be delivered before its write is durable (QoS 2, §3) holds
+//! back every delivery behind it.
+//!
+//! # Invariants
+//! - `deliver_cursor <= entries.len()`; every entry before it has been delivered (or needed no
+//!   delivery).
+//! - Acks leave only from the front, only for delivered and durable entries, so acks are in
+//!   packet order and never precede the delivery they confirm.
+//! - An entry is durable iff it had no ticket or its ticket completed (ARCHITECTURE §4.3:
+//!   whether to wait is decided by whether a write was issued, never by QoS).
+//! - `entries.len()` is bounded by the caller: it stops reading when [`AckPipeline::is_full`].
+
+use std::collections::VecDeque;
+
+use tern_wire::ReasonCode;
+
+use crate::persist::{PersistError, Ticket};
+
+/// The acknowledgement an entry releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckKind {
+    /// QoS 0 PUBLISH: nothing to send, but the entry still keeps the delivery order.
+    None,
+    PubAck,
+    PubRec,
+    PubComp,
+}
+
+/// One inbound packet's outcome.
+#[derive(Debug)]
+pub struct Entry<D> {
+    pub packet_id: u16,
+    pub kind: AckKind,
+    pub reason: ReasonCode,
+    pub ticket: Option<Ticket>,
+    pub deliver: Option<D>,
+    /// True for QoS 2 (§3): delivering before durability could duplicate after a crash.
+    pub deliver_after_durable: bool,
+}
+
+/// What the pipeline lets go, in order.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Released<D> {
+    Deliver(D),
+    Ack {
+        kind: AckKind,
+        packet_id: u16,
+        reason: ReasonCode,
+    },
+}
+
+struct Slot<D> {
+    entry: Entry<D>,
+    durable: bool,
+}
+
+pub struct AckPipeline<D> {
+    slots: VecDeque<Slot<D>>,
+    deliver_cursor: usize,
+    capacity: usize,
+    /// QoS>0 PUBLISH entries (PUBACK/PUBREC) still in `slots`.
+    unacked_publishes: usize,
+}
+
+impl<D> AckPipeline<D> {
+    /// `capacity` = the Receive Maximum we advertise.
+    pub fn new(capacity: usize) -> Self {
+        AckPipeline {
+            slots: VecDeque::new(),
+            deliver_cursor: 0,
+            capacity: capacity.max(1),
+            unacked_publishes: 0,
+        }
+    }
+
+    /// When true, the connection stops reading (backpressure, never drop).
+    pub fn is_full(&self) -> bool {
+        self.slots.len() >= self.capacity
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// QoS>0 PUBLISHes not yet acknowledged (for the Receive Maximum check).
+    pub fn unacked_publishes(&self) -> usize {
+        self.unacked_publishes
+    }
+
+    /// Adds an entry and appends whatever can now be released to `out`.
+    pub fn push(&mut self, entry: Entry<D>, out: &mut Vec<Released<D>>) {
+        let durable = entry.ticket.is_none();
+        if is_publish_ack(entry.kind) {
+            self.unacked_publishes += 1;
+        }
+        self.slots.push_back(Slot { entry, durable });
+        self.advance(out);
+    }
+
+    /// True while some entry waits for its write.
+    pub fn has_pending_ticket(&self) -> bool {
+        self.slots.iter().any(|s| !s.durable)
+    }
+
+    /// Waits for the oldest outstanding write; then releases what it can. Cancel-safe: if the
+    /// future is dropped, the ticket stays in place and is awaited again next time.
+    pub async fn wait_front(&mut self, out: &mut Vec<Released<D>>) {
+        let Some(slot) = self.slots.iter_mut().find(|s| !s.durable) else {
+            return;
+        };
+        let result = match slot.entry.ticket.as_mut() {
+            Some(ticket) => ticket.wait().await,
+            None => Ok(()),
+        };
+        Self::settle(slot, result);
+        // Later tickets usually completed in the same group commit.
+        for slot in self.slots.iter_mut().filter(|s| !s.durable) {
+            match slot.entry.ticket.as_mut().and_then(Ticket::try_result) {
+                Some(result) => Self::settle(slot, result),
+                None => break,
+            }
+        }
+        self.advance(out);
+    }
+
+    fn settle(slot: &mut Slot<D>, result: Result<(), PersistError>) {
+        slot.durable = true;
+        slot.entry.ticket = None;
+        if let Err(error) = result {
+            tracing::error!(%error, packet_id = slot.entry.packet_id, "store write failed; message not delivered");
+            slot.entry.deliver = None;
+            slot.entry.reason = ReasonCode::UNSPECIFIED_ERROR;
+        }
+    }
+
+    fn advance(&mut self, out: &mut Vec<Released<D>>) {
+        while let Some(slot) = self.slots.get_mut(self.deliver_cursor) {
+            if slot.entry.deliver_after_durable && !slot.durable {
+                break;
+            }
+            if let Some(message) = slot.entry.deliver.take() {
+                out.push(Released::Deliver(message));
+            }
+            self.deliver_cursor += 1;
+        }
+        while self.deliver_cursor > 0 && self.slots.front().is_some_and(|s| s.durable) {
+            let Some(slot) = self.slots.pop_front() else {
+                break;
+            };
+            self.deliver_cursor -= 1;
+            if is_publish_ack(slot.entry.kind) {
+                self.unacked_publishes -= 1;
+            }
+            if slot.entry.kind != AckKind::None {
+                out.push(Released::Ack {
+                    kind: slot.entry.kind,
+                    packet_id: slot.entry.packet_id,
+                    reason: slot.entry.reason,
+                });
+            }
+        }
+    }
+}
+
+fn is_publish_ack(kind: AckKind) -> bool {
+    matches!(kind, AckKind::PubAck | AckKind::PubRec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::persist::TicketCompleter;
+
+    fn entry(
+        packet_id: u16,
+        kind: AckKind,
+        deliver: &'static str,
+        ticket: Option<Ticket>,
+        after_durable: bool,
+    ) -> Entry<&'static str> {
+        Entry {
+            packet_id,
+            kind,
+            reason: ReasonCode::SUCCESS,
+            ticket,
+            deliver: Some(deliver),
+            deliver_after_durable: after_durable,
+        }
+    }
+
+    fn ack(kind: AckKind, packet_id: u16) -> Released<&'static str> {
+        Released::Ack {
+            kind,
+            packet_id,
+            reason: ReasonCode::SUCCESS,
+        }
+    }
+
+    fn ticket() -> (TicketCompleter, Option<Ticket>) {
+        let (c, t) = Ticket::pair();
+        (c, Some(t))
+    }
+
+    #[test]
+    fn no_write_means_immediate_release() {
+        let mut p = AckPipeline::new(8);
+        let mut out = Vec::new();
+        p.push(entry(1, AckKind::PubAck, "a", None, false), &mut out);
+        p.push(entry(0, AckKind::None, "b", None, false), &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Released::Deliver("a"),
+                ack(AckKind::PubAck, 1),
+                Released::Deliver("b")
+            ]
+        );
+        assert!(p.is_empty());
+    }
+
+    #[tokio::test]
+    async fn qos2_holds_back_later_deliveries_even_qos0_until_durable() {
+        let mut p = AckPipeline::new(8);
+        let mut out = Vec::new();
+        let (done, t) = ticket();
+        p.push(entry(1, AckKind::PubRec, "q2", t, true), &mut out);
+        p.push(entry(0, AckKind::None, "q0", None, false), &mut out);
+        p.push(entry(2, AckKind::PubAck, "q1", None, false), &mut out);
+        assert!(
+            out.is_empty(),
+            "nothing may pass the undurable QoS 2 message"
+        );
+        done.complete(Ok(()));
+        p.wait_front(&mut out).await;
+        assert_eq!(
+            out,
+            vec![
+                Released::Deliver("q2"),
+                Released::Deliver("q0"),
+                Released::Deliver("q1"),
+                ack(AckKind::PubRec, 1),
+                ack(AckKind::PubAck, 2),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn qos1_with_write_delivers_at_once_but_acks_wait_in_order() {
+        let mut p = AckPipeline::new(8);
+        let mut out = Vec::new();
+        let (done, t) = ticket();
+        p.push(entry(1, AckKind::PubAck, "a", t, false), &mut out);
+        // The second needed no write (e.g. durability policy "never") yet must not overtake.
+        p.push(entry(2, AckKind::PubAck, "b", None, false), &mut out);
+        assert_eq!(out, vec![Released::Deliver("a"), Released::Deliver("b")]);
+        out.clear();
+        assert_eq!(p.unacked_publishes(), 2);
+        done.complete(Ok(()));
+        p.wait_front(&mut out).await;
+        assert_eq!(out, vec![ack(AckKind::PubAck, 1), ack(AckKind::PubAck, 2)]);
+    }
+
+    #[tokio::test]
+    async fn failed_write_is_acked_with_error_and_not_delivered() {
+        let mut p = AckPipeline::new(8);
+        let mut out = Vec::new();
+        let (done, t) = ticket();
+        p.push(entry(7, AckKind::PubRec, "lost", t, true), &mut out);
+        done.complete(Err(PersistError("disk".into())));
+        p.wait_front(&mut out).await;
+        assert_eq!(
+            out,
+            vec![Released::Ack {
+                kind: AckKind::PubRec,
+                packet_id: 7,
+                reason: ReasonCode::UNSPECIFIED_ERROR
+            }]
+        );
+    }
+
+    #[test]
+    fn full_at_capacity() {
+        let mut p = AckPipeline::new(2);
+        let mut out = Vec::new();
+        let (_d1, t1) = ticket();
+        let (_d2, t2) = ticket();
+        p.push(entry(1, AckKind::PubAck, "a", t1, false), &mut out);
+        assert!(!p.is_full());
+        p.push(entry(2, AckKind::PubAck, "b", t2, false), &mut out);
+        assert!(p.is_full());
+        assert!(p.has_pending_ticket());
+    }
+}

@@ -1,0 +1,155 @@
+//! Broker limits (the `[limits]` and `[sys]` tables of the server contract), with validation
+//! that names the offending field.
+//!
+//! # Invariants
+//! - A `BrokerConfig` that passed [`BrokerConfig::validate`] has every limit > 0 where 0 would
+//!   make the broker unusable, `max_inflight_messages <= 65_535` (packet ids must stay unique)
+//!   and `receive_maximum >= 1` (MQTT 5 forbids a Receive Maximum of 0).
+
+use std::time::Duration;
+
+/// Every limit the broker enforces. Defaults are the contract's defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerConfig {
+    /// Largest packet accepted from a client (v5: CONNACK Maximum Packet Size).
+    pub max_packet_size_bytes: u32,
+    /// QoS>0 PUBLISHes a client may have unacknowledged (v5: CONNACK Receive Maximum).
+    pub receive_maximum: u16,
+    /// Client-to-server topic aliases accepted; 0 disables them.
+    pub topic_alias_maximum: u16,
+    /// Longest keep alive granted; a v5 client asking for more (or 0) is told this.
+    pub max_keep_alive_s: u16,
+    /// A connection that sends no CONNECT within this time is closed.
+    pub connect_timeout_ms: u64,
+    /// Outbound QoS>0 messages in flight per session (also capped by the client's Receive Maximum).
+    pub max_inflight_messages: u16,
+    /// Per session, QoS>0 messages waiting beyond the in-flight window; the oldest is dropped.
+    pub max_queued_messages: usize,
+    /// Longest session expiry interval granted.
+    pub max_session_expiry_interval_s: u32,
+    pub max_subscriptions_per_session: usize,
+    pub max_retained_messages: usize,
+    pub max_client_id_len: usize,
+    /// Per connection; QoS 0 messages are dropped (and counted) while the queue is over it.
+    pub outbound_queue_max_bytes: usize,
+    pub outbound_queue_max_messages: usize,
+    /// A subscriber whose outbound queue stays full this long is disconnected (v5 0x97).
+    pub slow_subscriber_timeout_ms: u64,
+    /// `$SYS/broker/...` publish interval; 0 disables.
+    pub sys_interval_s: u64,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            max_packet_size_bytes: 1_048_576,
+            receive_maximum: 1024,
+            topic_alias_maximum: 64,
+            max_keep_alive_s: 3600,
+            connect_timeout_ms: 10_000,
+            max_inflight_messages: 1024,
+            max_queued_messages: 100_000,
+            max_session_expiry_interval_s: u32::MAX,
+            max_subscriptions_per_session: 10_000,
+            max_retained_messages: 1_000_000,
+            max_client_id_len: 256,
+            outbound_queue_max_bytes: 8_388_608,
+            outbound_queue_max_messages: 100_000,
+            slow_subscriber_timeout_ms: 30_000,
+            sys_interval_s: 10,
+        }
+    }
+}
+
+/// A limit with a value the broker cannot work with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value for `{field}`: {reason}")]
+pub struct ConfigError {
+    /// The config key, as written in the `[limits]` / `[sys]` tables.
+    pub field: &'static str,
+    pub reason: &'static str,
+}
+
+/// Smallest packet size limit that still admits a CONNECT with a short client id.
+pub const MIN_PACKET_SIZE_BYTES: u32 = 64;
+/// MQTT's own ceiling on a packet (remaining length max + 5 bytes of fixed header).
+pub const MAX_PACKET_SIZE_BYTES: u32 = 268_435_460;
+
+impl BrokerConfig {
+    /// Checks every limit, naming the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |field, reason| Err(ConfigError { field, reason });
+        if self.max_packet_size_bytes < MIN_PACKET_SIZE_BYTES {
+            return err("max_packet_size_bytes", "must be at least 64");
+        }
+        if self.max_packet_size_bytes > MAX_PACKET_SIZE_BYTES {
+            return err("max_packet_size_bytes", "must be at most 268435460");
+        }
+        if self.receive_maximum == 0 {
+            return err("receive_maximum", "must be at least 1");
+        }
+        if self.max_keep_alive_s == 0 {
+            return err("max_keep_alive_s", "must be at least 1");
+        }
+        if self.connect_timeout_ms == 0 {
+            return err("connect_timeout_ms", "must be at least 1");
+        }
+        if self.max_inflight_messages == 0 || self.max_inflight_messages == u16::MAX {
+            return err("max_inflight_messages", "must be between 1 and 65534");
+        }
+        if self.max_queued_messages == 0 {
+            return err("max_queued_messages", "must be at least 1");
+        }
+        if self.max_subscriptions_per_session == 0 {
+            return err("max_subscriptions_per_session", "must be at least 1");
+        }
+        if self.max_client_id_len < 23 {
+            return err("max_client_id_len", "must be at least 23 (MQTT-3.1.3-5)");
+        }
+        if self.outbound_queue_max_bytes == 0 {
+            return err("outbound_queue_max_bytes", "must be at least 1");
+        }
+        if self.outbound_queue_max_messages == 0 {
+            return err("outbound_queue_max_messages", "must be at least 1");
+        }
+        if self.slow_subscriber_timeout_ms == 0 {
+            return err("slow_subscriber_timeout_ms", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub fn slow_subscriber_timeout(&self) -> Duration {
+        Duration::from_millis(self.slow_subscriber_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(BrokerConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let config = BrokerConfig {
+            receive_maximum: 0,
+            ..BrokerConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().field, "receive_maximum");
+        let config = BrokerConfig {
+            max_inflight_messages: u16::MAX,
+            ..BrokerConfig::default()
+        };
+        assert_eq!(
+            config.validate().unwrap_err().field,
+            "max_inflight_messages"
+        );
+    }
+}

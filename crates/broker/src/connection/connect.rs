@@ -1,0 +1,213 @@
+//! The CONNECT handshake: read the first packet within `connect_timeout_ms`, validate it,
+//! answer with CONNACK (both versions), attach the session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tern_wire::{ConnAck, Connect, Packet, Properties, Protocol, ReasonCode, Str, decode};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{Conn, read_some};
+use crate::ack_pipeline::AckPipeline;
+use crate::broker::Shared;
+use crate::metrics::Metrics;
+use crate::outbound::{WriterState, encode_packet};
+use crate::session::registry::{self, AttachRequest};
+use crate::topic_alias::InboundAliases;
+
+/// Receive Maximum assumed when a v5 client sends none, and for 3.x clients.
+const DEFAULT_CLIENT_RECEIVE_MAXIMUM: u16 = u16::MAX;
+
+pub(super) async fn handshake(
+    shared: &Arc<Shared>,
+    reader: &mut OwnedReadHalf,
+    mut writer: OwnedWriteHalf,
+    buf: &mut BytesMut,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<(Conn, (OwnedWriteHalf, WriterState))> {
+    let config = &shared.config;
+    let deadline = Instant::now() + config.connect_timeout();
+    let connect = loop {
+        match decode(buf, Protocol::V3_1_1, config.max_packet_size_bytes) {
+            Ok(Some(Packet::Connect(connect))) => break connect,
+            // MQTT-3.1.0-1: the first packet must be CONNECT.
+            Ok(Some(_)) => return None,
+            Ok(None) => {}
+            Err(error) => {
+                tracing::debug!(%error, "bad CONNECT");
+                if error.reason_code() == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
+                    // MQTT-3.1.2-2: return code 1 in the 3.1.1 format, then close.
+                    reject(&mut writer, Protocol::V3_1_1, error.reason_code()).await;
+                }
+                return None;
+            }
+        }
+        tokio::select! {
+            read = tokio::time::timeout_at(deadline, read_some(reader, buf)) => match read {
+                Ok(Ok(n)) if n > 0 => Metrics::add(&shared.metrics.bytes_received, n as u64),
+                _ => return None,
+            },
+            _ = stop.changed() => return None,
+        }
+    };
+    accept(shared, *connect, writer).await
+}
+
+async fn reject(writer: &mut OwnedWriteHalf, protocol: Protocol, reason: ReasonCode) {
+    let connack = Packet::ConnAck(ConnAck {
+        session_present: false,
+        reason,
+        properties: Properties::default(),
+    });
+    let mut scratch = BytesMut::new();
+    if let Some(bytes) = encode_packet(&connack, protocol, &mut scratch) {
+        let _ = writer.write_all(&bytes).await;
+    }
+    let _ = writer.shutdown().await;
+}
+
+fn assigned_client_id(shared: &Shared) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("tern-{:x}-{:08x}", shared.next_connection_id(), nanos)
+}
+
+/// The reason a CONNECT is refused, if it is.
+fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
+    let v5 = connect.protocol.is_v5();
+    if v5 && connect.properties.authentication_method.is_some() {
+        // No enhanced authentication methods are supported.
+        return Err(ReasonCode::BAD_AUTHENTICATION_METHOD);
+    }
+    if connect.client_id.is_empty() && !connect.clean_start && !v5 {
+        // MQTT-3.1.3-8: empty id with clean session 0 → identifier rejected (code 2).
+        return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+    }
+    if connect.client_id.len() > shared.config.max_client_id_len {
+        return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+    }
+    if let Some(will) = &connect.will {
+        if tern_topic::validate_topic_name(&will.topic).is_err() {
+            return Err(ReasonCode::TOPIC_NAME_INVALID);
+        }
+        if v5
+            && will.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&will.payload).is_err()
+        {
+            return Err(ReasonCode::PAYLOAD_FORMAT_INVALID);
+        }
+    }
+    Ok(())
+}
+
+async fn accept(
+    shared: &Arc<Shared>,
+    connect: Connect,
+    mut writer: OwnedWriteHalf,
+) -> Option<(Conn, (OwnedWriteHalf, WriterState))> {
+    let config = &shared.config;
+    let protocol = connect.protocol;
+    let v5 = protocol.is_v5();
+    if let Err(reason) = check(shared, &connect) {
+        reject(&mut writer, protocol, reason).await;
+        return None;
+    }
+    let mut properties = Properties::default();
+    let client_id: Arc<str> = if connect.client_id.is_empty() {
+        let id = assigned_client_id(shared);
+        if v5 {
+            properties.assigned_client_identifier = Str::copy_from(&id).ok();
+        }
+        id.into()
+    } else {
+        connect.client_id.as_str().into()
+    };
+
+    // Keep alive: a v5 client asking for more than the maximum, or for none, is told the
+    // maximum (MQTT-3.2.2-21: it must then use the Server Keep Alive).
+    let mut keep_alive_s = connect.keep_alive_s;
+    if v5 && (keep_alive_s == 0 || keep_alive_s > config.max_keep_alive_s) {
+        keep_alive_s = config.max_keep_alive_s;
+        properties.server_keep_alive_s = Some(keep_alive_s);
+    }
+    let keep_alive =
+        (keep_alive_s > 0).then(|| Duration::from_millis(u64::from(keep_alive_s) * 1500));
+
+    let requested_expiry_s = if v5 {
+        connect.properties.session_expiry_interval_s.unwrap_or(0)
+    } else if connect.clean_start {
+        0
+    } else {
+        u32::MAX // a 3.1.1 persistent session never expires
+    };
+    let expiry_interval_s = requested_expiry_s.min(config.max_session_expiry_interval_s);
+    if v5 && expiry_interval_s != requested_expiry_s {
+        properties.session_expiry_interval_s = Some(expiry_interval_s);
+    }
+
+    let client_receive_maximum = connect
+        .properties
+        .receive_maximum
+        .unwrap_or(DEFAULT_CLIENT_RECEIVE_MAXIMUM);
+    let window = usize::from(client_receive_maximum.min(config.max_inflight_messages));
+    let client_max_packet_size = if v5 {
+        connect.properties.maximum_packet_size.unwrap_or(u32::MAX)
+    } else {
+        u32::MAX
+    };
+    let client_alias_maximum = if v5 {
+        connect.properties.topic_alias_maximum.unwrap_or(0)
+    } else {
+        0
+    };
+
+    if v5 {
+        properties.receive_maximum = Some(config.receive_maximum);
+        properties.topic_alias_maximum =
+            (config.topic_alias_maximum > 0).then_some(config.topic_alias_maximum);
+        properties.maximum_packet_size = Some(config.max_packet_size_bytes);
+        properties.retain_available = Some(1);
+        properties.wildcard_subscription_available = Some(1);
+        properties.subscription_identifier_available = Some(1);
+        properties.shared_subscription_available = Some(1);
+    }
+
+    let attached = registry::attach(
+        shared,
+        AttachRequest {
+            client_id: &client_id,
+            protocol,
+            clean_start: connect.clean_start,
+            expiry_interval_s,
+            window,
+            connack: ConnAck {
+                session_present: false,
+                reason: ReasonCode::SUCCESS,
+                properties,
+            },
+        },
+    );
+    let conn = Conn {
+        shared: shared.clone(),
+        session: attached.session,
+        ctl: attached.ctl,
+        conn_gen: attached.conn_gen,
+        client_id,
+        protocol,
+        keep_alive,
+        will: connect.will,
+        aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
+        pipeline: AckPipeline::new(usize::from(config.receive_maximum)),
+        released: Vec::new(),
+        scratch: BytesMut::new(),
+        connect_expiry_zero: requested_expiry_s == 0,
+    };
+    let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
+    Some((conn, (writer, writer_state)))
+}

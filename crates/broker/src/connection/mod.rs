@@ -1,0 +1,267 @@
+//! One network connection: the CONNECT handshake ([`connect`]), then the read loop that
+//! decodes packets and dispatches them ([`publish`], [`acks`], [`subscribe`]), then the close
+//! ([`close`]): final DISCONNECT, will, session detach. The writer half runs in its own task
+//! ([`crate::outbound::run_writer`]).
+//!
+//! # Invariants
+//! - The read buffer is allocated only when the socket is readable and released whenever it
+//!   is fully consumed, so an idle connection holds no read buffer.
+//! - While the ack pipeline is full the loop does not read from the socket (backpressure).
+//! - Every control packet this task sends goes through the session's control queue, and only
+//!   while the session still belongs to this connection (`conn_gen`).
+
+mod acks;
+mod close;
+mod connect;
+mod publish;
+mod subscribe;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tern_wire::{Packet, Protocol, ReasonCode, Will, decode};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::ack_pipeline::{AckKind, AckPipeline, Released};
+use crate::broker::Shared;
+use crate::message::Message;
+use crate::metrics::Metrics;
+use crate::outbound::encode_packet;
+use crate::session::{ConnCtl, Session};
+use crate::topic_alias::InboundAliases;
+
+/// Bytes reserved for each socket read.
+const READ_CHUNK_BYTES: usize = 8 * 1024;
+
+/// Why a connection ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Close {
+    /// DISCONNECT from the client; `send_will` for v5 reason 0x04.
+    ClientDisconnect { send_will: bool },
+    /// EOF or a socket error without DISCONNECT.
+    Lost,
+    /// We end it for a protocol reason (v5: DISCONNECT with this code).
+    Protocol(ReasonCode),
+    /// Nothing received within 1.5 × keep alive [MQTT-3.1.2-22].
+    KeepAlive,
+    /// Ended from outside: takeover 0x8E, slow subscriber 0x97, write failure 0x80.
+    Kicked(ReasonCode),
+    /// Server shutdown (v5: DISCONNECT 0x8B).
+    Shutdown,
+}
+
+pub(crate) struct Conn {
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    ctl: Arc<ConnCtl>,
+    conn_gen: u64,
+    client_id: Arc<str>,
+    protocol: Protocol,
+    /// 1.5 × the keep alive in force; `None` when keep alive is off.
+    keep_alive: Option<Duration>,
+    will: Option<Will>,
+    aliases: InboundAliases,
+    pipeline: AckPipeline<Arc<Message>>,
+    released: Vec<Released<Arc<Message>>>,
+    scratch: BytesMut,
+    /// The CONNECT's Session Expiry Interval was 0 (a DISCONNECT may not raise it).
+    connect_expiry_zero: bool,
+}
+
+enum Event {
+    Kicked(ReasonCode),
+    Shutdown,
+    Durable,
+    Read(io::Result<usize>),
+    KeepAliveExpired,
+}
+
+/// Serves one accepted socket to the end.
+pub async fn run(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (mut reader, writer) = stream.into_split();
+    let mut buf = BytesMut::new();
+    let Some((mut conn, writer)) =
+        connect::handshake(&shared, &mut reader, writer, &mut buf, &mut stop).await
+    else {
+        return;
+    };
+    tracing::debug!(%peer, client_id = %conn.client_id, protocol = ?conn.protocol, "client connected");
+    Metrics::add(&shared.metrics.clients_connected, 1);
+    let writer_task = tokio::spawn(crate::outbound::run_writer(
+        shared.clone(),
+        conn.session.clone(),
+        conn.ctl.clone(),
+        conn.conn_gen,
+        writer.0,
+        writer.1,
+    ));
+    let reason = conn.read_loop(&mut reader, &mut buf, &mut stop).await;
+    tracing::debug!(%peer, client_id = %conn.client_id, ?reason, "client disconnected");
+    conn.finish(reason, writer_task).await;
+    Metrics::sub(&shared.metrics.clients_connected, 1);
+}
+
+/// Waits until the socket is readable, then reads what is there into `buf`.
+async fn read_some(reader: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<usize> {
+    loop {
+        reader.readable().await?;
+        buf.reserve(READ_CHUNK_BYTES);
+        match reader.try_read_buf(buf) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Conn {
+    async fn read_loop(
+        &mut self,
+        reader: &mut OwnedReadHalf,
+        buf: &mut BytesMut,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Close {
+        let max_packet_size = self.shared.config.max_packet_size_bytes;
+        let mut last_packet_at = Instant::now();
+        if *stop.borrow() {
+            return Close::Shutdown;
+        }
+        loop {
+            while !self.pipeline.is_full() {
+                match decode(buf, self.protocol, max_packet_size) {
+                    Ok(Some(packet)) => {
+                        last_packet_at = Instant::now();
+                        if let Err(close) = self.handle(packet) {
+                            return close;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        tracing::debug!(client_id = %self.client_id, %error, "malformed packet");
+                        return Close::Protocol(error.reason_code());
+                    }
+                }
+            }
+            if buf.is_empty() && buf.capacity() > 0 {
+                *buf = BytesMut::new();
+            }
+            let deadline = self.keep_alive.map(|ka| last_packet_at + ka);
+            let waiting = self.pipeline.has_pending_ticket();
+            let reading = !self.pipeline.is_full();
+            let event = tokio::select! {
+                reason = self.ctl.kicked() => Event::Kicked(reason),
+                _ = stop.changed() => Event::Shutdown,
+                _ = self.pipeline.wait_front(&mut self.released), if waiting => Event::Durable,
+                read = read_some(reader, buf), if reading => Event::Read(read),
+                _ = sleep_until_opt(deadline) => Event::KeepAliveExpired,
+            };
+            match event {
+                Event::Kicked(reason) => return Close::Kicked(reason),
+                Event::Shutdown => return Close::Shutdown,
+                Event::Durable => self.flush_released(),
+                Event::Read(Ok(0)) | Event::Read(Err(_)) => return Close::Lost,
+                Event::Read(Ok(n)) => Metrics::add(&self.shared.metrics.bytes_received, n as u64),
+                Event::KeepAliveExpired => return Close::KeepAlive,
+            }
+        }
+    }
+
+    fn handle(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
+            Packet::Publish(publish) => self.on_publish(publish),
+            Packet::PubAck(ack) => self.on_puback(ack),
+            Packet::PubRec(ack) => self.on_pubrec(ack),
+            Packet::PubRel(ack) => self.on_pubrel(ack),
+            Packet::PubComp(ack) => self.on_pubcomp(ack),
+            Packet::Subscribe(subscribe) => self.on_subscribe(subscribe),
+            Packet::Unsubscribe(unsubscribe) => self.on_unsubscribe(unsubscribe),
+            Packet::PingReq => {
+                self.send(&Packet::PingResp);
+                Ok(())
+            }
+            Packet::Disconnect(disconnect) => Err(self.on_disconnect(disconnect)),
+            // MQTT-3.1.0-2: a second CONNECT is a protocol error. AUTH without an
+            // authentication method, and server-to-client packets, are too.
+            Packet::Connect(_)
+            | Packet::Auth(_)
+            | Packet::ConnAck(_)
+            | Packet::SubAck(_)
+            | Packet::UnsubAck(_)
+            | Packet::PingResp => Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR)),
+        }
+    }
+
+    /// Queues one control packet for the writer.
+    fn send(&mut self, packet: &Packet) {
+        if let Some(bytes) = encode_packet(packet, self.protocol, &mut self.scratch) {
+            self.send_bytes(std::iter::once(bytes));
+        }
+    }
+
+    fn send_bytes(&self, packets: impl IntoIterator<Item = Bytes>) {
+        {
+            let mut state = self.session.state.lock();
+            if state.conn_gen != self.conn_gen || state.ended {
+                return;
+            }
+            state.out.control.extend(packets);
+        }
+        self.ctl.wake.notify_one();
+    }
+
+    /// Routes released deliveries and queues released acknowledgements, in order.
+    fn flush_released(&mut self) {
+        if self.released.is_empty() {
+            return;
+        }
+        let mut acks = Vec::new();
+        let released = std::mem::take(&mut self.released);
+        for item in released {
+            match item {
+                Released::Deliver(message) => crate::router::publish(&self.shared, message),
+                Released::Ack {
+                    kind,
+                    packet_id,
+                    reason,
+                } => {
+                    let ack = tern_wire::Ack {
+                        packet_id,
+                        reason,
+                        properties: Default::default(),
+                    };
+                    let packet = match kind {
+                        AckKind::None => continue,
+                        AckKind::PubAck => Packet::PubAck(ack),
+                        AckKind::PubRec => Packet::PubRec(ack),
+                        AckKind::PubComp => Packet::PubComp(ack),
+                    };
+                    if let Some(bytes) = encode_packet(&packet, self.protocol, &mut self.scratch) {
+                        acks.push(bytes);
+                    }
+                }
+            }
+        }
+        if !acks.is_empty() {
+            self.send_bytes(acks);
+        }
+    }
+}

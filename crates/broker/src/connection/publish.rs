@@ -1,0 +1,149 @@
+//! Inbound PUBLISH and PUBREL: admission (topic alias, topic name, Receive Maximum, payload
+//! format), the store write, and the ack pipeline (ARCHITECTURE §2.2–2.6, §3).
+
+use std::sync::Arc;
+
+use tern_wire::{Ack, Publish, QoS, ReasonCode};
+use tokio::time::Instant;
+
+use super::{Close, Conn};
+use crate::ack_pipeline::{AckKind, Entry};
+use crate::message::Message;
+use crate::metrics::Metrics;
+use crate::topic_alias::AliasError;
+
+impl Conn {
+    pub(super) fn on_publish(&mut self, publish: Publish) -> Result<(), Close> {
+        Metrics::add(&self.shared.metrics.messages_received, 1);
+        let v5 = self.protocol.is_v5();
+        let topic = if v5 {
+            self.aliases
+                .resolve(&publish.topic, publish.properties.topic_alias)
+                .map_err(|error| match error {
+                    AliasError::OutOfRange => Close::Protocol(ReasonCode::TOPIC_ALIAS_INVALID),
+                    AliasError::Unknown => Close::Protocol(ReasonCode::PROTOCOL_ERROR),
+                })?
+        } else {
+            publish.topic.clone()
+        };
+        if tern_topic::validate_topic_name(&topic).is_err() {
+            return Err(Close::Protocol(ReasonCode::TOPIC_NAME_INVALID));
+        }
+        let packet_id = publish.packet_id;
+        let qos = publish.qos;
+
+        if qos == QoS::ExactlyOnce {
+            // ARCHITECTURE §3: a packet id still in the received set is a retry: PUBREC only.
+            let duplicate = self.session.state.lock().qos2_received.contains(&packet_id);
+            if duplicate {
+                self.push_entry(Entry {
+                    packet_id,
+                    kind: AckKind::PubRec,
+                    reason: ReasonCode::SUCCESS,
+                    ticket: None,
+                    deliver: None,
+                    deliver_after_durable: false,
+                });
+                return Ok(());
+            }
+        }
+        if qos != QoS::AtMostOnce {
+            let awaiting_release = self.session.state.lock().qos2_received.len();
+            let in_flight = self.pipeline.unacked_publishes() + awaiting_release;
+            if in_flight >= usize::from(self.shared.config.receive_maximum) {
+                // MQTT-3.3.4-9 (v5): more QoS>0 in flight than our Receive Maximum.
+                return Err(Close::Protocol(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED));
+            }
+        }
+
+        let mut reason = ReasonCode::SUCCESS;
+        let mut route = true;
+        if v5
+            && publish.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&publish.payload).is_err()
+        {
+            // MQTT-3.3.2-4 allows refusing it; QoS 0 has no ack to carry the refusal.
+            if qos == QoS::AtMostOnce {
+                return Err(Close::Protocol(ReasonCode::PAYLOAD_FORMAT_INVALID));
+            }
+            reason = ReasonCode::PAYLOAD_FORMAT_INVALID;
+            route = false;
+        }
+        if topic.starts_with("$SYS/") || &*topic == "$SYS" {
+            // Clients may not publish into the broker's own statistics.
+            route = false;
+        }
+
+        let message = Arc::new(Message::new(
+            topic,
+            publish.payload,
+            qos,
+            publish.retain,
+            publish.properties,
+            Some(self.client_id.clone()),
+            Instant::now(),
+        ));
+        let exactly_once = qos == QoS::ExactlyOnce && reason.is_success();
+        if exactly_once {
+            self.session.state.lock().qos2_received.insert(packet_id);
+        }
+        let ticket = if route && qos != QoS::AtMostOnce {
+            self.shared.store.append_publish(
+                &self.client_id,
+                &message,
+                exactly_once.then_some(packet_id),
+            )
+        } else {
+            None
+        };
+        let kind = match qos {
+            QoS::AtMostOnce => AckKind::None,
+            QoS::AtLeastOnce => AckKind::PubAck,
+            QoS::ExactlyOnce => AckKind::PubRec,
+        };
+        self.push_entry(Entry {
+            packet_id,
+            kind,
+            reason,
+            ticket,
+            deliver: route.then_some(message),
+            deliver_after_durable: qos == QoS::ExactlyOnce,
+        });
+        Ok(())
+    }
+
+    pub(super) fn on_pubrel(&mut self, ack: Ack) -> Result<(), Close> {
+        let known = self
+            .session
+            .state
+            .lock()
+            .qos2_received
+            .remove(&ack.packet_id);
+        let (reason, ticket) = if known {
+            (
+                ReasonCode::SUCCESS,
+                self.shared
+                    .store
+                    .qos2_released(&self.client_id, ack.packet_id),
+            )
+        } else if self.protocol.is_v5() {
+            (ReasonCode::PACKET_IDENTIFIER_NOT_FOUND, None)
+        } else {
+            (ReasonCode::SUCCESS, None)
+        };
+        self.push_entry(Entry {
+            packet_id: ack.packet_id,
+            kind: AckKind::PubComp,
+            reason,
+            ticket,
+            deliver: None,
+            deliver_after_durable: false,
+        });
+        Ok(())
+    }
+
+    fn push_entry(&mut self, entry: Entry<Arc<Message>>) {
+        self.pipeline.push(entry, &mut self.released);
+        self.flush_released();
+    }
+}

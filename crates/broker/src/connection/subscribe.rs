@@ -1,0 +1,151 @@
+//! SUBSCRIBE and UNSUBSCRIBE: per-filter validation and reason codes, the session's
+//! subscription table, the router, and retained messages per Retain Handling.
+
+use std::sync::Arc;
+
+use tern_topic::FilterKind;
+use tern_wire::{
+    Packet, Properties, QoS, ReasonCode, RetainHandling, SubAck, Subscribe, UnsubAck, Unsubscribe,
+};
+use tokio::time::Instant;
+
+use super::{Close, Conn};
+use crate::message::Message;
+use crate::metrics::Metrics;
+use crate::outbound::Outgoing;
+use crate::router;
+use crate::session::SubRecord;
+
+fn granted(qos: QoS) -> ReasonCode {
+    match qos {
+        QoS::AtMostOnce => ReasonCode::GRANTED_QOS_0,
+        QoS::AtLeastOnce => ReasonCode::GRANTED_QOS_1,
+        QoS::ExactlyOnce => ReasonCode::GRANTED_QOS_2,
+    }
+}
+
+impl Conn {
+    pub(super) fn on_subscribe(&mut self, subscribe: Subscribe) -> Result<(), Close> {
+        let v5 = self.protocol.is_v5();
+        let subscription_id = subscribe
+            .properties
+            .subscription_identifiers
+            .first()
+            .copied();
+        let mut reasons = Vec::with_capacity(subscribe.filters.len());
+        // (filter, record) whose retained messages are due (Retain Handling 0, or 1 when new).
+        let mut retained_due = Vec::new();
+        for (raw, options) in &subscribe.filters {
+            let Ok(kind) = tern_topic::classify_filter(raw) else {
+                reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
+                continue;
+            };
+            let shared_sub = matches!(kind, FilterKind::Shared { .. });
+            if shared_sub && options.no_local && v5 {
+                // MQTT-3.8.3-4: No Local on a shared subscription is a protocol error.
+                return Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR));
+            }
+            let record = SubRecord {
+                options: *options,
+                subscription_id,
+            };
+            let (existed, full) = {
+                let state = self.session.state.lock();
+                let existed = state.subscriptions.contains_key(raw.as_str());
+                let full =
+                    state.subscriptions.len() >= self.shared.config.max_subscriptions_per_session;
+                (existed, full)
+            };
+            if !existed && full {
+                reasons.push(ReasonCode::QUOTA_EXCEEDED);
+                continue;
+            }
+            let result = self
+                .shared
+                .router
+                .write()
+                .subscribe(kind, &self.session, record);
+            match result {
+                Ok(replaced) => {
+                    if !replaced {
+                        Metrics::add(&self.shared.metrics.subscriptions, 1);
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, filter = %raw, "subscription refused");
+                    reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
+                    continue;
+                }
+            }
+            self.session
+                .state
+                .lock()
+                .subscriptions
+                .insert(raw.as_str().into(), record);
+            self.shared
+                .store
+                .session_subscribed(&self.client_id, raw, *options, subscription_id);
+            reasons.push(granted(options.qos));
+            let due = match options.retain_handling {
+                RetainHandling::SendAtSubscribe => true,
+                RetainHandling::SendIfNew => !existed,
+                RetainHandling::DoNotSend => false,
+            };
+            // Retained messages are not sent for shared subscriptions (MQTT 5 §4.8.2).
+            if due && !shared_sub {
+                retained_due.push((raw.clone(), record));
+            }
+        }
+        // SUBACK goes out before the retained messages it triggers (control drains first).
+        self.send(&Packet::SubAck(SubAck {
+            packet_id: subscribe.packet_id,
+            properties: Properties::default(),
+            reasons,
+        }));
+        let now = Instant::now();
+        for (filter, record) in retained_due {
+            let messages: Vec<Arc<Message>> = self.shared.retained.read().matching(&filter, now);
+            for message in messages {
+                // MQTT-3.3.1-8: retained messages sent on subscribe carry RETAIN=1.
+                let item = Outgoing {
+                    qos: message.qos.min(record.options.qos),
+                    retain: true,
+                    subscription_ids: record.subscription_id.into_iter().collect(),
+                    share: None,
+                    message,
+                };
+                router::deliver(&self.shared, &self.session, item, now);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_unsubscribe(&mut self, unsubscribe: Unsubscribe) -> Result<(), Close> {
+        let mut reasons = Vec::with_capacity(unsubscribe.filters.len());
+        for raw in &unsubscribe.filters {
+            let Ok(kind) = tern_topic::classify_filter(raw) else {
+                reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
+                continue;
+            };
+            let removed = self
+                .shared
+                .router
+                .write()
+                .unsubscribe(kind, &self.client_id);
+            self.session.state.lock().subscriptions.remove(raw.as_str());
+            if removed {
+                Metrics::sub(&self.shared.metrics.subscriptions, 1);
+                self.shared.store.session_unsubscribed(&self.client_id, raw);
+                reasons.push(ReasonCode::SUCCESS);
+            } else {
+                reasons.push(ReasonCode::NO_SUBSCRIPTION_EXISTED);
+            }
+        }
+        self.send(&Packet::UnsubAck(UnsubAck {
+            packet_id: unsubscribe.packet_id,
+            properties: Properties::default(),
+            reasons,
+        }));
+        Ok(())
+    }
+}

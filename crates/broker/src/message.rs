@@ -1,0 +1,180 @@
+//! An application message as the broker holds it after admission: shared (`Arc`) by every
+//! subscriber queue it is routed to, encoded once per protocol version.
+//!
+//! # Invariants
+//! - `properties` never holds a topic alias or subscription identifiers: those are per
+//!   delivery and are added by the writer of each subscriber.
+//! - A message with a Message Expiry Interval is re-encoded per delivery (the remaining
+//!   interval changes with time); one without is encoded at most once per protocol family.
+
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use tern_wire::{Properties, Protocol, PublishTemplate, QoS, Str};
+use tokio::time::Instant;
+
+/// Bytes counted per queued message on top of topic and payload (headers, bookkeeping).
+pub const MESSAGE_OVERHEAD_BYTES: usize = 64;
+
+#[derive(Debug)]
+pub struct Message {
+    pub topic: Str,
+    pub payload: Bytes,
+    /// QoS the publisher used; each delivery is downgraded to its subscription's QoS.
+    pub qos: QoS,
+    /// Retain flag as published.
+    pub retain: bool,
+    pub properties: Properties,
+    pub arrived_at: Instant,
+    /// Client id of the publisher (for No Local); `None` for wills and `$SYS`.
+    pub publisher: Option<Arc<str>>,
+    template_v3: OnceLock<Option<PublishTemplate>>,
+    template_v5: OnceLock<Option<PublishTemplate>>,
+}
+
+impl Message {
+    pub fn new(
+        topic: Str,
+        payload: Bytes,
+        qos: QoS,
+        retain: bool,
+        mut properties: Properties,
+        publisher: Option<Arc<str>>,
+        arrived_at: Instant,
+    ) -> Message {
+        properties.topic_alias = None;
+        properties.subscription_identifiers.clear();
+        // An interval of 0 is treated as "no expiry", as mosquitto does.
+        if properties.message_expiry_interval_s == Some(0) {
+            properties.message_expiry_interval_s = None;
+        }
+        Message {
+            topic,
+            payload,
+            qos,
+            retain,
+            properties,
+            arrived_at,
+            publisher,
+            template_v3: OnceLock::new(),
+            template_v5: OnceLock::new(),
+        }
+    }
+
+    /// A fresh copy (no cached encodings) for re-encoding with changed properties.
+    pub fn clone_for_resend(other: &Message) -> Message {
+        Message::new(
+            other.topic.clone(),
+            other.payload.clone(),
+            other.qos,
+            other.retain,
+            other.properties.clone(),
+            other.publisher.clone(),
+            other.arrived_at,
+        )
+    }
+
+    /// Size charged against queue limits.
+    pub fn approx_len(&self) -> usize {
+        self.topic.len() + self.payload.len() + MESSAGE_OVERHEAD_BYTES
+    }
+
+    /// `None` once the message has expired; otherwise the Message Expiry Interval to forward
+    /// (`Some(None)` when the message never expires). MQTT-3.3.2-6: the forwarded value is the
+    /// received one minus the time the message waited in the server.
+    pub fn remaining_expiry_s(&self, now: Instant) -> Option<Option<u32>> {
+        let Some(interval_s) = self.properties.message_expiry_interval_s else {
+            return Some(None);
+        };
+        let waited = now.saturating_duration_since(self.arrived_at);
+        let waited_s = waited.as_secs();
+        if waited_s >= u64::from(interval_s) {
+            return None;
+        }
+        // waited_s < interval_s <= u32::MAX, so the difference fits.
+        Some(Some(interval_s - waited_s as u32))
+    }
+
+    pub fn is_expired(&self, now: Instant) -> bool {
+        self.remaining_expiry_s(now).is_none()
+    }
+
+    /// The shared encoding for a subscriber speaking `protocol`, or `None` if the message has
+    /// expired or cannot be encoded (it is then dropped for that subscriber).
+    pub fn template(&self, protocol: Protocol, now: Instant) -> Option<PublishTemplate> {
+        if !protocol.is_v5() {
+            return self
+                .template_v3
+                .get_or_init(|| build(protocol, &self.topic, &Properties::default(), &self.payload))
+                .clone();
+        }
+        match self.remaining_expiry_s(now)? {
+            None => self
+                .template_v5
+                .get_or_init(|| build(protocol, &self.topic, &self.properties, &self.payload))
+                .clone(),
+            Some(remaining_s) => {
+                let mut properties = self.properties.clone();
+                properties.message_expiry_interval_s = Some(remaining_s);
+                build(protocol, &self.topic, &properties, &self.payload)
+            }
+        }
+    }
+}
+
+fn build(
+    protocol: Protocol,
+    topic: &Str,
+    properties: &Properties,
+    payload: &Bytes,
+) -> Option<PublishTemplate> {
+    match PublishTemplate::new(protocol, topic, properties, payload) {
+        Ok(template) => Some(template),
+        Err(error) => {
+            tracing::warn!(%topic, %error, "cannot encode message; dropped");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn message(expiry: Option<u32>, at: Instant) -> Message {
+        let properties = Properties {
+            message_expiry_interval_s: expiry,
+            topic_alias: Some(3),
+            ..Properties::default()
+        };
+        Message::new(
+            Str::from_static("a/b"),
+            Bytes::from_static(b"x"),
+            QoS::AtLeastOnce,
+            false,
+            properties,
+            None,
+            at,
+        )
+    }
+
+    #[test]
+    fn topic_alias_is_never_kept() {
+        let m = message(None, Instant::now());
+        assert_eq!(m.properties.topic_alias, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn remaining_expiry_counts_down_mqtt_3_3_2_6() {
+        let m = message(Some(10), Instant::now());
+        assert_eq!(m.remaining_expiry_s(Instant::now()), Some(Some(10)));
+        tokio::time::advance(Duration::from_millis(3_500)).await;
+        assert_eq!(m.remaining_expiry_s(Instant::now()), Some(Some(7)));
+        tokio::time::advance(Duration::from_millis(6_500)).await;
+        assert_eq!(m.remaining_expiry_s(Instant::now()), None);
+        assert!(m.is_expired(Instant::now()));
+        let forever = message(None, Instant::now());
+        assert_eq!(forever.remaining_expiry_s(Instant::now()), Some(None));
+    }
+}

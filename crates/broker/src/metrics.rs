@@ -1,0 +1,29 @@
+//! Broker-wide counters behind `$SYS/broker/...`. Relaxed atomics: they are statistics, not
+//! synchronisation.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub clients_connected: AtomicU64,
+    pub messages_received: AtomicU64,
+    pub messages_sent: AtomicU64,
+    pub messages_dropped: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub subscriptions: AtomicU64,
+}
+
+impl Metrics {
+    pub fn add(counter: &AtomicU64, value: u64) {
+        counter.fetch_add(value, Ordering::Relaxed);
+    }
+
+    pub fn sub(counter: &AtomicU64, value: u64) {
+        counter.fetch_sub(value, Ordering::Relaxed);
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,340 @@
+//! Routing: which sessions get a message, at which QoS, with which subscription identifiers.
+//! Wraps `tern_topic::SubscriptionTrie` keyed by client id.
+//!
+//! Publisher-side routing: the publishing connection's task calls [`publish`], which looks the
+//! topic up under the router's read lock, releases it, then pushes into each target session's
+//! outbound queue and wakes its writer.
+//!
+//! # Invariants
+//! - One copy per session for overlapping normal subscriptions: the highest granted QoS, every
+//!   matching subscription identifier, and the retain flag kept if any match asks for Retain
+//!   As Published (MQTT-3.3.5-1 for 3.1.1; the single-copy option of MQTT 5 §3.3.4).
+//! - A share group delivers each message to exactly one member, preferring online members
+//!   [MQTT-4.8.2-*]; the member's copy is separate from its normal subscriptions.
+//! - No Local: a subscription never receives its own client's messages [MQTT-3.8.3-3].
+
+use std::sync::Arc;
+
+use tern_topic::{FilterKind, Match, SubscribeError, SubscriptionTrie};
+use tern_wire::{QoS, SubscriptionOptions};
+use tokio::time::Instant;
+
+use crate::broker::Shared;
+use crate::message::Message;
+use crate::metrics::Metrics;
+use crate::outbound::{Outgoing, PushResult};
+use crate::session::{Session, SubRecord};
+
+/// One subscription in the trie.
+#[derive(Debug, Clone)]
+pub struct SubValue {
+    pub session: Arc<Session>,
+    pub options: SubscriptionOptions,
+    pub subscription_id: Option<u32>,
+}
+
+#[derive(Default)]
+pub struct Router {
+    trie: SubscriptionTrie<Arc<str>, SubValue>,
+}
+
+impl Router {
+    /// Adds or replaces `session`'s subscription. `Ok(true)` if it replaced one.
+    pub fn subscribe(
+        &mut self,
+        kind: FilterKind<'_>,
+        session: &Arc<Session>,
+        record: SubRecord,
+    ) -> Result<bool, SubscribeError> {
+        let value = SubValue {
+            session: session.clone(),
+            options: record.options,
+            subscription_id: record.subscription_id,
+        };
+        let key = session.client_id.clone();
+        let old = match kind {
+            FilterKind::Normal(filter) => self.trie.subscribe(filter, key, value)?,
+            FilterKind::Shared { group, filter } => {
+                self.trie.subscribe_shared(group, filter, key, value)?
+            }
+        };
+        Ok(old.is_some())
+    }
+
+    /// True if the subscription existed.
+    pub fn unsubscribe(&mut self, kind: FilterKind<'_>, client_id: &Arc<str>) -> bool {
+        match kind {
+            FilterKind::Normal(filter) => self.trie.unsubscribe(filter, client_id).is_some(),
+            FilterKind::Shared { group, filter } => self
+                .trie
+                .unsubscribe_shared(group, filter, client_id)
+                .is_some(),
+        }
+    }
+
+    pub fn remove_session(&mut self, client_id: &Arc<str>) -> usize {
+        self.trie.remove_key(client_id)
+    }
+
+    /// Subscriptions plus shared memberships.
+    pub fn len(&self) -> usize {
+        self.trie.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.trie.is_empty()
+    }
+
+    /// Appends one `(session, delivery)` per receiving session to `out`.
+    pub fn targets(&self, message: &Arc<Message>, out: &mut Vec<(Arc<Session>, Outgoing)>) {
+        let first = out.len();
+        let publisher = message.publisher.as_deref();
+        self.trie.for_each_match(&message.topic, |m| match m {
+            Match::Subscription { key, value } => {
+                if value.options.no_local && publisher == Some(&**key) {
+                    return;
+                }
+                out.push((value.session.clone(), outgoing(message, value, None)));
+            }
+            Match::Shared(group) => {
+                let chosen = group
+                    .next_member_where(|_, v| v.session.is_online())
+                    .or_else(|| group.next_member());
+                if let Some((_, value)) = chosen {
+                    let share: Arc<str> =
+                        format!("$share/{}/{}", group.name(), group.filter()).into();
+                    out.push((value.session.clone(), outgoing(message, value, Some(share))));
+                }
+            }
+        });
+        merge_per_session(out, first);
+    }
+
+    /// Another member of the share group `share` (`$share/{group}/{filter}`) than `exclude`,
+    /// preferring online ones.
+    pub fn pick_shared_member(&self, share: &str, exclude: &Arc<str>) -> Option<SubValue> {
+        let (group, filter) = tern_topic::parse_shared_filter(share)?.ok()?;
+        let group = self.trie.shared_group(group, filter)?;
+        group
+            .next_member_where(|k, v| k != exclude && v.session.is_online())
+            .or_else(|| group.next_member_where(|k, _| k != exclude))
+            .map(|(_, v)| v.clone())
+    }
+}
+
+fn outgoing(message: &Arc<Message>, value: &SubValue, share: Option<Arc<str>>) -> Outgoing {
+    Outgoing {
+        message: message.clone(),
+        qos: message.qos.min(value.options.qos),
+        // MQTT-3.3.1-9 (3.1.1) / MQTT-3.3.1-12 (5.0): the live copy's retain flag is 0 unless
+        // Retain As Published.
+        retain: message.retain && value.options.retain_as_published,
+        subscription_ids: value.subscription_id.into_iter().collect(),
+        share,
+    }
+}
+
+/// Merges entries of `out[first..]` that target the same session through normal
+/// subscriptions into one copy.
+fn merge_per_session(out: &mut Vec<(Arc<Session>, Outgoing)>, first: usize) {
+    if out.len() - first < 2 {
+        return;
+    }
+    let mut tail = out.split_off(first);
+    tail.sort_by_key(|(s, o)| (Arc::as_ptr(s) as usize, o.share.is_some()));
+    for (session, item) in tail {
+        if item.share.is_none() && out.len() > first {
+            if let Some((last_session, last)) = out.last_mut() {
+                if Arc::ptr_eq(last_session, &session) && last.share.is_none() {
+                    last.qos = last.qos.max(item.qos);
+                    last.retain |= item.retain;
+                    last.subscription_ids.extend(item.subscription_ids);
+                    continue;
+                }
+            }
+        }
+        out.push((session, item));
+    }
+}
+
+/// Routes an admitted message: retained store first (if RETAIN), then every subscriber.
+pub fn publish(shared: &Shared, message: Arc<Message>) {
+    if message.retain {
+        crate::retained::update(shared, &message);
+    }
+    let mut targets = Vec::new();
+    shared.router.read().targets(&message, &mut targets);
+    let now = Instant::now();
+    for (session, item) in targets {
+        deliver(shared, &session, item, now);
+    }
+}
+
+/// Pushes one delivery into a session's queue and wakes its writer.
+pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
+    let qos = item.qos;
+    let (result, conn) = {
+        let mut state = session.state.lock();
+        if state.ended {
+            return;
+        }
+        let online = state.conn.is_some();
+        let result = state.out.push(item, online, &shared.config, now);
+        (result, state.conn.clone())
+    };
+    match result {
+        PushResult::Queued => {}
+        PushResult::Dropped => Metrics::add(&shared.metrics.messages_dropped, 1),
+        PushResult::QueuedDroppedOldest => {
+            Metrics::add(&shared.metrics.messages_dropped, 1);
+            tracing::warn!(client_id = %session.client_id, "session queue full; oldest QoS>0 message dropped");
+        }
+        PushResult::SlowSubscriber => {
+            if qos == QoS::AtMostOnce {
+                Metrics::add(&shared.metrics.messages_dropped, 1);
+            }
+            if let Some(conn) = &conn {
+                tracing::warn!(client_id = %session.client_id, "slow subscriber disconnected");
+                conn.kick(tern_wire::ReasonCode::QUOTA_EXCEEDED);
+            }
+        }
+    }
+    if let Some(conn) = conn {
+        conn.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use tern_wire::{Properties, Protocol, Str};
+
+    fn session(id: &str) -> Arc<Session> {
+        Session::new(id.into(), Protocol::V5, 0)
+    }
+
+    fn record(qos: QoS, id: Option<u32>) -> SubRecord {
+        SubRecord {
+            options: SubscriptionOptions {
+                qos,
+                ..SubscriptionOptions::default()
+            },
+            subscription_id: id,
+        }
+    }
+
+    fn message(topic: &'static str, qos: QoS, publisher: Option<&str>) -> Arc<Message> {
+        Arc::new(Message::new(
+            Str::from_static(topic),
+            Bytes::from_static(b"p"),
+            qos,
+            true,
+            Properties::default(),
+            publisher.map(Into::into),
+            Instant::now(),
+        ))
+    }
+
+    #[test]
+    fn overlapping_subscriptions_give_one_copy_at_highest_qos_mqtt_3_3_5_1() {
+        let mut router = Router::default();
+        let a = session("a");
+        router
+            .subscribe(
+                FilterKind::Normal("x/+"),
+                &a,
+                record(QoS::AtMostOnce, Some(1)),
+            )
+            .unwrap();
+        router
+            .subscribe(
+                FilterKind::Normal("x/#"),
+                &a,
+                record(QoS::ExactlyOnce, Some(2)),
+            )
+            .unwrap();
+        let mut out = Vec::new();
+        router.targets(&message("x/y", QoS::AtLeastOnce, None), &mut out);
+        assert_eq!(out.len(), 1);
+        let (_, item) = &out[0];
+        assert_eq!(
+            item.qos,
+            QoS::AtLeastOnce,
+            "downgraded to the message's QoS"
+        );
+        let mut ids = item.subscription_ids.clone();
+        ids.sort();
+        assert_eq!(ids, vec![1, 2]);
+        assert!(
+            !item.retain,
+            "live copies drop RETAIN unless retain-as-published"
+        );
+    }
+
+    #[test]
+    fn no_local_skips_own_messages_mqtt_3_8_3_3() {
+        let mut router = Router::default();
+        let a = session("a");
+        let mut rec = record(QoS::AtLeastOnce, None);
+        rec.options.no_local = true;
+        router.subscribe(FilterKind::Normal("t"), &a, rec).unwrap();
+        let mut out = Vec::new();
+        router.targets(&message("t", QoS::AtLeastOnce, Some("a")), &mut out);
+        assert!(out.is_empty());
+        router.targets(&message("t", QoS::AtLeastOnce, Some("b")), &mut out);
+        assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn share_group_delivers_to_one_member_in_rotation() {
+        let mut router = Router::default();
+        let a = session("a");
+        let b = session("b");
+        a.set_online(true);
+        b.set_online(true);
+        let kind = FilterKind::Shared {
+            group: "g",
+            filter: "jobs/#",
+        };
+        router
+            .subscribe(kind, &a, record(QoS::AtLeastOnce, None))
+            .unwrap();
+        router
+            .subscribe(kind, &b, record(QoS::AtLeastOnce, None))
+            .unwrap();
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let mut out = Vec::new();
+            router.targets(&message("jobs/1", QoS::AtLeastOnce, None), &mut out);
+            assert_eq!(out.len(), 1);
+            assert_eq!(out[0].1.share.as_deref(), Some("$share/g/jobs/#"));
+            got.push(out[0].0.client_id.to_string());
+        }
+        assert_eq!(got, vec!["a", "b", "a", "b"]);
+        // An offline member is skipped while an online one exists.
+        b.set_online(false);
+        for _ in 0..2 {
+            let mut out = Vec::new();
+            router.targets(&message("jobs/1", QoS::AtLeastOnce, None), &mut out);
+            assert_eq!(&*out[0].0.client_id, "a");
+        }
+        let other = router.pick_shared_member("$share/g/jobs/#", &"a".into());
+        assert_eq!(
+            other.map(|v| v.session.client_id.to_string()),
+            Some("b".into())
+        );
+    }
+
+    #[test]
+    fn dollar_topics_not_matched_by_leading_wildcards_mqtt_4_7_2_1() {
+        let mut router = Router::default();
+        let a = session("a");
+        router
+            .subscribe(FilterKind::Normal("#"), &a, record(QoS::AtMostOnce, None))
+            .unwrap();
+        let mut out = Vec::new();
+        router.targets(&message("$SYS/x", QoS::AtMostOnce, None), &mut out);
+        assert!(out.is_empty());
+    }
+}

@@ -1,0 +1,59 @@
+//! Timers: session expiry and delayed wills (MQTT 5). Each timer is a task that sleeps, then
+//! checks under the locks that nothing changed in the meantime (the session was not resumed:
+//! its connection generation is the one the timer was armed for).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::broker::Shared;
+use crate::message::Message;
+use crate::router;
+use crate::session::{Session, registry};
+
+/// Ends `session` after `expiry_interval_s` unless a connection re-attached meanwhile.
+pub fn arm(shared: Arc<Shared>, session: Arc<Session>, conn_gen: u64, expiry_interval_s: u32) {
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(u64::from(expiry_interval_s))).await;
+        let still_abandoned = {
+            let state = session.state.lock();
+            state.conn.is_none() && state.conn_gen == conn_gen && !state.ended
+        };
+        if still_abandoned {
+            tracing::debug!(client_id = %session.client_id, "session expired");
+            registry::end(&shared, &session);
+        }
+    });
+}
+
+/// Publishes `will` after `delay_s` unless the session resumed (which clears the pending will)
+/// or ended (which publishes it then). Arms nothing and returns false if connection
+/// `conn_gen` no longer owns the session.
+pub fn arm_will(
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    conn_gen: u64,
+    will: Arc<Message>,
+    delay_s: u32,
+) -> bool {
+    {
+        let mut state = session.state.lock();
+        if state.conn_gen != conn_gen || state.ended {
+            return false;
+        }
+        state.pending_will = Some(will.clone());
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(u64::from(delay_s))).await;
+        let due = {
+            let mut state = session.state.lock();
+            match &state.pending_will {
+                Some(pending) if Arc::ptr_eq(pending, &will) => state.pending_will.take(),
+                _ => None,
+            }
+        };
+        if let Some(will) = due {
+            router::publish(&shared, will);
+        }
+    });
+    true
+}

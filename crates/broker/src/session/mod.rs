@@ -1,0 +1,20 @@
+//! Sessions: the state that outlives a network connection when the client asked for it.
+//!
+//! - [`state`]: [`Session`] and [`SessionState`] (subscriptions, QoS 2 received set, the
+//!   outbound queue and in-flight window, expiry, a pending delayed will).
+//! - [`registry`]: sessions by client id; attach (with takeover), detach, end.
+//! - [`expiry`]: the timers that end an abandoned session and fire a delayed will.
+//!
+//! # Invariants
+//! - Lock order: registry → router → retained → one session's state. No lock is held across
+//!   an `await`.
+//! - A session is reachable from the router only while it is in the registry; ending a
+//!   session removes its subscriptions first, then marks it `ended` so that a publisher that
+//!   matched it a moment earlier queues nothing.
+
+pub mod expiry;
+pub mod registry;
+pub mod state;
+
+pub use registry::Registry;
+pub use state::{ConnCtl, Session, SessionState, SubRecord};

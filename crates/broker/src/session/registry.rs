@@ -1,0 +1,224 @@
+//! Sessions by client id: attach a connection (creating, resuming or replacing the session,
+//! taking over a live connection), detach it, end a session.
+//!
+//! # Invariants
+//! - The registry lock is held for the whole of attach and end, so a takeover, an expiry timer
+//!   and a reconnect are serialised per broker.
+//! - A session's subscriptions are removed from the router only by the party that removed the
+//!   same session (pointer-equal) from the registry, so a newer session under the same client
+//!   id never loses its subscriptions.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tern_wire::{ConnAck, Packet, Protocol, ReasonCode};
+use tokio::time::Instant;
+
+use crate::broker::Shared;
+use crate::metrics::Metrics;
+use crate::outbound::{Outgoing, encode_packet};
+use crate::router;
+use crate::session::{ConnCtl, Session};
+
+#[derive(Debug, Default)]
+pub struct Registry {
+    pub(crate) map: Mutex<HashMap<Arc<str>, Arc<Session>>>,
+}
+
+impl Registry {
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.lock().is_empty()
+    }
+
+    pub fn get(&self, client_id: &str) -> Option<Arc<Session>> {
+        self.map.lock().get(client_id).cloned()
+    }
+
+    /// Every live connection (for shutdown).
+    pub fn connections(&self) -> Vec<Arc<ConnCtl>> {
+        self.map
+            .lock()
+            .values()
+            .filter_map(|s| s.state.lock().conn.clone())
+            .collect()
+    }
+}
+
+/// A connection attached to its session.
+pub struct Attached {
+    pub session: Arc<Session>,
+    pub session_present: bool,
+    pub conn_gen: u64,
+    pub ctl: Arc<ConnCtl>,
+}
+
+/// What the new connection asks for.
+pub struct AttachRequest<'a> {
+    pub client_id: &'a Arc<str>,
+    pub protocol: Protocol,
+    pub clean_start: bool,
+    pub expiry_interval_s: u32,
+    /// min(client Receive Maximum, max_inflight_messages).
+    pub window: usize,
+    /// Sent first on the new connection, before anything the session holds; its
+    /// `session_present` is filled in here.
+    pub connack: ConnAck,
+}
+
+pub fn attach(shared: &Shared, request: AttachRequest<'_>) -> Attached {
+    let mut sessions = shared.sessions.map.lock();
+    let existing = sessions.get(request.client_id).cloned();
+    let mut replaced = None;
+    let (session, session_present) = match existing {
+        Some(old) => {
+            let old_conn = old.state.lock().conn.clone();
+            if let Some(conn) = old_conn {
+                // MQTT-3.1.4-3: the existing connection is closed (v5: DISCONNECT 0x8E).
+                conn.kick(ReasonCode::SESSION_TAKEN_OVER);
+            }
+            if request.clean_start {
+                replaced = Some(old);
+                (
+                    Session::new(
+                        request.client_id.clone(),
+                        request.protocol,
+                        request.expiry_interval_s,
+                    ),
+                    false,
+                )
+            } else {
+                (old, true)
+            }
+        }
+        None => (
+            Session::new(
+                request.client_id.clone(),
+                request.protocol,
+                request.expiry_interval_s,
+            ),
+            false,
+        ),
+    };
+    if let Some(old) = replaced {
+        sessions.remove(request.client_id);
+        end_removed(shared, &old);
+    }
+    sessions.insert(request.client_id.clone(), session.clone());
+    let ctl = Arc::new(ConnCtl::default());
+    let conn_gen;
+    {
+        let mut state = session.state.lock();
+        state.conn_gen += 1;
+        conn_gen = state.conn_gen;
+        state.conn = Some(ctl.clone());
+        state.protocol = request.protocol;
+        state.expiry_interval_s = request.expiry_interval_s;
+        // A reconnect within the will delay cancels the will (MQTT-3.1.3-9).
+        state.pending_will = None;
+        state.out.attach(request.window);
+        let mut connack = request.connack;
+        connack.session_present = session_present;
+        let mut scratch = bytes::BytesMut::new();
+        if let Some(bytes) =
+            encode_packet(&Packet::ConnAck(connack), request.protocol, &mut scratch)
+        {
+            state.out.control.push_front(bytes);
+        }
+    }
+    session.set_online(true);
+    drop(sessions);
+    if request.expiry_interval_s > 0 {
+        shared
+            .store
+            .session_opened(request.client_id, request.expiry_interval_s);
+    }
+    Attached {
+        session,
+        session_present,
+        conn_gen,
+        ctl,
+    }
+}
+
+/// The connection `conn_gen` of `session` closed. Ends the session if its expiry is 0,
+/// otherwise arms its expiry timer. Messages it held through share groups go to other members.
+pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
+    let (expiry_interval_s, shared_items) = {
+        let mut state = session.state.lock();
+        if state.conn_gen != conn_gen || state.ended {
+            return; // taken over: the session belongs to a newer connection
+        }
+        state.conn = None;
+        session.set_online(false);
+        state.out.detach();
+        (state.expiry_interval_s, state.out.take_shared())
+    };
+    redistribute(shared, session, shared_items);
+    if expiry_interval_s == 0 {
+        end(shared, session);
+    } else if expiry_interval_s != u32::MAX {
+        crate::session::expiry::arm(shared.clone(), session.clone(), conn_gen, expiry_interval_s);
+    }
+}
+
+/// Gives messages a leaving share-group member held to other members of the same group.
+fn redistribute(shared: &Shared, from: &Arc<Session>, items: Vec<Outgoing>) {
+    if items.is_empty() {
+        return;
+    }
+    let now = Instant::now();
+    for item in items {
+        let Some(share) = item.share.clone() else {
+            continue;
+        };
+        let member = shared
+            .router
+            .read()
+            .pick_shared_member(&share, &from.client_id);
+        match member {
+            Some(value) => {
+                let mut item = item;
+                item.qos = item.message.qos.min(value.options.qos);
+                item.subscription_ids = value.subscription_id.into_iter().collect();
+                router::deliver(shared, &value.session, item, now);
+            }
+            None => Metrics::add(&shared.metrics.messages_dropped, 1),
+        }
+    }
+}
+
+/// Ends `session` if it is still the registered one for its client id.
+pub fn end(shared: &Shared, session: &Arc<Session>) {
+    let mut sessions = shared.sessions.map.lock();
+    let registered = sessions
+        .get(&session.client_id)
+        .is_some_and(|s| Arc::ptr_eq(s, session));
+    if !registered {
+        return;
+    }
+    sessions.remove(&session.client_id);
+    end_removed(shared, session);
+}
+
+/// Ends a session already removed from the registry (registry lock held by the caller).
+fn end_removed(shared: &Shared, session: &Arc<Session>) {
+    let removed = shared.router.write().remove_session(&session.client_id);
+    Metrics::sub(&shared.metrics.subscriptions, removed as u64);
+    let will = {
+        let mut state = session.state.lock();
+        state.ended = true;
+        state.subscriptions.clear();
+        state.out = Default::default();
+        state.pending_will.take()
+    };
+    shared.store.session_ended(&session.client_id);
+    // MQTT-3.1.3-9: a delayed will is sent when the session ends, if not sent before.
+    if let Some(will) = will {
+        router::publish(shared, will);
+    }
+}

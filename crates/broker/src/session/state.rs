@@ -1,0 +1,138 @@
+//! One session and the control block of the connection attached to it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tern_wire::{Protocol, ReasonCode, SubscriptionOptions};
+use tokio::sync::Notify;
+
+use crate::message::Message;
+use crate::outbound::Outbound;
+
+/// One subscription as the session remembers it (for retain handling 1, resubscribe, store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubRecord {
+    pub options: SubscriptionOptions,
+    pub subscription_id: Option<u32>,
+}
+
+/// What the reader, the writer and the rest of the broker share about one live connection.
+#[derive(Debug, Default)]
+pub struct ConnCtl {
+    /// Wakes the writer: new outbound data, a window opening, or closing.
+    pub wake: Notify,
+    kick_reason: Mutex<Option<ReasonCode>>,
+    kick_notify: Notify,
+    closing: AtomicBool,
+    final_packet: Mutex<Option<Bytes>>,
+}
+
+impl ConnCtl {
+    /// Asks the connection to close with `reason` (takeover 0x8E, slow subscriber 0x97, ...).
+    /// The first reason wins.
+    pub fn kick(&self, reason: ReasonCode) {
+        {
+            let mut slot = self.kick_reason.lock();
+            if slot.is_none() {
+                *slot = Some(reason);
+            }
+        }
+        self.kick_notify.notify_one();
+    }
+
+    /// Resolves when [`ConnCtl::kick`] was called.
+    pub async fn kicked(&self) -> ReasonCode {
+        loop {
+            if let Some(reason) = *self.kick_reason.lock() {
+                return reason;
+            }
+            self.kick_notify.notified().await;
+        }
+    }
+
+    /// Tells the writer to flush what it has, send `final_packet` (a DISCONNECT) and stop.
+    pub fn close(&self, final_packet: Option<Bytes>) {
+        *self.final_packet.lock() = final_packet;
+        self.closing.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    pub fn take_final_packet(&self) -> Option<Bytes> {
+        self.final_packet.lock().take()
+    }
+}
+
+#[derive(Debug)]
+pub struct Session {
+    pub client_id: Arc<str>,
+    /// Mirrors `state.conn.is_some()` for lock-free checks (shared-group member choice).
+    pub online: AtomicBool,
+    pub state: Mutex<SessionState>,
+}
+
+#[derive(Debug)]
+pub struct SessionState {
+    /// The live connection, if any, and its generation (bumped on every attach).
+    pub conn: Option<Arc<ConnCtl>>,
+    pub conn_gen: u64,
+    pub protocol: Protocol,
+    /// By the filter as subscribed (with any `$share/{group}/` prefix).
+    pub subscriptions: HashMap<Box<str>, SubRecord>,
+    /// QoS 2 packet ids received and not yet released (ARCHITECTURE §3). Bounded by our
+    /// Receive Maximum: a client exceeding it is disconnected (0x93).
+    pub qos2_received: HashSet<u16>,
+    pub expiry_interval_s: u32,
+    /// Set once the session is removed from the registry; nothing is queued after that.
+    pub ended: bool,
+    /// A will waiting for its delay (v5), cancelled by a reconnect.
+    pub pending_will: Option<Arc<Message>>,
+    pub out: Outbound,
+}
+
+impl Session {
+    pub fn new(client_id: Arc<str>, protocol: Protocol, expiry_interval_s: u32) -> Arc<Session> {
+        Arc::new(Session {
+            client_id,
+            online: AtomicBool::new(false),
+            state: Mutex::new(SessionState {
+                conn: None,
+                conn_gen: 0,
+                protocol,
+                subscriptions: HashMap::new(),
+                qos2_received: HashSet::new(),
+                expiry_interval_s,
+                ended: false,
+                pending_will: None,
+                out: Outbound::default(),
+            }),
+        })
+    }
+
+    pub fn is_online(&self) -> bool {
+        self.online.load(Ordering::Relaxed)
+    }
+
+    pub fn set_online(&self, online: bool) {
+        self.online.store(online, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn first_kick_reason_wins() {
+        let ctl = ConnCtl::default();
+        ctl.kick(ReasonCode::SESSION_TAKEN_OVER);
+        ctl.kick(ReasonCode::SERVER_SHUTTING_DOWN);
+        assert_eq!(ctl.kicked().await, ReasonCode::SESSION_TAKEN_OVER);
+    }
+}

@@ -1,0 +1,97 @@
+//! `$SYS/broker/...`: broker statistics published as retained messages every
+//! `sys_interval_s` seconds (0 disables). Also purges expired retained messages.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tern_wire::{Properties, QoS, Str};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::broker::Shared;
+use crate::message::Message;
+use crate::metrics::Metrics;
+use crate::router;
+
+pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let interval_s = shared.config.sys_interval_s;
+    if interval_s == 0 {
+        return;
+    }
+    let mut ticker = tokio::time::interval(Duration::from_secs(interval_s));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => publish_all(&shared),
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// The current `(topic, value)` pairs.
+pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
+    let m = &shared.metrics;
+    let uptime_s = Instant::now()
+        .saturating_duration_since(shared.started_at)
+        .as_secs();
+    vec![
+        (
+            "$SYS/broker/version",
+            format!("tern {}", env!("CARGO_PKG_VERSION")),
+        ),
+        ("$SYS/broker/uptime", format!("{uptime_s} seconds")),
+        (
+            "$SYS/broker/clients/connected",
+            Metrics::get(&m.clients_connected).to_string(),
+        ),
+        (
+            "$SYS/broker/clients/total",
+            shared.sessions.len().to_string(),
+        ),
+        (
+            "$SYS/broker/messages/received",
+            Metrics::get(&m.messages_received).to_string(),
+        ),
+        (
+            "$SYS/broker/messages/sent",
+            Metrics::get(&m.messages_sent).to_string(),
+        ),
+        (
+            "$SYS/broker/messages/dropped",
+            Metrics::get(&m.messages_dropped).to_string(),
+        ),
+        (
+            "$SYS/broker/bytes/received",
+            Metrics::get(&m.bytes_received).to_string(),
+        ),
+        (
+            "$SYS/broker/bytes/sent",
+            Metrics::get(&m.bytes_sent).to_string(),
+        ),
+        (
+            "$SYS/broker/subscriptions/count",
+            shared.router.read().len().to_string(),
+        ),
+        (
+            "$SYS/broker/retained messages/count",
+            shared.retained.read().len().to_string(),
+        ),
+    ]
+}
+
+pub fn publish_all(shared: &Shared) {
+    let now = Instant::now();
+    shared.retained.write().purge_expired(now);
+    for (topic, value) in snapshot(shared) {
+        let message = Message::new(
+            Str::from_static(topic),
+            Bytes::from(value),
+            QoS::AtMostOnce,
+            true,
+            Properties::default(),
+            None,
+            now,
+        );
+        router::publish(shared, Arc::new(message));
+    }
+}

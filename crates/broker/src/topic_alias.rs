@@ -1,0 +1,120 @@
+//! Topic aliases in both directions (MQTT 5 §3.3.2.3.4).
+//!
+//! # Invariants
+//! - Inbound: only aliases 1..=our Topic Alias Maximum are stored, so the map holds at most
+//!   that many entries ([MQTT-3.3.2-9]).
+//! - Outbound: we never send an alias above the client's Topic Alias Maximum
+//!   ([MQTT-3.3.2-10]); an alias is assigned first-come and never remapped, so a client that
+//!   has seen a topic once never needs it again for that alias. Both maps live and die with
+//!   one network connection ([MQTT-3.3.2-7]).
+
+use std::collections::HashMap;
+
+use tern_wire::Str;
+
+/// Why an inbound alias was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AliasError {
+    /// 0 or above our maximum: DISCONNECT 0x94.
+    #[error("topic alias out of range")]
+    OutOfRange,
+    /// An empty topic with an alias we never saw: DISCONNECT 0x82.
+    #[error("unknown topic alias")]
+    Unknown,
+}
+
+#[derive(Debug)]
+pub struct InboundAliases {
+    maximum: u16,
+    map: HashMap<u16, Str>,
+}
+
+impl InboundAliases {
+    pub fn new(maximum: u16) -> Self {
+        InboundAliases {
+            maximum,
+            map: HashMap::new(),
+        }
+    }
+
+    /// The topic a PUBLISH is about, given its topic field and optional alias.
+    pub fn resolve(&mut self, topic: &Str, alias: Option<u16>) -> Result<Str, AliasError> {
+        let Some(alias) = alias else {
+            return Ok(topic.clone());
+        };
+        if alias == 0 || alias > self.maximum {
+            return Err(AliasError::OutOfRange);
+        }
+        if topic.is_empty() {
+            return self.map.get(&alias).cloned().ok_or(AliasError::Unknown);
+        }
+        self.map.insert(alias, topic.clone());
+        Ok(topic.clone())
+    }
+}
+
+#[derive(Debug)]
+pub struct OutboundAliases {
+    maximum: u16,
+    map: HashMap<Str, u16>,
+}
+
+impl OutboundAliases {
+    /// `maximum` = the client's Topic Alias Maximum (0: aliases unused).
+    pub fn new(maximum: u16) -> Self {
+        OutboundAliases {
+            maximum,
+            map: HashMap::new(),
+        }
+    }
+
+    /// `(alias, send_topic)` for a delivery on `topic`.
+    pub fn lookup(&mut self, topic: &Str) -> (Option<u16>, bool) {
+        if self.maximum == 0 {
+            return (None, true);
+        }
+        if let Some(&alias) = self.map.get(topic) {
+            return (Some(alias), false);
+        }
+        let used = self.map.len();
+        if used >= usize::from(self.maximum) {
+            return (None, true);
+        }
+        // used < maximum <= u16::MAX, so used + 1 fits.
+        let alias = used as u16 + 1;
+        self.map.insert(topic.clone(), alias);
+        (Some(alias), true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inbound_alias_rules_mqtt_3_3_2_8_and_9() {
+        let mut aliases = InboundAliases::new(2);
+        let t = Str::from_static("a/b");
+        let empty = Str::default();
+        assert_eq!(aliases.resolve(&t, Some(0)), Err(AliasError::OutOfRange));
+        assert_eq!(aliases.resolve(&t, Some(3)), Err(AliasError::OutOfRange));
+        assert_eq!(aliases.resolve(&empty, Some(1)), Err(AliasError::Unknown));
+        assert_eq!(aliases.resolve(&t, Some(1)), Ok(t.clone()));
+        assert_eq!(aliases.resolve(&empty, Some(1)), Ok(t.clone()));
+        let other = Str::from_static("c");
+        assert_eq!(aliases.resolve(&other, Some(1)), Ok(other.clone()));
+        assert_eq!(aliases.resolve(&empty, Some(1)), Ok(other));
+    }
+
+    #[test]
+    fn outbound_aliases_first_come_within_client_maximum_mqtt_3_3_2_10() {
+        let mut aliases = OutboundAliases::new(1);
+        let a = Str::from_static("a");
+        let b = Str::from_static("b");
+        assert_eq!(aliases.lookup(&a), (Some(1), true));
+        assert_eq!(aliases.lookup(&a), (Some(1), false));
+        assert_eq!(aliases.lookup(&b), (None, true));
+        let mut off = OutboundAliases::new(0);
+        assert_eq!(off.lookup(&a), (None, true));
+    }
+}
