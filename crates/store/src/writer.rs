@@ -302,6 +302,9 @@ impl Writer {
                         limit,
                     },
                 );
+                // A marker over the rejected sequences keeps them from being reused after
+                // a restart (the records themselves were never written).
+                self.pending_deletes.extend(parse(bytes, p).seq..=last_seq);
                 self.written_seq = last_seq;
                 p = q;
                 continue;
