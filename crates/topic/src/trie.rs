@@ -30,7 +30,9 @@ use crate::validate::{is_sys_topic, validate_share_name, validate_topic_filter};
 pub const DEFAULT_MAX_FILTER_LEVELS: usize = 128;
 
 /// A node's literal children stay a vector up to this many entries: a linear scan over a
-/// few short strings is cheaper than hashing the level (see bench-topic.md).
+/// few short strings beats hashing the level, and most nodes have one child. Measured on
+/// the 100k-subscription bench: hash maps everywhere 378 ns/match and 367 B/subscription,
+/// this hybrid 261 ns and 210 B (bench-topic.md); 32 measured the same as 8.
 const CHILDREN_SMALL_MAX: usize = 8;
 
 /// Subscribers of one exact filter stay a vector up to this many entries.

@@ -309,3 +309,22 @@ fn share_prefix_is_a_literal_level_in_plain_filters() {
     let trie = trie_with(&["$share/g/a", "#"]);
     assert_eq!(keys(&trie, "$share/g/a"), vec![0]);
 }
+
+#[test]
+fn trie_can_be_shared_across_threads_for_matching() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<SubscriptionTrie<u64, u8>>();
+    assert_send_sync::<SubscriptionTrie<std::sync::Arc<str>, u8>>();
+}
+
+#[test]
+fn arc_str_keys_work() {
+    use std::sync::Arc;
+    let mut trie: SubscriptionTrie<Arc<str>, u8> = SubscriptionTrie::new();
+    let session: Arc<str> = Arc::from("client-1");
+    trie.subscribe("a/#", session.clone(), 1).unwrap();
+    let mut seen = Vec::new();
+    trie.for_each_subscription("a/b", |k, v| seen.push((k.clone(), *v)));
+    assert_eq!(seen, vec![(session.clone(), 1)]);
+    assert_eq!(trie.unsubscribe("a/#", &session), Some(1));
+}
