@@ -17,7 +17,7 @@ mod publish;
 pub(crate) mod reader;
 mod subscribe;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use crate::error::DecodeError;
 use crate::packet::{Packet, PacketType, Protocol};
@@ -67,18 +67,31 @@ pub fn decode(
     // Validate on a frozen view of the packet without consuming it, so an error leaves `buf`
     // as it was. Splitting first and re-joining on error would be cheaper in the error path but
     // errors end the connection anyway.
+    // Decode from the split-off frame and put the bytes back on error, so an error leaves
+    // `buf` as it was (an error ends the connection, so the copy's cost does not matter).
     let frame = buf.split_to(total_len).freeze();
+    if header.packet_type == PacketType::Publish {
+        // A tail call, so the callee builds the packet in our return slot: `Packet` is ~470
+        // bytes and each move of it is a memcpy costing as much as the parsing.
+        return publish::publish(buf, frame, header_len, header.flags, protocol.is_v5());
+    }
     match body(header, &frame, header_len, protocol) {
         Ok(packet) => Ok(Some(packet)),
         Err(error) => {
-            // Put the bytes back in front: `buf` must be untouched on error.
-            let mut restored = BytesMut::with_capacity(frame.len() + buf.len());
-            restored.extend_from_slice(&frame);
-            restored.extend_from_slice(buf);
-            *buf = restored;
+            restore(buf, &frame);
             Err(error)
         }
     }
+}
+
+/// Puts a packet that failed to decode back in front of `buf`, so an error leaves `buf` as it
+/// was (an error ends the connection, so the copy's cost does not matter).
+#[cold]
+pub(crate) fn restore(buf: &mut BytesMut, frame: &Bytes) {
+    let mut restored = BytesMut::with_capacity(frame.len() + buf.len());
+    restored.extend_from_slice(frame);
+    restored.extend_from_slice(buf);
+    *buf = restored;
 }
 
 /// Checks the first byte: packet type and the reserved flag bits ([MQTT-2.1.3-1]).
@@ -115,18 +128,19 @@ fn fixed_header(first: u8, protocol: Protocol) -> Result<FixedHeader, DecodeErro
     Ok(FixedHeader { packet_type, flags })
 }
 
+/// Decodes the body of every packet but PUBLISH.
 fn body(
     header: FixedHeader,
-    frame: &bytes::Bytes,
+    frame: &Bytes,
     header_len: usize,
     protocol: Protocol,
 ) -> Result<Packet, DecodeError> {
-    let mut reader = Reader::new(frame, header_len);
     let v5 = protocol.is_v5();
+    let mut reader = Reader::new(frame, header_len);
     let packet = match header.packet_type {
         PacketType::Connect => Packet::Connect(Box::new(connect::connect(&mut reader)?)),
         PacketType::ConnAck => Packet::ConnAck(connect::connack(&mut reader, v5)?),
-        PacketType::Publish => Packet::Publish(publish::publish(&mut reader, header.flags, v5)?),
+        PacketType::Publish => unreachable_publish()?,
         PacketType::PubAck => Packet::PubAck(ack::ack(&mut reader, PacketType::PubAck, v5)?),
         PacketType::PubRec => Packet::PubRec(ack::ack(&mut reader, PacketType::PubRec, v5)?),
         PacketType::PubRel => Packet::PubRel(ack::ack(&mut reader, PacketType::PubRel, v5)?),
@@ -156,4 +170,10 @@ pub(crate) fn packet_id(reader: &mut Reader<'_>) -> Result<u16, DecodeError> {
         0 => Err(DecodeError::PacketIdZero),
         id => Ok(id),
     }
+}
+
+/// PUBLISH is dispatched before the match in [`body`]; this arm only keeps the match total.
+#[cold]
+fn unreachable_publish() -> Result<Packet, DecodeError> {
+    Err(DecodeError::InvalidPacketType(PacketType::Publish as u8))
 }

@@ -13,11 +13,20 @@ use crate::varint::VARINT_MAX;
 
 /// Reads the property length and the properties that follow it.
 pub(crate) fn read(reader: &mut Reader<'_>, place: Place) -> Result<Properties, DecodeError> {
-    let len = reader.varint()? as usize;
     let mut props = Properties::default();
-    if len == 0 {
-        return Ok(props);
+    let len = reader.varint()? as usize;
+    if len > 0 {
+        read_block(reader, place, len, &mut props)?;
     }
+    Ok(props)
+}
+
+fn read_block(
+    reader: &mut Reader<'_>,
+    place: Place,
+    len: usize,
+    props: &mut Properties,
+) -> Result<(), DecodeError> {
     let mut block = reader.sub(len)?;
     let mut seen: u64 = 0;
     while !block.is_empty() {
@@ -42,12 +51,12 @@ pub(crate) fn read(reader: &mut Reader<'_>, place: Place) -> Result<Properties, 
             return Err(DecodeError::DuplicateProperty(prop_id));
         }
         seen |= bit;
-        read_one(&mut block, prop_id, &mut props)?;
+        read_one(&mut block, prop_id, props)?;
     }
     if props.authentication_data.is_some() && props.authentication_method.is_none() {
         return Err(DecodeError::AuthDataWithoutMethod);
     }
-    Ok(props)
+    Ok(())
 }
 
 fn zero_or_one(value: u8, prop_id: u8) -> Result<u8, DecodeError> {

@@ -33,6 +33,12 @@ impl<'a> Reader<'a> {
         self.end - self.pos
     }
 
+    /// Offset of the next byte within the frame.
+    #[inline]
+    pub(crate) fn position(&self) -> usize {
+        self.pos
+    }
+
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.pos == self.end
@@ -100,14 +106,6 @@ impl<'a> Reader<'a> {
     #[inline]
     pub(crate) fn string(&mut self) -> Result<Str, DecodeError> {
         Str::from_bytes(self.binary()?)
-    }
-
-    /// Everything left, as a zero-copy slice.
-    #[inline]
-    pub(crate) fn rest(&mut self) -> Bytes {
-        let slice = self.data.slice(self.pos..self.end);
-        self.pos = self.end;
-        slice
     }
 
     /// Splits off the next `count` bytes as a reader of their own (a property block).
