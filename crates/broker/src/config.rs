@@ -103,8 +103,8 @@ impl BrokerConfig {
         if self.max_subscriptions_per_session == 0 {
             return err("max_subscriptions_per_session", "must be at least 1");
         }
-        if self.max_client_id_len < 23 {
-            return err("max_client_id_len", "must be at least 23 (MQTT-3.1.3-5)");
+        if self.max_client_id_len == 0 {
+            return err("max_client_id_len", "must be at least 1");
         }
         if self.outbound_queue_max_bytes == 0 {
             return err("outbound_queue_max_bytes", "must be at least 1");

@@ -19,7 +19,9 @@ pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     if interval_s == 0 {
         return;
     }
-    let mut ticker = tokio::time::interval(Duration::from_secs(interval_s));
+    // The first values go out one interval after start, when they have something to say.
+    let period = Duration::from_secs(interval_s);
+    let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
     loop {
         tokio::select! {
             _ = ticker.tick() => publish_all(&shared),

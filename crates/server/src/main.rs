@@ -74,6 +74,7 @@ fn run(bind: &str, file: config_file::FileConfig) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let broker = Broker::new(file.broker).context("invalid limits")?;
+        let shutdown = signals::install().context("cannot install signal handlers")?;
         let listener = TcpListener::bind(bind)
             .await
             .with_context(|| format!("cannot listen on {bind}"))?;
@@ -84,7 +85,7 @@ fn run(bind: &str, file: config_file::FileConfig) -> anyhow::Result<()> {
             stdout.flush().context("stdout")?;
         }
         tracing::info!(%local, "listening");
-        broker.serve(listener, signals::shutdown()).await?;
+        broker.serve(listener, shutdown).await?;
         tracing::info!("stopped");
         Ok(())
     })

@@ -1,24 +1,26 @@
-//! Resolves on the first SIGINT or SIGTERM.
+//! SIGINT/SIGTERM. Handlers are installed before the listener is announced, so a signal sent
+//! right after `tern listening on ...` is never lost to the default action.
 
-pub async fn shutdown() {
+use std::future::Future;
+
+/// Installs the handlers now; the returned future resolves on the first SIGINT or SIGTERM.
+pub fn install() -> std::io::Result<impl Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        let mut term = match signal(SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch SIGTERM; only SIGINT stops the broker");
-                let _ = tokio::signal::ctrl_c().await;
-                return;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = int.recv() => tracing::info!("SIGINT received"),
+                _ = term.recv() => tracing::info!("SIGTERM received"),
             }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-        }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }

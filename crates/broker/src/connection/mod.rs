@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tern_wire::{Packet, Protocol, ReasonCode, Will, decode};
+use tern_wire::{DecodeError, Packet, Protocol, ReasonCode, Will, decode};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::watch;
@@ -126,6 +126,20 @@ async fn read_some(reader: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<usi
     }
 }
 
+/// The DISCONNECT reason for a packet that failed to decode.
+fn decode_error_reason(error: &DecodeError) -> ReasonCode {
+    match error {
+        // Topic Alias 0 (MQTT-3.3.2-8) is "Topic Alias invalid", not a generic protocol error.
+        DecodeError::InvalidPropertyValue(TOPIC_ALIAS_PROPERTY_ID) => {
+            ReasonCode::TOPIC_ALIAS_INVALID
+        }
+        other => other.reason_code(),
+    }
+}
+
+/// Property identifier of Topic Alias.
+const TOPIC_ALIAS_PROPERTY_ID: u8 = 0x23;
+
 async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -157,7 +171,7 @@ impl Conn {
                     Ok(None) => break,
                     Err(error) => {
                         tracing::debug!(client_id = %self.client_id, %error, "malformed packet");
-                        return Close::Protocol(error.reason_code());
+                        return Close::Protocol(decode_error_reason(&error));
                     }
                 }
             }
@@ -233,11 +247,14 @@ impl Conn {
         if self.released.is_empty() {
             return;
         }
+        // Acks are queued before the deliveries are routed: both were released together, and
+        // a publisher subscribed to its own topic then sees its PUBACK before the echo.
         let mut acks = Vec::new();
+        let mut deliveries = Vec::new();
         let released = std::mem::take(&mut self.released);
         for item in released {
             match item {
-                Released::Deliver(message) => crate::router::publish(&self.shared, message),
+                Released::Deliver(message) => deliveries.push(message),
                 Released::Ack {
                     kind,
                     packet_id,
@@ -262,6 +279,9 @@ impl Conn {
         }
         if !acks.is_empty() {
             self.send_bytes(acks);
+        }
+        for message in deliveries {
+            crate::router::publish(&self.shared, message);
         }
     }
 }

@@ -16,6 +16,10 @@ impl Conn {
     pub(super) fn on_publish(&mut self, publish: Publish) -> Result<(), Close> {
         Metrics::add(&self.shared.metrics.messages_received, 1);
         let v5 = self.protocol.is_v5();
+        if !publish.properties.subscription_identifiers.is_empty() {
+            // MQTT-3.3.4-6: a client's PUBLISH must not carry a Subscription Identifier.
+            return Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR));
+        }
         let topic = if v5 {
             self.aliases
                 .resolve(&publish.topic, publish.properties.topic_alias)

@@ -81,7 +81,10 @@ pub fn attach(shared: &Shared, request: AttachRequest<'_>) -> Attached {
                 // MQTT-3.1.4-3: the existing connection is closed (v5: DISCONNECT 0x8E).
                 conn.kick(ReasonCode::SESSION_TAKEN_OVER);
             }
-            if request.clean_start {
+            // A session with expiry 0 ends with its connection (MQTT-3.1.2-23), even when
+            // that connection has not finished closing yet.
+            let ends_with_connection = old.state.lock().expiry_interval_s == 0;
+            if request.clean_start || ends_with_connection {
                 replaced = Some(old);
                 (
                     Session::new(
