@@ -25,7 +25,7 @@ use crate::cli::{ProtocolArg, Qos};
 /// Largest packet we accept from a broker.
 pub const MAX_PACKET_BYTES: u32 = 256 * 1024 * 1024;
 /// Bytes reserved in the read buffer before each read: many packets per read.
-pub const READ_CHUNK_BYTES: usize = 256 * 1024;
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// How long CONNECT/CONNACK and SUBSCRIBE/SUBACK may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -28,10 +28,37 @@ impl Target {
     }
 }
 
-/// User + system CPU time consumed so far, in milliseconds. `None` if unreadable.
-pub fn cpu_time_ms(target: Target) -> Option<u64> {
+/// CPU time consumed so far, in milliseconds (fractional). `None` if unreadable.
+///
+/// Sums the nanosecond run times of every live thread (`/proc/PID/task/*/schedstat`), because
+/// the 10 ms ticks of `/proc/PID/stat` round a short run's CPU to zero; falls back to the ticks
+/// when schedstat is not available.
+pub fn cpu_time_ms(target: Target) -> Option<f64> {
+    if let Some(ns) = schedstat_ns(target) {
+        return Some(ns as f64 / 1e6);
+    }
     let text = std::fs::read_to_string(target.dir().join("stat")).ok()?;
-    parse_stat_cpu_ticks(&text).map(|ticks| ticks * 1000 / TICKS_PER_S)
+    parse_stat_cpu_ticks(&text).map(|ticks| (ticks * 1000 / TICKS_PER_S) as f64)
+}
+
+fn schedstat_ns(target: Target) -> Option<u64> {
+    let mut total_ns = 0u64;
+    let mut threads = 0;
+    for entry in std::fs::read_dir(target.dir().join("task")).ok()? {
+        let Ok(entry) = entry else { continue };
+        let Ok(text) = std::fs::read_to_string(entry.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(ns) = text
+            .split_whitespace()
+            .next()
+            .and_then(|field| field.parse::<u64>().ok())
+        {
+            total_ns += ns;
+            threads += 1;
+        }
+    }
+    (threads > 0).then_some(total_ns)
 }
 
 /// Resident set size in bytes (`VmRSS` of `/proc/PID/status`). `None` if unreadable.
@@ -60,19 +87,35 @@ fn parse_status_rss_kb(status: &str) -> Option<u64> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct CpuUsage {
     pub elapsed_ms: u64,
-    pub bench_cpu_ms: u64,
+    pub bench_cpu_ms: f64,
     /// CPU-seconds per second: 1.0 = one core busy.
     pub bench_cores: f64,
-    pub broker_cpu_ms: Option<u64>,
+    pub broker_cpu_ms: Option<f64>,
     pub broker_cores: Option<f64>,
+}
+
+impl CpuUsage {
+    /// The same CPU times spread over `active_ms` instead of the whole measured interval: a run
+    /// whose end includes idle waiting (the drain) is judged by the time it did work.
+    pub fn over_active_ms(self, active_ms: f64) -> CpuUsage {
+        if active_ms <= 0.0 {
+            return self;
+        }
+        CpuUsage {
+            elapsed_ms: active_ms.round() as u64,
+            bench_cores: self.bench_cpu_ms / active_ms,
+            broker_cores: self.broker_cpu_ms.map(|ms| ms / active_ms),
+            ..self
+        }
+    }
 }
 
 /// A start point for a [`CpuUsage`] measurement.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuMark {
     at: std::time::Instant,
-    bench_ms: Option<u64>,
-    broker_ms: Option<u64>,
+    bench_ms: Option<f64>,
+    broker_ms: Option<f64>,
     broker: Option<u32>,
 }
 
@@ -88,20 +131,20 @@ impl CpuMark {
 
     pub fn usage(&self) -> CpuUsage {
         let elapsed_ms = self.at.elapsed().as_millis() as u64;
-        let cores = |ms: u64| {
+        let cores = |ms: f64| {
             if elapsed_ms == 0 {
                 0.0
             } else {
-                ms as f64 / elapsed_ms as f64
+                ms / elapsed_ms as f64
             }
         };
         let bench_cpu_ms = match (self.bench_ms, cpu_time_ms(Target::SelfProcess)) {
-            (Some(start), Some(end)) => end.saturating_sub(start),
-            _ => 0,
+            (Some(start), Some(end)) => (end - start).max(0.0),
+            _ => 0.0,
         };
         let broker_now = self.broker.and_then(|pid| cpu_time_ms(Target::Pid(pid)));
         let broker_cpu_ms = match (self.broker_ms, broker_now) {
-            (Some(start), Some(end)) => Some(end.saturating_sub(start)),
+            (Some(start), Some(end)) => Some((end - start).max(0.0)),
             _ => None,
         };
         CpuUsage {

@@ -125,11 +125,11 @@ fn mib(bytes: f64) -> String {
 
 fn cpu_line(cpu: &CpuUsage) -> String {
     let mut line = format!(
-        "  cpu          bench {:.2} cores ({} ms)",
+        "  cpu          bench {:.2} cores ({:.0} ms)",
         cpu.bench_cores, cpu.bench_cpu_ms
     );
     if let (Some(cores), Some(ms)) = (cpu.broker_cores, cpu.broker_cpu_ms) {
-        let _ = write!(line, "   broker {cores:.2} cores ({ms} ms)");
+        let _ = write!(line, "   broker {cores:.2} cores ({ms:.0} ms)");
     }
     line.push('\n');
     line

@@ -261,14 +261,11 @@ pub async fn run(
         .and_then(|pid| rss_bytes(Target::Pid(pid)));
 
     let mut counts = Counts::default();
-    let mut e2e = Latency::new();
-    let mut ack = Latency::new();
     let mut deliveries = 0;
     let mut qos_mismatches = 0;
     let mut last_delivery_ns = 0;
     for result in &sub_results {
         counts.add(&result.counts);
-        e2e.merge(&result.e2e_latency);
         deliveries += result.deliveries;
         qos_mismatches += result.qos_mismatches;
         last_delivery_ns = last_delivery_ns.max(result.last_delivery_ns);
@@ -279,9 +276,12 @@ pub async fn run(
         .min()
         .unwrap_or(0);
     let last_ack_ns = pub_results.iter().map(|r| r.last_ack_ns).max().unwrap_or(0);
-    for result in &pub_results {
-        ack.merge(&result.ack_latency);
-    }
+    let summary = |histogram: &std::sync::Mutex<Latency>| {
+        histogram
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .summary()
+    };
     let sent: u64 = pub_results.iter().map(|r| r.sent).sum();
     let acked: u64 = pub_results.iter().map(|r| r.acked).sum();
     let end_ns = if plan.subscribers > 0 {
@@ -318,13 +318,14 @@ pub async fn run(
         delivered_per_s: rate_per_s(counts.received, elapsed_ns),
         published_per_s: rate_per_s(sent, publish_end_ns.saturating_sub(first_send_ns)),
         delivered_bytes_per_s: rate_per_s(counts.received, elapsed_ns) * plan.payload_bytes as f64,
-        e2e_latency: e2e.summary(),
-        ack_latency: ack.summary(),
+        e2e_latency: summary(&shared.e2e_latency),
+        ack_latency: summary(&shared.ack_latency),
         delayed_by_backpressure: pub_results.iter().map(|r| r.delayed_by_backpressure).sum(),
         qos_mismatches,
         counts,
         verdict,
-        cpu,
+        // The drain after the last delivery is idle time; cores are over the active part.
+        cpu: cpu.over_active_ms(elapsed_ns as f64 / 1e6),
         broker_rss_bytes,
     })
 }
