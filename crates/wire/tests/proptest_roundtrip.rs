@@ -571,9 +571,10 @@ proptest! {
         bytes.truncate(cut.index(bytes.len() + 1));
         let mut buf = BytesMut::from(&bytes[..]);
         if let Ok(Some(decoded)) = decode(&mut buf, protocol, MAX) {
-            // Whatever decodes must encode again.
+            // Whatever decodes must encode again, to bytes that decode to the same packet.
             let mut again = BytesMut::new();
             prop_assert!(encode(&decoded, protocol, &mut again).is_ok());
+            prop_assert_eq!(decode(&mut again, protocol, MAX).unwrap(), Some(decoded));
         }
     }
 }
