@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# bench/compare.sh — Tern against mosquitto, nats-server and rumqttd, on this machine, in one run.
+#
+# Installs what is missing (mosquitto and nats-server from Debian, rumqttd from crates.io), builds
+# tern and tern-bench in release mode, then for each repetition starts every broker in turn on
+# loopback with its config from bench/configs/, runs the fixed matrix against it with
+# `tern-bench --json`, and stops it. Finally bench/report.py takes the median of each cell, writes
+# the table between the compare markers of BENCHMARKS.md and draws bench/chart.svg.
+#
+# Environment knobs (defaults are the published method):
+#   REPEATS=3                          repetitions of the whole matrix (median is reported)
+#   BROKERS="tern mosquitto nats rumqttd"
+#   CELLS="q0 q1w1 q1w256 q2w1 q2w256 fanout conns"
+#   NO_INSTALL=1                       fail instead of installing missing brokers
+#   NO_REPORT=1                        only collect bench/results/*.jsonl
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH="$ROOT/bench"
+CONFIGS="$BENCH/configs"
+RESULTS="$BENCH/results"
+REPEATS=${REPEATS:-3}
+BROKERS=${BROKERS:-"tern mosquitto nats rumqttd"}
+CELLS=${CELLS:-"q0 q1w1 q1w256 q2w1 q2w256 fanout conns"}
+RUMQTTD_VERSION=0.20.0
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+export PATH="$PATH:$HOME/.cargo/bin:/usr/sbin"
+
+# 10,000 idle connections need more than 10,000 descriptors in tern-bench and in the broker.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt 11000 ]; then
+  echo "compare.sh: ulimit -n is $(ulimit -n); the conns cell needs at least 11000" >&2
+  exit 2
+fi
+
+log() { printf '[compare %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+# ---- install ---------------------------------------------------------------------------------
+need_apt=()
+command -v mosquitto >/dev/null || need_apt+=(mosquitto)
+command -v nats-server >/dev/null || need_apt+=(nats-server)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  [ -n "${NO_INSTALL:-}" ] && { log "missing: ${need_apt[*]}"; exit 2; }
+  log "installing ${need_apt[*]} from Debian"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+if ! command -v rumqttd >/dev/null; then
+  [ -n "${NO_INSTALL:-}" ] && { log "missing: rumqttd"; exit 2; }
+  log "installing rumqttd $RUMQTTD_VERSION from crates.io"
+  cargo install --locked rumqttd --version "$RUMQTTD_VERSION"
+fi
+
+log "building tern and tern-bench (release, CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+case " $BROKERS " in *" tern "*) cargo build --release -q -p tern ;; esac
+cargo build --release -q -p tern-bench
+TERN="$CARGO_TARGET_DIR/release/tern"
+TB="$CARGO_TARGET_DIR/release/tern-bench"
+
+# ---- brokers ---------------------------------------------------------------------------------
+WORK=$(mktemp -d /tmp/tern-compare.XXXXXX)
+BROKER_PID=""
+stop_broker() {
+  if [ -n "$BROKER_PID" ] && kill -0 "$BROKER_PID" 2>/dev/null; then
+    kill -TERM "$BROKER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$BROKER_PID" 2>/dev/null || true
+    wait "$BROKER_PID" 2>/dev/null || true
+  fi
+  BROKER_PID=""
+}
+cleanup() { stop_broker; rm -rf "$WORK"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port_of() {
+  case $1 in
+    tern) echo 18832 ;; mosquitto) echo 18831 ;; rumqttd) echo 18833 ;; nats) echo 18835 ;;
+  esac
+}
+
+version_of() {
+  case $1 in
+    tern) "$TERN" --version 2>/dev/null | head -1 ;;
+    mosquitto) mosquitto -h 2>/dev/null | head -1 | sed 's/^mosquitto version /mosquitto /' ;;
+    nats) nats-server --version 2>/dev/null | head -1 ;;
+    rumqttd) echo "rumqttd $(rumqttd --version 2>/dev/null | awk '{print $2}')" ;;
+  esac
+}
+
+start_broker() {
+  local name=$1 port
+  port=$(port_of "$name")
+  local logf="$WORK/$name.log"
+  case $name in
+    tern)
+      rm -rf "$WORK/tern-data"
+      "$TERN" serve --config "$CONFIGS/tern.toml" --data-dir "$WORK/tern-data" --log warn >"$logf" 2>&1 &
+      ;;
+    mosquitto)
+      mosquitto -c "$CONFIGS/mosquitto.conf" >"$logf" 2>&1 &
+      ;;
+    nats)
+      rm -rf "$WORK/nats-store" && mkdir -p "$WORK/nats-store"
+      sed "s#STORE_DIR#$WORK/nats-store#" "$CONFIGS/nats-server.conf" >"$WORK/nats.conf"
+      nats-server -c "$WORK/nats.conf" >"$logf" 2>&1 &
+      ;;
+    rumqttd)
+      rumqttd -c "$CONFIGS/rumqttd.toml" >"$logf" 2>&1 &
+      ;;
+  esac
+  BROKER_PID=$!
+  for _ in $(seq 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      sleep 0.3
+      return 0
+    fi
+    kill -0 "$BROKER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  log "$name did not start listening on $port; its log:"
+  tail -20 "$logf" >&2
+  stop_broker
+  return 1
+}
+
+# ---- the matrix ------------------------------------------------------------------------------
+# MQTT 3.1.1 everywhere (the one version all four speak), 64-byte payloads, one publisher and one
+# subscriber on one topic unless the cell says otherwise.
+cell_args() {
+  case $1 in
+    q0) echo "pubsub --qos 0 -n 200000" ;;
+    q1w1) echo "pubsub --qos 1 --window 1 -n 20000" ;;
+    q1w256) echo "pubsub --qos 1 --window 256 -n 100000" ;;
+    q2w1) echo "pubsub --qos 2 --window 1 -n 10000" ;;
+    q2w256) echo "pubsub --qos 2 --window 256 -n 50000" ;;
+    fanout) echo "fanout --qos 0 --subscribers 1000 -n 200" ;;
+    conns) echo "conns -n 10000 --per-source 5000 --hold-s 2 --connect-concurrency 128" ;;
+  esac
+}
+
+supports() {
+  # nats-server's MQTT has no QoS 2.
+  case "$1:$2" in nats:q2*) return 1 ;; esac
+  return 0
+}
+
+mkdir -p "$RESULTS"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+OUT="$RESULTS/compare-$STAMP.jsonl"
+: >"$OUT"
+log "results: $OUT"
+for name in $BROKERS; do
+  printf '{"type":"broker","broker":"%s","version":"%s","port":%s}\n' \
+    "$name" "$(version_of "$name")" "$(port_of "$name")" >>"$OUT"
+done
+printf '{"type":"machine","cpus":%s,"kernel":"%s","repeats":%s,"started":"%s"}\n' \
+  "$(nproc)" "$(uname -r)" "$REPEATS" "$STAMP" >>"$OUT"
+
+for rep in $(seq "$REPEATS"); do
+  for name in $BROKERS; do
+    log "repetition $rep/$REPEATS: $name"
+    if ! start_broker "$name"; then
+      printf '{"type":"run","broker":"%s","cell":"start","rep":%s,"exit":2,"report":null}\n' "$name" "$rep" >>"$OUT"
+      continue
+    fi
+    for cell in $CELLS; do
+      supports "$name" "$cell" || continue
+      # shellcheck disable=SC2046
+      set +e
+      report=$("$TB" $(cell_args "$cell") --port "$(port_of "$name")" --broker-pid "$BROKER_PID" \
+        --json --quiet --timeout-s 180 2>"$WORK/err")
+      code=$?
+      set -e
+      [ -n "$report" ] || report=null
+      printf '{"type":"run","broker":"%s","cell":"%s","rep":%s,"exit":%s,"report":%s}\n' \
+        "$name" "$cell" "$rep" "$code" "$report" >>"$OUT"
+      if [ "$code" != 0 ]; then
+        log "  $cell: exit $code $(tr '\n' ' ' <"$WORK/err" | cut -c1-300)"
+      else
+        log "  $cell: ok"
+      fi
+      kill -0 "$BROKER_PID" 2>/dev/null || { log "$name died; restarting"; start_broker "$name" || break; }
+    done
+    stop_broker
+  done
+done
+
+[ -n "${NO_REPORT:-}" ] && exit 0
+
+# ---- report and chart ------------------------------------------------------------------------
+PY="$BENCH/.venv/bin/python"
+if [ ! -x "$PY" ] || ! "$PY" -c 'import matplotlib' 2>/dev/null; then
+  log "creating bench/.venv with matplotlib"
+  python3 -m venv "$BENCH/.venv"
+  "$BENCH/.venv/bin/pip" install -q matplotlib
+fi
+"$PY" "$BENCH/report.py" "$OUT" --benchmarks "$ROOT/BENCHMARKS.md" --chart "$BENCH/chart.svg"
+log "done: BENCHMARKS.md and bench/chart.svg updated"
