@@ -109,20 +109,97 @@ fn fail(buf: &mut BytesMut, frame: &Bytes, error: DecodeError) -> DecodeError {
 #[inline]
 pub(crate) fn topic_name(reader: &mut Reader<'_>) -> Result<Str, DecodeError> {
     let raw = reader.binary()?;
-    // The three forbidden bytes are ASCII, so a byte scan is exact in UTF-8. No early exit:
-    // the loop vectorises, and valid topics (the common case) are scanned whole anyway.
-    let forbidden = raw.iter().fold(false, |found, &byte| {
-        found | matches!(byte, 0 | b'+' | b'#')
-    });
-    if forbidden {
+    let scan = scan_topic(&raw);
+    if scan.forbidden {
         return Err(if raw.contains(&0) {
             DecodeError::NullCharacter
         } else {
             DecodeError::WildcardInTopicName
         });
     }
-    if !raw.is_ascii() {
+    if !scan.ascii {
         std::str::from_utf8(&raw).map_err(|_| DecodeError::InvalidUtf8)?;
     }
     Ok(Str::from_validated(raw))
+}
+
+/// What one pass over a topic name found.
+struct TopicScan {
+    /// U+0000, `+` or `#` somewhere (all three are single ASCII bytes in UTF-8).
+    forbidden: bool,
+    /// Every byte is ASCII, so the UTF-8 check can be skipped.
+    ascii: bool,
+}
+
+const LOW_BITS: u64 = 0x0101_0101_0101_0101;
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+
+/// Non-zero iff some byte of `word` is zero (the classic SWAR test).
+#[inline(always)]
+fn has_zero_byte(word: u64) -> u64 {
+    word.wrapping_sub(LOW_BITS) & !word & HIGH_BITS
+}
+
+/// Scans eight bytes at a time: topics are short, and a byte loop cost more than the rest of
+/// PUBLISH decoding together.
+#[inline]
+fn scan_topic(bytes: &[u8]) -> TopicScan {
+    let mut found = 0u64;
+    let mut high = 0u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut array = [0u8; 8];
+        array.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(array);
+        high |= word & HIGH_BITS;
+        found |= has_zero_byte(word)
+            | has_zero_byte(word ^ (LOW_BITS * u64::from(b'+')))
+            | has_zero_byte(word ^ (LOW_BITS * u64::from(b'#')));
+    }
+    let mut forbidden = found != 0;
+    let mut ascii = high == 0;
+    for &byte in chunks.remainder() {
+        forbidden |= matches!(byte, 0 | b'+' | b'#');
+        ascii &= byte.is_ascii();
+    }
+    TopicScan { forbidden, ascii }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scan_topic;
+
+    #[test]
+    fn scan_agrees_with_a_byte_loop() {
+        let samples: [&[u8]; 9] = [
+            b"",
+            b"a/b",
+            b"sensors/room1/temp",
+            b"sensors/room1/+",
+            b"#",
+            b"abcdefgh#",
+            b"abcdefg\0",
+            "caf\u{e9}/t".as_bytes(),
+            b"\x80\x81abcdefgh",
+        ];
+        for sample in samples {
+            let scan = scan_topic(sample);
+            assert_eq!(
+                scan.forbidden,
+                sample.iter().any(|b| matches!(b, 0 | b'+' | b'#')),
+                "{sample:?}"
+            );
+            assert_eq!(scan.ascii, sample.is_ascii(), "{sample:?}");
+        }
+        // Every position of a 17-byte topic, so both the words and the tail are covered.
+        for at in 0..17 {
+            for bad in [0u8, b'+', b'#', 0x80] {
+                let mut topic = [b'x'; 17];
+                topic[at] = bad;
+                let scan = scan_topic(&topic);
+                assert_eq!(scan.forbidden, bad != 0x80);
+                assert_eq!(scan.ascii, bad != 0x80);
+            }
+        }
+    }
 }
