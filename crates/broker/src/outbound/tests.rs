@@ -1,1 +1,320 @@
+use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::{Bytes, BytesMut};
+use tern_wire::{Packet, Properties, Protocol, QoS, Str, decode};
+use tokio::time::Instant;
+
+use super::*;
+use crate::config::BrokerConfig;
+use crate::message::Message;
+use crate::metrics::Metrics;
+
+fn message(topic: &'static str, payload: &'static [u8], props: Properties) -> Arc<Message> {
+    Arc::new(Message::new(
+        Str::from_static(topic),
+        Bytes::from_static(payload),
+        QoS::ExactlyOnce,
+        false,
+        props,
+        None,
+        Instant::now(),
+    ))
+}
+
+fn item(payload: &'static [u8], qos: QoS) -> Outgoing {
+    Outgoing {
+        message: message("t", payload, Properties::default()),
+        qos,
+        retain: false,
+        subscription_ids: Vec::new(),
+        share: None,
+    }
+}
+
+fn packets(parts: &mut Vec<Bytes>, protocol: Protocol) -> Vec<Packet> {
+    let mut buf = BytesMut::new();
+    for part in parts.drain(..) {
+        buf.extend_from_slice(&part);
+    }
+    let mut out = Vec::new();
+    while let Some(packet) = decode(&mut buf, protocol, u32::MAX).unwrap() {
+        out.push(packet);
+    }
+    assert!(buf.is_empty());
+    out
+}
+
+struct Fixture {
+    out: Outbound,
+    writer: WriterState,
+    config: BrokerConfig,
+    metrics: Metrics,
+}
+
+impl Fixture {
+    fn new(window: usize) -> Self {
+        let mut out = Outbound::default();
+        out.attach(window);
+        Fixture {
+            out,
+            writer: WriterState::new(Protocol::V5, u32::MAX, 0),
+            config: BrokerConfig::default(),
+            metrics: Metrics::default(),
+        }
+    }
+
+    fn push(&mut self, item: Outgoing) -> PushResult {
+        self.out.push(item, true, &self.config, Instant::now())
+    }
+
+    fn drain(&mut self) -> Vec<Packet> {
+        let mut parts = Vec::new();
+        self.out.fill_batch(
+            &mut self.writer,
+            &self.config,
+            &self.metrics,
+            Instant::now(),
+            &mut parts,
+        );
+        packets(&mut parts, self.writer.protocol)
+    }
+}
+
+fn publish_summary(packets: &[Packet]) -> Vec<(Vec<u8>, u16, bool)> {
+    packets
+        .iter()
+        .map(|p| match p {
+            Packet::Publish(p) => (p.payload.to_vec(), p.packet_id, p.dup),
+            other => panic!("expected PUBLISH, got {other:?}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn window_limits_inflight_and_qos0_waits_behind_it_in_order() {
+    let mut f = Fixture::new(2);
+    f.push(item(b"1", QoS::AtLeastOnce));
+    f.push(item(b"2", QoS::AtLeastOnce));
+    f.push(item(b"3", QoS::AtLeastOnce));
+    f.push(item(b"4", QoS::AtMostOnce));
+    assert_eq!(
+        publish_summary(&f.drain()),
+        vec![(b"1".to_vec(), 1, false), (b"2".to_vec(), 2, false)]
+    );
+    assert!(
+        f.drain().is_empty(),
+        "window full: 3 and the QoS 0 behind it wait"
+    );
+    assert!(f.out.on_puback(1).is_some());
+    assert!(f.out.on_puback(1).is_none(), "unknown id is ignored");
+    assert_eq!(
+        publish_summary(&f.drain()),
+        vec![(b"3".to_vec(), 3, false), (b"4".to_vec(), 0, false)]
+    );
+}
+
+#[tokio::test]
+async fn packet_ids_in_flight_are_never_reused_mqtt_2_2_1_3() {
+    let mut f = Fixture::new(3);
+    for _ in 0..3 {
+        f.push(item(b"x", QoS::AtLeastOnce));
+    }
+    f.drain();
+    // Free the middle one; the allocator must not hand out 1 or 3.
+    f.out.on_puback(2);
+    for _ in 0..200 {
+        f.push(item(b"y", QoS::AtLeastOnce));
+        let sent = publish_summary(&f.drain());
+        let id = sent[0].1;
+        assert!(id != 1 && id != 3, "id {id} reused while in flight");
+        f.out.on_puback(id);
+    }
+}
+
+#[tokio::test]
+async fn reconnect_resends_inflight_with_dup_in_order_then_pubrel_then_queue_mqtt_4_4_0_1() {
+    let mut f = Fixture::new(3);
+    f.push(item(b"a", QoS::AtLeastOnce));
+    f.push(item(b"b", QoS::ExactlyOnce));
+    f.push(item(b"c", QoS::ExactlyOnce));
+    f.push(item(b"d", QoS::AtLeastOnce));
+    f.drain();
+    assert!(f.out.on_pubrec(3, true), "c is now PUBREL pending");
+    f.out.detach();
+    f.out.attach(3);
+    let resent = f.drain();
+    assert_eq!(resent.len(), 3, "{resent:?}");
+    assert!(
+        matches!(&resent[0], Packet::Publish(p) if p.dup && p.packet_id == 1 && &p.payload[..] == b"a")
+    );
+    assert!(
+        matches!(&resent[1], Packet::Publish(p) if p.dup && p.packet_id == 2 && &p.payload[..] == b"b")
+    );
+    // MQTT-4.4.0-1: PUBREL resent, never the PUBLISH of an acknowledged PUBREC.
+    assert!(matches!(&resent[2], Packet::PubRel(a) if a.packet_id == 3));
+    assert!(f.out.on_pubcomp(3).is_some());
+    let rest = publish_summary(&f.drain());
+    assert_eq!(rest, vec![(b"d".to_vec(), 4, false)]);
+}
+
+#[tokio::test]
+async fn qos0_is_not_queued_offline_and_dropped_over_the_byte_limit() {
+    let mut f = Fixture::new(10);
+    assert_eq!(
+        f.out.push(
+            item(b"x", QoS::AtMostOnce),
+            false,
+            &f.config,
+            Instant::now()
+        ),
+        PushResult::Dropped
+    );
+    f.config.outbound_queue_max_bytes = 140; // two small messages
+    assert_eq!(f.push(item(b"1", QoS::AtMostOnce)), PushResult::Queued);
+    assert_eq!(f.push(item(b"2", QoS::AtMostOnce)), PushResult::Queued);
+    assert_eq!(f.push(item(b"3", QoS::AtMostOnce)), PushResult::Dropped);
+    assert_eq!(
+        f.push(item(b"q1", QoS::AtLeastOnce)),
+        PushResult::Queued,
+        "QoS>0 waits"
+    );
+    assert_eq!(f.drain().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_queue_past_the_slow_subscriber_timeout_is_reported() {
+    let mut f = Fixture::new(10);
+    f.config.outbound_queue_max_messages = 1;
+    f.config.slow_subscriber_timeout_ms = 1_000;
+    f.push(item(b"1", QoS::AtMostOnce));
+    assert_eq!(f.push(item(b"2", QoS::AtMostOnce)), PushResult::Dropped);
+    tokio::time::advance(Duration::from_millis(1_001)).await;
+    assert_eq!(
+        f.push(item(b"3", QoS::AtMostOnce)),
+        PushResult::SlowSubscriber
+    );
+    f.drain();
+    assert_eq!(
+        f.push(item(b"4", QoS::AtMostOnce)),
+        PushResult::Queued,
+        "drained: reset"
+    );
+}
+
+#[tokio::test]
+async fn max_queued_messages_drops_the_oldest_reliable_message() {
+    let mut f = Fixture::new(1);
+    f.config.max_queued_messages = 2;
+    f.push(item(b"inflight", QoS::AtLeastOnce));
+    f.drain();
+    f.push(item(b"1", QoS::AtLeastOnce));
+    f.push(item(b"2", QoS::AtLeastOnce));
+    assert_eq!(
+        f.push(item(b"3", QoS::AtLeastOnce)),
+        PushResult::QueuedDroppedOldest
+    );
+    f.out.on_puback(1);
+    assert_eq!(publish_summary(&f.drain())[0].0, b"2".to_vec());
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_messages_are_dropped_and_the_remaining_interval_forwarded_mqtt_3_3_2_5() {
+    let mut f = Fixture::new(10);
+    let expiring = |payload, seconds| Outgoing {
+        message: message(
+            "t",
+            payload,
+            Properties {
+                message_expiry_interval_s: Some(seconds),
+                ..Properties::default()
+            },
+        ),
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        subscription_ids: Vec::new(),
+        share: None,
+    };
+    f.push(expiring(b"short", 2));
+    f.push(expiring(b"long", 10));
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let sent = f.drain();
+    assert_eq!(sent.len(), 1);
+    let Packet::Publish(p) = &sent[0] else {
+        panic!("{sent:?}")
+    };
+    assert_eq!(&p.payload[..], b"long");
+    assert_eq!(p.properties.message_expiry_interval_s, Some(7));
+    assert_eq!(Metrics::get(&f.metrics.messages_dropped), 1);
+}
+
+#[tokio::test]
+async fn too_large_for_the_client_is_skipped_and_counted_mqtt_3_1_2_25() {
+    let mut f = Fixture::new(10);
+    f.writer = WriterState::new(Protocol::V5, 30, 0);
+    f.push(item(&[b'x'; 40], QoS::AtLeastOnce));
+    f.push(item(b"small", QoS::AtLeastOnce));
+    let sent = publish_summary(&f.drain());
+    assert_eq!(
+        sent,
+        vec![(b"small".to_vec(), 1, false)],
+        "the big one took no packet id"
+    );
+    assert_eq!(Metrics::get(&f.metrics.messages_dropped), 1);
+}
+
+#[tokio::test]
+async fn outbound_topic_alias_sends_the_topic_once_mqtt_3_3_2_10() {
+    let mut f = Fixture::new(10);
+    f.writer = WriterState::new(Protocol::V5, u32::MAX, 4);
+    f.push(item(b"1", QoS::AtMostOnce));
+    f.push(item(b"2", QoS::AtMostOnce));
+    let sent = f.drain();
+    let (Packet::Publish(first), Packet::Publish(second)) = (&sent[0], &sent[1]) else {
+        panic!("{sent:?}")
+    };
+    assert_eq!(first.topic.as_str(), "t");
+    assert_eq!(first.properties.topic_alias, Some(1));
+    assert_eq!(second.topic.as_str(), "");
+    assert_eq!(second.properties.topic_alias, Some(1));
+}
+
+#[tokio::test]
+async fn subscription_identifiers_only_for_v5() {
+    for protocol in [Protocol::V5, Protocol::V3_1_1] {
+        let mut f = Fixture::new(10);
+        f.writer = WriterState::new(protocol, u32::MAX, 0);
+        let mut it = item(b"1", QoS::AtLeastOnce);
+        it.subscription_ids = vec![3, 9];
+        f.push(it);
+        let sent = f.drain();
+        let Packet::Publish(p) = &sent[0] else {
+            panic!("{sent:?}")
+        };
+        let want: Vec<u32> = if protocol.is_v5() { vec![3, 9] } else { vec![] };
+        assert_eq!(p.properties.subscription_identifiers, want);
+    }
+}
+
+#[tokio::test]
+async fn shared_messages_are_taken_back_from_a_leaving_member() {
+    let mut f = Fixture::new(1);
+    let shared = |payload| Outgoing {
+        share: Some("$share/g/t".into()),
+        ..item(payload, QoS::AtLeastOnce)
+    };
+    f.push(shared(b"inflight"));
+    f.drain();
+    f.push(shared(b"queued"));
+    f.push(item(b"own", QoS::AtLeastOnce));
+    let taken: Vec<_> = f
+        .out
+        .take_shared()
+        .into_iter()
+        .map(|o| o.message.payload.clone())
+        .collect();
+    assert_eq!(taken.len(), 2);
+    assert!(f.out.inflight.is_empty());
+    assert_eq!(f.out.queue.len(), 1);
+    assert_eq!(f.out.packet_ids.in_flight(), 0);
+}
