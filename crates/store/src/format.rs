@@ -179,7 +179,7 @@ pub fn decode_record(buf: &Bytes, off: usize) -> Result<RawRecord, DecodeError> 
     }
     let h = &buf[off..off + RECORD_HEADER_LEN];
     let len = u32::from_le_bytes(arr4(&h[0..4])) as usize;
-    if len < RECORD_HEADER_LEN || len > MAX_ENCODED_RECORD {
+    if !(RECORD_HEADER_LEN..=MAX_ENCODED_RECORD).contains(&len) {
         return Err(DecodeError::Corrupt(format!("record length {len}")));
     }
     if rest < len {

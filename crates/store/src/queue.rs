@@ -70,6 +70,8 @@ pub(crate) enum Op {
     Compact { max_blocks: usize },
     /// Completes once everything queued before it is durable.
     Flush,
+    /// Seals the active block (if it holds records) and starts a new one.
+    Seal,
 }
 
 pub(crate) struct QueuedOp {

@@ -211,6 +211,20 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
     for n in names.iter().filter(|n| n.ends_with(".compact")) {
         let _ = vfs.remove_file(&path_in(dir, n));
     }
+    // Blocks removed before a crash whose data the reaper had not freed yet.
+    let trash = dir.join(crate::writer::TRASH_DIR);
+    if let Ok(names) = vfs.list_dir(&trash) {
+        for n in names {
+            let _ = vfs.remove_file(&trash.join(n));
+        }
+    }
+    // Indexes whose block is gone (their removal is left to the reaper).
+    for n in names.iter().filter(|n| n.ends_with(".idx")) {
+        let base = n.strip_suffix(".idx").and_then(|b| b.parse::<u64>().ok());
+        if base.is_some_and(|b| bases.binary_search(&b).is_err()) {
+            let _ = vfs.remove_file(&path_in(dir, n));
+        }
+    }
     let mut report = RecoveryReport::default();
     let mut blocks: Vec<Block> = Vec::new();
     let mut next_seq: u64 = 1;
@@ -222,14 +236,20 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
         let file = vfs
             .open_rw(&path, false)
             .map_err(|e| StoreError::io("open block", &path, &e))?;
-        let raw = Bytes::from(
-            vfs.read_file(&path)
-                .map_err(|e| StoreError::io("read block", &path, &e))?,
-        );
-        let header = format::decode_block_header(&raw);
+        let file_len = file
+            .file_len()
+            .map_err(|e| StoreError::io("stat block", &path, &e))?;
+        let mut hbuf = [0u8; BLOCK_HEADER_LEN];
+        let header = if file_len >= BLOCK_HEADER_LEN as u64 {
+            file.read_exact_at(&mut hbuf, 0)
+                .map_err(|e| StoreError::io("read block", &path, &e))?;
+            format::decode_block_header(&hbuf)
+        } else {
+            Err(format!("file of {file_len} bytes"))
+        };
         let header_ok = matches!(header, Ok(b) if b == base);
         if !header_ok {
-            if is_active && raw.len() < BLOCK_HEADER_LEN {
+            if is_active && file_len < BLOCK_HEADER_LEN as u64 {
                 // Torn while being created: nothing in it was ever acknowledged.
                 file.set_len(0)
                     .map_err(|e| StoreError::io("truncate", &path, &e))?;
@@ -254,7 +274,7 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
             let ix_path = path_in(dir, &index_file_name(base));
             if let Ok(buf) = vfs.read_file(&ix_path) {
                 if let Some(ix) = format::decode_index(&Bytes::from(buf)) {
-                    if ix.block_len == raw.len() as u64 {
+                    if ix.block_len == file_len {
                         let mut b = Block::from_index(base, path, file, ix);
                         b.sealed = true;
                         blocks.push(b);
@@ -263,6 +283,10 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
                 }
             }
         }
+        let raw = Bytes::from(
+            vfs.read_file(&path)
+                .map_err(|e| StoreError::io("read block", &path, &e))?,
+        );
         let sc = scan(&raw, base);
         next_seq = next_seq.max(sc.torn_high_seq.saturating_add(1));
         if is_active {

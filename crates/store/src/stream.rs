@@ -29,6 +29,27 @@ use crate::writer::{Writer, now_ns};
 /// sparse filter cannot hold the stream lock for long.
 pub const MAX_SCAN_ENTRIES: usize = 65_536;
 
+/// Entries of one block to read after the state lock is released.
+struct BlockRead {
+    file: Arc<dyn VFile>,
+    base: u64,
+    sealed: bool,
+    path: std::path::PathBuf,
+    entries: Vec<Entry>,
+}
+
+impl BlockRead {
+    fn of(b: &crate::state::Block, entries: Vec<Entry>) -> Self {
+        BlockRead {
+            file: b.file.clone(),
+            base: b.base_seq,
+            sealed: b.sealed,
+            path: b.path.clone(),
+            entries,
+        }
+    }
+}
+
 /// A stored record. The byte fields share one read buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -380,6 +401,11 @@ impl Stream {
         self.op(Op::Flush).map(|_| ())
     }
 
+    /// Seals the active block now (if it holds records) and starts a new one.
+    pub fn seal(&self) -> Result<()> {
+        self.op(Op::Seal).map(|_| ())
+    }
+
     /// Applies `max_age` as of `now_ns`: whole blocks whose newest record is older go in one
     /// step each, and only the boundary block is walked. Blocks until durable.
     pub fn expire(&self, now_ns: u64) -> Result<Removed> {
@@ -435,10 +461,9 @@ impl Stream {
             if e.flags & ENTRY_DELETED != 0 {
                 return Ok(None);
             }
-            (b.file.clone(), b.base_seq, b.sealed, b.path.clone(), e)
+            BlockRead::of(b, vec![e])
         };
-        let (file, base, sealed, path, e) = found;
-        let mut out = self.read_entries(&file, base, sealed, &path, &[e])?;
+        let mut out = self.read_entries(&found)?;
         Ok(out.pop())
     }
 
@@ -452,7 +477,7 @@ impl Stream {
         max_records: usize,
         max_bytes: usize,
     ) -> Result<ReadBatch> {
-        let mut plan: Vec<(Arc<dyn VFile>, u64, bool, std::path::PathBuf, Vec<Entry>)> = Vec::new();
+        let mut plan: Vec<BlockRead> = Vec::new();
         let mut next_seq;
         {
             let st = lock(&self.sh().state);
@@ -488,13 +513,7 @@ impl Stream {
                         || scanned >= MAX_SCAN_ENTRIES
                     {
                         if !picked.is_empty() {
-                            plan.push((
-                                b.file.clone(),
-                                b.base_seq,
-                                b.sealed,
-                                b.path.clone(),
-                                picked,
-                            ));
+                            plan.push(BlockRead::of(b, picked));
                         }
                         break 'blocks;
                     }
@@ -510,26 +529,27 @@ impl Stream {
                     picked.push(*e);
                 }
                 if !picked.is_empty() {
-                    plan.push((b.file.clone(), b.base_seq, b.sealed, b.path.clone(), picked));
+                    plan.push(BlockRead::of(b, picked));
                 }
             }
         }
         let mut records = Vec::new();
-        for (file, base, sealed, path, entries) in plan {
-            records.extend(self.read_entries(&file, base, sealed, &path, &entries)?);
+        for r in &plan {
+            records.extend(self.read_entries(r)?);
         }
         Ok(ReadBatch { records, next_seq })
     }
 
     /// Reads and verifies entries of one block, with one `pread` when they lie close.
-    fn read_entries(
-        &self,
-        file: &Arc<dyn VFile>,
-        base: u64,
-        sealed: bool,
-        path: &std::path::Path,
-        entries: &[Entry],
-    ) -> Result<Vec<Record>> {
+    fn read_entries(&self, r: &BlockRead) -> Result<Vec<Record>> {
+        let BlockRead {
+            file,
+            base,
+            sealed,
+            path,
+            entries,
+        } = r;
+        let (base, sealed) = (*base, *sealed);
         let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
             return Ok(Vec::new());
         };

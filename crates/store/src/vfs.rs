@@ -20,7 +20,7 @@ pub trait VFile: Send + Sync + Debug {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// `fdatasync`.
     fn sync_data(&self) -> io::Result<()>;
-    fn len(&self) -> io::Result<u64>;
+    fn file_len(&self) -> io::Result<u64>;
     fn set_len(&self, len: u64) -> io::Result<()>;
 }
 
@@ -57,7 +57,7 @@ impl VFile for RealFile {
     fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
-    fn len(&self) -> io::Result<u64> {
+    fn file_len(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
@@ -184,8 +184,8 @@ impl VFile for FaultyFile {
         }
         self.inner.sync_data()
     }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
+    fn file_len(&self) -> io::Result<u64> {
+        self.inner.file_len()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)

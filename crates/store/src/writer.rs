@@ -12,6 +12,7 @@
 //! - After any write or sync error nothing more is written; `Shared::failed` is set.
 
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -77,7 +78,14 @@ pub(crate) struct Writer {
     last_sync: Instant,
     next_expiry: Option<Instant>,
     failed: bool,
+    reaper: SyncSender<Vec<PathBuf>>,
+    reaper_thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// Where removed block files wait for the reaper thread to unlink them.
+pub(crate) const TRASH_DIR: &str = "trash";
+/// Removal batches the reaper may have queued before the writer unlinks inline.
+const MAX_REAPER_BACKLOG: usize = 64;
 
 impl Writer {
     pub fn new(
@@ -87,8 +95,22 @@ impl Writer {
         written_seq: u64,
     ) -> Self {
         let next_expiry = Some(Instant::now() + sh.config.expire_interval);
+        let (reaper, rx) = std::sync::mpsc::sync_channel::<Vec<PathBuf>>(MAX_REAPER_BACKLOG);
+        let vfs = sh.vfs.clone();
+        let reaper_thread = std::thread::Builder::new()
+            .name(format!("tern-reap-{}", sh.name))
+            .spawn(move || {
+                for batch in rx {
+                    for p in batch {
+                        let _ = vfs.remove_file(&p);
+                    }
+                }
+            })
+            .ok();
         Writer {
             sh,
+            reaper,
+            reaper_thread,
             active_file,
             active_len,
             out: Vec::new(),
@@ -145,6 +167,11 @@ impl Writer {
             self.inbox.clear();
             if closed && lock(&self.sh.queue).is_empty() {
                 self.final_sync();
+                let (tx, _) = std::sync::mpsc::sync_channel(1);
+                drop(std::mem::replace(&mut self.reaper, tx));
+                if let Some(j) = self.reaper_thread.take() {
+                    let _ = j.join();
+                }
                 return;
             }
         }
@@ -432,6 +459,13 @@ impl Writer {
     fn run_op(&mut self, st: &mut State, op: Op) -> Result<Removed> {
         match op {
             Op::Flush => Ok(Removed::default()),
+            Op::Seal => {
+                if !st.active().entries.is_empty() {
+                    let base = st.active().last_seq().unwrap_or(0).max(self.written_seq) + 1;
+                    self.roll(st, base)?;
+                }
+                Ok(Removed::default())
+            }
             Op::Expire { now_ns } => {
                 let Some(age) = self.sh.config.limits.max_age else {
                     return Ok(Removed::default());
@@ -563,18 +597,7 @@ impl Writer {
             self.synced_seq = self.written_seq;
         }
         if !self.unlink.is_empty() {
-            for b in self.unlink.drain(..) {
-                for p in [b.path.clone(), b.index_path()] {
-                    if let Err(e) = sh.vfs.remove_file(&p) {
-                        if e.kind() != std::io::ErrorKind::NotFound {
-                            tracing::warn!(stream = %sh.name, path = %p.display(), error = %e, "unlink failed");
-                        }
-                    }
-                }
-            }
-            sh.vfs
-                .sync_dir(&sh.dir)
-                .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+            self.remove_blocks()?;
         }
         {
             let mut st = lock(&sh.state);
@@ -584,6 +607,46 @@ impl Writer {
         sh.publish_durable(self.synced_seq);
         for (tx, removed) in self.replies.drain(..) {
             let _ = tx.try_send(Ok(removed));
+        }
+        Ok(())
+    }
+
+    /// Makes the removal of emptied blocks durable at a cost per block, not per byte: each
+    /// block file is renamed into `trash/` (a metadata change) and the directory fsynced;
+    /// freeing the data, which costs the kernel time in proportion to the file size, is
+    /// left to the reaper thread. Recovery empties `trash/`.
+    fn remove_blocks(&mut self) -> Result<()> {
+        let sh = self.sh.clone();
+        let trash = sh.dir.join(TRASH_DIR);
+        sh.vfs
+            .create_dir_all(&trash)
+            .map_err(|e| StoreError::io("create trash dir", &trash, &e))?;
+        let mut reap = Vec::with_capacity(self.unlink.len());
+        for b in self.unlink.drain(..) {
+            // A leftover index without its block is removed on open.
+            reap.push(b.index_path());
+            let Some(name) = b.path.file_name() else {
+                continue;
+            };
+            let to = trash.join(name);
+            match sh.vfs.rename(&b.path, &to) {
+                Ok(()) => reap.push(to),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("rename block to trash", &b.path, &e)),
+            }
+        }
+        sh.vfs
+            .sync_dir(&sh.dir)
+            .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+        if let Err(
+            std::sync::mpsc::TrySendError::Full(paths)
+            | std::sync::mpsc::TrySendError::Disconnected(paths),
+        ) = self.reaper.try_send(reap)
+        {
+            // The reaper is behind (or gone): free the space here rather than queue without bound.
+            for p in paths {
+                let _ = sh.vfs.remove_file(&p);
+            }
         }
         Ok(())
     }

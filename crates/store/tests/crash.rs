@@ -21,12 +21,22 @@ fn make_block(batch_at_end: bool) -> (Vec<u8>, Vec<(u64, usize, usize)>) {
     let store = Store::open(dir.path()).unwrap();
     let s = store.stream("s", StreamConfig::default()).unwrap();
     for seq in 1..=12u64 {
-        s.append_at(seq, b"t/x", b"pr", &payload(seq)).unwrap().wait().unwrap();
+        s.append_at(seq, b"t/x", b"pr", &payload(seq))
+            .unwrap()
+            .wait()
+            .unwrap();
     }
     if batch_at_end {
         let p: Vec<Vec<u8>> = (13..=15).map(payload).collect();
-        let recs: Vec<NewRecord> =
-            p.iter().map(|p| NewRecord { topic: b"t/y", payload: p, time_ns: Some(13), ..Default::default() }).collect();
+        let recs: Vec<NewRecord> = p
+            .iter()
+            .map(|p| NewRecord {
+                topic: b"t/y",
+                payload: p,
+                time_ns: Some(13),
+                ..Default::default()
+            })
+            .collect();
         s.append_batch(&recs).unwrap().wait().unwrap();
     }
     drop(s);
@@ -85,7 +95,12 @@ fn truncation_at_every_offset_of_the_tail() {
     let (raw, recs) = make_block(false);
     let tail_start = recs[recs.len() - 4].1;
     for cut in tail_start..=raw.len() {
-        let intact = recs.iter().filter(|r| r.2 <= cut).map(|r| r.0).max().unwrap_or(0);
+        let intact = recs
+            .iter()
+            .filter(|r| r.2 <= cut)
+            .map(|r| r.0)
+            .max()
+            .unwrap_or(0);
         let (got, next) = recover(&raw[..cut]);
         check(&got, intact, next);
     }
@@ -119,12 +134,15 @@ fn a_cut_batch_is_dropped_whole() {
 #[test]
 fn corrupt_sealed_block_is_quarantined_and_the_rest_served() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = StreamConfig { block_size_bytes: 4096, ..Default::default() };
+    let cfg = StreamConfig {
+        block_size_bytes: 4096,
+        ..Default::default()
+    };
     {
         let store = Store::open(dir.path()).unwrap();
         let s = store.stream("s", cfg.clone()).unwrap();
         for seq in 1..=300u64 {
-            let _ = s.append_at(seq, b"t", b"", &payload(seq)).unwrap();
+            drop(s.append_at(seq, b"t", b"", &payload(seq)).unwrap());
         }
         s.flush().unwrap();
     }
@@ -140,30 +158,68 @@ fn corrupt_sealed_block_is_quarantined_and_the_rest_served() {
     let mut b = std::fs::read(victim).unwrap();
     b[200] ^= 0x10;
     std::fs::write(victim, b).unwrap();
-    let first_of_victim: u64 = victim.file_stem().unwrap().to_str().unwrap().parse().unwrap();
-    let first_of_next: u64 = blks[2].file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    let first_of_victim: u64 = victim
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let first_of_next: u64 = blks[2]
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     // Found on open with verification...
     {
         let store = Store::open(dir.path()).unwrap();
-        let s = store.stream("s", StreamConfig { verify_on_open: true, ..cfg.clone() }).unwrap();
+        let s = store
+            .stream(
+                "s",
+                StreamConfig {
+                    verify_on_open: true,
+                    ..cfg.clone()
+                },
+            )
+            .unwrap();
         let q = &s.recovery_report().quarantined;
         assert_eq!(q.len(), 1);
         assert_eq!(q[0].range, first_of_victim..=first_of_next - 1);
-        let got: Vec<u64> = s.read_from(0, &FilterSet::all(), 1000, usize::MAX).unwrap().records.iter().map(|r| r.seq).collect();
-        let want: Vec<u64> = (1..=300).filter(|s| *s < first_of_victim || *s >= first_of_next).collect();
+        let got: Vec<u64> = s
+            .read_from(0, &FilterSet::all(), 1000, usize::MAX)
+            .unwrap()
+            .records
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        let want: Vec<u64> = (1..=300)
+            .filter(|s| *s < first_of_victim || *s >= first_of_next)
+            .collect();
         assert_eq!(got, want);
-        assert!(victim.parent().unwrap().join("quarantine").join(victim.file_name().unwrap()).exists());
+        assert!(
+            victim
+                .parent()
+                .unwrap()
+                .join("quarantine")
+                .join(victim.file_name().unwrap())
+                .exists()
+        );
     }
 }
 
 #[test]
 fn corruption_found_by_a_read_quarantines_the_block() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = StreamConfig { block_size_bytes: 4096, ..Default::default() };
+    let cfg = StreamConfig {
+        block_size_bytes: 4096,
+        ..Default::default()
+    };
     let store = Store::open(dir.path()).unwrap();
     let s = store.stream("s", cfg).unwrap();
     for seq in 1..=300u64 {
-        let _ = s.append_at(seq, b"t", b"", &payload(seq)).unwrap();
+        drop(s.append_at(seq, b"t", b"", &payload(seq)).unwrap());
     }
     s.flush().unwrap();
     let first = std::fs::read_dir(dir.path().join("streams/s"))
@@ -176,7 +232,10 @@ fn corruption_found_by_a_read_quarantines_the_block() {
     b[BLOCK_HEADER_LEN + 37] ^= 1;
     std::fs::write(&first, b).unwrap();
     let err = s.get(1).unwrap_err();
-    assert!(matches!(err, tern_store::StoreError::Corrupt { .. }), "{err}");
+    assert!(
+        matches!(err, tern_store::StoreError::Corrupt { .. }),
+        "{err}"
+    );
     assert_eq!(s.info().quarantined.len(), 1);
     assert!(s.get(1).unwrap().is_none());
     assert!(s.get(300).unwrap().is_some());
@@ -193,7 +252,12 @@ fn kill_during_group_commit_keeps_every_completed_ticket() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "kill_during_group_commit_keeps_every_completed_ticket", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "kill_during_group_commit_keeps_every_completed_ticket",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -214,9 +278,20 @@ fn kill_during_group_commit_keeps_every_completed_ticket() {
     child.wait().unwrap();
     assert!(acked.len() >= 3000, "child stopped early");
     let store = Store::open(dir.path()).unwrap();
-    let s = store.stream("s", StreamConfig { block_size_bytes: 64 * 1024, ..Default::default() }).unwrap();
+    let s = store
+        .stream(
+            "s",
+            StreamConfig {
+                block_size_bytes: 64 * 1024,
+                ..Default::default()
+            },
+        )
+        .unwrap();
     for seq in acked {
-        let r = s.get(seq).unwrap().unwrap_or_else(|| panic!("acknowledged seq {seq} lost"));
+        let r = s
+            .get(seq)
+            .unwrap()
+            .unwrap_or_else(|| panic!("acknowledged seq {seq} lost"));
         assert_eq!(r.payload.to_vec(), payload(seq));
     }
 }
@@ -224,7 +299,15 @@ fn kill_during_group_commit_keeps_every_completed_ticket() {
 fn child(dir: &Path) -> ! {
     use std::io::Write;
     let store = Store::open(dir).unwrap();
-    let s = store.stream("s", StreamConfig { block_size_bytes: 64 * 1024, ..Default::default() }).unwrap();
+    let s = store
+        .stream(
+            "s",
+            StreamConfig {
+                block_size_bytes: 64 * 1024,
+                ..Default::default()
+            },
+        )
+        .unwrap();
     let mut pending = std::collections::VecDeque::new();
     let mut next = 1u64;
     let stdout = std::io::stdout();
@@ -233,8 +316,16 @@ fn child(dir: &Path) -> ! {
             let t = if next % 5 == 0 {
                 let (a, b) = (payload(next), payload(next + 1));
                 let recs = [
-                    NewRecord { topic: b"b", payload: &a, ..Default::default() },
-                    NewRecord { topic: b"b", payload: &b, ..Default::default() },
+                    NewRecord {
+                        topic: b"b",
+                        payload: &a,
+                        ..Default::default()
+                    },
+                    NewRecord {
+                        topic: b"b",
+                        payload: &b,
+                        ..Default::default()
+                    },
                 ];
                 s.append_batch(&recs).unwrap()
             } else {

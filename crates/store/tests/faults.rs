@@ -7,7 +7,10 @@ use tern_store::vfs::FaultyVfs;
 use tern_store::{FilterSet, Store, StoreError, StreamConfig};
 
 fn cfg() -> StreamConfig {
-    StreamConfig { block_size_bytes: 8192, ..Default::default() }
+    StreamConfig {
+        block_size_bytes: 8192,
+        ..Default::default()
+    }
 }
 
 fn scenario(arm: impl Fn(&FaultyVfs)) {
@@ -18,7 +21,9 @@ fn scenario(arm: impl Fn(&FaultyVfs)) {
         let store = Store::open_with_vfs(dir.path(), Arc::new(vfs.clone())).unwrap();
         let s = store.stream("s", cfg()).unwrap();
         // Enough to roll a few blocks, all acknowledged.
-        let tickets: Vec<_> = (0..300u32).map(|i| s.append(b"t", b"", &i.to_le_bytes()).unwrap()).collect();
+        let tickets: Vec<_> = (0..300u32)
+            .map(|i| s.append(b"t", b"", &i.to_le_bytes()).unwrap())
+            .collect();
         acked = 0;
         for t in tickets {
             acked = t.wait().unwrap();
@@ -27,7 +32,9 @@ fn scenario(arm: impl Fn(&FaultyVfs)) {
         let mut failures = 0;
         for chunk in 0..20u32 {
             // Waiting per chunk spreads the appends over many group commits.
-            let tickets: Vec<_> = (0..20u32).map(|i| s.append(b"t", b"", &(chunk * 20 + i).to_le_bytes())).collect();
+            let tickets: Vec<_> = (0..20u32)
+                .map(|i| s.append(b"t", b"", &(chunk * 20 + i).to_le_bytes()))
+                .collect();
             for t in tickets {
                 match t {
                     Ok(t) => match t.wait() {
@@ -37,7 +44,10 @@ fn scenario(arm: impl Fn(&FaultyVfs)) {
                             acked = seq;
                         }
                         Err(e) => {
-                            assert!(matches!(e, StoreError::Failed { .. } | StoreError::Io { .. }), "{e}");
+                            assert!(
+                                matches!(e, StoreError::Failed { .. } | StoreError::Io { .. }),
+                                "{e}"
+                            );
                             failures += 1;
                         }
                     },
@@ -54,14 +64,20 @@ fn scenario(arm: impl Fn(&FaultyVfs)) {
         let e = s.append(b"t", b"", b"more").unwrap_err();
         assert!(matches!(e, StoreError::Failed { .. }));
         assert!(e.to_string().contains("reopen"), "{e}");
-        assert!(matches!(s.purge(&FilterSet::all()), Err(StoreError::Failed { .. })));
+        assert!(matches!(
+            s.purge(&FilterSet::all()),
+            Err(StoreError::Failed { .. })
+        ));
         // Reads of what was acknowledged still work.
         assert!(s.get(acked).unwrap().is_some());
     }
     let store = Store::open(dir.path()).unwrap();
     let s = store.stream("s", cfg()).unwrap();
     for seq in 1..=acked {
-        let r = s.get(seq).unwrap().unwrap_or_else(|| panic!("acknowledged {seq} lost"));
+        let r = s
+            .get(seq)
+            .unwrap()
+            .unwrap_or_else(|| panic!("acknowledged {seq} lost"));
         let i = if seq <= 300 { seq - 1 } else { seq - 301 };
         assert_eq!(&r.payload[..], &(i as u32).to_le_bytes()[..]);
     }

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tern_store::{Discard, FilterSet, Limits, NewRecord, Store, StoreError, Stream, StreamConfig, topic_matches};
+use tern_store::{
+    Discard, FilterSet, Limits, NewRecord, Store, StoreError, Stream, StreamConfig, topic_matches,
+};
 
 const TOPICS: [&str; 5] = ["a", "a/b", "a/c", "b", "$sys/x"];
 const FILTERS: [&str; 5] = ["a/#", "+/b", "#", "b", "$sys/+"];
@@ -14,12 +16,28 @@ const MAX_AGE_NS: u64 = 1000;
 
 #[derive(Debug, Clone)]
 enum Step {
-    Append { topic: usize, len: usize, dt: u64 },
-    Batch { topics: Vec<usize>, len: usize, dt: u64 },
-    Expire { dt: u64 },
-    RemoveBelow { back: u64 },
-    Purge { filter: usize },
-    Delete { back: u64 },
+    Append {
+        topic: usize,
+        len: usize,
+        dt: u64,
+    },
+    Batch {
+        topics: Vec<usize>,
+        len: usize,
+        dt: u64,
+    },
+    Expire {
+        dt: u64,
+    },
+    RemoveBelow {
+        back: u64,
+    },
+    Purge {
+        filter: usize,
+    },
+    Delete {
+        back: u64,
+    },
     Compact,
     Reopen,
 }
@@ -67,7 +85,10 @@ fn rec_len(topic: &str, payload: usize) -> u64 {
 
 impl Model {
     fn bytes(&self) -> u64 {
-        self.recs.values().map(|(_, t, p)| rec_len(t, p.len())).sum()
+        self.recs
+            .values()
+            .map(|(_, t, p)| rec_len(t, p.len()))
+            .sum()
     }
     fn count(&self, topic: &str) -> u64 {
         self.recs.values().filter(|r| r.1 == topic).count() as u64
@@ -106,7 +127,9 @@ impl Model {
             }
         }
         if l.discard == Discard::Old {
-            while l.max_msgs.is_some_and(|m| self.recs.len() as u64 > m) || l.max_bytes.is_some_and(|m| self.bytes() > m) {
+            while l.max_msgs.is_some_and(|m| self.recs.len() as u64 > m)
+                || l.max_bytes.is_some_and(|m| self.bytes() > m)
+            {
                 let s = *self.recs.keys().next().unwrap();
                 self.recs.remove(&s);
             }
@@ -125,11 +148,19 @@ fn compare(s: &Stream, m: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(info.bytes, m.bytes());
     prop_assert_eq!(info.first_seq, m.recs.keys().next().copied());
     prop_assert_eq!(info.last_seq, m.recs.keys().next_back().copied());
-    let all = s.read_from(0, &FilterSet::all(), 100_000, usize::MAX).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let got: Vec<(u64, u64, Vec<u8>, Vec<u8>)> =
-        all.records.iter().map(|r| (r.seq, r.time_ns, r.topic.to_vec(), r.payload.to_vec())).collect();
-    let want: Vec<(u64, u64, Vec<u8>, Vec<u8>)> =
-        m.recs.iter().map(|(s, (t, top, p))| (*s, *t, top.as_bytes().to_vec(), p.clone())).collect();
+    let all = s
+        .read_from(0, &FilterSet::all(), 100_000, usize::MAX)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let got: Vec<(u64, u64, Vec<u8>, Vec<u8>)> = all
+        .records
+        .iter()
+        .map(|r| (r.seq, r.time_ns, r.topic.to_vec(), r.payload.to_vec()))
+        .collect();
+    let want: Vec<(u64, u64, Vec<u8>, Vec<u8>)> = m
+        .recs
+        .iter()
+        .map(|(s, (t, top, p))| (*s, *t, top.as_bytes().to_vec(), p.clone()))
+        .collect();
     prop_assert_eq!(got, want);
     for f in FILTERS {
         let got: Vec<u64> = s
@@ -139,7 +170,12 @@ fn compare(s: &Stream, m: &Model) -> Result<(), TestCaseError> {
             .iter()
             .map(|r| r.seq)
             .collect();
-        let want: Vec<u64> = m.recs.iter().filter(|r| topic_matches(f.as_bytes(), r.1.1.as_bytes())).map(|r| *r.0).collect();
+        let want: Vec<u64> = m
+            .recs
+            .iter()
+            .filter(|r| topic_matches(f.as_bytes(), r.1.1.as_bytes()))
+            .map(|r| *r.0)
+            .collect();
         prop_assert_eq!(got, want, "filter {}", f);
     }
     for t in TOPICS {
@@ -148,7 +184,10 @@ fn compare(s: &Stream, m: &Model) -> Result<(), TestCaseError> {
         match (seqs.first(), seqs.last()) {
             (Some(&a), Some(&b)) => {
                 let st = st.ok_or_else(|| TestCaseError::fail(format!("no stats for {t}")))?;
-                prop_assert_eq!((st.count, st.first_seq, st.last_seq), (seqs.len() as u64, a, b));
+                prop_assert_eq!(
+                    (st.count, st.first_seq, st.last_seq),
+                    (seqs.len() as u64, a, b)
+                );
                 let last = s.last_for_topic(t.as_bytes()).unwrap().unwrap();
                 prop_assert_eq!(last.seq, b);
             }
@@ -176,7 +215,10 @@ fn run(steps: Vec<Step>, limits: Limits) -> Result<(), TestCaseError> {
     };
     let mut store = Store::open(dir.path()).unwrap();
     let mut s = store.stream("m", config.clone()).unwrap();
-    let mut m = Model { next_seq: 1, ..Default::default() };
+    let mut m = Model {
+        next_seq: 1,
+        ..Default::default()
+    };
     for st in steps {
         match st {
             Step::Append { topic, len, dt } => {
@@ -203,7 +245,12 @@ fn run(steps: Vec<Step>, limits: Limits) -> Result<(), TestCaseError> {
                 let payload = vec![7u8; len];
                 let recs: Vec<NewRecord> = topics
                     .iter()
-                    .map(|&i| NewRecord { topic: TOPICS[i].as_bytes(), payload: &payload, time_ns: Some(m.time), ..Default::default() })
+                    .map(|&i| NewRecord {
+                        topic: TOPICS[i].as_bytes(),
+                        payload: &payload,
+                        time_ns: Some(m.time),
+                        ..Default::default()
+                    })
                     .collect();
                 let batch: Vec<(&str, usize)> = topics.iter().map(|&i| (TOPICS[i], len)).collect();
                 let rejected = m.rejects(&limits, &batch);
@@ -211,7 +258,10 @@ fn run(steps: Vec<Step>, limits: Limits) -> Result<(), TestCaseError> {
                 match ticket.wait() {
                     Ok(_) => {
                         prop_assert!(!rejected);
-                        let b: Vec<(&'static str, Vec<u8>)> = topics.iter().map(|&i| (TOPICS[i], payload.clone())).collect();
+                        let b: Vec<(&'static str, Vec<u8>)> = topics
+                            .iter()
+                            .map(|&i| (TOPICS[i], payload.clone()))
+                            .collect();
                         m.insert(&limits, &b);
                     }
                     Err(StoreError::LimitReached { .. }) => {
