@@ -74,6 +74,31 @@ impl Message {
         )
     }
 
+    /// A copy whose byte fields own their memory (not slices of a shared read buffer).
+    pub fn compacted(other: &Message) -> Message {
+        let copy_str = |s: &Str| Str::copy_from(s.as_str()).unwrap_or_else(|_| s.clone());
+        let mut properties = other.properties.clone();
+        properties.content_type = properties.content_type.as_ref().map(copy_str);
+        properties.response_topic = properties.response_topic.as_ref().map(copy_str);
+        properties.correlation_data = properties
+            .correlation_data
+            .as_ref()
+            .map(|b| Bytes::copy_from_slice(b));
+        for (key, value) in &mut properties.user {
+            *key = copy_str(key);
+            *value = copy_str(value);
+        }
+        Message::new(
+            copy_str(&other.topic),
+            Bytes::copy_from_slice(&other.payload),
+            other.qos,
+            other.retain,
+            properties,
+            other.publisher.clone(),
+            other.arrived_at,
+        )
+    }
+
     /// Size charged against queue limits.
     pub fn approx_len(&self) -> usize {
         self.topic.len() + self.payload.len() + MESSAGE_OVERHEAD_BYTES

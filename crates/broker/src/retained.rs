@@ -37,7 +37,10 @@ impl Retained {
         if self.by_topic.len() >= max_messages && !self.by_topic.contains_key(&message.topic) {
             return false;
         }
-        self.by_topic.insert(message.topic.clone(), message.clone());
+        // Retained messages live long: copy them out of the read buffer they were decoded
+        // into, which would otherwise stay pinned whole by a few bytes.
+        let compact = Arc::new(Message::compacted(message));
+        self.by_topic.insert(compact.topic.clone(), compact);
         true
     }
 

@@ -60,11 +60,14 @@ impl Conn {
                 reasons.push(ReasonCode::QUOTA_EXCEEDED);
                 continue;
             }
-            let result = self
-                .shared
-                .router
-                .write()
-                .subscribe(kind, &self.session, record);
+            let result = {
+                let mut router = self.shared.router.write();
+                if self.session.state.lock().ended {
+                    // Replaced by a clean-start takeover: this connection is on its way out.
+                    return Err(Close::Kicked(ReasonCode::SESSION_TAKEN_OVER));
+                }
+                router.subscribe(kind, &self.session, record)
+            };
             match result {
                 Ok(replaced) => {
                     if !replaced {

@@ -210,8 +210,8 @@ pub fn end(shared: &Shared, session: &Arc<Session>) {
 
 /// Ends a session already removed from the registry (registry lock held by the caller).
 fn end_removed(shared: &Shared, session: &Arc<Session>) {
-    let removed = shared.router.write().remove_session(&session.client_id);
-    Metrics::sub(&shared.metrics.subscriptions, removed as u64);
+    // `ended` first: a SUBSCRIBE racing with this checks it under the router lock, so either
+    // it sees `ended` and backs off, or its entry is in the trie before we sweep it below.
     let will = {
         let mut state = session.state.lock();
         state.ended = true;
@@ -219,6 +219,8 @@ fn end_removed(shared: &Shared, session: &Arc<Session>) {
         state.out = Default::default();
         state.pending_will.take()
     };
+    let removed = shared.router.write().remove_session(&session.client_id);
+    Metrics::sub(&shared.metrics.subscriptions, removed as u64);
     shared.store.session_ended(&session.client_id);
     // MQTT-3.1.3-9: a delayed will is sent when the session ends, if not sent before.
     if let Some(will) = will {
