@@ -200,9 +200,22 @@ pub(crate) fn create_block(
     Ok((path, file))
 }
 
-pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Result<Opened> {
+/// Creates `dir` if needed; a new directory's entry is made durable in its parent.
+pub(crate) fn ensure_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
+    if vfs.list_dir(dir).is_ok() {
+        return Ok(());
+    }
     vfs.create_dir_all(dir)
-        .map_err(|e| StoreError::io("create stream dir", dir, &e))?;
+        .map_err(|e| StoreError::io("create directory", dir, &e))?;
+    if let Some(parent) = dir.parent() {
+        vfs.sync_dir(parent)
+            .map_err(|e| StoreError::io("fsync directory", parent, &e))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Result<Opened> {
+    ensure_dir(vfs, dir)?;
     let names = vfs
         .list_dir(dir)
         .map_err(|e| StoreError::io("list", dir, &e))?;

@@ -50,8 +50,8 @@ impl Store {
     /// Opens a store doing its stream I/O through `vfs` (fault-injection tests).
     pub fn open_with_vfs(dir: impl AsRef<Path>, vfs: Arc<dyn Vfs>) -> Result<Store> {
         let dir = dir.as_ref().to_path_buf();
-        vfs.create_dir_all(&dir.join("streams"))
-            .map_err(|e| StoreError::io("create store dir", &dir, &e))?;
+        crate::recovery::ensure_dir(&*vfs, &dir)?;
+        crate::recovery::ensure_dir(&*vfs, &dir.join("streams"))?;
         let lock = Arc::new(LockFile::acquire(&dir)?);
         tracing::debug!(lock = %lock.path.display(), "store opened");
         Ok(Store {
