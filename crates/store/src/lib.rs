@@ -18,6 +18,33 @@
 //!   stream's sync policy; tickets complete in append order.
 //! - After a write or sync failure a stream accepts no more writes until reopened.
 
+//! # Example
+//! ```
+//! use tern_store::{FilterSet, NewRecord, Store, StreamConfig};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = Store::open(dir.path())?;
+//! let msgs = store.stream("messages", StreamConfig::default())?;
+//! // The sequence is known at once; the ticket completes when the record is durable.
+//! let ticket = msgs.append(b"sensors/1/temp", b"", b"21.5")?;
+//! let seq = ticket.seq();
+//! assert_eq!(ticket.wait()?, seq);
+//! // Several records that must survive a crash together (e.g. a QoS 2 message and its
+//! // "received" marker) go in one batch of one stream.
+//! let t = msgs.append_batch(&[
+//!     NewRecord { topic: b"sensors/2/temp", payload: b"19.0", ..Default::default() },
+//!     NewRecord { topic: b"$tern/rx/client-a", payload: b"7", ..Default::default() },
+//! ])?;
+//! t.wait()?;
+//! let page = msgs.read_from(1, &FilterSet::new(["sensors/+/temp"]), 100, 1 << 20)?;
+//! assert_eq!(page.records.len(), 2);
+//! // Keyed state: latest value per key survives a reopen.
+//! let sessions = store.kv("sessions", StreamConfig::default())?;
+//! sessions.put(b"client-a", b"state")?.wait()?;
+//! assert_eq!(sessions.get(b"client-a")?.as_deref(), Some(&b"state"[..]));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
 pub mod config;
 pub mod error;
 pub mod filter;
