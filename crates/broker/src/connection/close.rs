@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tern_wire::{Disconnect, Packet, Properties, ReasonCode};
+use tern_wire::{Disconnect, Packet, Properties, ReasonCode, Str, encoded_len};
 use tokio::task::JoinHandle;
 
 use super::{Close, Conn};
@@ -41,10 +41,23 @@ impl Conn {
         let final_packet = final_reason
             .filter(|_| self.protocol.is_v5())
             .and_then(|reason| {
-                let packet = Packet::Disconnect(Disconnect {
+                // A reason string is allowed on DISCONNECT whatever Request Problem
+                // Information says, but never at the cost of the client's Maximum Packet Size.
+                let mut packet = Packet::Disconnect(Disconnect {
                     reason,
-                    properties: Properties::default(),
+                    properties: Properties {
+                        reason_string: reason_string(reason).map(Str::from_static),
+                        ..Properties::default()
+                    },
                 });
+                let too_big = encoded_len(&packet, self.protocol)
+                    .map_or(true, |len| len > self.client_max_packet_size_bytes as usize);
+                if too_big {
+                    packet = Packet::Disconnect(Disconnect {
+                        reason,
+                        properties: Properties::default(),
+                    });
+                }
                 encode_packet(&packet, self.protocol, &mut self.scratch)
             });
         self.ctl.close(final_packet);
@@ -67,4 +80,22 @@ impl Conn {
         }
         registry::detach(&self.shared, &self.session, self.conn_gen);
     }
+}
+
+/// Human-readable text for the reasons we disconnect with.
+fn reason_string(reason: ReasonCode) -> Option<&'static str> {
+    Some(match reason {
+        ReasonCode::MALFORMED_PACKET => "malformed packet",
+        ReasonCode::PROTOCOL_ERROR => "protocol error",
+        ReasonCode::SERVER_SHUTTING_DOWN => "server shutting down",
+        ReasonCode::KEEP_ALIVE_TIMEOUT => "keep alive timeout",
+        ReasonCode::SESSION_TAKEN_OVER => "session taken over by another connection",
+        ReasonCode::TOPIC_NAME_INVALID => "topic name invalid",
+        ReasonCode::RECEIVE_MAXIMUM_EXCEEDED => "receive maximum exceeded",
+        ReasonCode::TOPIC_ALIAS_INVALID => "topic alias invalid",
+        ReasonCode::PACKET_TOO_LARGE => "packet too large",
+        ReasonCode::QUOTA_EXCEEDED => "outbound queue full for too long",
+        ReasonCode::PAYLOAD_FORMAT_INVALID => "payload is not UTF-8",
+        _ => return None,
+    })
 }

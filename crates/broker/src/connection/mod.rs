@@ -72,6 +72,8 @@ pub(crate) struct Conn {
     scratch: BytesMut,
     /// The CONNECT's Session Expiry Interval was 0 (a DISCONNECT may not raise it).
     connect_expiry_zero: bool,
+    /// The client's Maximum Packet Size (`u32::MAX` if none).
+    client_max_packet_size_bytes: u32,
 }
 
 enum Event {
