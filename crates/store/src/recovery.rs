@@ -46,14 +46,14 @@ pub(crate) struct Opened {
     pub report: RecoveryReport,
 }
 
-struct Scan {
-    ix: IndexData,
-    damage: Option<(u64, String)>,
-    torn_high_seq: u64,
+pub(crate) struct Scan {
+    pub ix: IndexData,
+    pub damage: Option<(u64, String)>,
+    pub torn_high_seq: u64,
 }
 
 /// Parses a block's records; stops at the first damage or at an unfinished batch.
-fn scan(raw: &Bytes, base_seq: u64) -> Scan {
+pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
     let mut topics: Vec<Bytes> = Vec::new();
     let mut ids: HashMap<Bytes, u32> = HashMap::new();
     let mut entries: Vec<Entry> = Vec::new();

@@ -344,3 +344,39 @@ fn child(dir: &Path) -> ! {
         o.flush().unwrap();
     }
 }
+
+#[test]
+fn verify_scrubs_sealed_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StreamConfig {
+        block_size_bytes: 4096,
+        ..Default::default()
+    };
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", cfg).unwrap();
+    for seq in 1..=300u64 {
+        drop(s.append_at(seq, b"t", b"", &payload(seq)).unwrap());
+    }
+    s.flush().unwrap();
+    assert!(s.verify().unwrap().is_empty());
+    let mut blks: Vec<PathBuf> = std::fs::read_dir(dir.path().join("streams/s"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "blk"))
+        .collect();
+    blks.sort();
+    let mut b = std::fs::read(&blks[2]).unwrap();
+    let at = b.len() - 3;
+    b[at] ^= 0x80;
+    std::fs::write(&blks[2], b).unwrap();
+    let found = s.verify().unwrap();
+    assert_eq!(found.len(), 1);
+    let r = found[0].range.clone();
+    for seq in 1..=300u64 {
+        assert_eq!(
+            s.get(seq).unwrap().is_some(),
+            !r.contains(&seq),
+            "seq {seq}"
+        );
+    }
+}
