@@ -16,8 +16,34 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the MQTT broker until SIGINT or SIGTERM.
+    #[command(after_help = CONFIG_HELP)]
     Serve(ServeArgs),
 }
+
+/// The config file keys, shown by `tern serve --help`.
+const CONFIG_HELP: &str = "\
+Config file keys (TOML, all optional; defaults shown):
+  [listener]
+    bind = \"127.0.0.1:1883\"
+  [limits]
+    max_packet_size_bytes = 1048576       largest packet accepted (v5 CONNACK Maximum Packet Size)
+    receive_maximum = 1024                unacknowledged QoS>0 PUBLISHes a client may send
+    topic_alias_maximum = 64              client-to-server topic aliases (0 disables)
+    max_keep_alive_s = 3600               longest keep alive (v5: Server Keep Alive)
+    connect_timeout_ms = 10000            close sockets that send no CONNECT in time
+    max_inflight_messages = 1024          outbound QoS>0 in flight per session
+    max_queued_messages = 100000          per session beyond the window; oldest dropped
+    max_session_expiry_interval_s = 4294967295
+    max_subscriptions_per_session = 10000
+    max_retained_messages = 1000000
+    max_client_id_len = 256
+    outbound_queue_max_bytes = 8388608    per connection; QoS 0 dropped beyond it
+    outbound_queue_max_messages = 100000
+    slow_subscriber_timeout_ms = 30000    full queue this long: disconnect (v5 0x97)
+  [sys]
+    interval_s = 10                       $SYS/broker/... publish interval (0 disables)
+
+SIGINT/SIGTERM: stop accepting, send v5 clients DISCONNECT 0x8B, close, exit 0.";
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
