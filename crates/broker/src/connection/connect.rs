@@ -42,6 +42,10 @@ pub(super) async fn handshake(
                 if error.reason_code() == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
                     // MQTT-3.1.2-2: return code 1 in the 3.1.1 format, then close.
                     reject(&mut writer, Protocol::V3_1_1, error.reason_code()).await;
+                } else if peek_connect_level(buf) == Some(Protocol::V5.level()) {
+                    // MQTT 5 §3.2.2.2: a v5 CONNECT that is malformed or breaks the protocol
+                    // may be answered with a CONNACK carrying the reason before closing.
+                    reject(&mut writer, Protocol::V5, error.reason_code()).await;
                 }
                 return None;
             }
@@ -55,6 +59,27 @@ pub(super) async fn handshake(
         }
     };
     accept(shared, *connect, writer).await
+}
+
+/// The protocol level of the CONNECT at the front of `buf`, if enough of it is there.
+fn peek_connect_level(buf: &[u8]) -> Option<u8> {
+    if buf.first()? >> 4 != 1 {
+        return None;
+    }
+    // Skip the remaining length (1 to 4 bytes).
+    let mut offset = 1;
+    loop {
+        let byte = *buf.get(offset)?;
+        offset += 1;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        if offset > 4 {
+            return None;
+        }
+    }
+    let name_len = usize::from(u16::from_be_bytes([*buf.get(offset)?, *buf.get(offset + 1)?]));
+    buf.get(offset + 2 + name_len).copied()
 }
 
 async fn reject(writer: &mut OwnedWriteHalf, protocol: Protocol, reason: ReasonCode) {
@@ -211,4 +236,19 @@ async fn accept(
     };
     let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
     Some((conn, (writer, writer_state)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peek_connect_level;
+
+    #[test]
+    fn peeks_the_protocol_level() {
+        let v5 = [0x10, 0x10, 0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 60];
+        assert_eq!(peek_connect_level(&v5), Some(5));
+        let v31 = [0x10, 0x10, 0, 6, b'M', b'Q', b'I', b's', b'd', b'p', 3];
+        assert_eq!(peek_connect_level(&v31), Some(3));
+        assert_eq!(peek_connect_level(&[0x10, 0x10, 0]), None);
+        assert_eq!(peek_connect_level(&[0x30, 0x10, 0, 4]), None);
+    }
 }
