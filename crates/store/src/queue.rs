@@ -70,6 +70,9 @@ pub(crate) enum Op {
     Compact { max_blocks: usize },
     /// Completes once everything queued before it is durable.
     Flush,
+    /// Writes delete markers again for these ranges: they were stored in a block that was
+    /// quarantined, and without them records deleted earlier would come back on reopen.
+    RewriteMarkers { ranges: Vec<(u64, u64)> },
     /// Seals the active block (if it holds records) and starts a new one.
     Seal,
 }

@@ -44,6 +44,8 @@ pub(crate) struct Opened {
     pub next_seq: u64,
     pub last_time_ns: u64,
     pub report: RecoveryReport,
+    /// Delete ranges that lived in quarantined blocks and must be written again.
+    pub reemit: Vec<(u64, u64)>,
 }
 
 pub(crate) struct Scan {
@@ -154,6 +156,18 @@ fn parse_block_name(name: &str) -> Option<u64> {
     stem.parse().ok()
 }
 
+/// Delete markers listed in a block's index, if the index is intact.
+fn index_markers(vfs: &dyn Vfs, dir: &Path, base: u64) -> Vec<(u64, u64)> {
+    vfs.read_file(&path_in(
+        dir,
+        &format!("quarantine/{}", index_file_name(base)),
+    ))
+    .ok()
+    .and_then(|b| format::decode_index(&Bytes::from(b)))
+    .map(|ix| ix.deletes)
+    .unwrap_or_default()
+}
+
 pub(crate) fn quarantine_block(
     vfs: &dyn Vfs,
     dir: &Path,
@@ -168,7 +182,11 @@ pub(crate) fn quarantine_block(
     let to = path_in(&qdir, &block_file_name(base));
     vfs.rename(&from, &to)
         .map_err(|e| StoreError::io("quarantine block", &from, &e))?;
-    let _ = vfs.remove_file(&path_in(dir, &index_file_name(base)));
+    // The index goes along: its delete markers are still needed (see `index_markers`).
+    let _ = vfs.rename(
+        &path_in(dir, &index_file_name(base)),
+        &path_in(&qdir, &index_file_name(base)),
+    );
     vfs.sync_dir(&qdir)
         .map_err(|e| StoreError::io("fsync directory", &qdir, &e))?;
     vfs.sync_dir(dir)
@@ -239,6 +257,7 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
         }
     }
     let mut report = RecoveryReport::default();
+    let mut reemit = Vec::new();
     let mut blocks: Vec<Block> = Vec::new();
     let mut next_seq: u64 = 1;
     for (i, &base) in bases.iter().enumerate() {
@@ -281,6 +300,7 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
             report
                 .quarantined
                 .push(quarantine_block(vfs, dir, base, base..=end, detail)?);
+            reemit.extend(index_markers(vfs, dir, base));
             continue;
         }
         if !is_active && !config.verify_on_open {
@@ -323,6 +343,7 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
             report
                 .quarantined
                 .push(quarantine_block(vfs, dir, base, base..=end, detail)?);
+            reemit.extend(index_markers(vfs, dir, base));
         } else {
             report.indexes_rebuilt += 1;
             let mut b = Block::from_index(base, path, file, sc.ix);
@@ -369,7 +390,7 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
         }
         state.blocks.push_back(b);
     }
-    for (a, z) in markers {
+    for &(a, z) in markers.iter().chain(reemit.iter()) {
         apply_delete_range(&mut state, a, z);
     }
     let dead = state.take_dead_front();
@@ -387,6 +408,7 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
     let active = &state.blocks[n - 1];
     let (active_file, active_len) = (active.file.clone(), active.len);
     Ok(Opened {
+        reemit,
         state,
         active_file,
         active_len,

@@ -180,7 +180,7 @@ impl Stream {
             queue,
             durable,
         ));
-        let writer = Writer::new(sh.clone(), o.active_file, o.active_len, durable);
+        let writer = Writer::new(sh.clone(), o.active_file, o.active_len, durable, o.reemit);
         let j = std::thread::Builder::new()
             .name(format!("tern-store-{name}"))
             .spawn(move || writer.run())
@@ -373,6 +373,22 @@ impl Stream {
         }
         drop(q);
         Ok(Ticket::new(sh.clone(), first, last))
+    }
+
+    /// Queues an op without waiting for its outcome.
+    fn send_op(&self, op: Op) {
+        let sh = self.sh();
+        let (tx, _rx) = sync_channel(1);
+        let mut q = lock(&sh.queue);
+        if q.closed {
+            return;
+        }
+        let off = q.buf.len();
+        q.ops.push((off, QueuedOp { op, reply: tx }));
+        if q.writer_waiting {
+            q.writer_waiting = false;
+            sh.writer_cv.notify_one();
+        }
     }
 
     fn op(&self, op: Op) -> Result<Removed> {
@@ -612,7 +628,12 @@ impl Stream {
             };
         }
         let end = st.blocks[bi + 1].base_seq - 1;
-        let (_b, _removed) = st.remove_block(bi);
+        let (b, _removed) = st.remove_block(bi);
+        if !b.markers.is_empty() {
+            self.send_op(Op::RewriteMarkers {
+                ranges: b.markers.clone(),
+            });
+        }
         match crate::recovery::quarantine_block(&*sh.vfs, &sh.dir, base, base..=end, detail.clone())
         {
             Ok(c) => {

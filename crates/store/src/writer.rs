@@ -69,6 +69,8 @@ pub(crate) struct Writer {
     out: Vec<u8>,
     inbox: Vec<u8>,
     pending_deletes: Vec<u64>,
+    /// Delete ranges to write again (markers of a quarantined block), as they are.
+    pending_ranges: Vec<(u64, u64)>,
     auto_deleted: Vec<u64>,
     auto_ranges: Vec<RangeInclusive<u64>>,
     pub(crate) unlink: Vec<Block>,
@@ -93,6 +95,7 @@ impl Writer {
         active_file: Arc<dyn VFile>,
         active_len: u64,
         written_seq: u64,
+        reemit: Vec<(u64, u64)>,
     ) -> Self {
         let next_expiry = Some(Instant::now() + sh.config.expire_interval);
         let (reaper, rx) = std::sync::mpsc::sync_channel::<Vec<PathBuf>>(MAX_REAPER_BACKLOG);
@@ -116,6 +119,7 @@ impl Writer {
             out: Vec::new(),
             inbox: Vec::new(),
             pending_deletes: Vec::new(),
+            pending_ranges: reemit,
             auto_deleted: Vec::new(),
             auto_ranges: Vec::new(),
             unlink: Vec::new(),
@@ -287,8 +291,10 @@ impl Writer {
             let r = coalesce(std::mem::take(&mut self.auto_ranges));
             st.removed_log.push(&r);
         }
-        if !self.pending_deletes.is_empty() {
-            let ranges: Vec<(u64, u64)> = ranges_of(std::mem::take(&mut self.pending_deletes))
+        if !self.pending_deletes.is_empty() || !self.pending_ranges.is_empty() {
+            let mut ranges = ranges_of(std::mem::take(&mut self.pending_deletes));
+            ranges.extend(self.pending_ranges.drain(..).map(|(a, z)| a..=z));
+            let ranges: Vec<(u64, u64)> = coalesce(ranges)
                 .into_iter()
                 .map(|r| (*r.start(), *r.end()))
                 .collect();
@@ -459,6 +465,10 @@ impl Writer {
     fn run_op(&mut self, st: &mut State, op: Op) -> Result<Removed> {
         match op {
             Op::Flush => Ok(Removed::default()),
+            Op::RewriteMarkers { ranges } => {
+                self.pending_ranges.extend(ranges);
+                Ok(Removed::default())
+            }
             Op::Seal => {
                 if !st.active().entries.is_empty() {
                     let base = st.active().last_seq().unwrap_or(0).max(self.written_seq) + 1;

@@ -380,3 +380,79 @@ fn verify_scrubs_sealed_blocks() {
         );
     }
 }
+
+/// Delete markers stored in a block that gets quarantined are written again, so records
+/// deleted earlier do not come back.
+#[test]
+fn markers_of_a_quarantined_block_are_kept() {
+    for found_by_read in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StreamConfig {
+            block_size_bytes: 4096,
+            ..Default::default()
+        };
+        let blocks = |d: &Path| {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(d.join("streams/s"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|e| e == "blk"))
+                .collect();
+            v.sort();
+            v
+        };
+        let victim;
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let s = store.stream("s", cfg.clone()).unwrap();
+            for seq in 1..=100u64 {
+                drop(s.append_at(seq, b"t", b"", &payload(seq)).unwrap());
+            }
+            s.flush().unwrap();
+            assert_eq!(s.delete(&[5]).unwrap().records, 1);
+            victim = blocks(dir.path()).pop().unwrap();
+            for seq in 101..=300u64 {
+                drop(s.append_at(seq, b"t", b"", &payload(seq)).unwrap());
+            }
+            s.flush().unwrap();
+        }
+        assert!(
+            victim != blocks(dir.path()).pop().unwrap(),
+            "victim block was sealed"
+        );
+        let mut b = std::fs::read(&victim).unwrap();
+        b[BLOCK_HEADER_LEN + 5] ^= 2;
+        std::fs::write(&victim, b).unwrap();
+        let victim_base: u64 = victim
+            .file_stem()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let s = store
+                .stream(
+                    "s",
+                    StreamConfig {
+                        verify_on_open: !found_by_read,
+                        ..cfg.clone()
+                    },
+                )
+                .unwrap();
+            if found_by_read {
+                assert!(s.get(victim_base).is_err());
+            }
+            assert_eq!(s.info().quarantined.len(), 1);
+            assert!(s.get(5).unwrap().is_none());
+            s.flush().unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", cfg).unwrap();
+        assert!(
+            s.get(5).unwrap().is_none(),
+            "deleted record came back (found_by_read={found_by_read})"
+        );
+        assert!(s.get(4).unwrap().is_some());
+    }
+}
