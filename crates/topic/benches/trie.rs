@@ -293,6 +293,16 @@ fn bench_match(c: &mut Criterion<Clock>) {
             }
         })
     });
+    // One filter with 10,000 subscribers (a broadcast topic): the cost of visiting them.
+    let mut broadcast: SubscriptionTrie<u64, Options> = SubscriptionTrie::new();
+    for key in 0..10_000 {
+        broadcast
+            .subscribe("fleet/broadcast/#", key, options(key))
+            .expect("valid filter");
+    }
+    group.bench_function("fan_out_10k", |b| {
+        b.iter(|| count_matches(&broadcast, black_box("fleet/broadcast/firmware")))
+    });
     group.bench_function("no_match_topic", |b| {
         b.iter(|| count_matches(&trie, black_box("plant/7/line/3/speed")))
     });

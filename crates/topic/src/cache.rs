@@ -48,7 +48,7 @@ pub struct CachedMatches<'a, K, V> {
     trie: &'a SubscriptionTrie<K, V>,
 }
 
-impl<'a, K: Eq + Hash, V> CachedMatches<'a, K, V> {
+impl<'a, K: Eq + Hash + Clone, V> CachedMatches<'a, K, V> {
     /// The normal subscriptions that match, as [`Match::Subscription`] would report them.
     pub fn subscriptions(&self) -> &'a [(K, V)] {
         self.subscriptions

@@ -1,9 +1,9 @@
 //! A map that is a plain vector while small and a hash map once it grows.
 //!
-//! Trie nodes are numerous and most have one or two children and one subscriber, so a
-//! hash table per node would cost memory and hashing time for nothing; a few nodes
-//! (`site/{n}` with 1,000 devices, `#` with 10,000 subscribers) are wide and need O(1)
-//! lookup. The crossover was chosen with `benches/trie.rs` (see /work/notes/bench-topic.md).
+//! Used for a node's literal children. Trie nodes are numerous and most have one or two
+//! children, so a hash table per node would cost memory and hashing time for nothing; a
+//! few nodes (`site/{n}/device` with 1,000 devices) are wide and need O(1) lookup. The
+//! crossover was chosen with `benches/trie.rs` (see /work/notes/bench-topic.md).
 //!
 //! # Invariants
 //! - Keys are unique in both representations.
@@ -108,33 +108,6 @@ impl<Q: Eq + Hash, T> HybridMap<Q, T> {
         }
     }
 
-    /// Inserts or replaces, returning the previous value.
-    pub(crate) fn insert(&mut self, key: Q, value: T, small_max: usize) -> Option<T> {
-        if let Some(slot) = self.get_mut(&key) {
-            return Some(std::mem::replace(slot, value));
-        }
-        self.push_new(key, value, small_max);
-        None
-    }
-
-    /// Adds a key known to be absent.
-    fn push_new(&mut self, key: Q, value: T, small_max: usize) {
-        if let HybridMap::Small(entries) = self {
-            if entries.len() >= small_max {
-                self.promote();
-            }
-        }
-        match self {
-            HybridMap::Small(entries) => {
-                entries.reserve_exact(1);
-                entries.push((key, value));
-            }
-            HybridMap::Large(map) => {
-                map.insert(key, value);
-            }
-        }
-    }
-
     pub(crate) fn remove<B>(&mut self, key: &B, small_max: usize) -> Option<T>
     where
         Q: Borrow<B>,
@@ -212,20 +185,21 @@ mod tests {
 
     #[test]
     fn grows_into_a_hash_map_and_shrinks_back() {
-        let mut map: HybridMap<u32, u32> = HybridMap::default();
-        for i in 0..20 {
-            assert_eq!(map.insert(i, i * 10, 8), None);
+        let mut map: HybridMap<Box<str>, u32> = HybridMap::default();
+        let keys: Vec<String> = (0..20).map(|i| i.to_string()).collect();
+        for (i, key) in keys.iter().enumerate() {
+            *map.get_or_insert_with(key.as_str(), 8, || 0) = i as u32 * 10;
         }
         assert!(matches!(map, HybridMap::Large(_)));
-        assert_eq!(map.insert(3, 33, 8), Some(30));
-        assert_eq!(map.get(&3), Some(&33));
+        *map.get_or_insert_with("3", 8, || 0) += 3;
+        assert_eq!(map.get("3"), Some(&33));
         assert_eq!(map.len(), 20);
-        for i in 0..19 {
-            assert!(map.remove(&i, 8).is_some());
+        for key in &keys[..19] {
+            assert!(map.remove(key.as_str(), 8).is_some());
         }
         assert!(matches!(map, HybridMap::Small(_)));
-        assert_eq!(map.get(&19), Some(&190));
-        assert_eq!(map.remove(&19, 8), Some(190));
+        assert_eq!(map.get("19"), Some(&190));
+        map.retain(8, |_, v| *v != 190);
         assert!(map.is_empty());
     }
 

@@ -12,8 +12,8 @@
 //! - [`cache`]: [`MatchCache`], a bounded per-worker cache of match results per topic,
 //!   invalidated by [`SubscriptionTrie::generation`].
 //! - [`error`]: typed errors naming the conformance statements they enforce.
-//! - `hybrid_map` (private): the vector-then-hash-map used for node children and
-//!   subscribers.
+//! - `hybrid_map` (private): the vector-then-hash-map used for node children.
+//! - `subscribers` (private): the dense subscriber list of one filter, indexed once large.
 //!
 //! ```
 //! use tern_topic::{Match, SubscriptionTrie};
@@ -38,6 +38,7 @@ pub mod cache;
 pub mod error;
 mod hybrid_map;
 pub mod shared;
+mod subscribers;
 pub mod trie;
 pub mod validate;
 

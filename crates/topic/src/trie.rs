@@ -24,6 +24,7 @@ use std::hash::Hash;
 use crate::error::SubscribeError;
 use crate::hybrid_map::HybridMap;
 use crate::shared::{GroupSlab, SharedGroup};
+use crate::subscribers::Subscribers;
 use crate::validate::{is_sys_topic, validate_share_name, validate_topic_filter};
 
 /// Default limit on levels per subscribed filter; see [`SubscriptionTrie::with_max_filter_levels`].
@@ -34,9 +35,6 @@ pub const DEFAULT_MAX_FILTER_LEVELS: usize = 128;
 /// the 100k-subscription bench: hash maps everywhere 378 ns/match and 367 B/subscription,
 /// this hybrid 261 ns and 210 B (bench-topic.md); 32 measured the same as 8.
 const CHILDREN_SMALL_MAX: usize = 8;
-
-/// Subscribers of one exact filter stay a vector up to this many entries.
-const SUBSCRIBERS_SMALL_MAX: usize = 16;
 
 /// One match reported by [`SubscriptionTrie::for_each_match`].
 #[derive(Debug)]
@@ -58,7 +56,7 @@ struct Node<K, V> {
     children: HybridMap<Box<str>, Node<K, V>>,
     plus: Option<Box<Node<K, V>>>,
     hash: Option<Box<Node<K, V>>>,
-    subscribers: HybridMap<K, V>,
+    subscribers: Subscribers<K, V>,
     /// Ids in the trie's [`GroupSlab`] of the groups on exactly this filter.
     groups: Vec<usize>,
 }
@@ -69,13 +67,13 @@ impl<K, V> Default for Node<K, V> {
             children: HybridMap::default(),
             plus: None,
             hash: None,
-            subscribers: HybridMap::default(),
+            subscribers: Subscribers::default(),
             groups: Vec::new(),
         }
     }
 }
 
-impl<K: Eq + Hash, V> Node<K, V> {
+impl<K: Eq + Hash + Clone, V> Node<K, V> {
     fn is_empty(&self) -> bool {
         self.children.is_empty()
             && self.plus.is_none()
@@ -86,8 +84,9 @@ impl<K: Eq + Hash, V> Node<K, V> {
 
     #[inline]
     fn visit_own<'a>(&'a self, slab: &'a GroupSlab<K, V>, visit: &mut impl FnMut(Match<'a, K, V>)) {
-        self.subscribers
-            .for_each(|key, value| visit(Match::Subscription { key, value }));
+        for (key, value) in self.subscribers.as_slice() {
+            visit(Match::Subscription { key, value });
+        }
         for &id in &self.groups {
             if let Some(group) = slab.get(id) {
                 visit(Match::Shared(group));
@@ -170,11 +169,7 @@ impl<K: Eq + Hash, V> Node<K, V> {
     /// Removes every subscription and membership of `key` below this node, pruning empty
     /// nodes; returns how many were removed.
     fn remove_key(&mut self, key: &K, slab: &mut GroupSlab<K, V>) -> usize {
-        let mut removed = usize::from(
-            self.subscribers
-                .remove(key, SUBSCRIBERS_SMALL_MAX)
-                .is_some(),
-        );
+        let mut removed = usize::from(self.subscribers.remove(key).is_some());
         self.groups.retain(|&id| {
             let Some(group) = slab.get_mut(id) else {
                 return false;
@@ -212,13 +207,13 @@ pub struct SubscriptionTrie<K, V> {
     max_filter_levels: usize,
 }
 
-impl<K: Eq + Hash, V> Default for SubscriptionTrie<K, V> {
+impl<K: Eq + Hash + Clone, V> Default for SubscriptionTrie<K, V> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
+impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
     /// An empty trie accepting filters of up to [`DEFAULT_MAX_FILTER_LEVELS`] levels.
     pub fn new() -> Self {
         Self::with_max_filter_levels(DEFAULT_MAX_FILTER_LEVELS)
@@ -292,7 +287,7 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
         self.check_filter(filter)?;
         let old = Self::node_mut_or_insert(&mut self.root, filter)
             .subscribers
-            .insert(key, value, SUBSCRIBERS_SMALL_MAX);
+            .insert(key, value);
         if old.is_none() {
             self.len += 1;
         }
@@ -303,9 +298,9 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
     /// Removes the subscription of `key` on exactly `filter`, returning its value.
     /// An invalid or unknown filter removes nothing.
     pub fn unsubscribe(&mut self, filter: &str, key: &K) -> Option<V> {
-        let old = self.root.remove_at(filter.split('/'), |node| {
-            node.subscribers.remove(key, SUBSCRIBERS_SMALL_MAX)
-        })?;
+        let old = self
+            .root
+            .remove_at(filter.split('/'), |node| node.subscribers.remove(key))?;
         self.len -= 1;
         self.generation = self.generation.wrapping_add(1);
         Some(old)
@@ -434,7 +429,7 @@ impl<K: Eq + Hash, V> SubscriptionTrie<K, V> {
 /// `rest` is the unmatched part of the topic: `None` once every level is consumed,
 /// `Some("")` for a remaining empty level. `skip_wildcards` is set only at the root of a
 /// `$` topic [MQTT-4.7.2-1].
-fn walk<'a, K: Eq + Hash, V>(
+fn walk<'a, K: Eq + Hash + Clone, V>(
     node: &'a Node<K, V>,
     slab: &'a GroupSlab<K, V>,
     rest: Option<&str>,
