@@ -12,6 +12,36 @@
 //! - [`fanout`]: [`PublishTemplate`] and [`Delivery`], a PUBLISH encoded once for many
 //!   subscribers, and the [`publish_templates_built`] counter.
 //!
+//! ```
+//! use tern_wire::{decode, encode, Bytes, BytesMut, Packet, Protocol, Publish, QoS, Str, Properties};
+//!
+//! let publish = Packet::Publish(Publish {
+//!     dup: false,
+//!     qos: QoS::AtLeastOnce,
+//!     retain: false,
+//!     topic: Str::from_static("a/b"),
+//!     packet_id: 1,
+//!     properties: Properties::default(),
+//!     payload: Bytes::from_static(b"hi"),
+//! });
+//! let mut buf = BytesMut::new();
+//! encode(&publish, Protocol::V5, &mut buf)?;
+//! let partial = buf.split_off(3);
+//! assert_eq!(decode(&mut buf, Protocol::V5, 1024)?, None); // need more bytes
+//! buf.unsplit(partial);
+//! assert_eq!(decode(&mut buf, Protocol::V5, 1024)?, Some(publish));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Choices the spec leaves open, and how this crate makes them:
+//! - Non-minimal Variable Byte Integers are accepted (the spec binds only the sender); the
+//!   encoder always writes the minimal form.
+//! - A wildcard in a PUBLISH (or will) topic maps to 0x90 (topic name invalid), an unknown
+//!   protocol name to 0x84 like an unknown level; packet identifier 0 and forbidden,
+//!   duplicate or out-of-range properties are protocol errors (0x82), as in mosquitto.
+//! - Whether a PUBLISH carrying a subscription identifier came from a client (forbidden,
+//!   [MQTT-3.3.4-6]) depends on the direction, which the codec does not know: the broker checks.
+//!
 //! # Invariants
 //! - Decoding never panics, whatever the input, and never buffers or allocates more than the
 //!   packet in hand (bounded by the caller's maximum packet size).

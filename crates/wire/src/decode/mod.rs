@@ -36,7 +36,8 @@ pub(crate) struct FixedHeader {
 ///
 /// `Ok(None)`: need more bytes (`buf` untouched). `Ok(Some(p))`: the packet's bytes were split
 /// off the front of `buf` and frozen; topic, payload and binary fields of `p` are slices of them.
-/// `protocol` is the connection's negotiated version; CONNECT carries and uses its own.
+/// `protocol` is the connection's negotiated version; CONNECT carries and uses its own, so
+/// for the first packet of a connection any value will do (AUTH is only accepted with `V5`).
 /// `max_packet_size_bytes` limits the whole packet, fixed header included, and is enforced as
 /// soon as the fixed header is complete ([`DecodeError::PacketTooLarge`]).
 pub fn decode(
@@ -140,7 +141,8 @@ fn body(
     let packet = match header.packet_type {
         PacketType::Connect => Packet::Connect(Box::new(connect::connect(&mut reader)?)),
         PacketType::ConnAck => Packet::ConnAck(connect::connack(&mut reader, v5)?),
-        PacketType::Publish => unreachable_publish()?,
+        // Dispatched to `publish::publish` by `decode` before we get here.
+        PacketType::Publish => return Err(DecodeError::InvalidPacketType(3)),
         PacketType::PubAck => Packet::PubAck(ack::ack(&mut reader, PacketType::PubAck, v5)?),
         PacketType::PubRec => Packet::PubRec(ack::ack(&mut reader, PacketType::PubRec, v5)?),
         PacketType::PubRel => Packet::PubRel(ack::ack(&mut reader, PacketType::PubRel, v5)?),
@@ -170,10 +172,4 @@ pub(crate) fn packet_id(reader: &mut Reader<'_>) -> Result<u16, DecodeError> {
         0 => Err(DecodeError::PacketIdZero),
         id => Ok(id),
     }
-}
-
-/// PUBLISH is dispatched before the match in [`body`]; this arm only keeps the match total.
-#[cold]
-fn unreachable_publish() -> Result<Packet, DecodeError> {
-    Err(DecodeError::InvalidPacketType(PacketType::Publish as u8))
 }
