@@ -78,7 +78,10 @@ fn peek_connect_level(buf: &[u8]) -> Option<u8> {
             return None;
         }
     }
-    let name_len = usize::from(u16::from_be_bytes([*buf.get(offset)?, *buf.get(offset + 1)?]));
+    let name_len = usize::from(u16::from_be_bytes([
+        *buf.get(offset)?,
+        *buf.get(offset + 1)?,
+    ]));
     buf.get(offset + 2 + name_len).copied()
 }
 
