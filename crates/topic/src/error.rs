@@ -120,4 +120,11 @@ pub enum SubscribeError {
         /// The configured limit.
         max_levels: usize,
     },
+    /// The trie already holds its maximum number of subscriptions (v5: 0x97 Quota
+    /// exceeded). Replacing an existing subscription is always allowed.
+    #[error("the trie holds its limit of {max_subscriptions} subscriptions")]
+    TooManySubscriptions {
+        /// The configured limit.
+        max_subscriptions: usize,
+    },
 }

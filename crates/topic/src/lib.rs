@@ -49,7 +49,7 @@ pub use error::{
     ShareNameError, SharedFilterError, SubscribeError, TopicFilterError, TopicNameError,
 };
 pub use shared::SharedGroup;
-pub use trie::{DEFAULT_MAX_FILTER_LEVELS, Match, SubscriptionTrie};
+pub use trie::{DEFAULT_MAX_FILTER_LEVELS, DEFAULT_MAX_SUBSCRIPTIONS, Match, SubscriptionTrie};
 pub use validate::{
     FilterKind, FilterKindError, MAX_TOPIC_BYTES, SHARE_PREFIX, classify_filter, filter_matches,
     is_sys_topic, parse_shared_filter, validate_share_name, validate_topic_filter,

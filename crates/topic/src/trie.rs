@@ -11,7 +11,9 @@
 //!   its node and from the group slab. Groups live in the slab so that a match cache can
 //!   name them by id; nodes hold the ids.
 //! - `len` is the number of (filter, key) subscriptions plus the number of (group, filter,
-//!   key) shared memberships.
+//!   key) shared memberships, and never exceeds `max_subscriptions`.
+//! - A refused subscribe (invalid filter, limits) changes nothing: checks run before any
+//!   node is created.
 //! - `generation` changes whenever the set of subscriptions or any of their values changes,
 //!   and only then; a cached match result tagged with the generation is valid while the
 //!   generation is equal.
@@ -27,8 +29,13 @@ use crate::shared::{GroupSlab, SharedGroup};
 use crate::subscribers::Subscribers;
 use crate::validate::{is_sys_topic, validate_share_name, validate_topic_filter};
 
-/// Default limit on levels per subscribed filter; see [`SubscriptionTrie::with_max_filter_levels`].
+/// Default limit on levels per subscribed filter; see [`SubscriptionTrie::with_limits`].
 pub const DEFAULT_MAX_FILTER_LEVELS: usize = 128;
+
+/// Default limit on subscriptions plus shared memberships in one trie (about 2.2 GB at the
+/// measured 222 bytes each); see [`SubscriptionTrie::with_limits`]. The broker's per-session
+/// limits are expected to bite long before this one.
+pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 10_000_000;
 
 /// A node's literal children stay a vector up to this many entries: a linear scan over a
 /// few short strings beats hashing the level, and most nodes have one child. Measured on
@@ -205,6 +212,7 @@ pub struct SubscriptionTrie<K, V> {
     len: usize,
     generation: u64,
     max_filter_levels: usize,
+    max_subscriptions: usize,
 }
 
 impl<K: Eq + Hash + Clone, V> Default for SubscriptionTrie<K, V> {
@@ -214,20 +222,23 @@ impl<K: Eq + Hash + Clone, V> Default for SubscriptionTrie<K, V> {
 }
 
 impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
-    /// An empty trie accepting filters of up to [`DEFAULT_MAX_FILTER_LEVELS`] levels.
+    /// An empty trie with the default limits, [`DEFAULT_MAX_FILTER_LEVELS`] and
+    /// [`DEFAULT_MAX_SUBSCRIPTIONS`].
     pub fn new() -> Self {
-        Self::with_max_filter_levels(DEFAULT_MAX_FILTER_LEVELS)
+        Self::with_limits(DEFAULT_MAX_FILTER_LEVELS, DEFAULT_MAX_SUBSCRIPTIONS)
     }
 
-    /// An empty trie accepting filters of up to `max_filter_levels` levels. The spec has no
-    /// such limit; ours bounds the trie depth and so the stack used by matching.
-    pub fn with_max_filter_levels(max_filter_levels: usize) -> Self {
+    /// An empty trie accepting filters of up to `max_filter_levels` levels (the spec has no
+    /// such limit; ours bounds the trie depth and so the stack used by matching) and at most
+    /// `max_subscriptions` subscriptions plus shared memberships.
+    pub fn with_limits(max_filter_levels: usize, max_subscriptions: usize) -> Self {
         SubscriptionTrie {
             root: Node::default(),
             groups: GroupSlab::default(),
             len: 0,
             generation: 0,
             max_filter_levels: max_filter_levels.max(1),
+            max_subscriptions,
         }
     }
 
@@ -264,6 +275,12 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
         Ok(())
     }
 
+    fn quota_error(&self) -> SubscribeError {
+        SubscribeError::TooManySubscriptions {
+            max_subscriptions: self.max_subscriptions,
+        }
+    }
+
     fn node_mut_or_insert<'t>(root: &'t mut Node<K, V>, filter: &str) -> &'t mut Node<K, V> {
         filter
             .split('/')
@@ -285,6 +302,9 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
         value: V,
     ) -> Result<Option<V>, SubscribeError> {
         self.check_filter(filter)?;
+        if self.len >= self.max_subscriptions && self.get(filter, &key).is_none() {
+            return Err(self.quota_error());
+        }
         let old = Self::node_mut_or_insert(&mut self.root, filter)
             .subscribers
             .insert(key, value);
@@ -323,6 +343,13 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
     ) -> Result<Option<V>, SubscribeError> {
         validate_share_name(group)?;
         self.check_filter(filter)?;
+        if self.len >= self.max_subscriptions
+            && !self
+                .shared_group(group, filter)
+                .is_some_and(|g| g.members().iter().any(|(k, _)| *k == key))
+        {
+            return Err(self.quota_error());
+        }
         let node = Self::node_mut_or_insert(&mut self.root, filter);
         let slab = &mut self.groups;
         let id = match node.group_position(slab, group) {

@@ -129,7 +129,7 @@ fn invalid_filters_are_refused_mqtt_4_7_1_2_and_4_7_1_3_and_4_7_3_1() {
 
 #[test]
 fn level_limit_bounds_trie_depth() {
-    let mut trie = Trie::with_max_filter_levels(3);
+    let mut trie = Trie::with_limits(3, DEFAULT_MAX_SUBSCRIPTIONS);
     assert!(trie.subscribe("a/b/c", 1, "").is_ok());
     assert_eq!(
         trie.subscribe("a/b/c/d", 1, ""),
@@ -327,4 +327,25 @@ fn arc_str_keys_work() {
     trie.for_each_subscription("a/b", |k, v| seen.push((k.clone(), *v)));
     assert_eq!(seen, vec![(session.clone(), 1)]);
     assert_eq!(trie.unsubscribe("a/#", &session), Some(1));
+}
+
+#[test]
+fn subscription_limit_allows_replacement_but_not_growth() {
+    let mut trie = Trie::with_limits(DEFAULT_MAX_FILTER_LEVELS, 2);
+    trie.subscribe("a", 1, "x").unwrap();
+    trie.subscribe_shared("g", "b", 2, "y").unwrap();
+    let quota = Err(SubscribeError::TooManySubscriptions {
+        max_subscriptions: 2,
+    });
+    assert_eq!(trie.subscribe("a", 3, "z"), quota);
+    assert_eq!(trie.subscribe("c", 1, "z"), quota);
+    assert_eq!(trie.subscribe_shared("g", "b", 3, "z"), quota);
+    assert_eq!(trie.subscribe_shared("h", "b", 2, "z"), quota);
+    assert_eq!(trie.subscribe("a", 1, "x2"), Ok(Some("x")));
+    assert_eq!(trie.subscribe_shared("g", "b", 2, "y2"), Ok(Some("y")));
+    assert_eq!(trie.unsubscribe("a", &1), Some("x2"));
+    assert_eq!(trie.subscribe("c", 1, "z"), Ok(None));
+    assert_eq!(trie.len(), 2);
+    // A refused subscribe leaves no empty node behind.
+    assert_eq!(trie.node_count(), 3);
 }
