@@ -112,6 +112,10 @@ impl DecodeError {
                 ReasonCode::UNSUPPORTED_PROTOCOL_VERSION
             }
             WildcardInTopicName => ReasonCode::TOPIC_NAME_INVALID,
+            // [MQTT-3.3.2-8]: a Topic Alias of 0 earns "Topic Alias invalid".
+            InvalidPropertyValue(crate::property_table::TOPIC_ALIAS) => {
+                ReasonCode::TOPIC_ALIAS_INVALID
+            }
             PacketIdZero
             | EmptyTopicName
             | PropertyNotAllowed { .. }

@@ -285,11 +285,11 @@ fn cases() -> Vec<Case> {
         0x82,
     );
     add(
-        "topic alias 0",
+        "MQTT-3.3.2-8 topic alias 0",
         V5,
         packet(0x30, "0000 03 230000"),
         E::InvalidPropertyValue(0x23),
-        0x82,
+        0x94,
     );
     add(
         "payload format indicator 2",
