@@ -192,8 +192,8 @@ def draw(chart, brokers, runs):
         ax1.bar(xs, values, width, label=DISPLAY[broker], color=colors[broker])
         for x, value, cell in zip(xs, values, TRAFFIC):
             if (broker, cell) not in runs:
-                ax1.annotate("n/a", (x, 1), xycoords=("data", "axes fraction"), xytext=(0, -2),
-                             textcoords="offset points", ha="center", va="top", fontsize=6)
+                ax1.annotate("n/a", (x, 0), xycoords=("data", "axes fraction"), xytext=(0, 2),
+                             textcoords="offset points", ha="center", va="bottom", fontsize=7)
     ax1.set_xticks(range(len(TRAFFIC)))
     ax1.set_xticklabels([CELLS[c].replace(", ", "\n", 1) for c in TRAFFIC], fontsize=8)
     ax1.set_yscale("log")

@@ -89,6 +89,8 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
         }
     }
     let connect_elapsed = started.elapsed();
+    // CPU of the connect phase only: the hold is idle by design.
+    let cpu = cpu.usage();
     progress.phase(&format!(
         "holding {} connections for {} s",
         conns.len(),
@@ -98,7 +100,6 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
     let rss_after = common
         .broker_pid
         .and_then(|pid| rss_bytes(Target::Pid(pid)));
-    let cpu = cpu.usage();
     progress.phase("disconnecting");
     let established = conns.len() as u32;
     let mut closing = JoinSet::new();
