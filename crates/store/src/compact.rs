@@ -33,11 +33,7 @@ pub(crate) fn garbage_bytes(st: &State) -> u64 {
 }
 
 fn is_dirty(b: &Block) -> bool {
-    b.live < b.entries.len() as u64
-        || !b.markers.is_empty()
-        || b.entries
-            .iter()
-            .any(|e| e.flags & u32::from(FLAG_TOMBSTONE) != 0)
+    b.live < b.n_entries as u64 || !b.markers.is_empty() || b.tombstones > 0
 }
 
 /// Compacts up to `max_blocks` dirty sealed blocks, oldest first.
@@ -50,6 +46,7 @@ pub(crate) fn compact(w: &mut Writer, st: &mut State, max_blocks: usize) -> Resu
             bi += 1;
             continue;
         }
+        st.load(bi)?;
         // Live tombstones go away with the rewrite.
         for ei in 0..st.blocks[bi].entries.len() {
             let e = st.blocks[bi].entries[ei];

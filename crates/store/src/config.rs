@@ -7,6 +7,9 @@ use crate::error::{Result, StoreError};
 /// Default block file size: large enough that per-block costs (open, unlink, index) are
 /// amortised over tens of thousands of small records, small enough to expire finely.
 pub const DEFAULT_BLOCK_SIZE_BYTES: u64 = 4 * 1024 * 1024;
+/// Default of `StreamConfig::index_cache_blocks`: 64 blocks of 4 MiB hold the entries of
+/// up to 256 MiB of records in memory.
+pub const DEFAULT_INDEX_CACHE_BLOCKS: usize = 64;
 /// Largest record (header + topic + properties + payload) the store accepts.
 pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
 /// Longest topic, bounded by the u16 length field of the record format.
@@ -65,6 +68,9 @@ pub struct StreamConfig {
     pub max_queue_bytes: usize,
     /// How often the writer applies `max_age` on its own while idle.
     pub expire_interval: Duration,
+    /// Sealed blocks whose per-record index stays in memory; beyond it, clean blocks drop
+    /// theirs (32 bytes a record) and reload it from the index file when next needed.
+    pub index_cache_blocks: usize,
     /// Verify every record checksum of sealed blocks on open (otherwise sealed blocks are
     /// trusted through their index and verified when read).
     pub verify_on_open: bool,
@@ -79,6 +85,7 @@ impl Default for StreamConfig {
             max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
             expire_interval: Duration::from_secs(1),
             verify_on_open: false,
+            index_cache_blocks: DEFAULT_INDEX_CACHE_BLOCKS,
         }
     }
 }

@@ -232,7 +232,12 @@ pub(crate) fn ensure_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Result<Opened> {
+pub(crate) fn open_dir(
+    shared_vfs: &Arc<dyn Vfs>,
+    dir: &Path,
+    config: &StreamConfig,
+) -> Result<Opened> {
+    let vfs: &dyn Vfs = &**shared_vfs;
     ensure_dir(vfs, dir)?;
     let names = vfs
         .list_dir(dir)
@@ -377,7 +382,11 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
         let (path, file) = create_block(vfs, dir, next_seq)?;
         blocks.push(Block::new(next_seq, path, file, BLOCK_HEADER_LEN as u64));
     }
-    let mut state = State::new(config.limits.max_msgs_per_topic.is_some());
+    let mut state = State::new(
+        config.limits.max_msgs_per_topic.is_some(),
+        shared_vfs.clone(),
+        config.index_cache_blocks,
+    );
     let mut last_time_ns = 0;
     let mut markers = Vec::new();
     for b in blocks {
@@ -393,6 +402,8 @@ pub(crate) fn open_dir(vfs: &dyn Vfs, dir: &Path, config: &StreamConfig) -> Resu
     for &(a, z) in markers.iter().chain(reemit.iter()) {
         apply_delete_range(&mut state, a, z);
     }
+    let n = state.blocks.len();
+    state.evict(n.saturating_sub(1));
     let dead = state.take_dead_front();
     if !dead.is_empty() {
         for b in &dead {

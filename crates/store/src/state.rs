@@ -21,10 +21,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::config::MAX_PENDING_REMOVED_RANGES;
+use crate::error::{Result, StoreError};
 use crate::filter::FilterSet;
-use crate::format::{Entry, IndexData};
+use crate::format::{self, Entry, FLAG_TOMBSTONE, IndexData};
 use crate::queue::{Removed, coalesce, ranges_of};
-use crate::vfs::VFile;
+use crate::vfs::{VFile, Vfs};
 
 /// In-memory flag on `Entry::flags`; never written to disk.
 pub(crate) const ENTRY_DELETED: u32 = 1 << 31;
@@ -47,7 +48,18 @@ pub(crate) struct Block {
     pub topics: Vec<Bytes>,
     pub topic_ids: HashMap<Bytes, u32>,
     pub topic_live: Vec<u64>,
+    /// Per-record entries; empty while `loaded` is false.
     pub entries: Vec<Entry>,
+    /// False when the entries of a clean sealed block were dropped to bound memory;
+    /// `State::load` brings them back from the index file (or the block itself).
+    pub loaded: bool,
+    pub n_entries: usize,
+    /// Entries flagged as keyed-state tombstones (deleted or not).
+    pub tombstones: usize,
+    first_seq_c: Option<u64>,
+    last_seq_c: Option<u64>,
+    last_time_c: Option<u64>,
+    last_use: u64,
     /// Delete ranges whose markers are stored in this block.
     pub markers: Vec<(u64, u64)>,
     pub live: u64,
@@ -68,6 +80,13 @@ impl Block {
             topic_ids: HashMap::new(),
             topic_live: Vec::new(),
             entries: Vec::new(),
+            loaded: true,
+            n_entries: 0,
+            tombstones: 0,
+            first_seq_c: None,
+            last_seq_c: None,
+            last_time_c: None,
+            last_use: 0,
             markers: Vec::new(),
             live: 0,
             live_bytes: 0,
@@ -87,6 +106,15 @@ impl Block {
             b.live_bytes += e.len as u64;
         }
         b.live = ix.entries.len() as u64;
+        b.n_entries = ix.entries.len();
+        b.tombstones = ix
+            .entries
+            .iter()
+            .filter(|e| e.flags & u32::from(FLAG_TOMBSTONE) != 0)
+            .count();
+        b.first_seq_c = ix.entries.first().map(|e| e.seq);
+        b.last_seq_c = ix.entries.last().map(|e| e.seq);
+        b.last_time_c = ix.entries.last().map(|e| e.time_ns);
         b.entries = ix.entries;
         b.markers = ix.deletes;
         b
@@ -113,6 +141,13 @@ impl Block {
         self.topic_live[e.topic as usize] += 1;
         self.live += 1;
         self.live_bytes += e.len as u64;
+        self.n_entries += 1;
+        if e.flags & u32::from(FLAG_TOMBSTONE) != 0 {
+            self.tombstones += 1;
+        }
+        self.first_seq_c.get_or_insert(e.seq);
+        self.last_seq_c = Some(e.seq);
+        self.last_time_c = Some(e.time_ns);
         self.entries.push(e);
     }
 
@@ -135,7 +170,28 @@ impl Block {
     }
 
     pub fn last_seq(&self) -> Option<u64> {
-        self.entries.last().map(|e| e.seq)
+        self.last_seq_c
+    }
+
+    pub fn first_seq(&self) -> Option<u64> {
+        self.first_seq_c
+    }
+
+    /// Sequence and time of the block's newest record (deleted or not), as an entry.
+    pub fn last_entry_summary(&self) -> Option<Entry> {
+        Some(Entry {
+            seq: self.last_seq_c?,
+            time_ns: self.last_time_c?,
+            offset: 0,
+            len: 0,
+            topic: 0,
+            flags: 0,
+        })
+    }
+
+    /// A clean sealed block can drop its entries: they are exactly its index file's.
+    fn evictable(&self) -> bool {
+        self.sealed && self.loaded && self.live == self.n_entries as u64
     }
 
     /// Index content for this block as written (deletion flags are not part of it).
@@ -220,10 +276,14 @@ pub(crate) struct State {
     pub track_topic_seqs: bool,
     pub quarantined: Vec<Corruption>,
     pub removed_log: RemovedLog,
+    vfs: Arc<dyn Vfs>,
+    /// Most sealed blocks whose entries stay in memory (clean ones beyond are dropped).
+    cache_blocks: usize,
+    tick: u64,
 }
 
 impl State {
-    pub fn new(track_topic_seqs: bool) -> Self {
+    pub fn new(track_topic_seqs: bool, vfs: Arc<dyn Vfs>, cache_blocks: usize) -> Self {
         State {
             blocks: VecDeque::new(),
             topics: HashMap::new(),
@@ -233,6 +293,9 @@ impl State {
             track_topic_seqs,
             quarantined: Vec::new(),
             removed_log: RemovedLog::default(),
+            vfs,
+            cache_blocks: cache_blocks.max(1),
+            tick: 0,
         }
     }
 
@@ -242,6 +305,86 @@ impl State {
         &mut self.blocks[n - 1]
     }
 
+    /// Makes sure block `bi` has its entries in memory, dropping those of the least recently
+    /// used clean sealed blocks beyond the cache budget.
+    pub fn load(&mut self, bi: usize) -> Result<()> {
+        self.tick += 1;
+        let tick = self.tick;
+        let b = &mut self.blocks[bi];
+        b.last_use = tick;
+        if b.loaded {
+            return Ok(());
+        }
+        let ix = self
+            .vfs
+            .read_file(&b.index_path())
+            .ok()
+            .and_then(|buf| format::decode_index(&Bytes::from(buf)))
+            .filter(|ix| ix.block_len == b.len && ix.entries.len() == b.n_entries);
+        let ix = match ix {
+            Some(ix) => ix,
+            None => {
+                let mut raw = vec![0u8; b.len as usize];
+                b.file
+                    .read_exact_at(&mut raw, 0)
+                    .map_err(|e| StoreError::io("read block", &b.path, &e))?;
+                let sc = crate::recovery::scan(&Bytes::from(raw), b.base_seq);
+                if sc.damage.is_some() || sc.ix.entries.len() != b.n_entries {
+                    let (first, last) = (
+                        b.first_seq().unwrap_or(b.base_seq),
+                        b.last_seq().unwrap_or(b.base_seq),
+                    );
+                    return Err(StoreError::Corrupt {
+                        path: b.path.clone(),
+                        range: first..=last,
+                        detail: "block no longer matches what was indexed".into(),
+                    });
+                }
+                sc.ix
+            }
+        };
+        // Topic ids are the block's own; map through names in case the table order differs.
+        let mut entries = ix.entries;
+        for e in &mut entries {
+            let name = &ix.topics[e.topic as usize];
+            e.topic = match b.topic_ids.get(&name[..]) {
+                Some(&id) => id,
+                None => {
+                    return Err(StoreError::Corrupt {
+                        path: b.path.clone(),
+                        range: e.seq..=e.seq,
+                        detail: "index names a topic the block does not hold".into(),
+                    });
+                }
+            };
+        }
+        b.entries = entries;
+        b.loaded = true;
+        b.first_live_hint = 0;
+        self.evict(bi);
+        Ok(())
+    }
+
+    /// Drops entries of clean sealed blocks beyond the budget, least recently used first.
+    pub fn evict(&mut self, keep: usize) {
+        let loaded = self.blocks.iter().filter(|b| b.sealed && b.loaded).count();
+        let mut over = loaded.saturating_sub(self.cache_blocks);
+        while over > 0 {
+            let victim = self
+                .blocks
+                .iter()
+                .enumerate()
+                .filter(|(i, b)| *i != keep && b.evictable())
+                .min_by_key(|(_, b)| b.last_use)
+                .map(|(i, _)| i);
+            let Some(v) = victim else { break };
+            let b = &mut self.blocks[v];
+            b.entries = Vec::new();
+            b.loaded = false;
+            over -= 1;
+        }
+    }
+
     /// Index of the block that would hold `seq`.
     pub fn block_pos(&self, seq: u64) -> Option<usize> {
         self.blocks
@@ -249,10 +392,16 @@ impl State {
             .checked_sub(1)
     }
 
-    pub fn locate(&self, seq: u64) -> Option<(usize, usize)> {
-        let bi = self.block_pos(seq)?;
-        let ei = self.blocks[bi].find(seq)?;
-        Some((bi, ei))
+    pub fn locate(&mut self, seq: u64) -> Result<Option<(usize, usize)>> {
+        let Some(bi) = self.block_pos(seq) else {
+            return Ok(None);
+        };
+        let b = &self.blocks[bi];
+        if b.first_seq().is_none_or(|f| seq < f) || b.last_seq().is_none_or(|l| seq > l) {
+            return Ok(None);
+        }
+        self.load(bi)?;
+        Ok(self.blocks[bi].find(seq).map(|ei| (bi, ei)))
     }
 
     /// Accounts a record just pushed to the active block.
@@ -273,7 +422,8 @@ impl State {
         }
     }
 
-    /// Deletes entry `ei` of block `bi`; returns its bytes if it was live.
+    /// Deletes entry `ei` of block `bi` (which must be loaded); returns its bytes if it
+    /// was live.
     pub fn delete_at(&mut self, bi: usize, ei: usize) -> Option<u64> {
         let b = &mut self.blocks[bi];
         let e = &mut b.entries[ei];
@@ -300,23 +450,30 @@ impl State {
         Some(len)
     }
 
-    pub fn delete_seq(&mut self, seq: u64) -> Option<u64> {
-        let (bi, ei) = self.locate(seq)?;
-        self.delete_at(bi, ei)
+    pub fn delete_seq(&mut self, seq: u64) -> Result<Option<u64>> {
+        Ok(match self.locate(seq)? {
+            Some((bi, ei)) => self.delete_at(bi, ei),
+            None => None,
+        })
     }
 
     /// Deletes the oldest live record; returns (seq, bytes).
-    pub fn delete_first_live(&mut self) -> Option<(u64, u64)> {
+    pub fn delete_first_live(&mut self) -> Result<Option<(u64, u64)>> {
         for bi in 0..self.blocks.len() {
             if self.blocks[bi].live == 0 {
                 continue;
             }
-            let ei = self.blocks[bi].first_live()?;
+            self.load(bi)?;
+            let Some(ei) = self.blocks[bi].first_live() else {
+                continue;
+            };
             let seq = self.blocks[bi].entries[ei].seq;
-            let bytes = self.delete_at(bi, ei)?;
-            return Some((seq, bytes));
+            let Some(bytes) = self.delete_at(bi, ei) else {
+                continue;
+            };
+            return Ok(Some((seq, bytes)));
         }
-        None
+        Ok(None)
     }
 
     /// Removes the `n` oldest blocks from the view, subtracting their per-topic counts in one
@@ -325,7 +482,9 @@ impl State {
         let mut gone = Vec::with_capacity(n);
         let mut removed = Removed::default();
         for _ in 0..n.min(self.blocks.len()) {
-            let (b, r) = self.remove_block(0);
+            let Some((b, r)) = self.remove_block(0) else {
+                break;
+            };
             removed.records += r.records;
             removed.bytes += r.bytes;
             removed.ranges.extend(r.ranges);
@@ -336,14 +495,11 @@ impl State {
     }
 
     /// Removes block `bi` from the view with its live records (one step per topic).
-    pub fn remove_block(&mut self, bi: usize) -> (Block, Removed) {
+    pub fn remove_block(&mut self, bi: usize) -> Option<(Block, Removed)> {
         let mut removed = Removed::default();
-        let b = match self.blocks.remove(bi) {
-            Some(b) => b,
-            None => unreachable!("remove_block({bi}) out of range"),
-        };
+        let b = self.blocks.remove(bi)?;
         if b.live > 0 {
-            let first = b.entries.first().map_or(b.base_seq, |e| e.seq);
+            let first = b.first_seq().unwrap_or(b.base_seq);
             let last = b.last_seq().unwrap_or(b.base_seq);
             for (tid, &live) in b.topic_live.iter().enumerate() {
                 if live == 0 {
@@ -370,28 +526,30 @@ impl State {
             removed.bytes = b.live_bytes;
             removed.ranges.push(first..=last);
         }
-        (b, removed)
+        Some((b, removed))
     }
 
     /// Removes the leading records for which `pred` holds (`pred` must be monotonic along the
-    /// stream: true, then false). Whole sealed blocks go in one step each; only the boundary
-    /// block is walked record by record. Returns the blocks to unlink, the removal, and the
-    /// single sequences deleted in the boundary block (they need a delete marker).
+    /// stream: true, then false). Whole sealed blocks go in one step each, judged by their
+    /// newest record without loading their entries; only the boundary block is walked record
+    /// by record. Returns the blocks to unlink, the removal, and the single sequences
+    /// deleted in the boundary block (they need a delete marker).
     pub fn remove_prefix(
         &mut self,
         pred: impl Fn(&Entry) -> bool,
-    ) -> (Vec<Block>, Removed, Vec<u64>) {
+    ) -> Result<(Vec<Block>, Removed, Vec<u64>)> {
         let sealed = self.blocks.len().saturating_sub(1);
         let mut whole = 0;
         while whole < sealed {
-            match self.blocks[whole].entries.last() {
-                Some(e) if !pred(e) => break,
+            match self.blocks[whole].last_entry_summary() {
+                Some(e) if !pred(&e) => break,
                 _ => whole += 1,
             }
         }
         let (gone, mut removed) = self.remove_front_blocks(whole);
         let mut seqs = Vec::new();
-        if !self.blocks.is_empty() {
+        if !self.blocks.is_empty() && self.blocks[0].live > 0 {
+            self.load(0)?;
             let start = self.blocks[0].first_live_from();
             let n = self.blocks[0].entries.len();
             for ei in start..n {
@@ -409,27 +567,29 @@ impl State {
         let mut tail = ranges_of(seqs.clone());
         removed.ranges.append(&mut tail);
         removed.ranges = coalesce(removed.ranges);
-        (gone, removed, seqs)
+        Ok((gone, removed, seqs))
     }
 
-    /// Deletes every live record whose topic matches; returns the sequences.
-    pub fn purge(&mut self, filters: &FilterSet) -> Vec<u64> {
+    /// Deletes every live record whose topic matches; returns the sequences and bytes.
+    pub fn purge(&mut self, filters: &FilterSet) -> Result<(Vec<u64>, u64)> {
         let mut seqs = Vec::new();
+        let mut bytes = 0;
         for bi in 0..self.blocks.len() {
             let m = self.blocks[bi].matching_topics(filters);
             if !m.iter().any(|&x| x) {
                 continue;
             }
+            self.load(bi)?;
             let start = self.blocks[bi].first_live_from();
             for ei in start..self.blocks[bi].entries.len() {
                 let e = self.blocks[bi].entries[ei];
                 if e.flags & ENTRY_DELETED == 0 && m[e.topic as usize] {
-                    self.delete_at(bi, ei);
+                    bytes += self.delete_at(bi, ei).unwrap_or(0);
                     seqs.push(e.seq);
                 }
             }
         }
-        seqs
+        Ok((seqs, bytes))
     }
 
     /// Takes sealed blocks off the front while they hold no live record.
@@ -444,59 +604,76 @@ impl State {
     }
 
     /// Oldest and newest live sequence of a topic.
-    pub fn topic_bounds(&self, topic: &[u8]) -> Option<(u64, u64)> {
-        let stat = self.topics.get(topic)?;
+    pub fn topic_bounds(&mut self, topic: &[u8]) -> Result<Option<(u64, u64)>> {
+        let Some(stat) = self.topics.get(topic) else {
+            return Ok(None);
+        };
         if let (Some(&a), Some(&b)) = (stat.seqs.front(), stat.seqs.back()) {
-            return Some((a, b));
+            return Ok(Some((a, b)));
         }
-        let first = self
-            .blocks
-            .iter()
-            .find_map(|b| scan_topic(b, topic, false))?;
-        let last = self
-            .blocks
-            .iter()
-            .rev()
-            .find_map(|b| scan_topic(b, topic, true))?;
-        Some((first, last))
+        let n = self.blocks.len();
+        let Some(first) = self.find_topic(topic, 0..n, false)? else {
+            return Ok(None);
+        };
+        let last = self.find_topic(topic, (0..n).rev(), true)?.unwrap_or(first);
+        Ok(Some((first, last)))
     }
 
-    /// Oldest and newest live sequence of the stream.
-    pub fn bounds(&self) -> Option<(u64, u64)> {
-        let first = self.blocks.iter().filter(|b| b.live > 0).find_map(|b| {
-            b.entries[b.first_live_from()..]
+    /// First (or with `newest`, last) live record of `topic` in the blocks `order` visits,
+    /// loading only blocks whose topic table says they hold one.
+    pub fn find_topic(
+        &mut self,
+        topic: &[u8],
+        order: impl Iterator<Item = usize>,
+        newest: bool,
+    ) -> Result<Option<u64>> {
+        for bi in order {
+            let b = &self.blocks[bi];
+            let Some(&tid) = b.topic_ids.get(topic) else {
+                continue;
+            };
+            if b.topic_live[tid as usize] == 0 {
+                continue;
+            }
+            self.load(bi)?;
+            let b = &self.blocks[bi];
+            let ok = |e: &&Entry| e.topic == tid && e.flags & ENTRY_DELETED == 0;
+            let found = if newest {
+                b.entries.iter().rev().find(ok).map(|e| e.seq)
+            } else {
+                b.entries[b.first_live_from()..]
+                    .iter()
+                    .find(ok)
+                    .map(|e| e.seq)
+            };
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Oldest and newest live sequence of the stream. Needs no I/O: a block whose entries
+    /// are not in memory is clean, so its cached first and last sequences are live.
+    pub fn bounds(&mut self) -> Option<(u64, u64)> {
+        let fi = self.blocks.iter().position(|b| b.live > 0)?;
+        let li = self.blocks.iter().rposition(|b| b.live > 0)?;
+        let first = if self.blocks[fi].loaded {
+            let b = &mut self.blocks[fi];
+            b.first_live().map(|ei| b.entries[ei].seq)
+        } else {
+            self.blocks[fi].first_seq()
+        };
+        let b = &self.blocks[li];
+        let last = if b.loaded {
+            b.entries
                 .iter()
+                .rev()
                 .find(|e| e.flags & ENTRY_DELETED == 0)
                 .map(|e| e.seq)
-        })?;
-        let last = self
-            .blocks
-            .iter()
-            .rev()
-            .filter(|b| b.live > 0)
-            .find_map(|b| {
-                b.entries
-                    .iter()
-                    .rev()
-                    .find(|e| e.flags & ENTRY_DELETED == 0)
-                    .map(|e| e.seq)
-            })?;
-        Some((first, last))
-    }
-}
-
-fn scan_topic(b: &Block, topic: &[u8], newest: bool) -> Option<u64> {
-    let &tid = b.topic_ids.get(topic)?;
-    if b.topic_live[tid as usize] == 0 {
-        return None;
-    }
-    let ok = |e: &&Entry| e.topic == tid && e.flags & ENTRY_DELETED == 0;
-    if newest {
-        b.entries.iter().rev().find(ok).map(|e| e.seq)
-    } else {
-        b.entries[b.first_live_from()..]
-            .iter()
-            .find(ok)
-            .map(|e| e.seq)
+        } else {
+            b.last_seq()
+        };
+        first.zip(last)
     }
 }

@@ -168,7 +168,7 @@ impl Stream {
         token: Option<Arc<()>>,
     ) -> Result<Stream> {
         config.validate()?;
-        let o = recovery::open_dir(&*vfs, &dir, &config)?;
+        let o = recovery::open_dir(&vfs, &dir, &config)?;
         let durable = o.next_seq - 1;
         let queue = Queue::new(o.next_seq, o.last_time_ns);
         let sh = Arc::new(Shared::new(
@@ -465,11 +465,11 @@ impl Stream {
     /// The record with this sequence, if it exists and is durable.
     pub fn get(&self, seq: u64) -> Result<Option<Record>> {
         let found = {
-            let st = lock(&self.sh().state);
+            let mut st = lock(&self.sh().state);
             if seq > st.visible_seq {
                 return Ok(None);
             }
-            let Some((bi, ei)) = st.locate(seq) else {
+            let Some((bi, ei)) = st.locate(seq)? else {
                 return Ok(None);
             };
             let b = &st.blocks[bi];
@@ -496,16 +496,18 @@ impl Stream {
         let mut plan: Vec<BlockRead> = Vec::new();
         let mut next_seq;
         {
-            let st = lock(&self.sh().state);
+            let mut st = lock(&self.sh().state);
             next_seq = start_seq.max(st.blocks.front().map_or(1, |b| b.base_seq));
             let mut scanned = 0;
             let mut n = 0;
             let mut bytes = 0usize;
             let first_block = st.block_pos(start_seq).unwrap_or(0);
-            'blocks: for b in st.blocks.iter().skip(first_block) {
-                if b.live == 0 {
+            let visible = st.visible_seq;
+            'blocks: for bi in first_block..st.blocks.len() {
+                if st.blocks[bi].live == 0 {
                     continue;
                 }
+                let b = &st.blocks[bi];
                 let m = if filters.is_all() {
                     None
                 } else {
@@ -513,17 +515,19 @@ impl Stream {
                 };
                 if m.as_ref().is_some_and(|m| !m.iter().any(|&x| x)) {
                     if let Some(s) = b.last_seq() {
-                        next_seq = next_seq.max(s.min(st.visible_seq) + 1);
+                        next_seq = next_seq.max(s.min(visible) + 1);
                     }
                     continue;
                 }
+                st.load(bi)?;
+                let b = &st.blocks[bi];
                 let from = b
                     .entries
                     .partition_point(|e| e.seq < start_seq)
                     .max(b.first_live_from());
                 let mut picked = Vec::new();
                 for e in &b.entries[from..] {
-                    if e.seq > st.visible_seq
+                    if e.seq > visible
                         || n >= max_records
                         || (n > 0 && bytes >= max_bytes)
                         || scanned >= MAX_SCAN_ENTRIES
@@ -628,7 +632,13 @@ impl Stream {
             };
         }
         let end = st.blocks[bi + 1].base_seq - 1;
-        let (b, _removed) = st.remove_block(bi);
+        let Some((b, _removed)) = st.remove_block(bi) else {
+            return StoreError::Corrupt {
+                path,
+                range: seq..=seq,
+                detail,
+            };
+        };
         if !b.markers.is_empty() {
             self.send_op(Op::RewriteMarkers {
                 ranges: b.markers.clone(),
@@ -696,20 +706,20 @@ impl Stream {
     /// Newest live record of a topic.
     pub fn last_for_topic(&self, topic: &[u8]) -> Result<Option<Record>> {
         let seq = {
-            let st = lock(&self.sh().state);
-            match st.topic_bounds(topic) {
+            let mut st = lock(&self.sh().state);
+            match st.topic_bounds(topic)? {
                 Some((_, last)) if last <= st.visible_seq => last,
                 Some((_, _)) => {
                     // The newest is not durable yet: find the newest that is.
                     let mut found = None;
-                    for b in st.blocks.iter().rev() {
-                        let Some(&tid) = b.topic_ids.get(topic) else {
+                    let visible = st.visible_seq;
+                    for bi in (0..st.blocks.len()).rev() {
+                        let Some(&tid) = st.blocks[bi].topic_ids.get(topic) else {
                             continue;
                         };
-                        if let Some(e) = b.entries.iter().rev().find(|e| {
-                            e.topic == tid
-                                && e.flags & ENTRY_DELETED == 0
-                                && e.seq <= st.visible_seq
+                        st.load(bi)?;
+                        if let Some(e) = st.blocks[bi].entries.iter().rev().find(|e| {
+                            e.topic == tid && e.flags & ENTRY_DELETED == 0 && e.seq <= visible
                         }) {
                             found = Some(e.seq);
                             break;
@@ -727,15 +737,18 @@ impl Stream {
     }
 
     /// Count and first/last sequence of a topic's live records.
-    pub fn topic_stats(&self, topic: &[u8]) -> Option<TopicStats> {
-        let st = lock(&self.sh().state);
-        let count = st.topics.get(topic)?.count;
-        let (first_seq, last_seq) = st.topic_bounds(topic)?;
-        Some(TopicStats {
-            count,
-            first_seq,
-            last_seq,
-        })
+    pub fn topic_stats(&self, topic: &[u8]) -> Result<Option<TopicStats>> {
+        let mut st = lock(&self.sh().state);
+        let Some(count) = st.topics.get(topic).map(|t| t.count) else {
+            return Ok(None);
+        };
+        Ok(st
+            .topic_bounds(topic)?
+            .map(|(first_seq, last_seq)| TopicStats {
+                count,
+                first_seq,
+                last_seq,
+            }))
     }
 
     /// Live counts of every topic.
@@ -749,7 +762,7 @@ impl Stream {
 
     pub fn info(&self) -> StreamInfo {
         let sh = self.sh();
-        let st = lock(&sh.state);
+        let mut st = lock(&sh.state);
         let bounds = st.bounds();
         StreamInfo {
             msgs: st.live,

@@ -281,7 +281,7 @@ impl Writer {
         for op in internal {
             let removed = self.run_op(&mut st, op)?;
             self.auto_ranges.extend(removed.ranges);
-            self.enforce_limits(&mut st);
+            self.enforce_limits(&mut st)?;
         }
         if !self.auto_deleted.is_empty() {
             let seqs = std::mem::take(&mut self.auto_deleted);
@@ -368,13 +368,13 @@ impl Writer {
                 if let (Some(max), Discard::Old) =
                     (cfg.limits.max_msgs_per_topic, cfg.limits.discard)
                 {
-                    self.trim_topic(st, r.topic, max);
+                    self.trim_topic(st, r.topic, max)?;
                 }
                 o += r.len;
             }
             self.written_seq = last_seq;
             if cfg.limits.discard == Discard::Old {
-                self.trim_stream(st);
+                self.trim_stream(st)?;
             }
             p = q;
         }
@@ -412,41 +412,43 @@ impl Writer {
         None
     }
 
-    fn trim_topic(&mut self, st: &mut State, topic: &[u8], max: u64) {
+    fn trim_topic(&mut self, st: &mut State, topic: &[u8], max: u64) -> Result<()> {
         loop {
             let oldest = match st.topics.get(topic) {
                 Some(s) if s.count > max => s.seqs.front().copied(),
                 _ => None,
             };
             let Some(seq) = oldest else { break };
-            if st.delete_seq(seq).is_none() {
+            if st.delete_seq(seq)?.is_none() {
                 break;
             }
             self.pending_deletes.push(seq);
             self.auto_deleted.push(seq);
         }
+        Ok(())
     }
 
-    fn trim_stream(&mut self, st: &mut State) {
+    fn trim_stream(&mut self, st: &mut State) -> Result<()> {
         let l = &self.sh.config.limits;
         let (max_msgs, max_bytes) = (
             l.max_msgs.unwrap_or(u64::MAX),
             l.max_bytes.unwrap_or(u64::MAX),
         );
         while st.live > max_msgs || st.live_bytes > max_bytes {
-            let Some((seq, _)) = st.delete_first_live() else {
+            let Some((seq, _)) = st.delete_first_live()? else {
                 break;
             };
             self.pending_deletes.push(seq);
             self.auto_deleted.push(seq);
         }
+        Ok(())
     }
 
     /// Applies every discard-old limit to what is already stored (after open).
-    fn enforce_limits(&mut self, st: &mut State) {
+    fn enforce_limits(&mut self, st: &mut State) -> Result<()> {
         let l = self.sh.config.limits.clone();
         if l.discard != Discard::Old {
-            return;
+            return Ok(());
         }
         if let Some(max) = l.max_msgs_per_topic {
             let over: Vec<bytes::Bytes> = st
@@ -456,10 +458,10 @@ impl Writer {
                 .map(|(t, _)| t.clone())
                 .collect();
             for t in over {
-                self.trim_topic(st, &t, max);
+                self.trim_topic(st, &t, max)?;
             }
         }
-        self.trim_stream(st);
+        self.trim_stream(st)
     }
 
     fn run_op(&mut self, st: &mut State, op: Op) -> Result<Removed> {
@@ -481,18 +483,18 @@ impl Writer {
                     return Ok(Removed::default());
                 };
                 let cutoff = now_ns.saturating_sub(age.as_nanos() as u64);
-                Ok(self.remove_prefix(st, |e| e.time_ns < cutoff))
+                self.remove_prefix(st, |e| e.time_ns < cutoff)
             }
-            Op::RemoveBelow { floor } => Ok(self.remove_prefix(st, |e| e.seq < floor)),
+            Op::RemoveBelow { floor } => self.remove_prefix(st, |e| e.seq < floor),
             Op::Purge { filters } => {
-                let seqs = st.purge(&filters);
-                Ok(self.deleted(seqs, st, 0))
+                let (seqs, bytes) = st.purge(&filters)?;
+                Ok(self.deleted(seqs, st, bytes))
             }
             Op::Delete { seqs } => {
                 let mut done = Vec::new();
                 let mut bytes = 0;
                 for s in seqs {
-                    if let Some(b) = st.delete_seq(s) {
+                    if let Some(b) = st.delete_seq(s)? {
                         bytes += b;
                         done.push(s);
                     }
@@ -515,11 +517,11 @@ impl Writer {
         }
     }
 
-    fn remove_prefix(&mut self, st: &mut State, pred: impl Fn(&Entry) -> bool) -> Removed {
-        let (gone, removed, seqs) = st.remove_prefix(pred);
+    fn remove_prefix(&mut self, st: &mut State, pred: impl Fn(&Entry) -> bool) -> Result<Removed> {
+        let (gone, removed, seqs) = st.remove_prefix(pred)?;
         self.unlink.extend(gone);
         self.pending_deletes.extend(seqs);
-        removed
+        Ok(removed)
     }
 
     /// Seals the active block and starts a new one whose first sequence is `base_seq`.
@@ -559,6 +561,8 @@ impl Writer {
         ));
         self.active_file = file;
         self.active_len = BLOCK_HEADER_LEN as u64;
+        let n = st.blocks.len();
+        st.evict(n - 1);
         Ok(())
     }
 

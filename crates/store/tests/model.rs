@@ -180,7 +180,7 @@ fn compare(s: &Stream, m: &Model) -> Result<(), TestCaseError> {
     }
     for t in TOPICS {
         let seqs: Vec<u64> = m.recs.iter().filter(|r| r.1.1 == t).map(|r| *r.0).collect();
-        let st = s.topic_stats(t.as_bytes());
+        let st = s.topic_stats(t.as_bytes()).unwrap();
         match (seqs.first(), seqs.last()) {
             (Some(&a), Some(&b)) => {
                 let st = st.ok_or_else(|| TestCaseError::fail(format!("no stats for {t}")))?;
@@ -209,6 +209,8 @@ fn run(steps: Vec<Step>, limits: Limits) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let config = StreamConfig {
         block_size_bytes: 4096,
+        // Drop clean blocks' entries from memory at once, so reloading is exercised.
+        index_cache_blocks: 1,
         limits: limits.clone(),
         expire_interval: Duration::from_secs(3600),
         ..Default::default()
