@@ -169,4 +169,7 @@ pub enum EncodeError {
     /// SUBSCRIBE or UNSUBSCRIBE with no topic filter.
     #[error("no topic filter")]
     NoTopicFilters,
+    /// A PUBLISH or will with an empty topic (allowed only for a 5.0 PUBLISH with a topic alias).
+    #[error("empty topic name without a topic alias")]
+    EmptyTopicName,
 }

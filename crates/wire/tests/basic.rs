@@ -379,3 +379,29 @@ fn packet_too_large_is_refused_on_the_fixed_header() {
     assert_eq!(error.reason_code(), ReasonCode::PACKET_TOO_LARGE);
     assert_eq!(buf.len(), 3);
 }
+
+#[test]
+fn empty_topic_needs_an_alias_to_encode() {
+    let mut publish = Publish {
+        dup: false,
+        qos: QoS::AtMostOnce,
+        retain: false,
+        topic: Str::default(),
+        packet_id: 0,
+        properties: Properties::default(),
+        payload: Bytes::new(),
+    };
+    let mut out = BytesMut::new();
+    for protocol in all_protocols() {
+        assert_eq!(
+            encode(&Packet::Publish(publish.clone()), protocol, &mut out),
+            Err(EncodeError::EmptyTopicName)
+        );
+    }
+    publish.properties.topic_alias = Some(1);
+    assert_round_trip(Packet::Publish(publish.clone()), Protocol::V5);
+    assert_eq!(
+        encode(&Packet::Publish(publish), Protocol::V3_1_1, &mut out),
+        Err(EncodeError::EmptyTopicName)
+    );
+}

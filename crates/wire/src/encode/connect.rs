@@ -33,6 +33,9 @@ pub(crate) fn plan_connect(connect: &Connect) -> Result<Plan, EncodeError> {
     }
     body_len += str_len(&connect.client_id)?;
     if let Some(will) = &connect.will {
+        if will.topic.is_empty() {
+            return Err(EncodeError::EmptyTopicName);
+        }
         if v5 {
             will_props_len = properties::content_len(&will.properties, WILL, Scope::All)?;
             body_len += properties::block_len(will_props_len);

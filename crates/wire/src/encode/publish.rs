@@ -17,6 +17,9 @@ pub(crate) fn publish_first_byte(qos: QoS, dup: bool, retain: bool) -> u8 {
 }
 
 pub(crate) fn plan(publish: &Publish, v5: bool) -> Result<Plan, EncodeError> {
+    if publish.topic.is_empty() && !(v5 && publish.properties.topic_alias.is_some()) {
+        return Err(EncodeError::EmptyTopicName);
+    }
     let mut body_len = str_len(&publish.topic)? + publish.payload.len();
     if publish.qos != QoS::AtMostOnce {
         if publish.packet_id == 0 {
