@@ -120,5 +120,24 @@ fn expiry(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, appends, expiry);
+/// The machine's own cost of one 64-byte append plus `fdatasync`, to read the figures above
+/// against: no store can commit faster than this per group.
+fn baseline(c: &mut Criterion) {
+    use std::io::Write;
+    let mut g = c.benchmark_group("baseline");
+    g.warm_up_time(Duration::from_millis(300));
+    g.measurement_time(Duration::from_secs(2));
+    g.sample_size(10);
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = std::fs::File::create(dir.path().join("f")).unwrap();
+    g.bench_function("write64+fdatasync", |b| {
+        b.iter(|| {
+            f.write_all(&[1u8; 64]).unwrap();
+            f.sync_data().unwrap();
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, baseline, appends, expiry);
 criterion_main!(benches);

@@ -133,6 +133,16 @@ impl Writer {
     }
 
     pub fn run(mut self) {
+        // If this thread ever panics, fail the stream so no ticket waits forever.
+        struct FailOnPanic(Arc<Shared>);
+        impl Drop for FailOnPanic {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.fail("the writer thread panicked".into());
+                }
+            }
+        }
+        let _guard = FailOnPanic(self.sh.clone());
         // Limits may have been lowered since the stream was last open.
         self.turn(0, Vec::new(), vec![Op::Flush], false);
         loop {
