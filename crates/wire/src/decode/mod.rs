@@ -65,11 +65,7 @@ pub fn decode(
     if buf.len() < total_len {
         return Ok(None);
     }
-    // Validate on a frozen view of the packet without consuming it, so an error leaves `buf`
-    // as it was. Splitting first and re-joining on error would be cheaper in the error path but
-    // errors end the connection anyway.
-    // Decode from the split-off frame and put the bytes back on error, so an error leaves
-    // `buf` as it was (an error ends the connection, so the copy's cost does not matter).
+    // Decode from the split-off frame; on error the bytes go back in front ([`restore`]).
     let frame = buf.split_to(total_len).freeze();
     if header.packet_type == PacketType::Publish {
         // A tail call, so the callee builds the packet in our return slot: `Packet` is ~470
