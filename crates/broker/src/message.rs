@@ -76,24 +76,12 @@ impl Message {
 
     /// A copy whose byte fields own their memory (not slices of a shared read buffer).
     pub fn compacted(other: &Message) -> Message {
-        let copy_str = |s: &Str| Str::copy_from(s.as_str()).unwrap_or_else(|_| s.clone());
-        let mut properties = other.properties.clone();
-        properties.content_type = properties.content_type.as_ref().map(copy_str);
-        properties.response_topic = properties.response_topic.as_ref().map(copy_str);
-        properties.correlation_data = properties
-            .correlation_data
-            .as_ref()
-            .map(|b| Bytes::copy_from_slice(b));
-        for (key, value) in &mut properties.user {
-            *key = copy_str(key);
-            *value = copy_str(value);
-        }
         Message::new(
             copy_str(&other.topic),
             Bytes::copy_from_slice(&other.payload),
             other.qos,
             other.retain,
-            properties,
+            compact_properties(&other.properties),
             other.publisher.clone(),
             other.arrived_at,
         )
@@ -145,6 +133,27 @@ impl Message {
             }
         }
     }
+}
+
+/// A copy of `s` that owns its bytes.
+pub fn copy_str(s: &Str) -> Str {
+    Str::copy_from(s.as_str()).unwrap_or_else(|_| s.clone())
+}
+
+/// A copy of the properties a message or will carries, owning its bytes.
+pub fn compact_properties(properties: &Properties) -> Properties {
+    let mut copy = properties.clone();
+    copy.content_type = copy.content_type.as_ref().map(copy_str);
+    copy.response_topic = copy.response_topic.as_ref().map(copy_str);
+    copy.correlation_data = copy
+        .correlation_data
+        .as_ref()
+        .map(|b| Bytes::copy_from_slice(b));
+    for (key, value) in &mut copy.user {
+        *key = copy_str(key);
+        *value = copy_str(value);
+    }
+    copy
 }
 
 fn build(

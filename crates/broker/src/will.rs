@@ -5,13 +5,27 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use tern_wire::Will;
 use tokio::time::Instant;
 
 use crate::broker::Shared;
-use crate::message::Message;
+use crate::message::{Message, compact_properties, copy_str};
 use crate::router;
 use crate::session::{Session, expiry};
+
+/// The will as the connection keeps it until it closes: boxed (a `Will` is large and most
+/// connections never use theirs) and copied out of the read buffer it was decoded from.
+pub fn keep(will: Will) -> Box<Will> {
+    Box::new(Will {
+        topic: copy_str(&will.topic),
+        payload: Bytes::copy_from_slice(&will.payload),
+        qos: will.qos,
+        retain: will.retain,
+        properties: compact_properties(&will.properties),
+    })
+}
 
 /// The message a will turns into (the Will Delay Interval is not a PUBLISH property).
 pub fn to_message(will: &Will, now: Instant) -> Arc<Message> {

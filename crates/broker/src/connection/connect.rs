@@ -229,7 +229,7 @@ async fn accept(
         client_id,
         protocol,
         keep_alive,
-        will: connect.will,
+        will: connect.will.map(crate::will::keep),
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
         pipeline: AckPipeline::new(usize::from(config.receive_maximum)),
         released: Vec::new(),

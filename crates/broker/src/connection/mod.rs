@@ -65,7 +65,7 @@ pub(crate) struct Conn {
     protocol: Protocol,
     /// 1.5 × the keep alive in force; `None` when keep alive is off.
     keep_alive: Option<Duration>,
-    will: Option<Will>,
+    will: Option<Box<Will>>,
     aliases: InboundAliases,
     pipeline: AckPipeline<Arc<Message>>,
     released: Vec<Released<Arc<Message>>>,
@@ -94,8 +94,16 @@ pub async fn run(
     let _ = stream.set_nodelay(true);
     let (mut reader, writer) = stream.into_split();
     let mut buf = BytesMut::new();
-    let Some((mut conn, writer)) =
-        connect::handshake(&shared, &mut reader, writer, &mut buf, &mut stop).await
+    // Boxed: the handshake and close states are large and short-lived; kept out of line they
+    // do not inflate the future every idle connection keeps for its whole life.
+    let Some((mut conn, writer)) = Box::pin(connect::handshake(
+        &shared,
+        &mut reader,
+        writer,
+        &mut buf,
+        &mut stop,
+    ))
+    .await
     else {
         return;
     };
@@ -111,7 +119,7 @@ pub async fn run(
     ));
     let reason = conn.read_loop(&mut reader, &mut buf, &mut stop).await;
     tracing::debug!(%peer, client_id = %conn.client_id, ?reason, "client disconnected");
-    conn.finish(reason, writer_task).await;
+    Box::pin(conn.finish(reason, writer_task)).await;
     Metrics::sub(&shared.metrics.clients_connected, 1);
 }
 
@@ -285,5 +293,44 @@ impl Conn {
         for message in deliveries {
             crate::router::publish(&self.shared, message);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// What every idle connection keeps: its reader future (Conn inline), its writer future and
+    /// its session. Guards against a large state (e.g. an unboxed `Will` or handshake) creeping
+    /// back into the long-lived futures.
+    #[tokio::test]
+    async fn idle_connection_state_stays_small() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server, peer) = listener.accept().await.unwrap();
+        let broker = crate::Broker::new(crate::BrokerConfig::default()).unwrap();
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        let reader = super::run(broker.shared().clone(), server, peer, rx);
+        let (_r, w) = client.into_split();
+        let session = crate::session::Session::new("x".into(), tern_wire::Protocol::V5, 0);
+        let writer = crate::outbound::run_writer(
+            broker.shared().clone(),
+            session,
+            std::sync::Arc::new(crate::session::ConnCtl::default()),
+            0,
+            w,
+            crate::outbound::WriterState::new(tern_wire::Protocol::V5, 0, 0),
+        );
+        assert!(
+            std::mem::size_of_val(&reader) <= 2048,
+            "{}",
+            std::mem::size_of_val(&reader)
+        );
+        assert!(
+            std::mem::size_of_val(&writer) <= 1024,
+            "{}",
+            std::mem::size_of_val(&writer)
+        );
+        assert!(std::mem::size_of::<super::Conn>() <= 512);
+        assert!(std::mem::size_of::<crate::session::Session>() <= 512);
     }
 }
