@@ -7,7 +7,7 @@
 //! - `durable_seq` only grows, and only the writer thread stores it.
 //! - Once `failed` is set it is never cleared; the stream must be reopened.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -39,7 +39,8 @@ pub(crate) struct Shared {
     pub durable_seq: AtomicU64,
     pub failed: AtomicBool,
     pub failure: Mutex<Option<String>>,
-    wakers: Mutex<Vec<(u64, Waker)>>,
+    /// One waker per pending ticket that was polled, by sequence (a sequence has one ticket).
+    wakers: Mutex<BTreeMap<u64, Waker>>,
     waker_count: AtomicUsize,
     done_lock: Mutex<()>,
     done_cv: Condvar,
@@ -70,7 +71,7 @@ impl Shared {
             durable_seq: AtomicU64::new(durable_seq),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
-            wakers: Mutex::new(Vec::new()),
+            wakers: Mutex::new(BTreeMap::new()),
             waker_count: AtomicUsize::new(0),
             done_lock: Mutex::new(()),
             done_cv: Condvar::new(),
@@ -144,13 +145,13 @@ impl Shared {
 
     pub fn register_waker(&self, seq: u64, waker: &Waker) {
         let mut w = lock(&self.wakers);
-        if let Some(slot) = w.iter_mut().find(|(s, _)| *s == seq) {
-            if !slot.1.will_wake(waker) {
-                slot.1 = waker.clone();
+        match w.get_mut(&seq) {
+            Some(old) if old.will_wake(waker) => {}
+            Some(old) => *old = waker.clone(),
+            None => {
+                w.insert(seq, waker.clone());
             }
-            return;
         }
-        w.push((seq, waker.clone()));
         self.waker_count.store(w.len(), Ordering::SeqCst);
     }
 
@@ -158,21 +159,14 @@ impl Shared {
     pub fn publish_durable(&self, seq: u64) {
         self.durable_seq.fetch_max(seq, Ordering::SeqCst);
         if self.waker_count.load(Ordering::SeqCst) > 0 {
-            let ready: Vec<Waker> = {
+            let ready: BTreeMap<u64, Waker> = {
                 let mut w = lock(&self.wakers);
-                let mut ready = Vec::new();
-                w.retain(|(s, wk)| {
-                    if *s <= seq {
-                        ready.push(wk.clone());
-                        false
-                    } else {
-                        true
-                    }
-                });
+                let pending = w.split_off(&seq.saturating_add(1));
+                let ready = std::mem::replace(&mut *w, pending);
                 self.waker_count.store(w.len(), Ordering::SeqCst);
                 ready
             };
-            ready.into_iter().for_each(Waker::wake);
+            ready.into_values().for_each(Waker::wake);
         }
         if self.blocked.load(Ordering::SeqCst) > 0 {
             let _g = lock(&self.done_lock);
@@ -181,9 +175,9 @@ impl Shared {
     }
 
     fn wake_all(&self) {
-        let all: Vec<(u64, Waker)> = std::mem::take(&mut *lock(&self.wakers));
+        let all = std::mem::take(&mut *lock(&self.wakers));
         self.waker_count.store(0, Ordering::SeqCst);
-        all.into_iter().for_each(|(_, w)| w.wake());
+        all.into_values().for_each(Waker::wake);
         let _g = lock(&self.done_lock);
         self.done_cv.notify_all();
     }

@@ -387,3 +387,39 @@ fn evicted_block_indexes_reload_from_index_or_block() {
     assert!(s.get(8).unwrap().is_none());
     assert_eq!(s.info().msgs, 598);
 }
+
+#[test]
+fn many_polled_tickets_all_complete_in_order() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", cfg()).unwrap();
+    struct Count(AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let woken = Arc::new(Count(AtomicUsize::new(0)));
+    let waker = std::task::Waker::from(woken.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut tickets: Vec<Option<tern_store::Ticket>> = (0..1000)
+        .map(|_| Some(s.append(b"a", b"", b"x").unwrap()))
+        .collect();
+    let mut done = Vec::new();
+    while done.len() < 1000 {
+        for t in tickets.iter_mut() {
+            if let Some(tk) = t {
+                if let std::task::Poll::Ready(r) = std::pin::Pin::new(tk).poll(&mut cx) {
+                    done.push(r.unwrap());
+                    *t = None;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut sorted = done.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (1..=1000).collect::<Vec<u64>>());
+}
