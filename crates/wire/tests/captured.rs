@@ -5,7 +5,8 @@
 //!   enough for the client to go on), then `mosquitto_pub -h 127.0.0.1 -p 18830 ...` and
 //!   `mosquitto_sub ...` with the options named in each case below.
 //! - Broker packets: `mosquitto -p 18840`, then `tests/capture/broker_replies.py 18840`, which
-//!   replays captured client packets and logs the broker's answers.
+//!   replays captured client packets and logs the broker's answers (and the same by hand for
+//!   the PUBACK 0x10 and the refused CONNACKs named below).
 //! - Spec examples: the CONNECT variable header examples of MQTT 3.1.1 (figure 3.6) and
 //!   5.0 (figure 3-6), and the PUBLISH variable header example of 3.1.1 (figure 3.11), completed
 //!   into whole packets.
@@ -525,6 +526,48 @@ fn cases() -> Vec<Case> {
             properties: Properties::default(),
             reasons: vec![ReasonCode::SUCCESS],
         }),
+        true,
+    );
+
+    // mosquitto 2.0.11 -p 18842: a 5.0 QoS 1 PUBLISH nobody subscribed to.
+    add(
+        "5.0 PUBACK no matching subscribers",
+        V5,
+        "4003000110",
+        Packet::PubAck(Ack {
+            packet_id: 1,
+            reason: ReasonCode::NO_MATCHING_SUBSCRIBERS,
+            properties: Properties::default(),
+        }),
+        true,
+    );
+    // mosquitto 2.0.11 with `allow_anonymous false`: CONNECT without credentials.
+    let not_authorized = || {
+        Packet::ConnAck(ConnAck {
+            session_present: false,
+            reason: ReasonCode::NOT_AUTHORIZED,
+            properties: Properties::default(),
+        })
+    };
+    add(
+        "3.1.1 CONNACK not authorized (return code 5)",
+        V3_1_1,
+        "20020005",
+        not_authorized(),
+        true,
+    );
+    add(
+        "3.1 CONNACK not authorized (return code 5)",
+        V3_1,
+        "20020005",
+        not_authorized(),
+        true,
+    );
+    add(
+        "5.0 CONNACK not authorized (0x87)",
+        V5,
+        "2003008700",
+        not_authorized(),
         true,
     );
 
