@@ -261,7 +261,15 @@ fn publish_every_version_is_zero_copy() {
                 panic!("not a publish")
             };
             assert_eq!(decoded, publish);
-            for slice in [decoded.topic.as_bytes(), &decoded.payload] {
+            let mut slices = vec![decoded.topic.as_bytes(), &decoded.payload];
+            if let Some(data) = &decoded.properties.correlation_data {
+                slices.push(data);
+            }
+            for (key, value) in &decoded.properties.user {
+                slices.push(key.as_bytes());
+                slices.push(value.as_bytes());
+            }
+            for slice in slices {
                 let ptr = slice.as_ptr() as usize;
                 assert!(
                     ptr >= start && ptr + slice.len() <= end,
