@@ -4,8 +4,8 @@
 //! ([`crate::outbound::run_writer`]).
 //!
 //! # Invariants
-//! - The read buffer is allocated only when the socket is readable and released whenever it
-//!   is fully consumed, so an idle connection holds no read buffer.
+//! - The read buffer is allocated only when data arrives, sized to it, and released whenever
+//!   it is fully consumed, so an idle connection holds no read buffer.
 //! - While the ack pipeline is full the loop does not read from the socket (backpressure).
 //! - Every control packet this task sends goes through the session's control queue, and only
 //!   while the session still belongs to this connection (`conn_gen`).
@@ -36,7 +36,7 @@ use crate::outbound::encode_packet;
 use crate::session::{ConnCtl, Session};
 use crate::topic_alias::InboundAliases;
 
-/// Bytes reserved for each socket read.
+/// Largest single socket read.
 const READ_CHUNK_BYTES: usize = 8 * 1024;
 
 /// Why a connection ends.
@@ -123,17 +123,27 @@ pub async fn run(
     Metrics::sub(&shared.metrics.clients_connected, 1);
 }
 
-/// Waits until the socket is readable, then reads what is there into `buf`.
+/// Waits until the socket is readable, then appends what is there to `buf`.
+///
+/// Reads through a stack chunk and copies into `buf`, so `buf` grows only by what arrived:
+/// packets decoded from it are zero-copy slices that may outlive the read (queued and
+/// retained messages), and a fixed-size reservation per read would pin a whole chunk for a
+/// few bytes (measured: ~6 KiB of RSS per idle connection with 8 KiB reservations).
 async fn read_some(reader: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<usize> {
     loop {
         reader.readable().await?;
-        buf.reserve(READ_CHUNK_BYTES);
-        match reader.try_read_buf(buf) {
-            Ok(n) => return Ok(n),
+        match try_read_chunk(reader, buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
+            other => return other,
         }
     }
+}
+
+fn try_read_chunk(reader: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<usize> {
+    let mut chunk = [0u8; READ_CHUNK_BYTES];
+    let n = reader.try_read(&mut chunk)?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
 }
 
 /// The DISCONNECT reason for a packet that failed to decode.
