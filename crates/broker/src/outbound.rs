@@ -36,6 +36,8 @@ use crate::topic_alias::OutboundAliases;
 /// Packets taken per batch: enough to amortise the syscall, small enough to keep the session
 /// lock short.
 pub const MAX_BATCH_PACKETS: usize = 64;
+/// Queue capacity an empty queue may keep; beyond it the memory is returned.
+const IDLE_QUEUE_CAPACITY: usize = 64;
 /// Slices per `write_vectored` call (IOV_MAX is far above this everywhere we run).
 const MAX_IO_SLICES: usize = 128;
 
@@ -341,6 +343,20 @@ impl Outbound {
         {
             self.full_since = None;
         }
+        self.release_idle_capacity();
+    }
+
+    /// A burst must not leave an idle session holding its high-water mark of queue memory.
+    fn release_idle_capacity(&mut self) {
+        if self.queue.is_empty() && self.queue.capacity() > IDLE_QUEUE_CAPACITY {
+            self.queue = VecDeque::new();
+        }
+        if self.control.is_empty() && self.control.capacity() > IDLE_QUEUE_CAPACITY {
+            self.control = VecDeque::new();
+        }
+        if self.inflight.is_empty() && self.inflight.capacity() > IDLE_QUEUE_CAPACITY {
+            self.inflight = VecDeque::new();
+        }
     }
 }
 
@@ -493,6 +509,8 @@ pub async fn run_writer(
                 let _ = socket.shutdown().await;
                 return;
             }
+            // Idle: keep no encoder scratch space.
+            writer.head = BytesMut::new();
             ctl.wake.notified().await;
             continue;
         }
@@ -500,10 +518,6 @@ pub async fn run_writer(
             tracing::debug!(%error, "write failed; closing connection");
             ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
             return;
-        }
-        // Idle connections keep no encoder scratch space.
-        if writer.head.capacity() > 16 * 1024 {
-            writer.head = BytesMut::new();
         }
     }
 }

@@ -38,15 +38,6 @@ impl Registry {
     pub fn get(&self, client_id: &str) -> Option<Arc<Session>> {
         self.map.lock().get(client_id).cloned()
     }
-
-    /// Every live connection (for shutdown).
-    pub fn connections(&self) -> Vec<Arc<ConnCtl>> {
-        self.map
-            .lock()
-            .values()
-            .filter_map(|s| s.state.lock().conn.clone())
-            .collect()
-    }
 }
 
 /// A connection attached to its session.
