@@ -64,8 +64,8 @@ fn appends(c: &mut Criterion) {
     g.finish();
 }
 
-/// A stream of `n` old records (64-byte payloads) in sealed blocks plus one fresh record.
-fn expiry_setup(n: u64) -> (tempfile::TempDir, Store, tern_store::Stream) {
+/// A stream of `n` old records in sealed blocks plus one fresh record.
+fn expiry_setup(n: u64, payload_bytes: usize) -> (tempfile::TempDir, Store, tern_store::Stream) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     // Interval sync keeps the setup fast while leaving the blocks written back, as they
@@ -80,7 +80,7 @@ fn expiry_setup(n: u64) -> (tempfile::TempDir, Store, tern_store::Stream) {
         ..Default::default()
     };
     let s = store.stream("e", cfg).unwrap();
-    let payload = [7u8; 64];
+    let payload = vec![7u8; payload_bytes];
     for i in 0..n {
         let topic = format!("dev/{}", i % 100);
         drop(s.append_at(i, topic.as_bytes(), b"", &payload).unwrap());
@@ -99,18 +99,27 @@ fn expiry(c: &mut Criterion) {
     g.sample_size(10);
     g.warm_up_time(Duration::from_millis(1));
     g.measurement_time(Duration::from_millis(1));
-    for &n in &[100_000u64, 1_000_000] {
-        g.bench_function(BenchmarkId::from_parameter(n), |b| {
+    // 1M x 64 B and 100k x 1 KiB fill about the same number of 4 MiB blocks (26): if the
+    // cost follows blocks, those two take about the same time; 100k x 64 B is 3 blocks.
+    for &(name, n, payload) in &[
+        ("100000x64B", 100_000u64, 64usize),
+        ("1000000x64B", 1_000_000, 64),
+        ("100000x1KiB", 100_000, 1024),
+    ] {
+        g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    let (dir, store, s) = expiry_setup(n);
+                    let (dir, store, s) = expiry_setup(n, payload);
                     let blocks = s.info().blocks;
                     let start = Instant::now();
                     let r = s.expire(1_000_000_000_000).unwrap();
                     total += start.elapsed();
                     assert_eq!(r.records, n);
                     assert_eq!(s.info().blocks, 1, "{blocks} blocks before");
+                    if std::env::var_os("TERN_BENCH_VERBOSE").is_some() {
+                        eprintln!("{name}: {} blocks expired", blocks - 1);
+                    }
                     drop((s, store, dir));
                 }
                 total
