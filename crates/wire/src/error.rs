@@ -111,7 +111,6 @@ impl DecodeError {
             UnsupportedProtocolVersion { .. } | InvalidProtocolName => {
                 ReasonCode::UNSUPPORTED_PROTOCOL_VERSION
             }
-            WildcardInTopicName => ReasonCode::TOPIC_NAME_INVALID,
             // [MQTT-3.3.2-8]: a Topic Alias of 0 earns "Topic Alias invalid".
             InvalidPropertyValue(crate::property_table::TOPIC_ALIAS) => {
                 ReasonCode::TOPIC_ALIAS_INVALID
@@ -138,6 +137,9 @@ impl DecodeError {
             | ConnectReservedFlag
             | WillFlagsWithoutWill
             | PasswordWithoutUsername
+            // 0x90 is for names that are "correctly formed" but refused; a wildcard makes the
+            // name ill-formed ([MQTT-3.3.2-2]), and mosquitto treats it as malformed too.
+            | WildcardInTopicName
             | UnknownProperty(_)
             | SubscriptionOptionsReserved
             | InvalidConnAckFlags(_) => ReasonCode::MALFORMED_PACKET,

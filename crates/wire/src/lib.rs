@@ -36,9 +36,10 @@
 //! Choices the spec leaves open, and how this crate makes them:
 //! - Non-minimal Variable Byte Integers are accepted (the spec binds only the sender); the
 //!   encoder always writes the minimal form.
-//! - A wildcard in a PUBLISH (or will) topic maps to 0x90 (topic name invalid), an unknown
-//!   protocol name to 0x84 like an unknown level; packet identifier 0 and forbidden,
-//!   duplicate or out-of-range properties are protocol errors (0x82), as in mosquitto.
+//! - A wildcard in a PUBLISH (or will) topic is malformed (0x81), not 0x90 ("correctly formed
+//!   but refused"); an unknown protocol name maps to 0x84 like an unknown level; packet
+//!   identifier 0 and forbidden, duplicate or out-of-range properties are protocol errors
+//!   (0x82), as in mosquitto; a topic alias of 0 is 0x94 [MQTT-3.3.2-8].
 //! - Whether a PUBLISH carrying a subscription identifier came from a client (forbidden,
 //!   [MQTT-3.3.4-6]) depends on the direction, which the codec does not know: the broker checks.
 //!

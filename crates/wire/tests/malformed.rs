@@ -194,14 +194,14 @@ fn cases() -> Vec<Case> {
         V4,
         packet(0x30, "0003612f2b"),
         E::WildcardInTopicName,
-        0x90,
+        0x81,
     );
     add(
         "MQTT-3.3.2-2 # in topic",
         V5,
         packet(0x30, "0001 23 00"),
         E::WildcardInTopicName,
-        0x90,
+        0x81,
     );
     add(
         "MQTT-4.7.3-1 empty topic (3.1.1)",
@@ -410,7 +410,7 @@ fn cases() -> Vec<Case> {
         V4,
         connect(4, 0x06, "0000 00012b 0000"),
         E::WildcardInTopicName,
-        0x90,
+        0x81,
     );
     add(
         "bytes after the password",
