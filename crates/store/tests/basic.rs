@@ -409,11 +409,17 @@ fn many_polled_tickets_all_complete_in_order() {
         .collect();
     let mut done = Vec::new();
     while done.len() < 1000 {
-        for t in tickets.iter_mut() {
-            if let Some(tk) = t {
+        for i in 0..tickets.len() {
+            if let Some(tk) = &mut tickets[i] {
                 if let std::task::Poll::Ready(r) = std::pin::Pin::new(tk).poll(&mut cx) {
                     done.push(r.unwrap());
-                    *t = None;
+                    tickets[i] = None;
+                    // Tickets complete in append order.
+                    assert!(
+                        tickets[..i]
+                            .iter()
+                            .all(|t| t.as_ref().is_none_or(|t| t.is_done()))
+                    );
                 }
             }
         }
