@@ -153,8 +153,8 @@ for name in $BROKERS; do
   printf '{"type":"broker","broker":"%s","version":"%s","port":%s}\n' \
     "$name" "$(version_of "$name")" "$(port_of "$name")" >>"$OUT"
 done
-printf '{"type":"machine","cpus":%s,"kernel":"%s","repeats":%s,"started":"%s"}\n' \
-  "$(nproc)" "$(uname -r)" "$REPEATS" "$STAMP" >>"$OUT"
+printf '{"type":"machine","cpus":%s,"kernel":"%s","repeats":%s,"started":"%s","loadavg_start":"%s"}\n' \
+  "$(nproc)" "$(uname -r)" "$REPEATS" "$STAMP" "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT"
 
 # Every cell gets a freshly started broker: no cell inherits another's memory or connection
 # backlog (rumqttd 0.20 stopped accepting after the 1,000-subscriber fan-out in one trial run),
@@ -186,6 +186,9 @@ for rep in $(seq "$REPEATS"); do
     done
   done
 done
+
+printf '{"type":"machine_end","loadavg_end":"%s","ended":"%s"}\n' \
+  "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%Y%m%dT%H%M%SZ)" >>"$OUT"
 
 [ -n "${NO_REPORT:-}" ] && exit 0
 

@@ -38,8 +38,8 @@ def load(path):
         item = json.loads(line)
         if item["type"] == "broker":
             brokers[item["broker"]] = item
-        elif item["type"] == "machine":
-            machine = item
+        elif item["type"] in ("machine", "machine_end"):
+            machine.update(item)
         elif item["type"] == "run":
             runs.setdefault((item["broker"], item["cell"]), []).append(item)
     return brokers, machine, runs
@@ -110,10 +110,15 @@ def build(brokers, machine, runs):
 
     header = "| | " + " | ".join(DISPLAY[b] for b in present) + " |"
     rule = "|---" * (len(present) + 1) + "|"
+    load = ""
+    if machine.get("loadavg_start"):
+        load = (f" Load average (1/5/15 min) {machine['loadavg_start']} at the start and "
+                f"{machine.get('loadavg_end', '?')} at the end: other work shared the machine.")
     lines = [
         f"Run `bench/compare.sh` (started {machine.get('started', '?')}, {machine.get('cpus', '?')} CPUs, "
-        f"kernel {machine.get('kernel', '?')}); every figure is the median of {repeats} repetitions. "
-        "Brokers and tern-bench share the machine's cores; MQTT 3.1.1, 64-byte payloads, loopback.",
+        f"kernel {machine.get('kernel', '?')}); every figure is the median of {repeats} repetitions, "
+        "each cell against a freshly started broker. Brokers and tern-bench share the machine's cores; "
+        "MQTT 3.1.1, 64-byte payloads, loopback; method and configs in `bench/README.md`." + load,
         "",
         "Versions: " + ", ".join(brokers[b]["version"] or b for b in present) + ".",
         "",
@@ -145,8 +150,13 @@ def build(brokers, machine, runs):
             p99 = median_of(rs, lambda r: r["e2e_latency"]["p99_us"])
             return f"{fmt_us(p50)} / {fmt_us(p99)}"
         lines.append(f"| {CELLS[cell]} | " + " | ".join(latency_text(b) for b in present) + " |")
-    lines += ["", "**CPU: load generator vs broker** (cores busy during the cell, tern-bench / broker; "
-              "the generator should stay well below the broker)", "", header, rule]
+    lines += ["", "**CPU: load generator vs broker** (cores busy during the cell, tern-bench / broker, "
+              "from /proc/PID/task/*/schedstat). On loopback the kernel's TCP work for a segment is "
+              "largely charged to the process that sends it, so each side carries part of the other's "
+              "network cost. Where the broker batches its writes and tern-bench does too (window 256, "
+              "QoS 0) the generator stays well below the broker; at window 1 every message is a "
+              "round trip and both sides pay the same system calls per message; in the connection "
+              "cell the client side pays for the TCP handshakes.", "", header, rule]
     for cell in TRAFFIC + ["conns"]:
         def cpu_text(broker, cell=cell):
             rs = runs.get((broker, cell))
