@@ -2,7 +2,8 @@
 //!
 //! `decode/*` decodes one packet from a buffer that holds a batch of identical packets (as a
 //! read buffer would) and drops it, so the figure per packet includes the zero-copy slicing
-//! and the reference count traffic. `encode/*` writes into a reused buffer.
+//! and the reference count traffic. `decode_without_drop/*` keeps the packets (a 472-byte push
+//! each) and drops them after the timed region. `encode/*` writes into a reused buffer.
 //!
 //! Run: `cargo bench -p tern-wire --bench codec`.
 
@@ -119,6 +120,36 @@ fn bench_decode(c: &mut Criterion) {
     group.finish();
 }
 
+/// Decode only: the packets are kept and dropped after the timed region, as a reader hands
+/// them on and the last holder pays for the drop (two atomic decrements for a PUBLISH).
+fn bench_decode_without_drop(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decode_without_drop");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    for (name, protocol, packet) in cases().into_iter().take(4) {
+        let mut one = BytesMut::new();
+        encode(&packet, protocol, &mut one).unwrap();
+        let batch: Vec<u8> = one
+            .iter()
+            .copied()
+            .cycle()
+            .take(one.len() * BATCH)
+            .collect();
+        group.bench_function(name, |b| {
+            b.iter_batched_ref(
+                || (BytesMut::from(&batch[..]), Vec::with_capacity(BATCH)),
+                |(buf, kept)| {
+                    while let Ok(Some(packet)) = decode(buf, protocol, MAX) {
+                        kept.push(packet);
+                    }
+                    assert_eq!(kept.len(), BATCH);
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
 fn bench_encode(c: &mut Criterion) {
     let mut group = c.benchmark_group("encode");
     for (name, protocol, packet) in cases() {
@@ -181,6 +212,6 @@ criterion_group! {
         .warm_up_time(std::time::Duration::from_millis(500))
         .measurement_time(std::time::Duration::from_secs(2))
         .sample_size(30);
-    targets = bench_decode, bench_encode, bench_fanout
+    targets = bench_decode, bench_decode_without_drop, bench_encode, bench_fanout
 }
 criterion_main!(benches);

@@ -17,6 +17,7 @@ struct Head {
     next: usize,
 }
 
+#[inline(always)]
 fn head(frame: &Bytes, body_start: usize, flags: u8) -> Result<Head, DecodeError> {
     // The fixed header already rejected QoS 3 and DUP on QoS 0.
     let qos = QoS::from_u8((flags >> 1) & 0b11).ok_or(DecodeError::InvalidQoS)?;

@@ -44,7 +44,7 @@ impl<'a> Reader<'a> {
         self.pos == self.end
     }
 
-    #[inline]
+    #[inline(always)]
     fn take(&mut self, count: usize) -> Result<&'a [u8], DecodeError> {
         if self.remaining() < count {
             return Err(DecodeError::Truncated);
@@ -60,7 +60,7 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
         let bytes = self.take(2)?;
         Ok(u16::from_be_bytes([bytes[0], bytes[1]]))
@@ -85,7 +85,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `count` bytes as a zero-copy slice.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn bytes(&mut self, count: usize) -> Result<Bytes, DecodeError> {
         if self.remaining() < count {
             return Err(DecodeError::Truncated);
@@ -96,7 +96,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Binary Data: two-byte length then the bytes.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn binary(&mut self) -> Result<Bytes, DecodeError> {
         let len = usize::from(self.u16()?);
         self.bytes(len)
