@@ -93,6 +93,8 @@ pub struct Outbound {
     /// min(client Receive Maximum, max_inflight_messages) of the current connection.
     pub window: usize,
     pub full_since: Option<Instant>,
+    /// QoS>0 messages dropped because `max_queued_messages` was reached (for log pacing).
+    pub dropped_oldest: u64,
 }
 
 impl Outbound {
@@ -122,6 +124,7 @@ impl Outbound {
                     }
                 }
                 result = PushResult::QueuedDroppedOldest;
+                self.dropped_oldest += 1;
             }
             if over && online {
                 if let Some(slow) = self.note_full(config, now) {
@@ -293,6 +296,8 @@ impl Outbound {
                 }
             }
         }
+        // Counted once per batch: the counter is shared by every connection.
+        let mut sent = 0;
         while packets < MAX_BATCH_PACKETS {
             let Some(front) = self.queue.front() else {
                 break;
@@ -327,7 +332,7 @@ impl Outbound {
             };
             if writer.encode_publish(&item, packet_id, false, now, parts) {
                 packets += 1;
-                Metrics::add(&metrics.messages_sent, 1);
+                sent += 1;
             }
             if item.qos != QoS::AtMostOnce {
                 self.inflight.push_back(Inflight {
@@ -337,6 +342,9 @@ impl Outbound {
                     needs_send: false,
                 });
             }
+        }
+        if sent > 0 {
+            Metrics::add(&metrics.messages_sent, sent);
         }
         if self.queued_bytes <= config.outbound_queue_max_bytes
             && self.queue.len() < config.outbound_queue_max_messages

@@ -14,6 +14,7 @@
 //! - No Local: a subscription never receives its own client's messages [MQTT-3.8.3-3].
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tern_topic::{FilterKind, Match, SubscribeError, SubscriptionTrie};
 use tern_wire::{QoS, SubscriptionOptions};
@@ -89,11 +90,15 @@ impl Router {
     pub fn targets(&self, message: &Arc<Message>, out: &mut Vec<(Arc<Session>, Outgoing)>) {
         let first = out.len();
         let publisher = message.publisher.as_deref();
+        // Only a session with several plain subscriptions can match twice; without one, the
+        // merge (a sort) is skipped.
+        let mut may_overlap = false;
         self.trie.for_each_match(&message.topic, |m| match m {
             Match::Subscription { key, value } => {
                 if value.options.no_local && publisher == Some(&**key) {
                     return;
                 }
+                may_overlap |= value.session.plain_subscriptions.load(Ordering::Relaxed) > 1;
                 out.push((value.session.clone(), outgoing(message, value, None)));
             }
             Match::Shared(group) => {
@@ -107,7 +112,9 @@ impl Router {
                 }
             }
         });
-        merge_per_session(out, first);
+        if may_overlap {
+            merge_per_session(out, first);
+        }
     }
 
     /// Another member of the share group `share` (`$share/{group}/{filter}`) than `exclude`,
@@ -173,34 +180,39 @@ pub fn publish(shared: &Shared, message: Arc<Message>) {
 /// Pushes one delivery into a session's queue and wakes its writer.
 pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
     let qos = item.qos;
-    let (result, conn) = {
+    let (result, dropped_oldest) = {
         let mut state = session.state.lock();
         if state.ended {
             return;
         }
         let online = state.conn.is_some();
         let result = state.out.push(item, online, &shared.config, now);
-        (result, state.conn.clone())
+        if let Some(conn) = &state.conn {
+            if result == PushResult::SlowSubscriber {
+                conn.kick(tern_wire::ReasonCode::QUOTA_EXCEEDED);
+            }
+            // Waking under the lock saves an Arc clone per delivery; the wake only queues
+            // the writer task.
+            conn.wake.notify_one();
+        }
+        (result, state.out.dropped_oldest)
     };
     match result {
         PushResult::Queued => {}
         PushResult::Dropped => Metrics::add(&shared.metrics.messages_dropped, 1),
         PushResult::QueuedDroppedOldest => {
             Metrics::add(&shared.metrics.messages_dropped, 1);
-            tracing::warn!(client_id = %session.client_id, "session queue full; oldest QoS>0 message dropped");
+            // Logged at 1, 2, 4, 8, ... drops per session: visible, never a flood.
+            if dropped_oldest.is_power_of_two() {
+                tracing::warn!(client_id = %session.client_id, dropped_oldest, "session queue full; oldest QoS>0 messages dropped");
+            }
         }
         PushResult::SlowSubscriber => {
             if qos == QoS::AtMostOnce {
                 Metrics::add(&shared.metrics.messages_dropped, 1);
             }
-            if let Some(conn) = &conn {
-                tracing::warn!(client_id = %session.client_id, "slow subscriber disconnected");
-                conn.kick(tern_wire::ReasonCode::QUOTA_EXCEEDED);
-            }
+            tracing::warn!(client_id = %session.client_id, "slow subscriber disconnected");
         }
-    }
-    if let Some(conn) = conn {
-        conn.wake.notify_one();
     }
 }
 
@@ -254,6 +266,8 @@ mod tests {
                 record(QoS::ExactlyOnce, Some(2)),
             )
             .unwrap();
+        // Kept by the SUBSCRIBE handler from the session's table.
+        a.plain_subscriptions.store(2, Ordering::Relaxed);
         let mut out = Vec::new();
         router.targets(&message("x/y", QoS::AtLeastOnce, None), &mut out);
         assert_eq!(out.len(), 1);

@@ -80,11 +80,11 @@ impl Conn {
                     continue;
                 }
             }
-            self.session
-                .state
-                .lock()
-                .subscriptions
-                .insert(raw.as_str().into(), record);
+            {
+                let mut state = self.session.state.lock();
+                state.subscriptions.insert(raw.as_str().into(), record);
+                self.session.recount_subscriptions(&state);
+            }
             self.shared
                 .store
                 .session_subscribed(&self.client_id, raw, *options, subscription_id);
@@ -135,7 +135,11 @@ impl Conn {
                 .router
                 .write()
                 .unsubscribe(kind, &self.client_id);
-            self.session.state.lock().subscriptions.remove(raw.as_str());
+            {
+                let mut state = self.session.state.lock();
+                state.subscriptions.remove(raw.as_str());
+                self.session.recount_subscriptions(&state);
+            }
             if removed {
                 Metrics::sub(&self.shared.metrics.subscriptions, 1);
                 self.shared.store.session_unsubscribed(&self.client_id, raw);

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -74,6 +74,9 @@ pub struct Session {
     pub client_id: Arc<str>,
     /// Mirrors `state.conn.is_some()` for lock-free checks (shared-group member choice).
     pub online: AtomicBool,
+    /// Subscriptions other than `$share/...` ones: above 1, one message can match this
+    /// session twice and routing must merge the copies.
+    pub plain_subscriptions: AtomicUsize,
     pub state: Mutex<SessionState>,
 }
 
@@ -101,6 +104,7 @@ impl Session {
         Arc::new(Session {
             client_id,
             online: AtomicBool::new(false),
+            plain_subscriptions: AtomicUsize::new(0),
             state: Mutex::new(SessionState {
                 conn: None,
                 conn_gen: 0,
@@ -121,6 +125,16 @@ impl Session {
 
     pub fn set_online(&self, online: bool) {
         self.online.store(online, Ordering::Relaxed);
+    }
+
+    /// Recounts [`Session::plain_subscriptions`] from the subscription table.
+    pub fn recount_subscriptions(&self, state: &SessionState) {
+        let plain = state
+            .subscriptions
+            .keys()
+            .filter(|f| !f.starts_with(tern_topic::SHARE_PREFIX))
+            .count();
+        self.plain_subscriptions.store(plain, Ordering::Relaxed);
     }
 }
 
