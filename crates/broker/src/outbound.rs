@@ -527,6 +527,7 @@ pub async fn run_writer(
             ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
             return;
         }
+        ctl.drained.notify_one();
     }
 }
 

@@ -6,7 +6,8 @@
 //! # Invariants
 //! - The read buffer is allocated only when data arrives, sized to it, and released whenever
 //!   it is fully consumed, so an idle connection holds no read buffer.
-//! - While the ack pipeline is full the loop does not read from the socket (backpressure).
+//! - While the ack pipeline is full, or [`MAX_CONTROL_BACKLOG`] control packets wait for the
+//!   writer, the loop does not read from the socket (backpressure, never unbounded queues).
 //! - Every control packet this task sends goes through the session's control queue, and only
 //!   while the session still belongs to this connection (`conn_gen`).
 
@@ -35,6 +36,10 @@ use crate::metrics::Metrics;
 use crate::outbound::encode_packet;
 use crate::session::{ConnCtl, Session};
 use crate::topic_alias::InboundAliases;
+
+/// Control packets (acks, SUBACK, PINGRESP) queued for the writer beyond which the reader
+/// stops reading: a client that sends without reading cannot grow the queue without bound.
+const MAX_CONTROL_BACKLOG: usize = 1024;
 
 /// Largest single socket read.
 const READ_CHUNK_BYTES: usize = 8 * 1024;
@@ -80,6 +85,7 @@ enum Event {
     Kicked(ReasonCode),
     Shutdown,
     Durable,
+    Drained,
     Read(io::Result<usize>),
     KeepAliveExpired,
 }
@@ -200,11 +206,13 @@ impl Conn {
             }
             let deadline = self.keep_alive.map(|ka| last_packet_at + ka);
             let waiting = self.pipeline.has_pending_ticket();
-            let reading = !self.pipeline.is_full();
+            let backlogged = self.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
+            let reading = !self.pipeline.is_full() && !backlogged;
             let event = tokio::select! {
                 reason = self.ctl.kicked() => Event::Kicked(reason),
                 _ = stop.changed() => Event::Shutdown,
                 _ = self.pipeline.wait_front(&mut self.released), if waiting => Event::Durable,
+                _ = self.ctl.drained.notified(), if backlogged => Event::Drained,
                 read = read_some(reader, buf), if reading => Event::Read(read),
                 _ = sleep_until_opt(deadline) => Event::KeepAliveExpired,
             };
@@ -212,6 +220,7 @@ impl Conn {
                 Event::Kicked(reason) => return Close::Kicked(reason),
                 Event::Shutdown => return Close::Shutdown,
                 Event::Durable => self.flush_released(),
+                Event::Drained => {}
                 Event::Read(Ok(0)) | Event::Read(Err(_)) => return Close::Lost,
                 Event::Read(Ok(n)) => Metrics::add(&self.shared.metrics.bytes_received, n as u64),
                 Event::KeepAliveExpired => return Close::KeepAlive,

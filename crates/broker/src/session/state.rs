@@ -24,6 +24,8 @@ pub struct SubRecord {
 pub struct ConnCtl {
     /// Wakes the writer: new outbound data, a window opening, or closing.
     pub wake: Notify,
+    /// Wakes the reader after the writer wrote a batch (it may have paused on a backlog).
+    pub drained: Notify,
     kick_reason: Mutex<Option<ReasonCode>>,
     kick_notify: Notify,
     closing: AtomicBool,
