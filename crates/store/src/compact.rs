@@ -12,11 +12,16 @@
 //!   durable with a directory fsync; a crash leaves either the old or the new block.
 //! - The rewritten block keeps its base sequence, so sequences are never reused.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use crate::error::{Result, StoreError};
 use crate::format::{self, BLOCK_HEADER_LEN, Entry, FLAG_TOMBSTONE, encode_block_header};
+use crate::shared::{Shared, lock};
 use crate::state::{Block, ENTRY_DELETED, State};
+use crate::vfs::VFile;
 use crate::writer::Writer;
 
 /// Sum of bytes held by deleted records and markers in sealed blocks.
@@ -36,105 +41,140 @@ fn is_dirty(b: &Block) -> bool {
     b.live < b.n_entries as u64 || !b.markers.is_empty() || b.tombstones > 0
 }
 
-/// Compacts up to `max_blocks` dirty sealed blocks, oldest first.
-pub(crate) fn compact(w: &mut Writer, st: &mut State, max_blocks: usize) -> Result<()> {
+/// A block picked for rewriting, copied out so the I/O runs without the state lock.
+struct Job {
+    base: u64,
+    path: PathBuf,
+    file: Arc<dyn VFile>,
+    len: u64,
+    live: Vec<Entry>,
+    topics: Vec<Bytes>,
+}
+
+/// Compacts up to `max_blocks` dirty sealed blocks, oldest first. Picking a block and
+/// swapping its rewrite in take the state lock briefly; reading, writing and syncing the
+/// new file happen without it, so readers are not stalled for the rewrite. Only the writer
+/// thread (the caller) changes blocks' records, so a picked block cannot change meanwhile;
+/// a reader may quarantine it, and then the rewrite is dropped.
+pub(crate) fn compact(w: &mut Writer, max_blocks: usize) -> Result<()> {
     let sh = w.sh().clone();
     let mut done = 0;
-    let mut bi = 0;
-    while bi + 1 < st.blocks.len() && done < max_blocks {
-        if !is_dirty(&st.blocks[bi]) {
-            bi += 1;
-            continue;
-        }
-        st.load(bi)?;
-        // Live tombstones go away with the rewrite.
-        for ei in 0..st.blocks[bi].entries.len() {
-            let e = st.blocks[bi].entries[ei];
-            if e.flags & ENTRY_DELETED == 0 && e.flags & u32::from(FLAG_TOMBSTONE) != 0 {
-                st.delete_at(bi, ei);
-            }
-        }
-        done += 1;
-        if st.blocks[bi].live == 0 {
-            if let Some(b) = st.blocks.remove(bi) {
-                w.unlink.push(b);
-            }
-            continue;
-        }
-        let b = &st.blocks[bi];
-        let mut raw = vec![0u8; b.len as usize];
-        b.file
-            .read_exact_at(&mut raw, 0)
-            .map_err(|e| StoreError::io("read block", &b.path, &e))?;
-        let raw = Bytes::from(raw);
-        let mut out = Vec::with_capacity(b.live_bytes as usize + BLOCK_HEADER_LEN);
-        out.extend_from_slice(&encode_block_header(b.base_seq));
-        let mut topics: Vec<Bytes> = Vec::new();
-        let mut entries = Vec::with_capacity(b.live as usize);
-        let mut remap = vec![u32::MAX; b.topics.len()];
-        for e in b.entries.iter().filter(|e| e.flags & ENTRY_DELETED == 0) {
-            let r = format::decode_record(&raw, e.offset as usize).map_err(|d| {
-                StoreError::Corrupt {
-                    path: b.path.clone(),
-                    range: e.seq..=e.seq,
-                    detail: format!("during compaction: {d:?}"),
+    let mut cursor = 0u64;
+    while done < max_blocks {
+        let job = {
+            let mut st = lock(&sh.state);
+            let sealed = st.blocks.len().saturating_sub(1);
+            let Some(bi) =
+                (0..sealed).find(|&i| st.blocks[i].base_seq >= cursor && is_dirty(&st.blocks[i]))
+            else {
+                break;
+            };
+            cursor = st.blocks[bi].base_seq + 1;
+            done += 1;
+            st.load(bi)?;
+            // Live tombstones go away with the rewrite.
+            for ei in 0..st.blocks[bi].entries.len() {
+                let e = st.blocks[bi].entries[ei];
+                if e.flags & ENTRY_DELETED == 0 && e.flags & u32::from(FLAG_TOMBSTONE) != 0 {
+                    st.delete_at(bi, ei);
                 }
-            })?;
-            if r.seq != e.seq {
-                return Err(StoreError::Corrupt {
-                    path: b.path.clone(),
-                    range: e.seq..=e.seq,
-                    detail: "index and block disagree".into(),
-                });
             }
-            let t = &mut remap[e.topic as usize];
-            if *t == u32::MAX {
-                *t = topics.len() as u32;
-                topics.push(b.topics[e.topic as usize].clone());
+            if st.blocks[bi].live == 0 {
+                if let Some(b) = st.blocks.remove(bi) {
+                    w.unlink.push(b);
+                }
+                continue;
             }
-            entries.push(Entry {
-                offset: out.len() as u32,
-                topic: *t,
-                ..*e
-            });
-            out.extend_from_slice(&raw[e.offset as usize..e.offset as usize + e.len as usize]);
+            let b = &st.blocks[bi];
+            Job {
+                base: b.base_seq,
+                path: b.path.clone(),
+                file: b.file.clone(),
+                len: b.len,
+                live: b
+                    .entries
+                    .iter()
+                    .filter(|e| e.flags & ENTRY_DELETED == 0)
+                    .copied()
+                    .collect(),
+                topics: b.topics.clone(),
+            }
+        };
+        let nb = rewrite(&sh, job)?;
+        let mut st = lock(&sh.state);
+        if let Some(bi) = st.blocks.iter().position(|b| b.base_seq == nb.base_seq) {
+            st.blocks[bi] = nb;
         }
-        let tmp = b.path.with_extension("compact");
-        let _ = sh.vfs.remove_file(&tmp);
-        let file = sh
-            .vfs
-            .open_rw(&tmp, true)
-            .map_err(|e| StoreError::io("create", &tmp, &e))?;
-        file.set_len(0)
-            .map_err(|e| StoreError::io("truncate", &tmp, &e))?;
-        file.write_all_at(&out, 0)
-            .map_err(|e| StoreError::io("write", &tmp, &e))?;
-        file.sync_data()
-            .map_err(|e| StoreError::io("fdatasync", &tmp, &e))?;
-        sh.vfs
-            .rename(&tmp, &b.path)
-            .map_err(|e| StoreError::io("rename", &tmp, &e))?;
-        sh.vfs
-            .sync_dir(&sh.dir)
-            .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
-        let mut nb = Block::from_index(
-            b.base_seq,
-            b.path.clone(),
-            file,
-            format::IndexData {
-                block_len: out.len() as u64,
-                topics,
-                entries,
-                deletes: Vec::new(),
-            },
-        );
-        nb.sealed = true;
-        let ix = format::encode_index(&nb.index_data());
-        if let Err(e) = sh.vfs.write_file(&nb.index_path(), &ix) {
-            tracing::warn!(stream = %sh.name, error = %e, "could not write block index after compaction");
-        }
-        st.blocks[bi] = nb;
-        bi += 1;
     }
     Ok(())
+}
+
+/// Writes the live records of `job` to a new file and renames it over the block.
+fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
+    let mut raw = vec![0u8; job.len as usize];
+    job.file
+        .read_exact_at(&mut raw, 0)
+        .map_err(|e| StoreError::io("read block", &job.path, &e))?;
+    let raw = Bytes::from(raw);
+    let mut out = Vec::with_capacity(raw.len());
+    out.extend_from_slice(&encode_block_header(job.base));
+    let mut topics: Vec<Bytes> = Vec::new();
+    let mut entries = Vec::with_capacity(job.live.len());
+    let mut remap = vec![u32::MAX; job.topics.len()];
+    for e in &job.live {
+        let corrupt = |detail: String| StoreError::Corrupt {
+            path: job.path.clone(),
+            range: e.seq..=e.seq,
+            detail,
+        };
+        let r = format::decode_record(&raw, e.offset as usize)
+            .map_err(|d| corrupt(format!("during compaction: {d:?}")))?;
+        if r.seq != e.seq {
+            return Err(corrupt("index and block disagree".into()));
+        }
+        let t = &mut remap[e.topic as usize];
+        if *t == u32::MAX {
+            *t = topics.len() as u32;
+            topics.push(job.topics[e.topic as usize].clone());
+        }
+        entries.push(Entry {
+            offset: out.len() as u32,
+            topic: *t,
+            ..*e
+        });
+        out.extend_from_slice(&raw[e.offset as usize..e.offset as usize + e.len as usize]);
+    }
+    let tmp = job.path.with_extension("compact");
+    let _ = sh.vfs.remove_file(&tmp);
+    let file = sh
+        .vfs
+        .open_rw(&tmp, true)
+        .map_err(|e| StoreError::io("create", &tmp, &e))?;
+    file.write_all_at(&out, 0)
+        .map_err(|e| StoreError::io("write", &tmp, &e))?;
+    file.sync_data()
+        .map_err(|e| StoreError::io("fdatasync", &tmp, &e))?;
+    sh.vfs
+        .rename(&tmp, &job.path)
+        .map_err(|e| StoreError::io("rename", &tmp, &e))?;
+    sh.vfs
+        .sync_dir(&sh.dir)
+        .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+    let mut nb = Block::from_index(
+        job.base,
+        job.path,
+        file,
+        format::IndexData {
+            block_len: out.len() as u64,
+            topics,
+            entries,
+            deletes: Vec::new(),
+        },
+    );
+    nb.sealed = true;
+    let ix = format::encode_index(&nb.index_data());
+    if let Err(e) = sh.vfs.write_file(&nb.index_path(), &ix) {
+        tracing::warn!(stream = %sh.name, error = %e, "could not write block index after compaction");
+    }
+    Ok(nb)
 }

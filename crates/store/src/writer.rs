@@ -80,6 +80,9 @@ pub(crate) struct Writer {
     last_sync: Instant,
     next_expiry: Option<Instant>,
     failed: bool,
+    /// Blocks the next compaction phase may rewrite, and who waits for it.
+    compact_budget: usize,
+    compact_replies: Vec<SyncSender<Result<Removed>>>,
     reaper: SyncSender<Vec<PathBuf>>,
     reaper_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -129,6 +132,8 @@ impl Writer {
             last_sync: Instant::now(),
             next_expiry,
             failed: false,
+            compact_budget: 0,
+            compact_replies: Vec::new(),
         }
     }
 
@@ -259,6 +264,25 @@ impl Writer {
         }
         if let Err(e) = self.commit(has_ops || force_sync) {
             self.fail(e);
+            return;
+        }
+        if self.compact_budget > 0 {
+            let budget = std::mem::take(&mut self.compact_budget);
+            let res = crate::compact::compact(self, budget).and_then(|()| {
+                if self.unlink.is_empty() {
+                    Ok(())
+                } else {
+                    self.remove_blocks()
+                }
+            });
+            match res {
+                Ok(()) => {
+                    for tx in self.compact_replies.drain(..) {
+                        let _ = tx.try_send(Ok(Removed::default()));
+                    }
+                }
+                Err(e) => self.fail(e),
+            }
         }
     }
 
@@ -275,6 +299,9 @@ impl Writer {
         for (tx, _) in self.replies.drain(..) {
             let _ = tx.try_send(Err(self.sh.failed_error()));
         }
+        for tx in self.compact_replies.drain(..) {
+            let _ = tx.try_send(Err(self.sh.failed_error()));
+        }
     }
 
     fn apply(&mut self, buf: &[u8], ops: Vec<(usize, QueuedOp)>, internal: Vec<Op>) -> Result<()> {
@@ -284,6 +311,11 @@ impl Writer {
         for (off, q) in ops {
             self.apply_records(&mut st, &buf[pos..off])?;
             pos = off;
+            if let Op::Compact { max_blocks } = q.op {
+                self.compact_budget = self.compact_budget.max(max_blocks);
+                self.compact_replies.push(q.reply);
+                continue;
+            }
             let removed = self.run_op(&mut st, q.op)?;
             self.replies.push((q.reply, removed));
         }
@@ -512,7 +544,8 @@ impl Writer {
                 Ok(self.deleted(done, st, bytes))
             }
             Op::Compact { max_blocks } => {
-                crate::compact::compact(self, st, max_blocks)?;
+                // Runs after the turn's commit, outside the state lock (see `compact`).
+                self.compact_budget = self.compact_budget.max(max_blocks);
                 Ok(Removed::default())
             }
         }
