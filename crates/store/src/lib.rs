@@ -9,7 +9,7 @@
 //! - [`config`]: block size, sync policy, retention limits.
 //! - `writer`: the per-stream group-commit thread; `queue`: the bounded hand-off to it.
 //! - `state`: the in-memory view (blocks, entries, topic index); `compact`: block rewrites.
-//! - `recovery`: opening a stream, torn tails, quarantine; [`format`]: the on-disk layout.
+//! - `recovery`: opening a stream, torn tails, quarantine; [`format`](mod@format): the on-disk layout.
 //! - [`vfs`]: the file abstraction (real and fault-injecting); [`filter`]: MQTT matching.
 //!
 //! # Invariants
@@ -17,6 +17,26 @@
 //! - A ticket completes only after its record (and every earlier one) is durable under the
 //!   stream's sync policy; tickets complete in append order.
 //! - After a write or sync failure a stream accepts no more writes until reopened.
+//! - Readers see a record only once it is durable under the sync policy, so nothing that was
+//!   served can vanish in a crash.
+//!
+//! # Design notes for users
+//! - **Back-pressure.** Each stream's queue is bounded by `max_queue_bytes`: `append` waits
+//!   for room, `try_append` returns `StoreError::QueueFull` (use it from async tasks and stop
+//!   reading the socket until tickets complete).
+//! - **Atomic groups.** `append_batch` makes several records durable together, in one stream.
+//!   Records that must survive a crash together go in one batch of one stream.
+//! - **Removals** (expiry, limits, purges, floors) report sequence ranges (`Removed`); the
+//!   writer's own removals (limits on append, the expiry timer) wait in `drain_removed`.
+//! - **Memory.** Every block keeps its topic table and per-topic counts in memory. Per-record
+//!   entries (32 bytes each) stay in memory for the active block, for blocks holding deleted
+//!   records, and for up to `index_cache_blocks` other sealed blocks; the rest are reloaded
+//!   from their index files on demand.
+//! - **Removing data costs per block.** Whole blocks are removed by renaming them into
+//!   `trash/` (one directory fsync per call); a reaper thread frees the data afterwards.
+//! - **Corruption** is never skipped silently: a sealed block that fails a checksum (on open
+//!   with `verify_on_open`, on a read, or in `Stream::verify`) is moved to `quarantine/` and
+//!   reported with its sequence range; everything else keeps being served.
 
 //! # Example
 //! ```
