@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::config::StreamConfig;
+use crate::config::{StreamConfig, SyncPolicy};
 use crate::error::{Result, StoreError};
 use crate::format::{
     self, BLOCK_HEADER_LEN, DecodeError, Entry, FLAG_BATCH_MORE, IndexData, KIND_DATA,
@@ -327,21 +327,33 @@ pub(crate) fn open_dir(
         );
         let sc = scan(&raw, base);
         next_seq = next_seq.max(sc.torn_high_seq.saturating_add(1));
-        if is_active {
+        // A damaged tail is a torn write in the active block, and in any block of a stream
+        // that never syncs (its blocks are sealed without a sync); elsewhere it is corruption.
+        let tail_may_tear = is_active || config.sync == SyncPolicy::Never;
+        if tail_may_tear {
             if let Some((off, what)) = &sc.damage {
                 let lost_from = sc.ix.entries.last().map_or(base, |e| e.seq + 1);
                 let lost_to = sc.torn_high_seq.max(lost_from);
                 let cut = raw.len() as u64 - off;
                 tracing::warn!(path = %path.display(), offset = off, bytes = cut, %what,
-                    first_lost = lost_from, last_lost_seen = lost_to, "truncating damaged tail of active block");
+                    first_lost = lost_from, last_lost_seen = lost_to, "truncating damaged tail of block");
                 file.set_len(*off)
                     .map_err(|e| StoreError::io("truncate", &path, &e))?;
                 file.sync_data()
                     .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
-                report.truncated_bytes = cut;
-                report.lost = Some(lost_from..=lost_to);
+                report.truncated_bytes += cut;
+                report.lost = Some(match report.lost.take() {
+                    Some(r) => (*r.start()).min(lost_from)..=(*r.end()).max(lost_to),
+                    None => lost_from..=lost_to,
+                });
             }
-            blocks.push(Block::from_index(base, path, file, sc.ix));
+            let mut b = Block::from_index(base, path, file, sc.ix);
+            if !is_active {
+                b.sealed = true;
+                let ix = format::encode_index(&b.index_data());
+                let _ = vfs.write_file(&b.index_path(), &ix);
+            }
+            blocks.push(b);
         } else if let Some((off, what)) = sc.damage {
             let end = next_base.map_or(u64::MAX, |n| n - 1);
             let detail = format!("at offset {off}: {what}");

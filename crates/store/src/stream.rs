@@ -412,6 +412,18 @@ impl Stream {
         rx.recv().map_err(|_| StoreError::Closed(sh.name.clone()))?
     }
 
+    /// Highest sequence whose ticket has completed (one atomic load).
+    pub fn durable_seq(&self) -> u64 {
+        self.sh()
+            .durable_seq
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The sequence the next append will get.
+    pub fn next_seq(&self) -> u64 {
+        lock(&self.sh().queue).next_seq
+    }
+
     /// Blocks until everything appended before the call is durable.
     pub fn flush(&self) -> Result<()> {
         self.op(Op::Flush).map(|_| ())

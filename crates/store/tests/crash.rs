@@ -462,3 +462,53 @@ fn markers_of_a_quarantined_block_are_kept() {
         assert!(s.get(4).unwrap().is_some());
     }
 }
+
+/// Under `sync = never` blocks are sealed without a sync, so a crash may tear a sealed
+/// block's tail: it is truncated like the active block's, not quarantined.
+#[test]
+fn torn_sealed_block_of_a_never_syncing_stream_is_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StreamConfig {
+        block_size_bytes: 4096,
+        sync: tern_store::SyncPolicy::Never,
+        ..Default::default()
+    };
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", cfg.clone()).unwrap();
+        for seq in 1..=300u64 {
+            drop(s.append_at(seq, b"t", b"", &payload(seq)).unwrap());
+        }
+        s.flush().unwrap();
+    }
+    let mut blks: Vec<PathBuf> = std::fs::read_dir(dir.path().join("streams/s"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "blk"))
+        .collect();
+    blks.sort();
+    let raw = std::fs::read(&blks[1]).unwrap();
+    std::fs::write(&blks[1], &raw[..raw.len() - 7]).unwrap();
+    let next_base: u64 = blks[2]
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", cfg).unwrap();
+    assert!(s.recovery_report().quarantined.is_empty());
+    assert_eq!(
+        s.recovery_report().lost.as_ref().map(|r| *r.start()),
+        Some(next_base - 1)
+    );
+    for seq in 1..=300u64 {
+        let got = s.get(seq).unwrap().map(|r| r.payload.to_vec());
+        assert_eq!(
+            got,
+            (seq != next_base - 1).then(|| payload(seq)),
+            "seq {seq}"
+        );
+    }
+}
