@@ -23,6 +23,8 @@ use crate::traffic::{resolve, run_tag};
 
 /// Connection errors kept verbatim in the report.
 pub const MAX_REPORTED_ERRORS: usize = 5;
+/// Give up on the remaining connections when none completes for this long.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The source address of connection `index`.
 pub fn source_for(first: Ipv4Addr, per_source: u32, index: u32) -> Ipv4Addr {
@@ -71,7 +73,23 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
     let mut conns: Vec<Conn> = Vec::with_capacity(args.connections as usize);
     let mut errors = Vec::new();
     let mut failed = 0;
-    while let Some(joined) = tasks.join_next().await {
+    loop {
+        let joined = match tokio::time::timeout(STALL_TIMEOUT, tasks.join_next()).await {
+            Ok(Some(joined)) => joined,
+            Ok(None) => break,
+            Err(_) => {
+                // A broker that stops accepting would otherwise hold the run until --timeout-s
+                // and lose the report; count what is still pending as failed instead.
+                let pending = tasks.len() as u32;
+                tasks.abort_all();
+                failed += pending;
+                errors.push(format!(
+                    "{pending} connections pending with none completing for {} s (broker stopped accepting?)",
+                    STALL_TIMEOUT.as_secs()
+                ));
+                break;
+            }
+        };
         match joined {
             Ok(Ok(conn)) => conns.push(conn),
             Ok(Err(error)) => {
