@@ -61,6 +61,49 @@ fn appends(c: &mut Criterion) {
             });
         }
     }
+    // The broker's shape: many connections, each with a few acks outstanding.
+    let threads = 16usize;
+    let per_thread_window = 16usize;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store
+        .stream(
+            "mp",
+            StreamConfig {
+                limits: Limits {
+                    max_bytes: Some(256 << 20),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    g.bench_function(BenchmarkId::new("64B", "always/16x16-threads"), |b| {
+        b.iter_custom(|iters| {
+            let per = iters.div_ceil(threads as u64);
+            let start = Instant::now();
+            std::thread::scope(|sc| {
+                for _ in 0..threads {
+                    let s = s.clone();
+                    sc.spawn(move || {
+                        let payload = [0xabu8; 64];
+                        let mut pending = VecDeque::with_capacity(per_thread_window);
+                        for _ in 0..per {
+                            if pending.len() == per_thread_window {
+                                let t: tern_store::Ticket = pending.pop_front().unwrap();
+                                t.wait().unwrap();
+                            }
+                            pending.push_back(s.append(b"bench/topic", b"", &payload).unwrap());
+                        }
+                        for t in pending {
+                            t.wait().unwrap();
+                        }
+                    });
+                }
+            });
+            start.elapsed()
+        });
+    });
     g.finish();
 }
 
