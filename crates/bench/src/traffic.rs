@@ -28,6 +28,10 @@ use crate::progress::Progress;
 use crate::report::{TrafficReport, protocol_name};
 use crate::stats::{Latency, rate_per_s};
 
+/// Keep alive announced by traffic clients. They never send PINGREQ (a QoS 0 subscriber sends
+/// nothing at all), so this must outlast any run: an hour, which is also Tern's default cap.
+pub const TRAFFIC_KEEP_ALIVE_S: u16 = 3600;
+
 /// What to run (pubsub, fan-out and latency all reduce to this).
 #[derive(Debug, Clone)]
 pub struct TrafficPlan {
@@ -109,7 +113,7 @@ async fn connect_many(
                 source: None,
                 protocol,
                 client_id: &client_id,
-                keep_alive_s: 600,
+                keep_alive_s: TRAFFIC_KEEP_ALIVE_S,
             };
             let mut conn = connect(&options)
                 .await
