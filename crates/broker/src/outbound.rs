@@ -6,8 +6,9 @@
 //! ([`Outbound::fill_batch`]), releases it and writes.
 //!
 //! # Invariants
-//! - `control` always drains before deliveries (acks, SUBACK before the retained messages it
-//!   triggers, PUBREL).
+//! - Control packets and deliveries leave in the order they were queued (a PINGRESP is a
+//!   barrier), except that control packets overtake a head delivery that waits for the
+//!   in-flight window: acks and PUBRELs never wait for the client's acks.
 //! - Deliveries leave in queue order; a QoS>0 delivery that finds the window full stops the
 //!   queue (QoS 0 behind it waits too), so the publisher's order is kept per subscriber.
 //! - `inflight.len() <= window` except right after a reconnect with a smaller window, when
@@ -84,7 +85,8 @@ pub enum PushResult {
 
 #[derive(Debug, Default)]
 pub struct Outbound {
-    pub control: VecDeque<Bytes>,
+    /// Control packets, each with the value of `pushed_total` when it was queued.
+    pub control: VecDeque<(u64, Bytes)>,
     pub queue: VecDeque<Outgoing>,
     pub queued_bytes: usize,
     pub queued_reliable: usize,
@@ -95,6 +97,9 @@ pub struct Outbound {
     pub full_since: Option<Instant>,
     /// QoS>0 messages dropped because `max_queued_messages` was reached (for log pacing).
     pub dropped_oldest: u64,
+    /// Deliveries ever pushed into / removed from `queue` (their difference is its length).
+    pub pushed_total: u64,
+    pub removed_total: u64,
 }
 
 impl Outbound {
@@ -136,6 +141,7 @@ impl Outbound {
         if item.qos != QoS::AtMostOnce {
             self.queued_reliable += 1;
         }
+        self.pushed_total += 1;
         self.queue.push_back(item);
         result
     }
@@ -148,6 +154,7 @@ impl Outbound {
     }
 
     fn account_removed(&mut self, item: &Outgoing) {
+        self.removed_total += 1;
         self.queued_bytes = self.queued_bytes.saturating_sub(item.message.approx_len());
         if item.qos != QoS::AtMostOnce {
             self.queued_reliable = self.queued_reliable.saturating_sub(1);
@@ -253,6 +260,17 @@ impl Outbound {
         Some(entry)
     }
 
+    /// Queues a control packet (ack, SUBACK, PINGRESP, PUBREL) behind every delivery already
+    /// queued: a PINGRESP then works as a barrier for what was routed before the PINGREQ.
+    pub fn push_control(&mut self, packet: Bytes) {
+        self.control.push_back((self.pushed_total, packet));
+    }
+
+    /// Queues a control packet ahead of everything (CONNACK).
+    pub fn push_control_first(&mut self, packet: Bytes) {
+        self.control.push_front((0, packet));
+    }
+
     /// Moves up to [`MAX_BATCH_PACKETS`] packets into `parts` (each packet one or two `Bytes`).
     pub fn fill_batch(
         &mut self,
@@ -263,47 +281,36 @@ impl Outbound {
         parts: &mut Vec<Bytes>,
     ) {
         let mut packets = 0;
-        while packets < MAX_BATCH_PACKETS {
-            let Some(packet) = self.control.pop_front() else {
-                break;
-            };
-            parts.push(packet);
-            packets += 1;
-        }
-        for index in 0..self.inflight.len() {
-            if packets >= MAX_BATCH_PACKETS {
-                return;
-            }
-            let Some(entry) = self.inflight.get_mut(index) else {
-                break;
-            };
-            if !entry.needs_send {
-                continue;
-            }
-            entry.needs_send = false;
-            packets += 1;
-            match entry.phase {
-                Phase::PubRelPending => {
-                    if let Some(bytes) = writer.encode_pubrel(entry.packet_id) {
-                        parts.push(bytes);
-                    }
-                }
-                Phase::AwaitingAck => {
-                    // Resent with DUP=1 [MQTT-3.3.1-1]; an expired one still goes out: the
-                    // exchange must finish and the client already saw it once.
-                    let item = entry.item.clone();
-                    writer.encode_publish(&item, entry.packet_id, true, now, parts);
-                }
-            }
-        }
         // Counted once per batch: the counter is shared by every connection.
         let mut sent = 0;
+        let mut resends_done = false;
+        let mut head_blocked = false;
         while packets < MAX_BATCH_PACKETS {
+            // A control packet goes once the deliveries queued before it left, or at once when
+            // the head delivery waits for the window (acks must never wait behind it).
+            if let Some(&(mark, _)) = self.control.front() {
+                if mark <= self.removed_total || head_blocked {
+                    if let Some((_, packet)) = self.control.pop_front() {
+                        parts.push(packet);
+                        packets += 1;
+                    }
+                    continue;
+                }
+            }
+            if !resends_done {
+                resends_done = true;
+                packets += self.resend(writer, now, parts, MAX_BATCH_PACKETS - packets);
+                continue;
+            }
             let Some(front) = self.queue.front() else {
                 break;
             };
             if front.qos != QoS::AtMostOnce && self.inflight.len() >= self.window {
-                break;
+                if self.control.is_empty() {
+                    break;
+                }
+                head_blocked = true;
+                continue;
             }
             let Some(item) = self.queue.pop_front() else {
                 break;
@@ -325,6 +332,7 @@ impl Outbound {
                     // Unreachable while the window is respected; keep the message.
                     self.queued_bytes += item.message.approx_len();
                     self.queued_reliable += 1;
+                    self.removed_total -= 1;
                     self.queue.push_front(item);
                     break;
                 };
@@ -352,6 +360,39 @@ impl Outbound {
             self.full_since = None;
         }
         self.release_idle_capacity();
+    }
+
+    /// Resends in-flight messages marked on reconnect, in their original order: PUBLISH with
+    /// DUP=1, or PUBREL once PUBREC was received ([MQTT-4.4.0-1]). Returns packets added.
+    fn resend(
+        &mut self,
+        writer: &mut WriterState,
+        now: Instant,
+        parts: &mut Vec<Bytes>,
+        budget: usize,
+    ) -> usize {
+        let mut packets = 0;
+        for entry in self.inflight.iter_mut().filter(|e| e.needs_send) {
+            if packets >= budget {
+                break;
+            }
+            entry.needs_send = false;
+            packets += 1;
+            match entry.phase {
+                Phase::PubRelPending => {
+                    if let Some(bytes) = writer.encode_pubrel(entry.packet_id) {
+                        parts.push(bytes);
+                    }
+                }
+                Phase::AwaitingAck => {
+                    // An expired one still goes out: the exchange must finish and the client
+                    // may already have seen it.
+                    let item = entry.item.clone();
+                    writer.encode_publish(&item, entry.packet_id, true, now, parts);
+                }
+            }
+        }
+        packets
     }
 
     /// A burst must not leave an idle session holding its high-water mark of queue memory.

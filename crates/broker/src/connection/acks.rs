@@ -72,7 +72,7 @@ impl Conn {
                     };
                     let mut state = session.state.lock();
                     if state.conn_gen == conn_gen && !state.ended {
-                        state.out.control.push_back(bytes);
+                        state.out.push_control(bytes);
                         ctl.wake.notify_one();
                     }
                 });

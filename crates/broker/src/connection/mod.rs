@@ -266,7 +266,9 @@ impl Conn {
             if state.conn_gen != self.conn_gen || state.ended {
                 return;
             }
-            state.out.control.extend(packets);
+            for packet in packets {
+                state.out.push_control(packet);
+            }
         }
         self.ctl.wake.notify_one();
     }

@@ -99,7 +99,7 @@ impl Conn {
                 retained_due.push((raw.clone(), record));
             }
         }
-        // SUBACK goes out before the retained messages it triggers (control drains first).
+        // SUBACK goes out before the retained messages it triggers (queued first).
         self.send(&Packet::SubAck(SubAck {
             packet_id: subscribe.packet_id,
             properties: Properties::default(),

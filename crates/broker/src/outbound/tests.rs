@@ -318,3 +318,59 @@ async fn shared_messages_are_taken_back_from_a_leaving_member() {
     assert_eq!(f.out.queue.len(), 1);
     assert_eq!(f.out.packet_ids.in_flight(), 0);
 }
+
+#[tokio::test]
+async fn control_packets_keep_their_place_behind_queued_deliveries() {
+    let mut f = Fixture::new(10);
+    f.push(item(b"1", QoS::AtMostOnce));
+    f.out.push_control(Bytes::from_static(&[0xD0, 0x00])); // PINGRESP
+    f.push(item(b"2", QoS::AtMostOnce));
+    let sent = f.drain();
+    assert!(matches!(&sent[0], Packet::Publish(p) if &p.payload[..] == b"1"));
+    assert_eq!(
+        sent[1],
+        Packet::PingResp,
+        "a barrier for what was queued before it"
+    );
+    assert!(matches!(&sent[2], Packet::Publish(p) if &p.payload[..] == b"2"));
+}
+
+#[tokio::test]
+async fn control_packets_overtake_a_delivery_waiting_for_the_window() {
+    let mut f = Fixture::new(1);
+    f.push(item(b"in flight", QoS::AtLeastOnce));
+    f.drain();
+    f.push(item(b"waits", QoS::AtLeastOnce));
+    f.push(item(b"qos0 behind it", QoS::AtMostOnce));
+    f.out.push_control(Bytes::from_static(&[0xD0, 0x00]));
+    assert_eq!(
+        f.drain(),
+        vec![Packet::PingResp],
+        "acks never wait for the client's acks"
+    );
+    f.out.on_puback(1);
+    let rest = publish_summary(&f.drain());
+    assert_eq!(rest[0].0, b"waits".to_vec());
+    assert_eq!(rest[1].0, b"qos0 behind it".to_vec());
+}
+
+#[tokio::test]
+async fn connack_goes_before_resends_and_the_offline_backlog() {
+    let mut f = Fixture::new(2);
+    f.push(item(b"a", QoS::AtLeastOnce));
+    f.drain();
+    f.out.detach();
+    f.out.push(
+        item(b"b", QoS::AtLeastOnce),
+        false,
+        &f.config,
+        Instant::now(),
+    );
+    f.out.attach(2);
+    f.out
+        .push_control_first(Bytes::from_static(&[0x20, 0x02, 0x01, 0x00]));
+    let sent = f.drain();
+    assert!(matches!(&sent[0], Packet::ConnAck(c) if c.session_present));
+    assert!(matches!(&sent[1], Packet::Publish(p) if p.dup && &p.payload[..] == b"a"));
+    assert!(matches!(&sent[2], Packet::Publish(p) if !p.dup && &p.payload[..] == b"b"));
+}

@@ -121,7 +121,7 @@ pub fn attach(shared: &Shared, request: AttachRequest<'_>) -> Attached {
         if let Some(bytes) =
             encode_packet(&Packet::ConnAck(connack), request.protocol, &mut scratch)
         {
-            state.out.control.push_front(bytes);
+            state.out.push_control_first(bytes);
         }
     }
     session.set_online(true);
