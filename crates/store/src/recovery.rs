@@ -297,7 +297,17 @@ pub(crate) fn open_dir(
                 blocks.push(Block::new(base, path, file, BLOCK_HEADER_LEN as u64));
                 continue;
             }
-            let end = next_base.map_or(u64::MAX, |n| n - 1);
+            let mut end = next_base.map_or(u64::MAX, |n| n - 1);
+            if next_base.is_none() {
+                // The newest block: records past the bad header may still show the highest
+                // sequence ever handed out, which must not be reused.
+                if let Ok(raw) = vfs.read_file(&path) {
+                    let sc = scan(&Bytes::from(raw), base);
+                    let high = sc.ix.entries.last().map_or(0, |e| e.seq);
+                    next_seq = next_seq.max(high.max(sc.torn_high_seq).saturating_add(1));
+                }
+                end = next_seq.saturating_sub(1).max(base);
+            }
             let detail = format!(
                 "block header: {}",
                 header.err().unwrap_or_else(|| "base mismatch".into())

@@ -512,3 +512,26 @@ fn torn_sealed_block_of_a_never_syncing_stream_is_truncated() {
         );
     }
 }
+
+#[test]
+fn bad_header_of_the_active_block_never_reuses_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", StreamConfig::default()).unwrap();
+        for seq in 1..=10u64 {
+            drop(s.append_at(seq, b"t", b"", &payload(seq)).unwrap());
+        }
+        s.flush().unwrap();
+    }
+    let p = block_path(dir.path());
+    let mut b = std::fs::read(&p).unwrap();
+    b[3] ^= 0xff;
+    std::fs::write(&p, b).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    let q = &s.recovery_report().quarantined;
+    assert_eq!(q.len(), 1);
+    assert_eq!(q[0].range, 1..=10);
+    assert_eq!(s.append(b"t", b"", b"x").unwrap().wait().unwrap(), 11);
+}
