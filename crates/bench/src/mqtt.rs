@@ -354,3 +354,76 @@ impl AckTemplate {
             .copy_from_slice(&packet_id.to_be_bytes());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::Header;
+
+    /// A patched template decodes to the PUBLISH it claims to be, in every version and QoS.
+    #[test]
+    fn patched_templates_decode_with_their_packet_id_and_header() {
+        for protocol in [Protocol::V3_1_1, Protocol::V5] {
+            for qos in [Qos::AtMostOnce, Qos::AtLeastOnce, Qos::ExactlyOnce] {
+                let template = PublishTemplate::new(protocol, "bench/t", qos, 32).unwrap();
+                let mut wire = BytesMut::from(&template.bytes[..]);
+                if let Some(at) = template.packet_id_at {
+                    wire[at..at + 2].copy_from_slice(&4242u16.to_be_bytes());
+                }
+                let header = Header {
+                    publisher_id: 7,
+                    seq: 99,
+                    send_time_ns: 123,
+                };
+                header.write(&mut wire[template.payload_at..]).unwrap();
+                let Some(Packet::Publish(publish)) =
+                    tern_wire::decode(&mut wire, protocol, MAX_PACKET_BYTES).unwrap()
+                else {
+                    panic!("not a PUBLISH");
+                };
+                assert_eq!(publish.qos, qos.wire());
+                assert_eq!(&*publish.topic, "bench/t");
+                assert_eq!(
+                    publish.packet_id,
+                    if qos == Qos::AtMostOnce { 0 } else { 4242 }
+                );
+                assert_eq!(publish.payload.len(), 32);
+                assert_eq!(Header::read(&publish.payload).unwrap(), header);
+                assert!(wire.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn ack_templates_decode_with_their_packet_id() {
+        for protocol in [Protocol::V3_1_1, Protocol::V5] {
+            let mut wire = BytesMut::new();
+            for kind in [
+                AckKind::PubAck,
+                AckKind::PubRec,
+                AckKind::PubRel,
+                AckKind::PubComp,
+            ] {
+                AckTemplate::new(protocol, kind)
+                    .unwrap()
+                    .push(513, &mut wire);
+            }
+            let mut kinds = Vec::new();
+            while let Some(packet) =
+                tern_wire::decode(&mut wire, protocol, MAX_PACKET_BYTES).unwrap()
+            {
+                let (name, ack) = match packet {
+                    Packet::PubAck(ack) => ("puback", ack),
+                    Packet::PubRec(ack) => ("pubrec", ack),
+                    Packet::PubRel(ack) => ("pubrel", ack),
+                    Packet::PubComp(ack) => ("pubcomp", ack),
+                    other => panic!("unexpected {other:?}"),
+                };
+                assert_eq!(ack.packet_id, 513);
+                assert!(ack.reason.is_success());
+                kinds.push(name);
+            }
+            assert_eq!(kinds, ["puback", "pubrec", "pubrel", "pubcomp"]);
+        }
+    }
+}
