@@ -63,7 +63,8 @@ impl Broker {
         store: Arc<dyn MessageStore>,
     ) -> Result<Broker, ConfigError> {
         config.validate()?;
-        Ok(Broker {
+        let recovered = store.recover();
+        let broker = Broker {
             shared: Arc::new(Shared {
                 config,
                 sessions: Registry::default(),
@@ -74,7 +75,9 @@ impl Broker {
                 started_at: Instant::now(),
                 next_connection_id: AtomicU64::new(1),
             }),
-        })
+        };
+        crate::session::restore::restore(&broker.shared, recovered);
+        Ok(broker)
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -92,6 +95,7 @@ impl Broker {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut connections = JoinSet::new();
         let sys = tokio::spawn(crate::sys::run(self.shared.clone(), stop_rx.clone()));
+        crate::session::restore::arm_expiry(&self.shared);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {

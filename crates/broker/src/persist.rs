@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use tern_wire::SubscriptionOptions;
+use tern_wire::{Protocol, QoS, SubscriptionOptions};
 use tokio::sync::oneshot;
 
 use crate::message::Message;
@@ -100,6 +100,44 @@ pub trait MessageStore: Send + Sync + 'static {
     fn session_unsubscribed(&self, client_id: &str, filter: &str);
     /// Retained message set (`Some`) or cleared (`None`) for `topic`.
     fn retained_changed(&self, topic: &str, message: Option<&Message>);
+    /// What survived the last run, read once when the broker is built. The memory store
+    /// remembers nothing.
+    fn recover(&self) -> Recovered {
+        Recovered::default()
+    }
+}
+
+/// State handed back by [`MessageStore::recover`].
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub sessions: Vec<StoredSession>,
+    pub retained: Vec<Message>,
+}
+
+/// A persistent session as the store rebuilt it (ARCHITECTURE §5). It comes back offline:
+/// in-flight messages are resent (DUP, or PUBREL) when its client reconnects.
+#[derive(Debug)]
+pub struct StoredSession {
+    pub client_id: String,
+    pub protocol: Protocol,
+    pub expiry_interval_s: u32,
+    /// `(filter as subscribed, options, subscription identifier)`.
+    pub subscriptions: Vec<(String, SubscriptionOptions, Option<u32>)>,
+    /// QoS 2 packet ids received and not yet released (§3).
+    pub qos2_received: Vec<u16>,
+    /// Outbound messages in flight, in send order.
+    pub inflight: Vec<StoredInflight>,
+    /// Messages queued beyond the window, in order, with their delivery QoS.
+    pub queued: Vec<(Message, QoS)>,
+}
+
+#[derive(Debug)]
+pub struct StoredInflight {
+    pub packet_id: u16,
+    pub message: Message,
+    pub qos: QoS,
+    /// PUBREC was received: resend PUBREL, never the PUBLISH (§3).
+    pub pubrel_pending: bool,
 }
 
 /// Keeps nothing beyond the broker's own memory: every call is complete at once.

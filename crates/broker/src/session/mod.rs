@@ -4,6 +4,7 @@
 //!   outbound queue and in-flight window, expiry, a pending delayed will).
 //! - [`registry`]: sessions by client id; attach (with takeover), detach, end.
 //! - [`expiry`]: the timers that end an abandoned session and fire a delayed will.
+//! - [`restore`]: sessions and retained messages rebuilt from [`crate::persist::Recovered`].
 //!
 //! # Invariants
 //! - Lock order: registry → router → retained → one session's state. No lock is held across
@@ -14,6 +15,7 @@
 
 pub mod expiry;
 pub mod registry;
+pub mod restore;
 pub mod state;
 
 pub use registry::Registry;

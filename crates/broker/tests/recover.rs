@@ -1,0 +1,122 @@
+//! A store that recovered state from a previous run: the broker rebuilds the session
+//! (subscriptions, QoS 2 received set, in-flight and queued messages) and retained messages.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use tern_broker::message::Message;
+use tern_broker::persist::{Recovered, StoredInflight, StoredSession};
+use tern_broker::{Broker, MessageStore, Ticket};
+use tern_wire::{Packet, Properties, Protocol, QoS, ReasonCode, Str, SubscriptionOptions};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+fn msg(topic: &'static str, payload: &'static [u8], qos: QoS, retain: bool) -> Message {
+    Message::new(
+        Str::from_static(topic),
+        Bytes::from_static(payload),
+        qos,
+        retain,
+        Properties::default(),
+        None,
+        Instant::now(),
+    )
+}
+
+struct Recovering;
+
+impl MessageStore for Recovering {
+    fn append_publish(&self, _: &str, _: &Message, _: Option<u16>) -> Option<Ticket> {
+        None
+    }
+    fn qos2_released(&self, _: &str, _: u16) -> Option<Ticket> {
+        None
+    }
+    fn outbound_pubrel_pending(&self, _: &str, _: u16) -> Option<Ticket> {
+        None
+    }
+    fn outbound_completed(&self, _: &str, _: u16) {}
+    fn session_opened(&self, _: &str, _: u32) {}
+    fn session_ended(&self, _: &str) {}
+    fn session_subscribed(&self, _: &str, _: &str, _: SubscriptionOptions, _: Option<u32>) {}
+    fn session_unsubscribed(&self, _: &str, _: &str) {}
+    fn retained_changed(&self, _: &str, _: Option<&Message>) {}
+    fn recover(&self) -> Recovered {
+        Recovered {
+            sessions: vec![StoredSession {
+                client_id: "survivor".into(),
+                protocol: Protocol::V5,
+                expiry_interval_s: 600,
+                subscriptions: vec![(
+                    "live/#".into(),
+                    SubscriptionOptions {
+                        qos: QoS::AtLeastOnce,
+                        ..SubscriptionOptions::default()
+                    },
+                    None,
+                )],
+                qos2_received: vec![42],
+                inflight: vec![
+                    StoredInflight {
+                        packet_id: 7,
+                        message: msg("live/a", b"unacked", QoS::AtLeastOnce, false),
+                        qos: QoS::AtLeastOnce,
+                        pubrel_pending: false,
+                    },
+                    StoredInflight {
+                        packet_id: 8,
+                        message: msg("live/b", b"recd", QoS::ExactlyOnce, false),
+                        qos: QoS::ExactlyOnce,
+                        pubrel_pending: true,
+                    },
+                ],
+                queued: vec![(
+                    msg("live/c", b"queued", QoS::AtLeastOnce, false),
+                    QoS::AtLeastOnce,
+                )],
+            }],
+            retained: vec![msg("kept/t", b"retained", QoS::AtMostOnce, true)],
+        }
+    }
+}
+
+#[tokio::test]
+async fn recovered_session_resumes_where_it_stopped() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let broker = Broker::with_store(config(), Arc::new(Recovering)).unwrap();
+    tokio::spawn(async move { broker.serve(listener, std::future::pending()).await });
+
+    let mut c = connect_packet(Protocol::V5, "survivor", false, 0);
+    c.properties.session_expiry_interval_s = Some(600);
+    let (mut s, ca) = Client::connect(addr, c).await;
+    assert!(ca.session_present);
+    let resent = s.expect_publish().await;
+    assert!(resent.dup && resent.packet_id == 7 && &resent.payload[..] == b"unacked");
+    assert!(matches!(s.recv().await, Some(Packet::PubRel(a)) if a.packet_id == 8));
+    let queued = s.expect_publish().await;
+    assert!(!queued.dup && &queued.payload[..] == b"queued");
+    assert_ne!(queued.packet_id, 7);
+    assert_ne!(queued.packet_id, 8);
+
+    // The QoS 2 received set survived: a retried PUBLISH 42 is a duplicate (PUBREC only).
+    s.send(&Packet::PubRel(ack(42))).await;
+    assert!(matches!(s.recv().await, Some(Packet::PubComp(a)) if a.reason == ReasonCode::SUCCESS));
+
+    // The subscription survived.
+    let mut p = Client::v5(addr, "pub").await;
+    p.send(&Packet::Publish(publish("live/x", b"fresh", 1, 1)))
+        .await;
+    assert!(matches!(p.recv().await, Some(Packet::PubAck(_))));
+    assert_eq!(&s.expect_publish().await.payload[..], b"fresh");
+
+    // Retained messages survived.
+    let mut r = Client::v5(addr, "reader").await;
+    r.subscribe("kept/#", 0).await;
+    let got = r.expect_publish().await;
+    assert!(got.retain);
+    assert_eq!(&got.payload[..], b"retained");
+}
