@@ -11,6 +11,7 @@
 //!   durable is written, and removal replies are sent only after that marker is synced.
 //! - After any write or sync error nothing more is written; `Shared::failed` is set.
 
+use std::collections::VecDeque;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -80,6 +81,8 @@ pub(crate) struct Writer {
     last_sync: Instant,
     next_expiry: Option<Instant>,
     failed: bool,
+    /// Bytes were written to the active file since its last sync.
+    file_dirty: bool,
     /// Blocks the next compaction phase may rewrite, and who waits for it.
     compact_budget: usize,
     compact_replies: Vec<SyncSender<Result<Removed>>>,
@@ -132,6 +135,7 @@ impl Writer {
             last_sync: Instant::now(),
             next_expiry,
             failed: false,
+            file_dirty: true,
             compact_budget: 0,
             compact_replies: Vec::new(),
         }
@@ -256,7 +260,22 @@ impl Writer {
             return;
         }
         let has_ops = !ops.is_empty() || !internal.is_empty();
-        let res = self.apply(&buf, ops, internal);
+        let mut ops: VecDeque<(usize, QueuedOp)> = ops.into();
+        let mut internal = internal;
+        let mut pos = 0;
+        // A block roll splits the turn: what went to the old block is committed, the roll's
+        // syncs run without the state lock, then the rest of the turn goes on.
+        let res = loop {
+            match self.apply(&buf, &mut pos, &mut ops, &mut internal) {
+                Ok(None) => break Ok(()),
+                Ok(Some(base_seq)) => {
+                    if let Err(e) = self.commit(false).and_then(|()| self.roll(base_seq)) {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
         self.inbox = buf;
         if let Err(e) = res {
             self.fail(e);
@@ -304,26 +323,51 @@ impl Writer {
         }
     }
 
-    fn apply(&mut self, buf: &[u8], ops: Vec<(usize, QueuedOp)>, internal: Vec<Op>) -> Result<()> {
+    /// Applies queued records and ops from `pos` on. Returns the base sequence of a new
+    /// block when the next record group does not fit the active block: the caller then
+    /// commits, rolls, and calls again.
+    fn apply(
+        &mut self,
+        buf: &[u8],
+        pos: &mut usize,
+        ops: &mut VecDeque<(usize, QueuedOp)>,
+        internal: &mut Vec<Op>,
+    ) -> Result<Option<u64>> {
         let sh = self.sh.clone();
         let mut st = lock(&sh.state);
-        let mut pos = 0;
-        for (off, q) in ops {
-            self.apply_records(&mut st, &buf[pos..off])?;
-            pos = off;
-            if let Op::Compact { max_blocks } = q.op {
-                self.compact_budget = self.compact_budget.max(max_blocks);
-                self.compact_replies.push(q.reply);
-                continue;
+        let mut roll = None;
+        loop {
+            let end = ops.front().map_or(buf.len(), |(off, _)| *off);
+            if let Some(base) = self.apply_records(&mut st, buf, pos, end)? {
+                roll = Some(base);
+                break;
             }
-            let removed = self.run_op(&mut st, q.op)?;
-            self.replies.push((q.reply, removed));
+            let Some((_, q)) = ops.pop_front() else { break };
+            match q.op {
+                Op::Compact { max_blocks } => {
+                    self.compact_budget = self.compact_budget.max(max_blocks);
+                    self.compact_replies.push(q.reply);
+                }
+                Op::Seal => {
+                    self.replies.push((q.reply, Removed::default()));
+                    if !st.active().entries.is_empty() {
+                        let base = st.active().last_seq().unwrap_or(0).max(self.written_seq) + 1;
+                        roll = Some(base);
+                        break;
+                    }
+                }
+                op => {
+                    let removed = self.run_op(&mut st, op)?;
+                    self.replies.push((q.reply, removed));
+                }
+            }
         }
-        self.apply_records(&mut st, &buf[pos..])?;
-        for op in internal {
-            let removed = self.run_op(&mut st, op)?;
-            self.auto_ranges.extend(removed.ranges);
-            self.enforce_limits(&mut st)?;
+        if roll.is_none() {
+            for op in internal.drain(..) {
+                let removed = self.run_op(&mut st, op)?;
+                self.auto_ranges.extend(removed.ranges);
+                self.enforce_limits(&mut st)?;
+            }
         }
         if !self.auto_deleted.is_empty() {
             let seqs = std::mem::take(&mut self.auto_deleted);
@@ -348,13 +392,22 @@ impl Writer {
         }
         let dead = st.take_dead_front();
         self.unlink.extend(dead);
-        Ok(())
+        Ok(roll)
     }
 
-    fn apply_records(&mut self, st: &mut State, bytes: &[u8]) -> Result<()> {
+    /// Applies the records in `buf[*pos..end]`, advancing `pos` past each group applied.
+    /// Stops with the group's first sequence if it needs a new block.
+    fn apply_records(
+        &mut self,
+        st: &mut State,
+        buf: &[u8],
+        pos: &mut usize,
+        end: usize,
+    ) -> Result<Option<u64>> {
         let sh = self.sh.clone();
         let cfg = &sh.config;
-        let mut p = 0;
+        let bytes = &buf[..end];
+        let mut p = *pos;
         while p < bytes.len() {
             let mut q = p;
             let mut n = 0u64;
@@ -382,6 +435,7 @@ impl Writer {
                 self.pending_deletes.extend(parse(bytes, p).seq..=last_seq);
                 self.written_seq = last_seq;
                 p = q;
+                *pos = p;
                 continue;
             }
             let first_seq = parse(bytes, p).seq;
@@ -389,7 +443,7 @@ impl Writer {
             if has_entries
                 && self.active_len + (self.out.len() + group.len()) as u64 > cfg.block_size_bytes
             {
-                self.roll(st, first_seq)?;
+                return Ok(Some(first_seq));
             }
             let mut o = p;
             while o < q {
@@ -419,8 +473,9 @@ impl Writer {
                 self.trim_stream(st)?;
             }
             p = q;
+            *pos = p;
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The limit a group would break under `Discard::New`, if any.
@@ -513,13 +568,8 @@ impl Writer {
                 self.pending_ranges.extend(ranges);
                 Ok(Removed::default())
             }
-            Op::Seal => {
-                if !st.active().entries.is_empty() {
-                    let base = st.active().last_seq().unwrap_or(0).max(self.written_seq) + 1;
-                    self.roll(st, base)?;
-                }
-                Ok(Removed::default())
-            }
+            // Handled by `apply`, which rolls outside the state lock.
+            Op::Seal => Ok(Removed::default()),
             Op::Expire { now_ns } => {
                 let Some(age) = self.sh.config.limits.max_age else {
                     return Ok(Removed::default());
@@ -568,20 +618,27 @@ impl Writer {
     }
 
     /// Seals the active block and starts a new one whose first sequence is `base_seq`.
-    fn roll(&mut self, st: &mut State, base_seq: u64) -> Result<()> {
+    /// Runs after a commit and without the state lock, except for two short sections.
+    /// The old block is synced before the new file exists, so a newer block is never
+    /// found behind a torn one after a crash (unless the policy is `Never`).
+    fn roll(&mut self, base_seq: u64) -> Result<()> {
         let sh = self.sh.clone();
-        self.write_out(st)?;
-        if sh.config.sync != SyncPolicy::Never {
-            let path = st.active().path.clone();
+        let (old_path, ix, ix_path) = {
+            let mut st = lock(&sh.state);
+            let act = st.active();
+            act.sealed = true;
+            (
+                act.path.clone(),
+                format::encode_index(&act.index_data()),
+                act.index_path(),
+            )
+        };
+        if sh.config.sync != SyncPolicy::Never && self.file_dirty {
             self.active_file
                 .sync_data()
-                .map_err(|e| StoreError::io("fdatasync", path, &e))?;
-            self.synced_seq = self.written_seq;
+                .map_err(|e| StoreError::io("fdatasync", &old_path, &e))?;
+            self.file_dirty = false;
         }
-        let act = st.active();
-        act.sealed = true;
-        let ix = format::encode_index(&act.index_data());
-        let ix_path = act.index_path();
         if let Err(e) = sh.vfs.write_file(&ix_path, &ix) {
             // The index is a cache of the block; a missing one is rebuilt on open.
             tracing::warn!(stream = %sh.name, path = %ix_path.display(), error = %e, "could not write block index");
@@ -596,6 +653,7 @@ impl Writer {
         sh.vfs
             .sync_dir(&sh.dir)
             .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+        let mut st = lock(&sh.state);
         st.blocks.push_back(Block::new(
             base_seq,
             path,
@@ -604,22 +662,9 @@ impl Writer {
         ));
         self.active_file = file;
         self.active_len = BLOCK_HEADER_LEN as u64;
+        self.file_dirty = true;
         let n = st.blocks.len();
         st.evict(n - 1);
-        Ok(())
-    }
-
-    fn write_out(&mut self, st: &mut State) -> Result<()> {
-        if self.out.is_empty() {
-            return Ok(());
-        }
-        let path = st.active().path.clone();
-        self.active_file
-            .write_all_at(&self.out, self.active_len)
-            .map_err(|e| StoreError::io("write", path, &e))?;
-        self.active_len += self.out.len() as u64;
-        self.out.clear();
-        st.active().len = self.active_len;
         Ok(())
     }
 
@@ -633,24 +678,21 @@ impl Writer {
                 .map_err(|e| StoreError::io("write", &path, &e))?;
             self.active_len += self.out.len() as u64;
             self.out.clear();
+            self.file_dirty = true;
         }
-        let must_sync = match sh.config.sync {
+        let sync_now = match sh.config.sync {
             SyncPolicy::Always => true,
             SyncPolicy::Interval(_) => force_sync,
             SyncPolicy::Never => false,
         };
-        if must_sync && self.written_seq > self.synced_seq
-            || force_sync && sh.config.sync != SyncPolicy::Never
-        {
+        if sync_now && self.file_dirty {
             self.active_file
                 .sync_data()
                 .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
-            self.synced_seq = self.written_seq;
+            self.file_dirty = false;
             self.last_sync = Instant::now();
         }
-        if sh.config.sync == SyncPolicy::Never
-            || (must_sync && sh.config.sync == SyncPolicy::Always)
-        {
+        if sync_now || sh.config.sync == SyncPolicy::Never {
             self.synced_seq = self.written_seq;
         }
         if !self.unlink.is_empty() {
