@@ -7,6 +7,9 @@
 //! at once. Callers decide whether to wait by that `Option`, never by QoS or flags
 //! (ARCHITECTURE §4.3).
 //!
+//! Calls are made for every session; `session_opened` is made only for sessions that outlive
+//! their connection (expiry > 0), so an implementation can ignore the others' records.
+//!
 //! # Invariants
 //! - Tickets of one store complete in the order the writes were issued (group commit), so the
 //!   ack pipeline may wait on its front entry only.
