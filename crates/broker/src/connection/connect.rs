@@ -146,6 +146,14 @@ async fn accept(
         reject(&mut writer, protocol, reason).await;
         return None;
     }
+    if shared.sessions.is_full_for(&connect.client_id) {
+        tracing::warn!(
+            limit = crate::session::registry::MAX_SESSIONS,
+            "session limit reached"
+        );
+        reject(&mut writer, protocol, ReasonCode::SERVER_BUSY).await;
+        return None;
+    }
     let mut properties = Properties::default();
     let client_id: Arc<str> = if connect.client_id.is_empty() {
         let id = assigned_client_id(shared);

@@ -21,6 +21,11 @@ use crate::outbound::{Outgoing, encode_packet};
 use crate::router;
 use crate::session::{ConnCtl, Session};
 
+/// Sessions (live and offline persistent ones) the broker keeps at most; a CONNECT that would
+/// create one more is refused with Server busy (0x89; 3.1.1 return code 3). Not in the config
+/// contract yet: a backstop against unbounded growth from ever-new client ids.
+pub const MAX_SESSIONS: usize = 1_000_000;
+
 #[derive(Debug, Default)]
 pub struct Registry {
     pub(crate) map: Mutex<HashMap<Arc<str>, Arc<Session>>>,
@@ -37,6 +42,12 @@ impl Registry {
 
     pub fn get(&self, client_id: &str) -> Option<Arc<Session>> {
         self.map.lock().get(client_id).cloned()
+    }
+
+    /// True if a connection with `client_id` would need a new session and none is left.
+    pub fn is_full_for(&self, client_id: &str) -> bool {
+        let map = self.map.lock();
+        map.len() >= MAX_SESSIONS && !map.contains_key(client_id)
     }
 }
 
