@@ -251,6 +251,14 @@ fn kill_during_group_commit_keeps_every_completed_ticket() {
         child(Path::new(&dir));
     }
     let dir = tempfile::tempdir().unwrap();
+    // Kills the child even if an assertion below fails, so no process is left behind.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -264,6 +272,7 @@ fn kill_during_group_commit_keeps_every_completed_ticket() {
         .spawn()
         .unwrap();
     let out = BufReader::new(child.stdout.take().unwrap());
+    let mut child = KillOnDrop(child);
     let mut acked = Vec::new();
     for line in out.lines() {
         let line = line.unwrap();
@@ -279,8 +288,8 @@ fn kill_during_group_commit_keeps_every_completed_ticket() {
         Store::open(dir.path()),
         Err(tern_store::StoreError::Locked(_))
     ));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
     // ...and SIGKILL leaves no stale lock behind (flock dies with the process).
     assert!(acked.len() >= 20_000, "child stopped early");
     let store = Store::open(dir.path()).unwrap();
@@ -317,7 +326,12 @@ fn child(dir: &Path) -> ! {
     let mut pending = std::collections::VecDeque::new();
     let mut next = 1u64;
     let stdout = std::io::stdout();
+    // A bound of its own, should the parent never kill it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
+        if std::time::Instant::now() > deadline {
+            std::process::exit(0);
+        }
         while pending.len() < 64 {
             let t = if next % 5 == 0 {
                 let (a, b) = (payload(next), payload(next + 1));
