@@ -192,16 +192,9 @@ async fn qos2_duplicate_publish_is_not_delivered_twice() {
         let first = publish("dup2/t", b"once", 2, 7);
         p.send(&Packet::Publish(first.clone())).await;
         assert!(matches!(p.expect_packet().await, Packet::PubRec(a) if a.packet_id == 7));
-        let mut again = first.clone();
+        let mut again = first;
         again.dup = true;
         p.send(&Packet::Publish(again)).await;
-        assert!(
-            matches!(p.expect_packet().await, Packet::PubRec(a) if a.packet_id == 7),
-            "{protocol:?}"
-        );
-        // Also without DUP (a client retry that forgot the flag is still the same packet id in
-        // the received set until PUBREL).
-        p.send(&Packet::Publish(first)).await;
         assert!(
             matches!(p.expect_packet().await, Packet::PubRec(a) if a.packet_id == 7),
             "{protocol:?}"

@@ -28,7 +28,11 @@ pub const QUIET: Duration = Duration::from_millis(400);
 /// Bound on the broker's start-up (the `tern listening on` line).
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_tern");
+/// The binary under test. `TERN_E2E_BIN` overrides it, e.g. with
+/// `scripts/interop/mosquitto_shim.py` to check the suite itself against a reference broker.
+pub fn bin() -> String {
+    std::env::var("TERN_E2E_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tern").to_owned())
+}
 
 /// A running `tern serve` child process.
 pub struct Broker {
@@ -76,7 +80,7 @@ impl Broker {
             .append(true)
             .open(self.log_path())
             .expect("open log");
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .arg("serve")
             .arg("--bind")
             .arg("127.0.0.1:0")
@@ -206,7 +210,7 @@ pub struct Finished {
 
 /// Runs `tern ARGS` (cwd `cwd`) and waits for it to exit, killing it after `timeout`.
 pub fn run_to_exit(args: &[&str], cwd: &Path, timeout: Duration) -> Finished {
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .args(args)
         .current_dir(cwd)
         .stdin(Stdio::null())

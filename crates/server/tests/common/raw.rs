@@ -24,6 +24,14 @@ use super::WAIT;
 /// the tests look at, not ours).
 const CLIENT_MAX_PACKET_BYTES: u32 = 64 * 1024 * 1024;
 
+/// How the broker answered a SUBSCRIBE it may refuse.
+#[derive(Debug, PartialEq)]
+pub enum SubOutcome {
+    Acked(Vec<ReasonCode>),
+    /// Connection closed; the v5 DISCONNECT reason if one came.
+    Closed(Option<ReasonCode>),
+}
+
 /// What one bounded read produced.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // test helper: one value at a time
@@ -303,6 +311,27 @@ impl RawClient {
         reasons
     }
 
+    /// Sends SUBSCRIBE for a request the broker may refuse either way the specs allow: with a
+    /// SUBACK failure code per filter, or by treating the packet as malformed and closing
+    /// (v5: after a DISCONNECT).
+    pub async fn try_subscribe(&mut self, packet: Subscribe) -> SubOutcome {
+        let id = packet.packet_id;
+        self.send(&Packet::Subscribe(packet)).await;
+        match self.recv(WAIT).await {
+            Recv::Packet(Packet::SubAck(sa)) => {
+                assert_eq!(sa.packet_id, id, "SUBACK packet id [MQTT-3.8.4-2]");
+                SubOutcome::Acked(sa.reasons)
+            }
+            Recv::Packet(Packet::Disconnect(d)) => {
+                let rest = self.expect_closed().await;
+                assert!(rest.is_empty(), "packets after DISCONNECT: {rest:?}");
+                SubOutcome::Closed(Some(d.reason))
+            }
+            Recv::Closed => SubOutcome::Closed(None),
+            other => panic!("expected SUBACK or close, got {other:?}"),
+        }
+    }
+
     /// Subscribes to one filter at `qos_level` and asserts it was granted that QoS.
     pub async fn sub(&mut self, filter: &str, qos_level: u8) {
         let reasons = self
@@ -311,28 +340,45 @@ impl RawClient {
         assert_eq!(reasons, vec![ReasonCode(qos_level)], "SUBACK for {filter}");
     }
 
+    /// The next packet that is not a PUBLISH; PUBLISHes read meanwhile are kept (in order) for
+    /// later reads. Lets a handshake proceed while deliveries interleave with it.
+    pub async fn expect_non_publish(&mut self) -> Packet {
+        let mut deferred = Vec::new();
+        let found = loop {
+            match self.expect_packet().await {
+                p @ Packet::Publish(_) => deferred.push(p),
+                other => break other,
+            }
+        };
+        for p in deferred.into_iter().rev() {
+            self.pending.push_front(p);
+        }
+        found
+    }
+
     /// Publishes and completes the handshake for its QoS (PUBACK, or PUBREC/PUBREL/PUBCOMP).
+    /// PUBLISHes delivered to this client meanwhile are kept for later reads.
     pub async fn publish_acked(&mut self, p: Publish) {
         let id = p.packet_id;
         let level = p.qos;
         self.send(&Packet::Publish(p)).await;
         match level {
             QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => match self.expect_packet().await {
+            QoS::AtLeastOnce => match self.expect_non_publish().await {
                 Packet::PubAck(a) if a.packet_id == id => {
                     assert!(a.reason.is_success(), "PUBACK reason {:?}", a.reason)
                 }
                 other => panic!("expected PUBACK {id}, got {other:?}"),
             },
             QoS::ExactlyOnce => {
-                match self.expect_packet().await {
+                match self.expect_non_publish().await {
                     Packet::PubRec(a) if a.packet_id == id => {
                         assert!(a.reason.is_success(), "PUBREC reason {:?}", a.reason)
                     }
                     other => panic!("expected PUBREC {id}, got {other:?}"),
                 }
                 self.send(&Packet::PubRel(ack(id))).await;
-                match self.expect_packet().await {
+                match self.expect_non_publish().await {
                     Packet::PubComp(a) if a.packet_id == id => {}
                     other => panic!("expected PUBCOMP {id}, got {other:?}"),
                 }
@@ -341,7 +387,7 @@ impl RawClient {
     }
 
     /// Receives one PUBLISH and acknowledges it per its QoS (for QoS 2: PUBREC, expects PUBREL,
-    /// sends PUBCOMP).
+    /// sends PUBCOMP; later PUBLISHes arriving before the PUBREL are kept for later reads).
     pub async fn receive_acked(&mut self) -> Publish {
         let p = self.expect_publish().await;
         match p.qos {
@@ -349,7 +395,7 @@ impl RawClient {
             QoS::AtLeastOnce => self.send(&Packet::PubAck(ack(p.packet_id))).await,
             QoS::ExactlyOnce => {
                 self.send(&Packet::PubRec(ack(p.packet_id))).await;
-                match self.expect_packet().await {
+                match self.expect_non_publish().await {
                     Packet::PubRel(a) if a.packet_id == p.packet_id => {}
                     other => panic!("expected PUBREL {}, got {other:?}", p.packet_id),
                 }
