@@ -3,7 +3,8 @@
 //!
 //! Module map:
 //! - [`store`]: a directory of named streams behind a lock file.
-//! - [`stream`]: appends returning tickets, reads by sequence and by topic filter, removals.
+//! - [`stream`]: appends returning tickets, removals; `read`: reads by sequence, by topic
+//!   filter, per topic, and the scrub of sealed blocks.
 //! - [`kv`]: keyed state (sessions, retained) on a one-record-per-topic stream.
 //! - [`ticket`]: completion handles (`Future`, `is_done`, `wait`).
 //! - [`config`]: block size, sync policy, retention limits.
@@ -78,6 +79,7 @@ pub mod vfs;
 mod compact;
 mod lockfile;
 mod queue;
+mod read;
 mod recovery;
 mod shared;
 mod state;
