@@ -429,3 +429,15 @@ fn many_polled_tickets_all_complete_in_order() {
     sorted.sort_unstable();
     assert_eq!(sorted, (1..=1000).collect::<Vec<u64>>());
 }
+
+/// The broker moves these across tokio tasks and threads.
+#[test]
+fn handles_are_send_and_sync() {
+    fn check<T: Send + Sync + 'static>() {}
+    check::<Store>();
+    check::<tern_store::Stream>();
+    check::<tern_store::KvStream>();
+    check::<tern_store::Ticket>();
+    check::<tern_store::Record>();
+    check::<StoreError>();
+}
