@@ -1,12 +1,12 @@
-//! One network connection: the CONNECT handshake ([`connect`]), then the read loop that
-//! decodes packets and dispatches them ([`publish`], [`acks`], [`subscribe`]), then the close
-//! ([`close`]): final DISCONNECT, will, session detach. The writer half runs in its own task
+//! One network connection: the CONNECT handshake (`connect`), then the read loop that
+//! decodes packets and dispatches them (`publish`, `acks`, `subscribe`), then the close
+//! (`close`): final DISCONNECT, will, session detach. The writer half runs in its own task
 //! ([`crate::outbound::run_writer`]).
 //!
 //! # Invariants
 //! - The read buffer is allocated only when data arrives, sized to it, and released whenever
 //!   it is fully consumed, so an idle connection holds no read buffer.
-//! - While the ack pipeline is full, or [`MAX_CONTROL_BACKLOG`] control packets wait for the
+//! - While the ack pipeline is full, or `MAX_CONTROL_BACKLOG` control packets wait for the
 //!   writer, the loop does not read from the socket (backpressure, never unbounded queues).
 //! - Every control packet this task sends goes through the session's control queue, and only
 //!   while the session still belongs to this connection (`conn_gen`).
