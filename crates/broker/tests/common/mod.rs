@@ -114,6 +114,8 @@ pub struct Client {
     pub stream: TcpStream,
     pub protocol: Protocol,
     buf: BytesMut,
+    /// PUBRELs expected for QoS 2 messages we sent PUBREC for.
+    pubrels_due: usize,
 }
 
 /// Longest wait for one expected packet (virtual time under pause).
@@ -125,6 +127,7 @@ impl Client {
             stream: TcpStream::connect(addr).await.unwrap(),
             protocol,
             buf: BytesMut::new(),
+            pubrels_due: 0,
         }
     }
 
@@ -194,10 +197,36 @@ impl Client {
         }
     }
 
+    /// Next PUBLISH; PUBRELs for earlier PUBRECs met on the way are answered with PUBCOMP.
     pub async fn expect_publish(&mut self) -> Publish {
-        match self.recv().await {
-            Some(Packet::Publish(p)) => p,
-            other => panic!("expected PUBLISH, got {other:?}"),
+        loop {
+            match self.recv().await {
+                Some(Packet::Publish(p)) => return p,
+                Some(Packet::PubRel(a)) if self.pubrels_due > 0 => {
+                    self.pubrels_due -= 1;
+                    self.send(&Packet::PubComp(ack(a.packet_id))).await;
+                }
+                other => panic!("expected PUBLISH, got {other:?}"),
+            }
+        }
+    }
+
+    /// Notes that a PUBREL is due for `packet_id` (answered by [`Client::expect_publish`] or
+    /// [`Client::finish_pubrels`]).
+    pub fn pending_pubrel(&mut self, _packet_id: u16) {
+        self.pubrels_due += 1;
+    }
+
+    /// Answers every PUBREL still due.
+    pub async fn finish_pubrels(&mut self) {
+        while self.pubrels_due > 0 {
+            match self.recv().await {
+                Some(Packet::PubRel(a)) => {
+                    self.pubrels_due -= 1;
+                    self.send(&Packet::PubComp(ack(a.packet_id))).await;
+                }
+                other => panic!("expected PUBREL, got {other:?}"),
+            }
         }
     }
 
