@@ -93,5 +93,5 @@ pub use queue::Removed;
 pub use recovery::RecoveryReport;
 pub use state::{Corruption, RemovedLog};
 pub use store::Store;
-pub use stream::{NewRecord, ReadBatch, Record, Stream, StreamInfo, TopicStats};
+pub use stream::{NewRecord, ReadBatch, Record, Stream, StreamInfo, StreamMetrics, TopicStats};
 pub use ticket::Ticket;

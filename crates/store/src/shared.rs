@@ -25,7 +25,19 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Counters a stream keeps for monitoring (all since it was opened).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub records: AtomicU64,
+    pub turns: AtomicU64,
+    pub writes: AtomicU64,
+    pub syncs: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub rolls: AtomicU64,
+}
+
 pub(crate) struct Shared {
+    pub counters: Counters,
     pub name: String,
     pub dir: PathBuf,
     pub vfs: Arc<dyn Vfs>,
@@ -60,6 +72,7 @@ impl Shared {
         durable_seq: u64,
     ) -> Self {
         Shared {
+            counters: Counters::default(),
             name,
             dir,
             vfs,

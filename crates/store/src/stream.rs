@@ -84,6 +84,22 @@ pub struct TopicStats {
     pub last_seq: u64,
 }
 
+/// What a stream's writer has done since the stream was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamMetrics {
+    /// Records written (rejected ones not counted).
+    pub records: u64,
+    /// Group-commit turns of the writer.
+    pub turns: u64,
+    /// `pwrite` calls for record data.
+    pub writes: u64,
+    /// `fdatasync` calls on block files.
+    pub syncs: u64,
+    pub bytes_written: u64,
+    /// Blocks sealed.
+    pub rolls: u64,
+}
+
 /// A snapshot of a stream's numbers.
 #[derive(Debug, Clone)]
 pub struct StreamInfo {
@@ -460,6 +476,20 @@ impl Stream {
             .iter()
             .map(|(t, s)| (t.clone(), s.count))
             .collect()
+    }
+
+    /// Counters of the writer's work (e.g. records per sync shows group commit at work).
+    pub fn metrics(&self) -> StreamMetrics {
+        let c = &self.sh().counters;
+        let r = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        StreamMetrics {
+            records: r(&c.records),
+            turns: r(&c.turns),
+            writes: r(&c.writes),
+            syncs: r(&c.syncs),
+            bytes_written: r(&c.bytes_written),
+            rolls: r(&c.rolls),
+        }
     }
 
     pub fn info(&self) -> StreamInfo {

@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -260,6 +261,7 @@ impl Writer {
             return;
         }
         let has_ops = !ops.is_empty() || !internal.is_empty();
+        self.sh.counters.turns.fetch_add(1, Ordering::Relaxed);
         let mut ops: VecDeque<(usize, QueuedOp)> = ops.into();
         let mut internal = internal;
         let mut pos = 0;
@@ -451,6 +453,7 @@ impl Writer {
                 let offset = self.active_len + self.out.len() as u64;
                 let act = st.active();
                 let tid = act.topic_id(r.topic);
+                sh.counters.records.fetch_add(1, Ordering::Relaxed);
                 act.push(Entry {
                     seq: r.seq,
                     time_ns: r.time_ns,
@@ -633,7 +636,9 @@ impl Writer {
                 act.index_path(),
             )
         };
+        sh.counters.rolls.fetch_add(1, Ordering::Relaxed);
         if sh.config.sync != SyncPolicy::Never && self.file_dirty {
+            sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
             self.active_file
                 .sync_data()
                 .map_err(|e| StoreError::io("fdatasync", &old_path, &e))?;
@@ -677,6 +682,10 @@ impl Writer {
                 .write_all_at(&self.out, self.active_len)
                 .map_err(|e| StoreError::io("write", &path, &e))?;
             self.active_len += self.out.len() as u64;
+            let c = &sh.counters;
+            c.writes.fetch_add(1, Ordering::Relaxed);
+            c.bytes_written
+                .fetch_add(self.out.len() as u64, Ordering::Relaxed);
             self.out.clear();
             self.file_dirty = true;
         }
@@ -686,6 +695,7 @@ impl Writer {
             SyncPolicy::Never => false,
         };
         if sync_now && self.file_dirty {
+            sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
             self.active_file
                 .sync_data()
                 .map_err(|e| StoreError::io("fdatasync", &path, &e))?;

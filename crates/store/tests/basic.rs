@@ -441,3 +441,23 @@ fn handles_are_send_and_sync() {
     check::<tern_store::Record>();
     check::<StoreError>();
 }
+
+/// Group commit: appends that wait together share writes and syncs.
+#[test]
+fn outstanding_appends_share_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    let before = s.metrics();
+    let tickets: Vec<_> = (0..2000u32)
+        .map(|i| s.append(b"t", b"", &i.to_le_bytes()).unwrap())
+        .collect();
+    for t in tickets {
+        t.wait().unwrap();
+    }
+    let m = s.metrics();
+    assert_eq!(m.records - before.records, 2000);
+    let syncs = m.syncs - before.syncs;
+    assert!(syncs >= 1 && syncs < 1000, "{syncs} syncs for 2000 appends");
+    assert!(m.writes - before.writes <= syncs + 1);
+}
