@@ -458,6 +458,6 @@ fn outstanding_appends_share_syncs() {
     let m = s.metrics();
     assert_eq!(m.records - before.records, 2000);
     let syncs = m.syncs - before.syncs;
-    assert!(syncs >= 1 && syncs < 1000, "{syncs} syncs for 2000 appends");
+    assert!((1..1000).contains(&syncs), "{syncs} syncs for 2000 appends");
     assert!(m.writes - before.writes <= syncs + 1);
 }
