@@ -44,6 +44,9 @@ pub enum StoreError {
     /// Another process (or another `Store` in this one) holds the store's lock file.
     #[error("store directory {0} is locked by another process")]
     Locked(PathBuf),
+    /// The stream is already open in this store; clone the existing handle instead.
+    #[error("stream {0} is already open")]
+    AlreadyOpen(String),
     /// A stream name that cannot be a directory name.
     #[error("invalid stream name {0:?}")]
     InvalidName(String),

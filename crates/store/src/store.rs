@@ -81,9 +81,7 @@ impl Store {
         let dir = self.stream_dir(name)?;
         let mut open = lock(&self.inner.open);
         if open.get(name).is_some_and(|w| w.strong_count() > 0) {
-            return Err(StoreError::InvalidConfig(format!(
-                "stream {name} is already open"
-            )));
+            return Err(StoreError::AlreadyOpen(name.to_string()));
         }
         let token = Arc::new(());
         let s = Stream::open_dir(

@@ -546,3 +546,29 @@ fn concurrent_appends_reads_and_removals() {
         .collect();
     assert_eq!(before, after);
 }
+
+#[test]
+fn a_stream_opens_once_and_names_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("a", cfg()).unwrap();
+    assert!(matches!(
+        store.stream("a", cfg()),
+        Err(StoreError::AlreadyOpen(_))
+    ));
+    let s2 = s.clone();
+    drop(s);
+    assert!(matches!(
+        store.stream("a", cfg()),
+        Err(StoreError::AlreadyOpen(_))
+    ));
+    drop(s2);
+    store.stream("a", cfg()).unwrap();
+    for bad in ["", "../x", ".hidden", "a/b"] {
+        assert!(
+            matches!(store.stream(bad, cfg()), Err(StoreError::InvalidName(_))),
+            "{bad}"
+        );
+    }
+    assert_eq!(store.stream_names().unwrap(), vec!["a".to_string()]);
+}
