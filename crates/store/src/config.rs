@@ -10,10 +10,15 @@ pub const DEFAULT_BLOCK_SIZE_BYTES: u64 = 4 * 1024 * 1024;
 /// Default of `StreamConfig::index_cache_blocks`: 64 blocks of 4 MiB hold the entries of
 /// up to 256 MiB of records in memory.
 pub const DEFAULT_INDEX_CACHE_BLOCKS: usize = 64;
+/// Largest block size: record offsets are u32, and a block may overrun its size by one
+/// batch (at most `MAX_RECORD_BYTES`), so this keeps every offset in range.
+pub const MAX_BLOCK_SIZE_BYTES: u64 = 1 << 30;
 /// Largest record (header + topic + properties + payload) the store accepts.
 pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
 /// Longest topic, bounded by the u16 length field of the record format.
 pub const MAX_TOPIC_BYTES: usize = u16::MAX as usize;
+/// Largest `append_batch` in encoded bytes (a batch is written to one block).
+pub const MAX_BATCH_BYTES: usize = MAX_RECORD_BYTES;
 /// Most records in one `append_batch`.
 pub const MAX_BATCH_RECORDS: usize = 1024;
 /// Default bound of the writer queue in bytes of encoded records.
@@ -92,9 +97,9 @@ impl Default for StreamConfig {
 
 impl StreamConfig {
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.block_size_bytes < 4096 || self.block_size_bytes > u32::MAX as u64 {
+        if !(4096..=MAX_BLOCK_SIZE_BYTES).contains(&self.block_size_bytes) {
             return Err(StoreError::InvalidConfig(format!(
-                "block_size_bytes {} outside 4096..=4294967295",
+                "block_size_bytes {} outside 4096..={MAX_BLOCK_SIZE_BYTES}",
                 self.block_size_bytes
             )));
         }

@@ -12,7 +12,9 @@ use std::thread::JoinHandle;
 
 use bytes::Bytes;
 
-use crate::config::{MAX_BATCH_RECORDS, MAX_RECORD_BYTES, MAX_TOPIC_BYTES, StreamConfig};
+use crate::config::{
+    MAX_BATCH_BYTES, MAX_BATCH_RECORDS, MAX_RECORD_BYTES, MAX_TOPIC_BYTES, StreamConfig,
+};
 use crate::error::{Result, StoreError};
 use crate::filter::FilterSet;
 use crate::format::{self, FLAG_BATCH_MORE, FLAG_TOMBSTONE, KIND_DATA, RawRecord};
@@ -306,6 +308,12 @@ impl Stream {
                 });
             }
             total += len;
+        }
+        if total > MAX_BATCH_BYTES {
+            return Err(StoreError::RecordTooLarge {
+                size_bytes: total,
+                limit_bytes: MAX_BATCH_BYTES,
+            });
         }
         let now = if recs.iter().any(|r| r.time_ns.is_none()) {
             now_ns()
