@@ -1,12 +1,15 @@
 //! The writer thread of one stream: group commit, block rolling, limits, removals.
 //!
-//! Each turn drains everything queued, applies it to the in-memory view, issues **one**
-//! `pwrite` for the new bytes, one `fdatasync` (policy `Always`), unlinks blocks that removals
-//! emptied (then one directory fsync), and only then publishes the new durable sequence,
-//! which completes every ticket up to it in order.
+//! Each turn drains everything queued, applies it to the in-memory view under the state
+//! lock, then, without the lock, issues **one** `pwrite` for the new bytes and one
+//! `fdatasync` (policy `Always`), moves blocks that removals emptied into `trash/` (then one
+//! directory fsync), and only then publishes the new durable sequence, which completes every
+//! ticket up to it in order. A block roll splits a turn in two commits, and the roll's own
+//! syncs run without the lock; compaction runs after the commit, also mostly unlocked.
 //!
 //! # Invariants
 //! - Records reach the file in sequence order; a batch never spans two blocks.
+//! - The old block is synced before its successor's file is created (unless `Never`).
 //! - Deletions are applied in memory in the same turn as the delete marker that makes them
 //!   durable is written, and removal replies are sent only after that marker is synced.
 //! - After any write or sync error nothing more is written; `Shared::failed` is set.
