@@ -9,9 +9,11 @@
 //! - `Block::live`/`topic_live`, `State::live`/`live_bytes` and `topics[t].count` always agree
 //!   with the entries not flagged `ENTRY_DELETED`.
 //! - With per-topic limits, `topics[t].seqs` holds exactly the live sequences of `t`, ascending.
-//! - A block is unlinked only when it is the oldest one or holds no live record and every
-//!   older block was unlinked: so delete markers inside it can only target records that are
-//!   gone from disk already.
+//! - A block is removed only when it is the oldest one, or holds no live record while every
+//!   older block is clean (holds no deleted record): so the delete markers inside it can only
+//!   target records that are gone from disk already.
+//! - A sealed block's entries are dropped from memory only while it is clean (`live ==
+//!   n_entries`); then they equal its index file's, and `load` restores them exactly.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::RangeInclusive;
