@@ -178,7 +178,7 @@ pub fn update(shared: &Shared, message: &Arc<Message>) {
         let kept = (!message.payload.is_empty()).then_some(&**message);
         shared.store.retained_changed(&message.topic, kept);
     } else {
-        tracing::warn!(topic = %message.topic, "retained store full; message not retained");
+        tracing::warn!(topic = %message.topic, "message not retained: retained store full or topic too deep");
     }
 }
 
