@@ -423,3 +423,183 @@ async fn data_after_rejected_connect_is_not_processed() {
         .await;
     assert_eq!(&sub.expect_publish().await.payload[..], b"marker");
 }
+
+/// (v5) MQTT-4.12.0-1: an Authentication Method the server does not support gets CONNACK 0x8C
+/// (Bad authentication method) and the connection is closed.
+#[tokio::test]
+async fn v5_unsupported_authentication_method_connack_0x8c() {
+    let b = Broker::start();
+    let mut c = connect_packet(Protocol::V5, "auth", true, 0);
+    c.properties.authentication_method = Some(s("SCRAM-SHA-1"));
+    let (mut conn, first) = RawClient::connect_with(b.addr, c).await;
+    match first {
+        Packet::ConnAck(ca) => {
+            assert_eq!(ca.reason, ReasonCode::BAD_AUTHENTICATION_METHOD);
+            assert!(!ca.session_present, "MQTT-3.2.2-6");
+        }
+        other => panic!("expected CONNACK 0x8C, got {other:?}"),
+    }
+    conn.expect_closed_silently().await;
+}
+
+/// (v5) MQTT-4.7.0-1 (no wildcards in a topic name; the Will Topic is one): CONNACK 0x90
+/// (Topic Name invalid) or 0x81 (Malformed Packet — a decoder may treat it as such) and close. (3.1.1) MQTT-3.1.4-1: the connection is closed
+/// (a CONNACK, if any, is not a success).
+#[tokio::test]
+async fn will_topic_with_wildcard_is_refused() {
+    let b = Broker::start();
+    for protocol in [Protocol::V5, Protocol::V3_1_1] {
+        let mut c = connect_packet(protocol, "badwill", true, 0);
+        c.will = Some(Will {
+            topic: s("will/+"),
+            payload: bytes::Bytes::from_static(b"x"),
+            qos: QoS::AtMostOnce,
+            retain: false,
+            properties: Properties::default(),
+        });
+        let mut conn = RawClient::open(b.addr, protocol).await;
+        conn.send(&Packet::Connect(Box::new(c))).await;
+        let before = conn.expect_closed().await;
+        if protocol == Protocol::V5 {
+            assert!(
+                matches!(before.as_slice(), [Packet::ConnAck(ca)] if (ca.reason == ReasonCode::TOPIC_NAME_INVALID || ca.reason == ReasonCode::MALFORMED_PACKET) && !ca.session_present),
+                "{before:?}"
+            );
+        } else {
+            assert!(
+                before
+                    .iter()
+                    .all(|p| matches!(p, Packet::ConnAck(ca) if !ca.reason.is_success())),
+                "{before:?}"
+            );
+        }
+    }
+}
+
+/// (v5) §3.1.3.2.3 / §3.3.2.3.2: a will with Payload Format Indicator 1 whose payload is not
+/// UTF-8 gets CONNACK 0x99 (Payload format invalid) and close.
+#[tokio::test]
+async fn v5_will_payload_not_utf8_connack_0x99() {
+    let b = Broker::start();
+    let mut c = connect_packet(Protocol::V5, "pfiwill", true, 0);
+    let props = Properties {
+        payload_format_indicator: Some(1),
+        ..Properties::default()
+    };
+    c.will = Some(Will {
+        topic: s("will/t"),
+        payload: bytes::Bytes::from_static(&[0xff, 0xfe]),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: props,
+    });
+    let (mut conn, first) = RawClient::connect_with(b.addr, c).await;
+    assert!(
+        matches!(&first, Packet::ConnAck(ca) if ca.reason == ReasonCode::PAYLOAD_FORMAT_INVALID),
+        "{first:?}"
+    );
+    conn.expect_closed_silently().await;
+}
+
+/// (v5) MQTT-3.2.2-15 with §3.2.2.2: a CONNECT larger than the server's maximum packet size is
+/// refused with CONNACK 0x95 (Packet too large) and close; in 3.1.1 (no such code) the
+/// connection is closed without a successful CONNACK.
+#[tokio::test]
+async fn oversize_connect_is_refused() {
+    let b = Broker::start_with("[limits]\nmax_packet_size_bytes = 128\n");
+    for protocol in [Protocol::V5, Protocol::V3_1_1] {
+        let mut c = connect_packet(protocol, "bigconnect", true, 0);
+        c.will = Some(Will {
+            topic: s("will/t"),
+            payload: bytes::Bytes::from(vec![b'x'; 300]),
+            qos: QoS::AtMostOnce,
+            retain: false,
+            properties: Properties::default(),
+        });
+        let mut conn = RawClient::open(b.addr, protocol).await;
+        conn.send(&Packet::Connect(Box::new(c))).await;
+        let before = conn.expect_closed().await;
+        if protocol == Protocol::V5 {
+            assert!(
+                matches!(before.as_slice(), [Packet::ConnAck(ca)] if ca.reason == ReasonCode::PACKET_TOO_LARGE),
+                "{before:?}"
+            );
+        } else {
+            assert!(
+                before
+                    .iter()
+                    .all(|p| matches!(p, Packet::ConnAck(ca) if !ca.reason.is_success())),
+                "{before:?}"
+            );
+        }
+    }
+}
+
+/// (v5) MQTT-3.1.2-3 / MQTT-3.1.4-1: a v5 CONNECT with the reserved flag set is malformed: when
+/// a CONNACK is sent before the close it carries 0x81 (Malformed Packet).
+#[tokio::test]
+async fn v5_malformed_connect_connack_is_0x81() {
+    let b = Broker::start();
+    let mut c = RawClient::open(b.addr, Protocol::V5).await;
+    c.send_bytes(&connect_bytes(5, 0x03, 0, "resv5", &[])).await;
+    let before = c.expect_closed().await;
+    for p in &before {
+        assert!(
+            matches!(p, Packet::ConnAck(ca) if ca.reason == ReasonCode::MALFORMED_PACKET),
+            "{before:?}"
+        );
+    }
+}
+
+/// (v5) §3.2.2.3.2: the server may lower the Session Expiry Interval
+/// (`max_session_expiry_interval_s`) and then tells the client the value it uses in CONNACK;
+/// the session then ends after that (shorter) interval.
+#[tokio::test]
+async fn v5_session_expiry_is_capped_and_announced() {
+    let b = Broker::start_with("[limits]\nmax_session_expiry_interval_s = 1\n");
+    let mut c = connect_packet(Protocol::V5, "capped", true, 0);
+    c.properties.session_expiry_interval_s = Some(3600);
+    let (conn, ca) = RawClient::connect_ok(b.addr, c.clone()).await;
+    assert_eq!(ca.properties.session_expiry_interval_s, Some(1));
+    conn.disconnect().await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    c.clean_start = false;
+    let (_conn, ca) = RawClient::connect_ok(b.addr, c).await;
+    assert!(
+        !ca.session_present,
+        "session outlived the capped interval (MQTT-4.1.0-2)"
+    );
+}
+
+/// (v5) MQTT-3.2.2-9 and friends: CONNACK tells what the server supports (retain, wildcard,
+/// subscription identifiers, shared subscriptions); none of them is announced as 0 since Tern
+/// supports all of them.
+#[tokio::test]
+async fn v5_connack_announces_no_unsupported_feature() {
+    let b = Broker::start();
+    let (_c, ca) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V5, "feat", true, 0)).await;
+    let p = &ca.properties;
+    for (name, v) in [
+        ("retain available", p.retain_available),
+        (
+            "wildcard subscription available",
+            p.wildcard_subscription_available,
+        ),
+        (
+            "subscription identifier available",
+            p.subscription_identifier_available,
+        ),
+        (
+            "shared subscription available",
+            p.shared_subscription_available,
+        ),
+    ] {
+        assert_ne!(v, Some(0), "{name} announced as unsupported");
+    }
+    assert!(
+        matches!(p.maximum_qos, None | Some(2)),
+        "maximum QoS {:?}",
+        p.maximum_qos
+    );
+}

@@ -53,6 +53,47 @@ pub struct RawClient {
     pub protocol: Protocol,
 }
 
+/// A short description of a packet for failure messages (payloads can be megabytes).
+pub fn brief(p: &Packet) -> String {
+    match p {
+        Packet::Publish(m) => format!(
+            "PUBLISH(topic={:?}, qos={:?}, id={}, dup={}, retain={}, {} payload bytes, props={:?})",
+            m.topic,
+            m.qos,
+            m.packet_id,
+            m.dup,
+            m.retain,
+            m.payload.len(),
+            m.properties
+        ),
+        other => format!("{other:?}"),
+    }
+}
+
+/// [`brief`] of a list, long lists cut in the middle.
+pub fn briefs(ps: &[Packet]) -> String {
+    if ps.len() <= 8 {
+        return format!("[{}]", ps.iter().map(brief).collect::<Vec<_>>().join(", "));
+    }
+    let head: Vec<String> = ps[..4].iter().map(brief).collect();
+    let tail: Vec<String> = ps[ps.len() - 3..].iter().map(brief).collect();
+    format!(
+        "[{}, ... {} more ..., {}]",
+        head.join(", "),
+        ps.len() - 7,
+        tail.join(", ")
+    )
+}
+
+impl std::fmt::Display for Recv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Recv::Packet(p) => f.write_str(&brief(p)),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
 /// `Str` from test text.
 pub fn s(text: &str) -> Str {
     Str::copy_from(text).expect("test strings have no U+0000")
@@ -124,6 +165,23 @@ impl RawClient {
             .expect("tcp connect timed out")
             .expect("tcp connect");
         stream.set_nodelay(true).expect("nodelay");
+        RawClient {
+            stream,
+            buf: BytesMut::with_capacity(16 * 1024),
+            pending: VecDeque::new(),
+            protocol,
+        }
+    }
+
+    /// Opens a TCP connection whose receive buffer is small, for a subscriber that stops
+    /// reading: the broker's queue then fills after little data.
+    pub async fn open_small_window(addr: SocketAddr, protocol: Protocol) -> RawClient {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let stream = tokio::time::timeout(WAIT, socket.connect(addr))
+            .await
+            .expect("tcp connect timed out")
+            .expect("tcp connect");
         RawClient {
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
@@ -204,7 +262,7 @@ impl RawClient {
     pub async fn expect_packet_within(&mut self, timeout: Duration) -> Packet {
         match self.recv(timeout).await {
             Recv::Packet(p) => p,
-            other => panic!("expected a packet within {timeout:?}, got {other:?}"),
+            other => panic!("expected a packet within {timeout:?}, got {other}"),
         }
     }
 
@@ -221,10 +279,14 @@ impl RawClient {
                 Recv::Packet(p) => before.push(p),
                 Recv::Closed => return before,
                 Recv::Timeout => panic!(
-                    "connection still open after {timeout:?}; packets received meanwhile: {before:?}"
+                    "connection still open after {timeout:?}; packets received meanwhile: {}",
+                    briefs(&before)
                 ),
                 Recv::Undecodable(e) => {
-                    panic!("undecodable bytes from broker: {e} after {before:?}")
+                    panic!(
+                        "undecodable bytes from broker: {e} after {}",
+                        briefs(&before)
+                    )
                 }
             }
         }
@@ -253,7 +315,7 @@ impl RawClient {
         let before = self.expect_closed_within(timeout).await;
         match before.last() {
             Some(Packet::Disconnect(d)) => d.reason,
-            _ => panic!("expected DISCONNECT then close, got {before:?}"),
+            _ => panic!("expected DISCONNECT then close, got {}", briefs(&before)),
         }
     }
 
@@ -277,14 +339,14 @@ impl RawClient {
     pub async fn expect_nothing(&mut self, quiet: Duration) {
         match self.recv(quiet).await {
             Recv::Timeout => {}
-            other => panic!("expected nothing for {quiet:?}, got {other:?}"),
+            other => panic!("expected nothing for {quiet:?}, got {other}"),
         }
     }
 
     pub async fn expect_publish(&mut self) -> Publish {
         match self.expect_packet().await {
             Packet::Publish(p) => p,
-            other => panic!("expected PUBLISH, got {other:?}"),
+            other => panic!("expected PUBLISH, got {}", brief(&other)),
         }
     }
 
@@ -302,7 +364,7 @@ impl RawClient {
                     break sa.reasons;
                 }
                 p @ Packet::Publish(_) => early.push(p),
-                other => panic!("expected SUBACK, got {other:?}"),
+                other => panic!("expected SUBACK, got {}", brief(&other)),
             }
         };
         for p in early.into_iter().rev() {
@@ -328,7 +390,7 @@ impl RawClient {
                 SubOutcome::Closed(Some(d.reason))
             }
             Recv::Closed => SubOutcome::Closed(None),
-            other => panic!("expected SUBACK or close, got {other:?}"),
+            other => panic!("expected SUBACK or close, got {other}"),
         }
     }
 
@@ -368,19 +430,19 @@ impl RawClient {
                 Packet::PubAck(a) if a.packet_id == id => {
                     assert!(a.reason.is_success(), "PUBACK reason {:?}", a.reason)
                 }
-                other => panic!("expected PUBACK {id}, got {other:?}"),
+                other => panic!("expected PUBACK {id}, got {}", brief(&other)),
             },
             QoS::ExactlyOnce => {
                 match self.expect_non_publish().await {
                     Packet::PubRec(a) if a.packet_id == id => {
                         assert!(a.reason.is_success(), "PUBREC reason {:?}", a.reason)
                     }
-                    other => panic!("expected PUBREC {id}, got {other:?}"),
+                    other => panic!("expected PUBREC {id}, got {}", brief(&other)),
                 }
                 self.send(&Packet::PubRel(ack(id))).await;
                 match self.expect_non_publish().await {
                     Packet::PubComp(a) if a.packet_id == id => {}
-                    other => panic!("expected PUBCOMP {id}, got {other:?}"),
+                    other => panic!("expected PUBCOMP {id}, got {}", brief(&other)),
                 }
             }
         }
@@ -397,7 +459,7 @@ impl RawClient {
                 self.send(&Packet::PubRec(ack(p.packet_id))).await;
                 match self.expect_non_publish().await {
                     Packet::PubRel(a) if a.packet_id == p.packet_id => {}
-                    other => panic!("expected PUBREL {}, got {other:?}", p.packet_id),
+                    other => panic!("expected PUBREL {}, got {}", p.packet_id, brief(&other)),
                 }
                 self.send(&Packet::PubComp(ack(p.packet_id))).await;
             }

@@ -209,6 +209,18 @@ pub mod v5 {
                     }
                     Ok(Event::Outgoing(_)) => {}
                     Err(e) => {
+                        // rumqttc reports the server's DISCONNECT as an error; surface it as the
+                        // packet it was so tests can check its reason code.
+                        if let rumqttc::v5::ConnectionError::MqttState(
+                            rumqttc::v5::StateError::ServerDisconnect { reason_code, .. },
+                        ) = &e
+                        {
+                            let d = Disconnect {
+                                reason_code: *reason_code,
+                                properties: None,
+                            };
+                            let _ = tx.send(Ev::In(Packet::Disconnect(d)));
+                        }
                         let _ = tx.send(Ev::Err(format!("{e:?}")));
                         return;
                     }
