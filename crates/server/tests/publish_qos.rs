@@ -388,3 +388,100 @@ async fn qos0_payloads_arrive_intact() {
         assert_eq!(got.packet_id, 0);
     }
 }
+
+/// Design §2.6/§4.3 ("test the mixed cases on purpose") and (v5) MQTT-4.6.0-5/-6: a pipelined
+/// burst mixing QoS 0, 1 and 2 on one topic reaches every subscriber in the publisher's order,
+/// whatever the subscription QoS (2, 1, 0) and protocol version; the publisher's acks come in
+/// packet order.
+#[tokio::test]
+async fn mixed_qos_burst_keeps_publisher_order() {
+    const N: u16 = 90;
+    let b = Broker::start();
+    let mut s2 = RawClient::v5(b.addr, "mix-s2").await;
+    s2.sub("mix/t", 2).await;
+    let mut s1 = RawClient::v4(b.addr, "mix-s1").await;
+    s1.sub("mix/t", 1).await;
+    let mut s0 = RawClient::v5(b.addr, "mix-s0").await;
+    s0.sub("mix/t", 0).await;
+    let mut p = RawClient::v5(b.addr, "mix-p").await;
+    let mut bytes = bytes::BytesMut::new();
+    let mut acks = Vec::new();
+    for i in 0..N {
+        let q = (i % 3) as u8;
+        let id = if q == 0 { 0 } else { i + 1 };
+        let pkt = Packet::Publish(publish("mix/t", format!("{i}").as_bytes(), q, id));
+        tern_wire::encode(&pkt, Protocol::V5, &mut bytes).unwrap();
+        if q > 0 {
+            acks.push((q, id));
+        }
+    }
+    p.send_bytes(&bytes).await;
+    let mut next_ack = 0;
+    let mut pubcomps = 0;
+    while next_ack < acks.len() || pubcomps < acks.iter().filter(|a| a.0 == 2).count() {
+        match p.expect_packet().await {
+            Packet::PubAck(a) => {
+                assert_eq!((1, a.packet_id), acks[next_ack], "ack order");
+                next_ack += 1;
+            }
+            Packet::PubRec(a) => {
+                assert_eq!((2, a.packet_id), acks[next_ack], "ack order");
+                next_ack += 1;
+                p.send(&Packet::PubRel(ack(a.packet_id))).await;
+            }
+            Packet::PubComp(_) => pubcomps += 1,
+            other => panic!("publisher got {}", brief(&other)),
+        }
+    }
+    for (name, s) in [
+        ("qos2 sub", &mut s2),
+        ("qos1 sub (3.1.1)", &mut s1),
+        ("qos0 sub", &mut s0),
+    ] {
+        for i in 0..N {
+            let got = s.receive_acked().await;
+            assert_eq!(
+                &got.payload[..],
+                format!("{i}").as_bytes(),
+                "{name}: order broken at {i}"
+            );
+        }
+    }
+}
+
+/// Fan-out: five subscribers (both versions) each get all 100 QoS 1 messages in order.
+#[tokio::test]
+async fn fan_out_to_many_subscribers_in_order() {
+    let b = Broker::start();
+    let mut subs = Vec::new();
+    for i in 0..5 {
+        let protocol = if i % 2 == 0 {
+            Protocol::V5
+        } else {
+            Protocol::V3_1_1
+        };
+        let mut s = RawClient::connect_ok(
+            b.addr,
+            connect_packet(protocol, &format!("fan-{i}"), true, 0),
+        )
+        .await
+        .0;
+        s.sub("fan/+", 1).await;
+        subs.push(s);
+    }
+    let mut p = RawClient::v5(b.addr, "fan-p").await;
+    for i in 1..=100u16 {
+        p.publish_acked(publish("fan/x", format!("{i}").as_bytes(), 1, i))
+            .await;
+    }
+    for (n, s) in subs.iter_mut().enumerate() {
+        for i in 1..=100u16 {
+            let got = s.receive_acked().await;
+            assert_eq!(
+                &got.payload[..],
+                format!("{i}").as_bytes(),
+                "subscriber {n}"
+            );
+        }
+    }
+}

@@ -290,3 +290,41 @@ async fn queued_messages_are_bounded_oldest_dropped() {
     assert!(got.ends_with(&[4, 5, 6]), "newest kept: {got:?}");
     assert!(got.len() <= 4, "the queue bound dropped nothing: {got:?}");
 }
+
+/// (v5) MQTT-3.10.4-2, MQTT-3.10.4-3: after UNSUBSCRIBE no new message is queued for the
+/// filter, but a QoS 1 message whose delivery had started is completed: resent on reconnect.
+#[tokio::test]
+async fn unsubscribe_completes_deliveries_already_started() {
+    let b = Broker::start();
+    let c = persistent_v5("uns", 60);
+    let (mut s, _) = RawClient::connect_ok(b.addr, c.clone()).await;
+    s.sub("uns/t", 1).await;
+    let mut p = RawClient::v5(b.addr, "uns-p").await;
+    p.publish_acked(publish("uns/t", b"started", 1, 1)).await;
+    let first = s.expect_publish().await; // not acknowledged
+    s.send(&Packet::Unsubscribe(Unsubscribe {
+        packet_id: 9,
+        properties: Properties::default(),
+        filters: vec![s_("uns/t")],
+    }))
+    .await;
+    assert!(matches!(s.expect_packet().await, Packet::UnsubAck(ua) if ua.packet_id == 9));
+    p.publish_acked(publish("uns/t", b"after", 1, 2)).await;
+    s.drop_connection().await;
+    let (mut s, ca) = RawClient::connect_ok(b.addr, resume(c)).await;
+    assert!(ca.session_present);
+    let again = s.expect_publish().await;
+    assert_eq!(
+        (again.packet_id, &again.payload[..], again.dup),
+        (first.packet_id, &b"started"[..], true)
+    );
+    s.send(&Packet::PubAck(ack(again.packet_id))).await;
+    assert!(
+        s.ping().await.is_empty(),
+        "a message published after UNSUBSCRIBE was delivered"
+    );
+}
+
+fn s_(text: &str) -> Str {
+    s(text)
+}

@@ -213,3 +213,48 @@ async fn unsubscribed_member_gets_nothing() {
     }
     assert!(m1.ping().await.is_empty());
 }
+
+/// (v5) MQTT-4.8.2-6: a member that answers PUBACK ≥ 0x80 makes the server discard the
+/// message: it is not sent to another member.
+#[tokio::test]
+async fn refused_shared_message_is_not_redistributed() {
+    let b = Broker::start();
+    let mut m1 = member(&b, "rf-1", "$share/rf/rf/t", 1).await;
+    let mut m2 = member(&b, "rf-2", "$share/rf/rf/t", 1).await;
+    let mut p = RawClient::v5(b.addr, "rf-p").await;
+    p.publish_acked(publish("rf/t", b"x", 1, 1)).await;
+    // Whoever got it refuses it and leaves; the other must not get it.
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    let (mut got_it, mut other) = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no member received the message"
+        );
+        if let Recv::Packet(Packet::Publish(m)) =
+            m1.recv(std::time::Duration::from_millis(50)).await
+        {
+            break ((m1, m), m2);
+        }
+        if let Recv::Packet(Packet::Publish(m)) =
+            m2.recv(std::time::Duration::from_millis(50)).await
+        {
+            break ((m2, m), m1);
+        }
+    };
+    got_it
+        .0
+        .send(&Packet::PubAck(Ack {
+            packet_id: got_it.1.packet_id,
+            reason: ReasonCode::UNSPECIFIED_ERROR,
+            properties: Properties::default(),
+        }))
+        .await;
+    assert!(got_it.0.ping().await.is_empty());
+    got_it.0.drop_connection().await;
+    p.publish_acked(publish("rf/t", b"marker", 1, 2)).await;
+    assert_eq!(
+        &other.receive_acked().await.payload[..],
+        b"marker",
+        "the refused message was redistributed"
+    );
+}

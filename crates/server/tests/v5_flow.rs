@@ -462,3 +462,173 @@ async fn subscription_identifier_from_client_is_protocol_error() {
 fn s_(text: &str) -> Str {
     s(text)
 }
+
+/// (v5) MQTT-4.9.0-2 with §4.9 (the send quota comes back on PUBACK, PUBCOMP, or a PUBREC with
+/// a reason ≥ 0x80): with a client Receive Maximum of 1, a successful PUBREC does not free the
+/// slot — the next PUBLISH waits for the PUBCOMP.
+#[tokio::test]
+async fn qos2_slot_is_freed_by_pubcomp_not_pubrec() {
+    let b = Broker::start();
+    let mut c = v5_connect("q2w-s");
+    c.properties.receive_maximum = Some(1);
+    let (mut s, _) = RawClient::connect_ok(b.addr, c).await;
+    s.sub("q2w/t", 2).await;
+    let mut p = RawClient::v5(b.addr, "q2w-p").await;
+    p.publish_acked(publish("q2w/t", b"1", 2, 1)).await;
+    p.publish_acked(publish("q2w/t", b"2", 2, 2)).await;
+    let first = s.expect_publish().await;
+    assert_eq!(&first.payload[..], b"1");
+    s.send(&Packet::PubRec(ack(first.packet_id))).await;
+    match s.expect_packet().await {
+        Packet::PubRel(a) => assert_eq!(a.packet_id, first.packet_id),
+        other => panic!("expected PUBREL, got {}", brief(&other)),
+    }
+    s.expect_nothing(QUIET).await;
+    s.send(&Packet::PubComp(ack(first.packet_id))).await;
+    assert_eq!(&s.receive_acked().await.payload[..], b"2");
+}
+
+/// (v5) MQTT-4.4.0-2: a PUBACK with a reason ≥ 0x80 acknowledges the message: it is not
+/// retransmitted (not even after a reconnect) and its slot is free again.
+#[tokio::test]
+async fn puback_with_error_reason_is_final() {
+    let b = Broker::start();
+    let mut c = v5_connect("pae-s");
+    c.properties.receive_maximum = Some(1);
+    c.properties.session_expiry_interval_s = Some(60);
+    let (mut s, _) = RawClient::connect_ok(b.addr, c.clone()).await;
+    s.sub("pae/t", 1).await;
+    let mut p = RawClient::v5(b.addr, "pae-p").await;
+    p.publish_acked(publish("pae/t", b"refused", 1, 1)).await;
+    p.publish_acked(publish("pae/t", b"next", 1, 2)).await;
+    let m = s.expect_publish().await;
+    assert_eq!(&m.payload[..], b"refused");
+    s.send(&Packet::PubAck(Ack {
+        packet_id: m.packet_id,
+        reason: ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR,
+        properties: Properties::default(),
+    }))
+    .await;
+    let n = s.expect_publish().await;
+    assert_eq!(&n.payload[..], b"next", "slot freed by the error PUBACK");
+    s.drop_connection().await;
+    c.clean_start = false;
+    let (mut s, _) = RawClient::connect_ok(b.addr, c).await;
+    let again = s.receive_acked().await;
+    assert_eq!(
+        &again.payload[..],
+        b"next",
+        "only the unacknowledged message is resent"
+    );
+    assert!(s.ping().await.is_empty());
+}
+
+/// (v5) MQTT-3.3.2-7: topic alias mappings do not carry over to a new connection: after a
+/// reconnect the server sends the topic name again before it uses an alias.
+#[tokio::test]
+async fn server_topic_aliases_reset_on_reconnect() {
+    let b = Broker::start();
+    let mut c = v5_connect("tar-s");
+    c.properties.topic_alias_maximum = Some(5);
+    c.properties.session_expiry_interval_s = Some(60);
+    let (mut s, _) = RawClient::connect_ok(b.addr, c.clone()).await;
+    s.sub("tar/t", 0).await;
+    let mut p = RawClient::v5(b.addr, "tar-p").await;
+    for _ in 0..3 {
+        p.publish_acked(publish("tar/t", b"x", 0, 0)).await;
+        s.expect_publish().await;
+    }
+    s.disconnect().await;
+    c.clean_start = false;
+    let (mut s, _) = RawClient::connect_ok(b.addr, c).await;
+    p.publish_acked(publish("tar/t", b"y", 0, 0)).await;
+    let got = s.expect_publish().await;
+    assert_eq!(
+        got.topic.as_str(),
+        "tar/t",
+        "first delivery on a new connection names the topic"
+    );
+}
+
+/// (v5) §3.14.2.2.2: if CONNECT had no Session Expiry Interval (0), a DISCONNECT that sets a
+/// non-zero one is a Protocol Error: the server answers DISCONNECT 0x82.
+#[tokio::test]
+async fn disconnect_raising_session_expiry_from_zero_is_protocol_error() {
+    let b = Broker::start();
+    let mut c = RawClient::v5(b.addr, "sez").await;
+    let mut d = Disconnect {
+        reason: ReasonCode::NORMAL_DISCONNECTION,
+        properties: Properties::default(),
+    };
+    d.properties.session_expiry_interval_s = Some(60);
+    c.send(&Packet::Disconnect(d)).await;
+    let before = c.expect_closed().await;
+    assert!(
+        before
+            .iter()
+            .all(|p| matches!(p, Packet::Disconnect(d) if d.reason == ReasonCode::PROTOCOL_ERROR)),
+        "{}",
+        briefs(&before)
+    );
+    // And the session did not survive.
+    let mut r = connect_packet(Protocol::V5, "sez", false, 0);
+    r.properties.session_expiry_interval_s = Some(60);
+    let (_c, ca) = RawClient::connect_ok(b.addr, r).await;
+    assert!(!ca.session_present);
+}
+
+/// (v5) MQTT-4.3.3-11: a PUBREL for a packet id the server never saw still gets PUBCOMP, with
+/// reason 0x92 (Packet Identifier not found).
+#[tokio::test]
+async fn pubrel_for_unknown_packet_id_gets_pubcomp_0x92() {
+    let b = Broker::start();
+    let mut c = RawClient::v5(b.addr, "unkrel").await;
+    c.send(&Packet::PubRel(ack(4242))).await;
+    match c.expect_packet().await {
+        Packet::PubComp(a) => assert_eq!(
+            (a.packet_id, a.reason),
+            (4242, ReasonCode::PACKET_IDENTIFIER_NOT_FOUND)
+        ),
+        other => panic!("expected PUBCOMP, got {}", brief(&other)),
+    }
+}
+
+/// (v5) §3.8.2.1.2: a Subscription Identifier of 0 is a Protocol Error (hand-written bytes; a
+/// codec may also call it malformed).
+#[tokio::test]
+async fn subscription_identifier_zero_is_refused() {
+    let b = Broker::start();
+    let mut c = RawClient::v5(b.addr, "sid0").await;
+    // SUBSCRIBE id 1, props [0x0B 0x00], filter "a", options 0.
+    c.send_bytes(&[
+        0x82, 0x08, 0x00, 0x01, 0x02, 0x0B, 0x00, 0x00, 0x01, b'a', 0x00,
+    ])
+    .await;
+    let reason = c.expect_disconnect().await;
+    assert!(
+        reason == ReasonCode::PROTOCOL_ERROR || reason == ReasonCode::MALFORMED_PACKET,
+        "{reason:?}"
+    );
+}
+
+/// (v5) MQTT-3.3.2-12 with MQTT-3.3.1-5: a retained PUBLISH sent with only a topic alias is
+/// stored under the mapped topic name.
+#[tokio::test]
+async fn retained_publish_through_topic_alias() {
+    let b = Broker::start();
+    let mut p = RawClient::v5(b.addr, "rta-p").await;
+    let mut m = publish("rta/t", b"first", 1, 1);
+    m.properties.topic_alias = Some(1);
+    p.publish_acked(m).await;
+    let mut m = publish("", b"kept", 1, 2);
+    m.retain = true;
+    m.properties.topic_alias = Some(1);
+    p.publish_acked(m).await;
+    let mut s = RawClient::v5(b.addr, "rta-s").await;
+    s.sub("rta/t", 1).await;
+    let got = s.receive_acked().await;
+    assert_eq!(
+        (got.topic.as_str(), &got.payload[..], got.retain),
+        ("rta/t", &b"kept"[..], true)
+    );
+}
