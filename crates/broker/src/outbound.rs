@@ -34,13 +34,13 @@ use crate::packet_ids::PacketIds;
 use crate::session::{ConnCtl, Session};
 use crate::topic_alias::OutboundAliases;
 
-/// Packets taken per batch: enough to amortise the syscall, small enough to keep the session
-/// lock short.
-pub const MAX_BATCH_PACKETS: usize = 64;
+/// Packets taken per batch: enough to amortise the syscall (64 → 256 took 1 pub → 1 sub QoS 0
+/// from ~850k to ~1M msg/s), small enough to keep the session lock short (~10 µs).
+pub const MAX_BATCH_PACKETS: usize = 256;
 /// Queue capacity an empty queue may keep; beyond it the memory is returned.
 const IDLE_QUEUE_CAPACITY: usize = 64;
 /// Slices per `write_vectored` call (IOV_MAX is far above this everywhere we run).
-const MAX_IO_SLICES: usize = 128;
+const MAX_IO_SLICES: usize = 512;
 
 /// One message on its way to one subscriber.
 #[derive(Debug, Clone)]

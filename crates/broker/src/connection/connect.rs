@@ -244,6 +244,7 @@ async fn accept(
         scratch: BytesMut::new(),
         connect_expiry_zero: requested_expiry_s == 0,
         client_max_packet_size_bytes: client_max_packet_size,
+        now: Instant::now(),
     };
     let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
     Some((conn, (writer, writer_state)))

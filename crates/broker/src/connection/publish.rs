@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use tern_wire::{Ack, Publish, QoS, ReasonCode};
-use tokio::time::Instant;
 
 use super::{Close, Conn};
 use crate::ack_pipeline::{AckKind, Entry};
@@ -30,9 +29,12 @@ impl Conn {
         } else {
             publish.topic.clone()
         };
-        if tern_topic::validate_topic_name(&topic).is_err() {
+        // `Str` derefs re-check UTF-8: take the `&str` once.
+        let topic_str: &str = &topic;
+        if tern_topic::validate_topic_name(topic_str).is_err() {
             return Err(Close::Protocol(ReasonCode::TOPIC_NAME_INVALID));
         }
+        let sys_topic = topic_str.starts_with("$SYS/") || topic_str == "$SYS";
         let packet_id = publish.packet_id;
         let qos = publish.qos;
 
@@ -73,7 +75,7 @@ impl Conn {
             reason = ReasonCode::PAYLOAD_FORMAT_INVALID;
             route = false;
         }
-        if topic.starts_with("$SYS/") || &*topic == "$SYS" {
+        if sys_topic {
             // Clients may not publish into the broker's own statistics.
             route = false;
         }
@@ -85,7 +87,7 @@ impl Conn {
             publish.retain,
             publish.properties,
             Some(self.client_id.clone()),
-            Instant::now(),
+            self.now,
         ));
         let exactly_once = qos == QoS::ExactlyOnce && reason.is_success();
         if exactly_once {
