@@ -269,3 +269,51 @@ async fn retained_message_qos_is_downgraded() {
     s.sub("rq/t", 1).await;
     assert_eq!(s.receive_acked().await.qos, QoS::AtLeastOnce);
 }
+
+/// `max_retained_messages = 2`: a third topic is not retained, replacing or clearing an existing
+/// one always works, and a cleared slot can be reused.
+#[tokio::test]
+async fn retained_store_is_bounded() {
+    let b = Broker::start_with("[limits]\nmax_retained_messages = 2\n");
+    let mut p = RawClient::v5(b.addr, "rl-p").await;
+    p.publish_acked(retained("rl/a", b"a1", 1, 1)).await;
+    p.publish_acked(retained("rl/b", b"b1", 1, 2)).await;
+    p.publish_acked(retained("rl/c", b"c1", 1, 3)).await; // over the limit: not retained
+    p.publish_acked(retained("rl/a", b"a2", 1, 4)).await; // replacing is fine
+    let seen = |mut v: Vec<(String, Vec<u8>)>| {
+        v.sort();
+        v
+    };
+    let mut s = RawClient::v5(b.addr, "rl-s1").await;
+    s.sub("rl/#", 1).await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let m = s.receive_acked().await;
+        got.push((m.topic.to_string(), m.payload.to_vec()));
+    }
+    assert!(s.ping().await.is_empty());
+    assert_eq!(
+        seen(got),
+        [
+            ("rl/a".to_string(), b"a2".to_vec()),
+            ("rl/b".to_string(), b"b1".to_vec())
+        ]
+    );
+    p.publish_acked(retained("rl/b", b"", 1, 5)).await; // clear b
+    p.publish_acked(retained("rl/c", b"c2", 1, 6)).await; // now fits
+    let mut s = RawClient::v5(b.addr, "rl-s2").await;
+    s.sub("rl/#", 1).await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let m = s.receive_acked().await;
+        got.push((m.topic.to_string(), m.payload.to_vec()));
+    }
+    assert!(s.ping().await.is_empty());
+    assert_eq!(
+        seen(got),
+        [
+            ("rl/a".to_string(), b"a2".to_vec()),
+            ("rl/c".to_string(), b"c2".to_vec())
+        ]
+    );
+}
