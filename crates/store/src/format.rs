@@ -273,7 +273,9 @@ pub fn encode_index(ix: &IndexData) -> Vec<u8> {
     out
 }
 
-/// Decodes an index file; `None` if it is damaged in any way (the caller rebuilds it).
+/// Decodes an index file; `None` if it is damaged in any way (the caller rebuilds it):
+/// besides the checksum, every entry must lie inside `block_len`, after the block header and
+/// after the previous entry, with a record length the decoder accepts and a rising sequence.
 pub fn decode_index(buf: &Bytes) -> Option<IndexData> {
     if buf.len() < 44 || &buf[0..8] != INDEX_MAGIC {
         return None;
@@ -299,7 +301,10 @@ pub fn decode_index(buf: &Bytes) -> Option<IndexData> {
         let s = r.take(l)?;
         topics.push(buf.slice_ref(s));
     }
-    let mut entries = Vec::with_capacity(n_entries.min(body.len() / 32));
+    let mut entries: Vec<Entry> = Vec::with_capacity(n_entries.min(body.len() / 32));
+    // Readers size buffers and spans from these fields, so an index whose checksum holds
+    // but whose entries could not have come from a scan of its block is damaged too.
+    let mut min_offset = BLOCK_HEADER_LEN as u64;
     for _ in 0..n_entries {
         let e = Entry {
             seq: r.u64()?,
@@ -309,9 +314,17 @@ pub fn decode_index(buf: &Bytes) -> Option<IndexData> {
             topic: r.u32()?,
             flags: r.u32()?,
         };
-        if e.topic as usize >= topics.len() {
+        let len = e.len as usize;
+        let end = u64::from(e.offset) + u64::from(e.len);
+        if e.topic as usize >= topics.len()
+            || !(RECORD_HEADER_LEN..=MAX_ENCODED_RECORD).contains(&len)
+            || u64::from(e.offset) < min_offset
+            || end > block_len
+            || entries.last().is_some_and(|p| p.seq >= e.seq)
+        {
             return None;
         }
+        min_offset = end;
         entries.push(e);
     }
     let mut deletes = Vec::with_capacity(n_ranges.min(body.len() / 16));
