@@ -39,6 +39,9 @@ use crate::topic_alias::OutboundAliases;
 pub const MAX_BATCH_PACKETS: usize = 256;
 /// Queue capacity an empty queue may keep; beyond it the memory is returned.
 const IDLE_QUEUE_CAPACITY: usize = 64;
+/// Bytes taken per batch: with large payloads the packet count alone would let one batch (which
+/// is written to the end even when the connection is closing) grow to megabytes.
+pub const MAX_BATCH_BYTES: usize = 256 * 1024;
 /// Slices per `write_vectored` call (IOV_MAX is far above this everywhere we run).
 const MAX_IO_SLICES: usize = 512;
 
@@ -285,7 +288,14 @@ impl Outbound {
         let mut sent = 0;
         let mut resends_done = false;
         let mut head_blocked = false;
+        let mut counted_parts = parts.len();
+        let mut batch_bytes = 0;
         while packets < MAX_BATCH_PACKETS {
+            batch_bytes += parts[counted_parts..].iter().map(Bytes::len).sum::<usize>();
+            counted_parts = parts.len();
+            if batch_bytes >= MAX_BATCH_BYTES {
+                break;
+            }
             // A control packet goes once the deliveries queued before it left, or at once when
             // the head delivery waits for the window (acks must never wait behind it).
             if let Some(&(mark, _)) = self.control.front() {

@@ -75,16 +75,24 @@ async fn slow_subscriber_is_dropped_and_then_disconnected() {
         "QoS 0 over the limit is dropped"
     );
 
-    // The slow subscriber's connection ends (DISCONNECT 0x97 if it could still be written).
-    let ended = tokio::time::timeout(WAIT, async {
-        let mut sink = vec![0u8; 64 * 1024];
+    // The slow subscriber, reading at last, gets what was buffered, then DISCONNECT 0x97.
+    let last = tokio::time::timeout(WAIT, async {
+        let mut last = None;
         loop {
-            match slow.read(&mut sink).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
+            match slow.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return last,
+                Ok(_) => {
+                    while let Ok(Some(p)) = decode(&mut buf, Protocol::V5, u32::MAX) {
+                        last = Some(p);
+                    }
+                }
             }
         }
     })
-    .await;
-    assert!(ended.is_ok(), "slow subscriber still connected");
+    .await
+    .expect("slow subscriber still connected");
+    match last {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason, tern_wire::ReasonCode::QUOTA_EXCEEDED),
+        other => panic!("expected DISCONNECT 0x97 last, got {other:?}"),
+    }
 }

@@ -11,8 +11,10 @@ use crate::outbound::encode_packet;
 use crate::session::registry;
 use crate::will;
 
-/// How long the writer gets to flush and send the final DISCONNECT.
+/// How long the writer gets to flush its last batch when there is no DISCONNECT to send.
 const WRITER_CLOSE_TIMEOUT_MS: u64 = 2_000;
+/// How long the writer gets to flush its last batch and send our DISCONNECT.
+const WRITER_FINAL_PACKET_TIMEOUT_MS: u64 = 10_000;
 
 impl Conn {
     pub(super) fn on_disconnect(&mut self, disconnect: Disconnect) -> Close {
@@ -60,14 +62,8 @@ impl Conn {
                 }
                 encode_packet(&packet, self.protocol, &mut self.scratch)
             });
+        let has_final_packet = final_packet.is_some();
         self.ctl.close(final_packet);
-        let abort = writer.abort_handle();
-        if tokio::time::timeout(Duration::from_millis(WRITER_CLOSE_TIMEOUT_MS), writer)
-            .await
-            .is_err()
-        {
-            abort.abort();
-        }
         let send_will = match close {
             Close::ClientDisconnect { send_will } => send_will,
             Close::Shutdown => false,
@@ -78,7 +74,24 @@ impl Conn {
                 will::trigger(&self.shared, &self.session, self.conn_gen, &will);
             }
         }
+        // The session is released before the writer is done: a writer stuck behind a client
+        // that does not read must not hold the session (or its will) hostage.
         registry::detach(&self.shared, &self.session, self.conn_gen);
+        // Then the writer gets time to finish its batch and send the DISCONNECT (a slow
+        // subscriber may read it seconds later), bounded so that a dead peer cannot keep the
+        // task alive.
+        let timeout_ms = if has_final_packet {
+            WRITER_FINAL_PACKET_TIMEOUT_MS
+        } else {
+            WRITER_CLOSE_TIMEOUT_MS
+        };
+        let abort = writer.abort_handle();
+        if tokio::time::timeout(Duration::from_millis(timeout_ms), writer)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
     }
 }
 

@@ -374,3 +374,18 @@ async fn connack_goes_before_resends_and_the_offline_backlog() {
     assert!(matches!(&sent[1], Packet::Publish(p) if p.dup && &p.payload[..] == b"a"));
     assert!(matches!(&sent[2], Packet::Publish(p) if !p.dup && &p.payload[..] == b"b"));
 }
+
+#[tokio::test]
+async fn a_batch_stops_at_max_batch_bytes() {
+    let mut f = Fixture::new(1000);
+    static BIG: [u8; 100 * 1024] = [b'x'; 100 * 1024];
+    for _ in 0..5 {
+        f.push(item(&BIG, QoS::AtMostOnce));
+    }
+    assert_eq!(
+        f.drain().len(),
+        3,
+        "3 x 100 KiB reach the 256 KiB batch limit"
+    );
+    assert_eq!(f.drain().len(), 2);
+}
