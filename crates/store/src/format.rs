@@ -36,6 +36,9 @@
 //! - A record is accepted only if `len` matches its three body lengths and the checksum holds.
 //! - Records of one atomic batch are contiguous; all but the last carry BATCH_MORE, so a
 //!   batch cut by a crash is recognised and dropped whole.
+//! - Sequences, delete-range bounds and block bases stay at or below [`MAX_SEQ`]: the store
+//!   could not assign that many in centuries, so a file claiming more is damaged, and
+//!   believing it would make the next sequence overflow.
 
 use bytes::{BufMut, Bytes};
 
@@ -44,6 +47,9 @@ pub const INDEX_MAGIC: &[u8; 8] = b"TERNIDX1";
 pub const FORMAT_VERSION: u32 = 1;
 pub const BLOCK_HEADER_LEN: usize = 32;
 pub const RECORD_HEADER_LEN: usize = 36;
+
+/// Highest sequence a file may show (see the invariants); 2^62.
+pub(crate) const MAX_SEQ: u64 = 1 << 62;
 
 pub const KIND_DATA: u8 = 1;
 pub const KIND_DELETE: u8 = 2;

@@ -7,6 +7,8 @@
 //!   record header ever showed, and at least the active block's base: sequences are never
 //!   reused, even when the newest records were removed.
 //! - A batch whose last record is missing from the tail is dropped whole.
+//! - Nothing read from a file moves the next sequence past [`MAX_SEQ`]: a record or marker
+//!   beyond it is damage, and an index that does not fit its block is rebuilt.
 
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
@@ -18,7 +20,7 @@ use bytes::Bytes;
 use crate::config::{StreamConfig, SyncPolicy};
 use crate::error::{Result, StoreError};
 use crate::format::{
-    self, BLOCK_HEADER_LEN, DecodeError, Entry, FLAG_BATCH_MORE, IndexData, KIND_DATA,
+    self, BLOCK_HEADER_LEN, DecodeError, Entry, FLAG_BATCH_MORE, IndexData, KIND_DATA, MAX_SEQ,
     encode_block_header,
 };
 use crate::state::{Block, Corruption, State, block_file_name, index_file_name};
@@ -68,6 +70,11 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
     while off < raw.len() {
         match format::decode_record(raw, off) {
             Ok(r) => {
+                let ranges = r.delete_ranges();
+                if r.seq > MAX_SEQ || ranges.iter().any(|&(_, hi)| hi > MAX_SEQ) {
+                    damage = Some((off as u64, format!("sequence {} out of range", r.seq)));
+                    break;
+                }
                 if r.kind == KIND_DATA {
                     if r.seq <= prev_seq && !(entries.is_empty() && r.seq == base_seq)
                         || r.seq < base_seq
@@ -100,7 +107,7 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
                         batch = None;
                     }
                 } else {
-                    deletes.extend(r.delete_ranges());
+                    deletes.extend(ranges);
                 }
                 off += r.len;
             }
@@ -148,12 +155,30 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
     }
 }
 
+/// The base sequence a block file name shows; `None` for other names and for bases no
+/// stream can reach (a stray file is left alone rather than let it move the next sequence).
 fn parse_block_name(name: &str) -> Option<u64> {
     let stem = name.strip_suffix(".blk")?;
     if stem.len() != 20 {
         return None;
     }
-    stem.parse().ok()
+    let base = stem.parse().ok().filter(|&b| b <= MAX_SEQ);
+    if base.is_none() {
+        tracing::warn!(
+            file = name,
+            "ignoring a block file whose name is no base sequence"
+        );
+    }
+    base
+}
+
+/// Whether an index (checksum already verified) can describe block `base` of a stream whose
+/// next block starts at `next_base`: anything else is rebuilt from the block.
+fn index_fits(ix: &IndexData, base: u64, next_base: Option<u64>) -> bool {
+    let bound = next_base.map_or(MAX_SEQ, |n| n.saturating_sub(1).min(MAX_SEQ));
+    ix.entries.first().is_none_or(|e| e.seq >= base)
+        && ix.entries.last().is_none_or(|e| e.seq <= bound)
+        && ix.deletes.iter().all(|&(_, hi)| hi <= MAX_SEQ)
 }
 
 /// Delete markers listed in a block's index, if the index is intact.
@@ -322,7 +347,7 @@ pub(crate) fn open_dir(
             let ix_path = path_in(dir, &index_file_name(base));
             if let Ok(buf) = vfs.read_file(&ix_path) {
                 if let Some(ix) = format::decode_index(&Bytes::from(buf)) {
-                    if ix.block_len == file_len {
+                    if ix.block_len == file_len && index_fits(&ix, base, next_base) {
                         let mut b = Block::from_index(base, path, file, ix);
                         b.sealed = true;
                         blocks.push(b);

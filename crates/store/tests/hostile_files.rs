@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use tern_store::format;
+use tern_store::format::{self, KIND_DATA};
 use tern_store::{FilterSet, Store, StreamConfig};
 
 fn stream_dir(store_dir: &Path) -> PathBuf {
@@ -78,5 +78,79 @@ fn index_entries_out_of_order_are_not_trusted() {
     let dir = tempfile::tempdir().unwrap();
     sealed_stream(dir.path());
     edit_index(dir.path(), |ix| ix.entries.swap(0, 19));
+    assert_eq!(all_payloads(dir.path()), expected());
+}
+
+/// Appends `rec` (already encoded, checksum valid) to the newest block of a fresh stream.
+fn stream_with_forged_tail(dir: &Path, rec: &[u8]) {
+    let store = Store::open(dir).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    s.append(b"t/x", b"", b"real").unwrap().wait().unwrap();
+    s.close().unwrap();
+    drop(store);
+    let blk = files_with(&stream_dir(dir), "blk").pop().unwrap();
+    let mut raw = std::fs::read(&blk).unwrap();
+    raw.extend_from_slice(rec);
+    std::fs::write(&blk, raw).unwrap();
+}
+
+/// Reopens and appends: the new record must get the sequence after the real one.
+fn next_append_seq(dir: &Path) -> u64 {
+    let store = Store::open(dir).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    assert_eq!(
+        s.get(1).unwrap().map(|r| r.payload.to_vec()),
+        Some(b"real".to_vec())
+    );
+    s.append(b"t/x", b"", b"next").unwrap().wait().unwrap()
+}
+
+#[test]
+fn record_claiming_a_sequence_near_the_top_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rec = Vec::new();
+    format::encode_record(
+        &mut rec,
+        KIND_DATA,
+        0,
+        u64::MAX - 1,
+        1,
+        b"t/x",
+        b"",
+        b"forged",
+    );
+    stream_with_forged_tail(dir.path(), &rec);
+    assert_eq!(next_append_seq(dir.path()), 2);
+}
+
+#[test]
+fn delete_marker_reaching_the_top_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rec = Vec::new();
+    format::encode_delete(&mut rec, 1, 1, &[(5, u64::MAX)]);
+    stream_with_forged_tail(dir.path(), &rec);
+    assert_eq!(next_append_seq(dir.path()), 2);
+}
+
+#[test]
+fn index_marker_reaching_the_top_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    sealed_stream(dir.path());
+    edit_index(dir.path(), |ix| ix.deletes.push((30, u64::MAX)));
+    assert_eq!(all_payloads(dir.path()), expected());
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    assert_eq!(s.append(b"t/x", b"", b"n").unwrap().wait().unwrap(), 21);
+}
+
+#[test]
+fn index_entries_outside_their_block_are_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    sealed_stream(dir.path());
+    edit_index(dir.path(), |ix| {
+        for e in &mut ix.entries {
+            e.seq += 1000;
+        }
+    });
     assert_eq!(all_payloads(dir.path()), expected());
 }
