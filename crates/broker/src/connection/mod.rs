@@ -89,7 +89,7 @@ enum Event {
     Durable,
     Drained,
     Read(io::Result<usize>),
-    KeepAliveExpired,
+    KeepAliveDue,
 }
 
 /// Serves one accepted socket to the end.
@@ -168,13 +168,6 @@ fn decode_error_reason(error: &DecodeError) -> ReasonCode {
 /// Property identifier of Topic Alias.
 const TOPIC_ALIAS_PROPERTY_ID: u8 = 0x23;
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
-}
-
 impl Conn {
     async fn read_loop(
         &mut self,
@@ -188,6 +181,13 @@ impl Conn {
         if *stop.borrow() {
             return Close::Shutdown;
         }
+        // One timer for the connection's life, re-armed only when it fires early (traffic
+        // moved the deadline): no timer churn per packet.
+        let keep_alive = self.keep_alive.unwrap_or(Duration::MAX);
+        let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
+        let first_deadline = last_packet_at.checked_add(keep_alive).unwrap_or(far_future);
+        let keep_alive_timer = tokio::time::sleep_until(first_deadline);
+        tokio::pin!(keep_alive_timer);
         loop {
             while !self.pipeline.is_full() {
                 match decode(buf, self.protocol, max_packet_size) {
@@ -215,7 +215,6 @@ impl Conn {
                 // queues overflow (measured: 89% of QoS 0 dropped at 1 pub -> 1 sub; 0% after).
                 tokio::task::yield_now().await;
             }
-            let deadline = self.keep_alive.map(|ka| last_packet_at + ka);
             let waiting = self.pipeline.has_pending_ticket();
             let backlogged = self.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
             let reading = !self.pipeline.is_full() && !backlogged;
@@ -225,7 +224,7 @@ impl Conn {
                 _ = self.pipeline.wait_front(&mut self.released), if waiting => Event::Durable,
                 _ = self.ctl.drained.notified(), if backlogged => Event::Drained,
                 read = read_some(reader, buf), if reading => Event::Read(read),
-                _ = sleep_until_opt(deadline) => Event::KeepAliveExpired,
+                _ = &mut keep_alive_timer, if self.keep_alive.is_some() => Event::KeepAliveDue,
             };
             match event {
                 Event::Kicked(reason) => return Close::Kicked(reason),
@@ -238,7 +237,14 @@ impl Conn {
                     self.now = Instant::now();
                     Metrics::add(&self.shared.metrics.bytes_received, n as u64);
                 }
-                Event::KeepAliveExpired => return Close::KeepAlive,
+                Event::KeepAliveDue => {
+                    // MQTT-3.1.2-22: nothing received within 1.5 x keep alive.
+                    let deadline = last_packet_at + keep_alive;
+                    if Instant::now() >= deadline {
+                        return Close::KeepAlive;
+                    }
+                    keep_alive_timer.as_mut().reset(deadline);
+                }
             }
         }
     }
