@@ -7,6 +7,8 @@
 //!   record header ever showed, and at least the active block's base: sequences are never
 //!   reused, even when the newest records were removed.
 //! - A batch whose last record is missing from the tail is dropped whole.
+//! - Delete markers of quarantined blocks (kept in their indexes under `quarantine/`) are
+//!   applied on every open, so a crash before they are written again loses no deletion.
 //! - Nothing read from a file moves the next sequence past [`MAX_SEQ`]: a record or marker
 //!   beyond it is damage, and an index that does not fit its block is rebuilt.
 
@@ -181,16 +183,30 @@ fn index_fits(ix: &IndexData, base: u64, next_base: Option<u64>) -> bool {
         && ix.deletes.iter().all(|&(_, hi)| hi <= MAX_SEQ)
 }
 
-/// Delete markers listed in a block's index, if the index is intact.
-fn index_markers(vfs: &dyn Vfs, dir: &Path, base: u64) -> Vec<(u64, u64)> {
-    vfs.read_file(&path_in(
-        dir,
-        &format!("quarantine/{}", index_file_name(base)),
-    ))
-    .ok()
-    .and_then(|b| format::decode_index(&Bytes::from(b)))
-    .map(|ix| ix.deletes)
-    .unwrap_or_default()
+/// Delete markers listed in a quarantined block's index, if the index is intact.
+fn index_markers(vfs: &dyn Vfs, dir: &Path, name: &str) -> Vec<(u64, u64)> {
+    vfs.read_file(&path_in(dir, &format!("quarantine/{name}")))
+        .ok()
+        .and_then(|b| format::decode_index(&Bytes::from(b)))
+        .map(|ix| ix.deletes)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|&(_, hi)| hi <= MAX_SEQ)
+        .collect()
+}
+
+/// Delete markers of every block quarantined so far. They are applied on every open: the
+/// copy written again into the active block after a quarantine may have been lost in a
+/// crash, and deleted records must not come back.
+fn all_quarantined_markers(vfs: &dyn Vfs, dir: &Path) -> Vec<(u64, u64)> {
+    let Ok(names) = vfs.list_dir(&dir.join("quarantine")) else {
+        return Vec::new();
+    };
+    names
+        .iter()
+        .filter(|n| n.ends_with(".idx"))
+        .flat_map(|n| index_markers(vfs, dir, n))
+        .collect()
 }
 
 pub(crate) fn quarantine_block(
@@ -340,7 +356,7 @@ pub(crate) fn open_dir(
             report
                 .quarantined
                 .push(quarantine_block(vfs, dir, base, base..=end, detail)?);
-            reemit.extend(index_markers(vfs, dir, base));
+            reemit.extend(index_markers(vfs, dir, &index_file_name(base)));
             continue;
         }
         if !is_active && !config.verify_on_open {
@@ -395,7 +411,7 @@ pub(crate) fn open_dir(
             report
                 .quarantined
                 .push(quarantine_block(vfs, dir, base, base..=end, detail)?);
-            reemit.extend(index_markers(vfs, dir, base));
+            reemit.extend(index_markers(vfs, dir, &index_file_name(base)));
         } else {
             report.indexes_rebuilt += 1;
             let mut b = Block::from_index(base, path, file, sc.ix);
@@ -446,7 +462,8 @@ pub(crate) fn open_dir(
         }
         state.blocks.push_back(b);
     }
-    for &(a, z) in markers.iter().chain(reemit.iter()) {
+    let quarantined_markers = all_quarantined_markers(vfs, dir);
+    for &(a, z) in markers.iter().chain(&quarantined_markers) {
         apply_delete_range(&mut state, a, z);
     }
     let n = state.blocks.len();
