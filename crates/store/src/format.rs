@@ -281,7 +281,8 @@ pub fn encode_index(ix: &IndexData) -> Vec<u8> {
 
 /// Decodes an index file; `None` if it is damaged in any way (the caller rebuilds it):
 /// besides the checksum, every entry must lie inside `block_len`, after the block header and
-/// after the previous entry, with a record length the decoder accepts and a rising sequence.
+/// after the previous entry, with a record length the decoder accepts, a rising sequence and
+/// only record flags (the other bits are the reader's own in-memory marks).
 pub fn decode_index(buf: &Bytes) -> Option<IndexData> {
     if buf.len() < 44 || &buf[0..8] != INDEX_MAGIC {
         return None;
@@ -327,6 +328,7 @@ pub fn decode_index(buf: &Bytes) -> Option<IndexData> {
             || u64::from(e.offset) < min_offset
             || end > block_len
             || entries.last().is_some_and(|p| p.seq >= e.seq)
+            || e.flags & !u32::from(FLAG_BATCH_MORE | FLAG_TOMBSTONE) != 0
         {
             return None;
         }

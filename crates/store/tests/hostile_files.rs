@@ -205,3 +205,11 @@ fn deletion_recorded_in_a_quarantined_block_survives_a_crash_before_it_is_rewrit
     assert!(s.get(2).unwrap().is_some());
     assert!(s.get(3).unwrap().is_none(), "a deleted record came back");
 }
+
+#[test]
+fn index_entry_with_unknown_flags_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    sealed_stream(dir.path());
+    edit_index(dir.path(), |ix| ix.entries[5].flags |= 1 << 31);
+    assert_eq!(all_payloads(dir.path()), expected());
+}
