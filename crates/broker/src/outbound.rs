@@ -39,6 +39,8 @@ use crate::topic_alias::OutboundAliases;
 pub const MAX_BATCH_PACKETS: usize = 256;
 /// Queue capacity an empty queue may keep; beyond it the memory is returned.
 const IDLE_QUEUE_CAPACITY: usize = 64;
+/// Scratch reserved for the per-delivery heads of a batch.
+const HEAD_SCRATCH_BYTES: usize = 4096;
 /// Bytes taken per batch: with large payloads the packet count alone would let one batch (which
 /// is written to the end even when the connection is closing) grow to megabytes.
 pub const MAX_BATCH_BYTES: usize = 256 * 1024;
@@ -288,6 +290,10 @@ impl Outbound {
         let mut sent = 0;
         let mut resends_done = false;
         let mut head_blocked = false;
+        // Heads are a few bytes each: one allocation for the batch's heads, not one per head.
+        if writer.head.capacity() < HEAD_SCRATCH_BYTES / 4 {
+            writer.head.reserve(HEAD_SCRATCH_BYTES);
+        }
         let mut counted_parts = parts.len();
         let mut batch_bytes = 0;
         while packets < MAX_BATCH_PACKETS {

@@ -41,6 +41,9 @@ use crate::topic_alias::InboundAliases;
 /// stops reading: a client that sends without reading cannot grow the queue without bound.
 const MAX_CONTROL_BACKLOG: usize = 1024;
 
+/// Largest PUBACK/PUBREC/PUBCOMP we encode (no properties): fixed header, id, reason.
+const MAX_ACK_BYTES: usize = 8;
+
 /// Largest single socket read.
 const READ_CHUNK_BYTES: usize = 8 * 1024;
 
@@ -299,19 +302,28 @@ impl Conn {
         if self.released.is_empty() {
             return;
         }
+        // Taken and put back so that its buffer is reused: this runs for every PUBLISH.
+        let mut released = std::mem::take(&mut self.released);
         // Acks are queued before the deliveries are routed: both were released together, and
         // a publisher subscribed to its own topic then sees its PUBACK before the echo.
-        let mut acks = Vec::new();
-        let mut deliveries = Vec::new();
-        let released = std::mem::take(&mut self.released);
-        for item in released {
-            match item {
-                Released::Deliver(message) => deliveries.push(message),
-                Released::Ack {
-                    kind,
-                    packet_id,
-                    reason,
-                } => {
+        let acks = released
+            .iter()
+            .filter(|r| matches!(r, Released::Ack { kind, .. } if *kind != AckKind::None))
+            .count();
+        if acks > 0 {
+            // One allocation for all of them (each ack is a few bytes).
+            self.scratch.reserve(acks * MAX_ACK_BYTES);
+            let mut state = self.session.state.lock();
+            if state.conn_gen == self.conn_gen && !state.ended {
+                for item in &released {
+                    let Released::Ack {
+                        kind,
+                        packet_id,
+                        reason,
+                    } = *item
+                    else {
+                        continue;
+                    };
                     let ack = tern_wire::Ack {
                         packet_id,
                         reason,
@@ -324,17 +336,19 @@ impl Conn {
                         AckKind::PubComp => Packet::PubComp(ack),
                     };
                     if let Some(bytes) = encode_packet(&packet, self.protocol, &mut self.scratch) {
-                        acks.push(bytes);
+                        state.out.push_control(bytes);
                     }
                 }
+                drop(state);
+                self.ctl.wake.notify_one();
             }
         }
-        if !acks.is_empty() {
-            self.send_bytes(acks);
+        for item in released.drain(..) {
+            if let Released::Deliver(message) = item {
+                crate::router::publish(&self.shared, message);
+            }
         }
-        for message in deliveries {
-            crate::router::publish(&self.shared, message);
-        }
+        self.released = released;
     }
 }
 
