@@ -186,6 +186,25 @@ else
   end_sub; fail "mosquitto v5 message expiry forwarded" "no SUBACK"
 fi
 
+# v5 will with will properties (content type, user property), the willing client killed.
+T="interop/mq/v5/willprops"
+out="$WORK/willprops"
+if start_sub "$out" -V 5 -q 1 -t "$T" -C 1 -F 'MSG|%t|%C|%P|%p'; then
+  wl="$WORK/willer-props"
+  stdbuf -oL mosquitto_sub -h "$HOST" -p "$PORT" -d -W $((WAIT_S * 3)) -V 5 -t "interop/mq/idle" \
+    --will-topic "$T" --will-payload "gone" --will-qos 1 \
+    -D will content-type text/plain -D will user-property why crash >"$wl" 2>&1 &
+  WILLER=$!
+  if wait_for "$wl" "received SUBACK" "$WAIT_S"; then
+    kill -9 "$WILLER" 2>/dev/null || true
+    wait "$WILLER" 2>/dev/null || true
+  fi
+  end_sub
+  expect_line "mosquitto v5 will properties forwarded" "$out" "MSG|$T|text/plain|why:crash|gone"
+else
+  end_sub; fail "mosquitto v5 will properties forwarded" "no SUBACK"
+fi
+
 # Cross-version: a v5 publisher with properties, a 3.1.1 subscriber.
 T="interop/mq/cross"
 out="$WORK/cross"
