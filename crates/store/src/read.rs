@@ -284,37 +284,47 @@ impl Stream {
         Ok(found)
     }
 
-    /// Newest live record of a topic.
+    /// Newest live record of a topic. While a newer record of the topic is not durable yet,
+    /// the newest durable one, even if that newer record's limit already deleted it in
+    /// memory (the deletion is not durable either): a key never reads as absent mid-update.
     pub fn last_for_topic(&self, topic: &[u8]) -> Result<Option<Record>> {
-        let seq = {
+        let found = {
             let mut st = lock(&self.sh().state);
+            let visible = st.visible_seq;
             match st.topic_bounds(topic)? {
-                Some((_, last)) if last <= st.visible_seq => last,
+                Some((_, last)) if last <= visible => {
+                    drop(st);
+                    return self.get(last);
+                }
                 Some((_, _)) => {
-                    // The newest is not durable yet: find the newest that is.
+                    st.unsynced_deletes.sort_unstable();
                     let mut found = None;
-                    let visible = st.visible_seq;
                     for bi in (0..st.blocks.len()).rev() {
                         let Some(&tid) = st.blocks[bi].topic_ids.get(topic) else {
                             continue;
                         };
                         st.load(bi)?;
-                        if let Some(e) = st.blocks[bi].entries.iter().rev().find(|e| {
-                            e.topic == tid && e.flags & ENTRY_DELETED == 0 && e.seq <= visible
-                        }) {
-                            found = Some(e.seq);
+                        let b = &st.blocks[bi];
+                        let durable = |e: &&Entry| {
+                            e.topic == tid
+                                && e.seq <= visible
+                                && (e.flags & ENTRY_DELETED == 0
+                                    || st.unsynced_deletes.binary_search(&e.seq).is_ok())
+                        };
+                        if let Some(e) = b.entries.iter().rev().find(durable) {
+                            found = Some(BlockRead::of(b, vec![*e]));
                             break;
                         }
                     }
                     match found {
-                        Some(s) => s,
+                        Some(r) => r,
                         None => return Ok(None),
                     }
                 }
                 None => return Ok(None),
             }
         };
-        self.get(seq)
+        Ok(self.read_entries(&found)?.pop())
     }
 
     /// Count and first/last sequence of a topic's live records.

@@ -12,6 +12,9 @@
 //! - A block is removed only when it is the oldest one, or holds no live record while every
 //!   older block is clean (holds no deleted record): so the delete markers inside it can only
 //!   target records that are gone from disk already.
+//! - `unsynced_deletes` lists exactly the entries flagged `ENTRY_DELETED` whose deletion is
+//!   not durable yet; such a record is still the durable state, and `last_for_topic` serves
+//!   it (a keyed-state read must not see a key vanish while its new value is being synced).
 //! - A sealed block's entries are dropped from memory only while it is clean (`live ==
 //!   n_entries`); then they equal its index file's, and `load` restores them exactly.
 
@@ -278,6 +281,10 @@ pub(crate) struct State {
     pub track_topic_seqs: bool,
     pub quarantined: Vec<Corruption>,
     pub removed_log: RemovedLog,
+    /// Sequences deleted in memory whose delete marker is written but not yet durable;
+    /// emptied at every sync. Holds at most the deletions of one sync interval, each of
+    /// an entry still in memory (a block with deleted entries is not evicted).
+    pub unsynced_deletes: Vec<u64>,
     vfs: Arc<dyn Vfs>,
     /// Most sealed blocks whose entries stay in memory (clean ones beyond are dropped).
     cache_blocks: usize,
@@ -295,6 +302,7 @@ impl State {
             track_topic_seqs,
             quarantined: Vec::new(),
             removed_log: RemovedLog::default(),
+            unsynced_deletes: Vec::new(),
             vfs,
             cache_blocks: cache_blocks.max(1),
             tick: 0,

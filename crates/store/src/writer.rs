@@ -383,6 +383,7 @@ impl Writer {
             st.removed_log.push(&r);
         }
         if !self.pending_deletes.is_empty() || !self.pending_ranges.is_empty() {
+            st.unsynced_deletes.extend_from_slice(&self.pending_deletes);
             let mut ranges = ranges_of(std::mem::take(&mut self.pending_deletes));
             ranges.extend(self.pending_ranges.drain(..).map(|(a, z)| a..=z));
             let ranges: Vec<(u64, u64)> = coalesce(ranges)
@@ -705,7 +706,8 @@ impl Writer {
             self.file_dirty = false;
             self.last_sync = Instant::now();
         }
-        if sync_now || sh.config.sync == SyncPolicy::Never {
+        let all_durable = sync_now || sh.config.sync == SyncPolicy::Never;
+        if all_durable {
             self.synced_seq = self.written_seq;
         }
         if !self.unlink.is_empty() {
@@ -715,6 +717,10 @@ impl Writer {
             let mut st = lock(&sh.state);
             st.active().len = self.active_len;
             st.visible_seq = st.visible_seq.max(self.synced_seq);
+            if all_durable {
+                // Every delete marker written so far is durable now.
+                st.unsynced_deletes.clear();
+            }
         }
         sh.publish_durable(self.synced_seq);
         for (tx, removed) in self.replies.drain(..) {
