@@ -7,6 +7,7 @@ use tern_wire::{Disconnect, Packet, Properties, ReasonCode, Str, encoded_len};
 use tokio::task::JoinHandle;
 
 use super::{Close, Conn};
+use crate::metrics::Metrics;
 use crate::outbound::encode_packet;
 use crate::session::registry;
 use crate::will;
@@ -77,6 +78,7 @@ impl Conn {
         // The session is released before the writer is done: a writer stuck behind a client
         // that does not read must not hold the session (or its will) hostage.
         registry::detach(&self.shared, &self.session, self.conn_gen);
+        Metrics::sub(&self.shared.metrics.clients_connected, 1);
         // Then the writer gets time to finish its batch and send the DISCONNECT (a slow
         // subscriber may read it seconds later), bounded so that a dead peer cannot keep the
         // task alive.

@@ -131,7 +131,6 @@ pub async fn run(
     let reason = conn.read_loop(&mut reader, &mut buf, &mut stop).await;
     tracing::debug!(%peer, client_id = %conn.client_id, ?reason, "client disconnected");
     Box::pin(conn.finish(reason, writer_task)).await;
-    Metrics::sub(&shared.metrics.clients_connected, 1);
 }
 
 /// Waits until the socket is readable, then appends what is there to `buf`.
