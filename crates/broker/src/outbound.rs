@@ -574,8 +574,11 @@ pub async fn run_writer(
                 let _ = socket.shutdown().await;
                 return;
             }
-            // Idle: keep no encoder scratch space.
+            // Idle: keep no encoder scratch space, nor a batch-sized part list.
             writer.head = BytesMut::new();
+            if parts.capacity() > IDLE_QUEUE_CAPACITY {
+                parts = Vec::new();
+            }
             ctl.wake.notified().await;
             continue;
         }
