@@ -7,7 +7,9 @@
 //!
 //! # Invariants
 //! - A [`Broker`] kills its child process on drop (also when the test panics), so no test leaks
-//!   a broker. Its stderr (the broker's logs) goes to a file that is printed when a test fails.
+//!   a broker; if the test process is killed outright, PR_SET_PDEATHSIG kills the broker. So a
+//!   `Broker` must be started on the test's own thread (not in a short-lived helper thread).
+//!   Its stderr (the broker's logs) goes to a file that is printed when a test fails.
 #![allow(dead_code)]
 
 pub mod raw;
@@ -80,7 +82,19 @@ impl Broker {
             .append(true)
             .open(self.log_path())
             .expect("open log");
-        let mut child = Command::new(bin())
+        let mut command = Command::new(bin());
+        // If the test process dies without unwinding (SIGKILL, a timeout), the broker must
+        // not outlive it: the kernel sends it SIGKILL when the spawning thread exits.
+        // SAFETY: runs in the forked child before exec; prctl(2) is async-signal-safe and
+        // touches no memory of the parent.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = command
             .arg("serve")
             .arg("--bind")
             .arg("127.0.0.1:0")
