@@ -168,8 +168,16 @@ impl<D> AckPipeline<D> {
                 });
             }
         }
+        // A burst (a slow store) must not leave an idle connection holding its high-water
+        // mark of pipeline memory.
+        if self.slots.is_empty() && self.slots.capacity() > IDLE_CAPACITY {
+            self.slots = VecDeque::new();
+        }
     }
 }
+
+/// Capacity an empty pipeline may keep.
+const IDLE_CAPACITY: usize = 16;
 
 fn is_publish_ack(kind: AckKind) -> bool {
     matches!(kind, AckKind::PubAck | AckKind::PubRec)

@@ -422,6 +422,7 @@ impl Outbound {
         if self.inflight.is_empty() && self.inflight.capacity() > IDLE_QUEUE_CAPACITY {
             self.inflight = VecDeque::new();
         }
+        self.packet_ids.shrink_if_idle();
     }
 }
 

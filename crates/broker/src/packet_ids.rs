@@ -7,6 +7,9 @@
 
 use std::collections::HashSet;
 
+/// Capacity an empty id set may keep.
+const IDLE_CAPACITY: usize = 64;
+
 #[derive(Debug, Default)]
 pub struct PacketIds {
     next: u16,
@@ -41,6 +44,14 @@ impl PacketIds {
 
     pub fn in_flight(&self) -> usize {
         self.in_use.len()
+    }
+
+    /// Returns the set's memory after a burst once nothing is in flight (the counter stays,
+    /// so ids keep rotating).
+    pub fn shrink_if_idle(&mut self) {
+        if self.in_use.is_empty() && self.in_use.capacity() > IDLE_CAPACITY {
+            self.in_use = HashSet::new();
+        }
     }
 }
 

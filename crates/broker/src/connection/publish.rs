@@ -119,12 +119,14 @@ impl Conn {
     }
 
     pub(super) fn on_pubrel(&mut self, ack: Ack) -> Result<(), Close> {
-        let known = self
-            .session
-            .state
-            .lock()
-            .qos2_received
-            .remove(&ack.packet_id);
+        let known = {
+            let mut state = self.session.state.lock();
+            let known = state.qos2_received.remove(&ack.packet_id);
+            if state.qos2_received.is_empty() && state.qos2_received.capacity() > 64 {
+                state.qos2_received = Default::default();
+            }
+            known
+        };
         let (reason, ticket) = if known {
             (
                 ReasonCode::SUCCESS,
