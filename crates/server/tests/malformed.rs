@@ -175,3 +175,13 @@ async fn topics_are_not_normalised() {
 fn s_(text: &str) -> Str {
     s(text)
 }
+
+/// (3.1.1) MQTT-3.8.3-4 / (v5) MQTT-3.8.3-5 and §3.8.3.1: requested QoS 3 (3.1.1) or Retain
+/// Handling 3 (v5) in the subscription options is malformed.
+#[tokio::test]
+async fn subscribe_with_invalid_options_closes() {
+    let b = Broker::start();
+    let v5 = [0x82, 0x07, 0x00, 0x01, 0x00, 0x00, 0x01, b'a', 0x30];
+    let v4 = [0x82, 0x06, 0x00, 0x01, 0x00, 0x01, b'a', 0x03];
+    assert_closes(&b, &v5, &v4, MALFORMED_OR_PROTOCOL).await;
+}

@@ -328,3 +328,57 @@ async fn unsubscribe_completes_deliveries_already_started() {
 fn s_(text: &str) -> Str {
     s(text)
 }
+
+/// (v5) MQTT-3.1.4-3 with MQTT-4.4.0-1: messages in flight on the old connection are resent
+/// (DUP 1, same ids, same order) on the connection that takes the session over.
+#[tokio::test]
+async fn takeover_resends_inflight_on_new_connection() {
+    let b = Broker::start();
+    let c = persistent_v5("tki", 60);
+    let (mut old, _) = RawClient::connect_ok(b.addr, c.clone()).await;
+    old.sub("tki/t", 1).await;
+    let mut p = RawClient::v5(b.addr, "tki-p").await;
+    for i in 1..=3u16 {
+        p.publish_acked(publish("tki/t", format!("{i}").as_bytes(), 1, i))
+            .await;
+    }
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(old.expect_publish().await.packet_id);
+    }
+    let (mut new, ca) = RawClient::connect_ok(b.addr, resume(c)).await;
+    assert!(ca.session_present);
+    for (i, id) in ids.iter().enumerate() {
+        let m = new.expect_publish().await;
+        assert!(m.dup);
+        assert_eq!(
+            (m.packet_id, &m.payload[..]),
+            (*id, format!("{}", i + 1).as_bytes())
+        );
+        new.send(&Packet::PubAck(ack(m.packet_id))).await;
+    }
+    assert!(new.ping().await.is_empty());
+}
+
+/// `max_inflight_messages = 3` caps the outbound window even when the client allows more.
+#[tokio::test]
+async fn outbound_window_is_capped_by_config() {
+    let b = Broker::start_with("[limits]\nmax_inflight_messages = 3\n");
+    let mut s = RawClient::v5(b.addr, "win-s").await;
+    s.sub("win/t", 1).await;
+    let mut p = RawClient::v5(b.addr, "win-p").await;
+    for i in 1..=5u16 {
+        p.publish_acked(publish("win/t", format!("{i}").as_bytes(), 1, i))
+            .await;
+    }
+    let mut first = Vec::new();
+    for _ in 0..3 {
+        first.push(s.expect_publish().await);
+    }
+    s.expect_nothing(common::QUIET).await;
+    for m in &first {
+        s.send(&Packet::PubAck(ack(m.packet_id))).await;
+    }
+    assert_eq!(&s.receive_acked().await.payload[..], b"4");
+    assert_eq!(&s.receive_acked().await.payload[..], b"5");
+}

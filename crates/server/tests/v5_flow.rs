@@ -632,3 +632,27 @@ async fn retained_publish_through_topic_alias() {
         ("rta/t", &b"kept"[..], true)
     );
 }
+
+/// (v5) MQTT-3.1.2-25: the Maximum Packet Size rule applies to retained messages sent at
+/// subscribe time too: an oversize retained message is skipped, a small one is sent.
+#[tokio::test]
+async fn oversize_retained_message_is_not_sent() {
+    let b = Broker::start();
+    let mut p = RawClient::v5(b.addr, "mpr-p").await;
+    let mut big = publish("mpr/big", &[1u8; 1000], 1, 1);
+    big.retain = true;
+    p.publish_acked(big).await;
+    let mut small = publish("mpr/small", b"s", 1, 2);
+    small.retain = true;
+    p.publish_acked(small).await;
+    let mut c = v5_connect("mpr-s");
+    c.properties.maximum_packet_size = Some(256);
+    let (mut s, _) = RawClient::connect_ok(b.addr, c).await;
+    s.sub("mpr/#", 1).await;
+    let got = s.receive_acked().await;
+    assert_eq!(got.topic.as_str(), "mpr/small");
+    assert!(
+        s.ping().await.is_empty(),
+        "the oversize retained message was sent"
+    );
+}
