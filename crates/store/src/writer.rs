@@ -15,7 +15,7 @@
 //! - After any write or sync error nothing more is written; `Shared::failed` is set.
 
 use std::collections::VecDeque;
-use std::ops::RangeInclusive;
+use std::ops::{Range, RangeInclusive};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -71,6 +71,11 @@ pub(crate) struct Writer {
     sh: Arc<Shared>,
     active_file: Arc<dyn VFile>,
     active_len: u64,
+    /// Bytes of this turn still to write, in file order: either `staged_run`, a run of the
+    /// inbox written straight from it (the common case: no copy), or `out`, never both.
+    staged_run: Option<Range<usize>>,
+    /// Copied bytes to write: records once the run was broken (a rejected group) and every
+    /// delete marker.
     out: Vec<u8>,
     inbox: Vec<u8>,
     pending_deletes: Vec<u64>,
@@ -126,6 +131,7 @@ impl Writer {
             reaper_thread,
             active_file,
             active_len,
+            staged_run: None,
             out: Vec::new(),
             inbox: Vec::new(),
             pending_deletes: Vec::new(),
@@ -274,19 +280,16 @@ impl Writer {
             match self.apply(&buf, &mut pos, &mut ops, &mut internal) {
                 Ok(None) => break Ok(()),
                 Ok(Some(base_seq)) => {
-                    if let Err(e) = self.commit(false).and_then(|()| self.roll(base_seq)) {
+                    if let Err(e) = self.commit(&buf, false).and_then(|()| self.roll(base_seq)) {
                         break Err(e);
                     }
                 }
                 Err(e) => break Err(e),
             }
         };
+        let res = res.and_then(|()| self.commit(&buf, has_ops || force_sync));
         self.inbox = buf;
         if let Err(e) = res {
-            self.fail(e);
-            return;
-        }
-        if let Err(e) = self.commit(has_ops || force_sync) {
             self.fail(e);
             return;
         }
@@ -319,6 +322,8 @@ impl Writer {
 
     fn fail(&mut self, e: StoreError) {
         self.failed = true;
+        self.staged_run = None;
+        self.out.clear();
         self.sh.fail(e.to_string());
         for (tx, _) in self.replies.drain(..) {
             let _ = tx.try_send(Err(self.sh.failed_error()));
@@ -391,6 +396,8 @@ impl Writer {
                 .map(|r| (*r.start(), *r.end()))
                 .collect();
             let high = self.written_seq;
+            // Markers follow the records staged before them.
+            self.unstage_run(buf);
             for chunk in ranges.chunks(MAX_RANGES_PER_MARKER) {
                 encode_delete(&mut self.out, high, now_ns(), chunk);
                 st.active().markers.extend_from_slice(chunk);
@@ -447,14 +454,14 @@ impl Writer {
             let first_seq = parse(bytes, p).seq;
             let has_entries = !st.active().entries.is_empty();
             if has_entries
-                && self.active_len + (self.out.len() + group.len()) as u64 > cfg.block_size_bytes
+                && self.active_len + (self.staged_len() + group.len()) as u64 > cfg.block_size_bytes
             {
                 return Ok(Some(first_seq));
             }
             let mut o = p;
             while o < q {
                 let r = parse(bytes, o);
-                let offset = self.active_len + self.out.len() as u64;
+                let offset = self.active_len + self.staged_len() as u64;
                 let act = st.active();
                 let tid = act.topic_id(r.topic);
                 sh.counters.records.fetch_add(1, Ordering::Relaxed);
@@ -467,7 +474,7 @@ impl Writer {
                     flags: u32::from(r.flags),
                 });
                 st.on_insert(r.topic, r.seq, r.len as u64);
-                self.out.extend_from_slice(&bytes[o..o + r.len]);
+                self.stage(bytes, o..o + r.len);
                 if let (Some(max), Discard::Old) =
                     (cfg.limits.max_msgs_per_topic, cfg.limits.discard)
                 {
@@ -483,6 +490,32 @@ impl Writer {
             *pos = p;
         }
         Ok(None)
+    }
+
+    /// Bytes staged for the next write.
+    fn staged_len(&self) -> usize {
+        self.staged_run.as_ref().map_or(0, ExactSizeIterator::len) + self.out.len()
+    }
+
+    /// Stages `buf[range]` (the next bytes in file order) for the next write: records of a
+    /// turn are contiguous in the inbox, so the run just grows and no byte is copied until
+    /// something breaks it.
+    fn stage(&mut self, buf: &[u8], range: Range<usize>) {
+        match &mut self.staged_run {
+            Some(run) if run.end == range.start => run.end = range.end,
+            None if self.out.is_empty() => self.staged_run = Some(range),
+            _ => {
+                self.unstage_run(buf);
+                self.out.extend_from_slice(&buf[range]);
+            }
+        }
+    }
+
+    /// Copies the staged run into `out`, so that what follows can be appended there.
+    fn unstage_run(&mut self, buf: &[u8]) {
+        if let Some(run) = self.staged_run.take() {
+            self.out.extend_from_slice(&buf[run]);
+        }
     }
 
     /// The limit a group would break under `Discard::New`, if any.
@@ -678,19 +711,25 @@ impl Writer {
     }
 
     /// Writes the turn's bytes, syncs per policy, unlinks emptied blocks, publishes.
-    fn commit(&mut self, force_sync: bool) -> Result<()> {
+    /// `buf` is the turn's inbox, which the staged run indexes.
+    fn commit(&mut self, buf: &[u8], force_sync: bool) -> Result<()> {
         let sh = self.sh.clone();
-        let path = { lock(&sh.state).active().path.clone() };
-        if !self.out.is_empty() {
-            self.active_file
-                .write_all_at(&self.out, self.active_len)
-                .map_err(|e| StoreError::io("write", &path, &e))?;
-            self.active_len += self.out.len() as u64;
+        // Only error messages need the path: look it up then, not on every commit.
+        let active_path = || lock(&sh.state).active().path.clone();
+        let run = self.staged_run.take();
+        let data: &[u8] = match &run {
+            Some(run) => &buf[run.clone()],
+            None => &self.out,
+        };
+        if !data.is_empty() {
+            let len = data.len();
+            let res = self.active_file.write_all_at(data, self.active_len);
+            self.out.clear();
+            res.map_err(|e| StoreError::io("write", active_path(), &e))?;
+            self.active_len += len as u64;
             let c = &sh.counters;
             c.writes.fetch_add(1, Ordering::Relaxed);
-            c.bytes_written
-                .fetch_add(self.out.len() as u64, Ordering::Relaxed);
-            self.out.clear();
+            c.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
             self.file_dirty = true;
         }
         let sync_now = match sh.config.sync {
@@ -702,7 +741,7 @@ impl Writer {
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
             self.active_file
                 .sync_data()
-                .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+                .map_err(|e| StoreError::io("fdatasync", active_path(), &e))?;
             self.file_dirty = false;
             self.last_sync = Instant::now();
         }
@@ -773,7 +812,7 @@ impl Writer {
         if self.failed || self.written_seq <= self.synced_seq {
             return;
         }
-        if let Err(e) = self.commit(true) {
+        if let Err(e) = self.commit(&[], true) {
             self.fail(e);
         }
     }
