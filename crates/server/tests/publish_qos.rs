@@ -199,6 +199,13 @@ async fn qos2_duplicate_publish_is_not_delivered_twice() {
             matches!(p.expect_packet().await, Packet::PubRec(a) if a.packet_id == 7),
             "{protocol:?}"
         );
+        // MQTT-4.3.3-10 says "any subsequent PUBLISH" with that id: also one without DUP.
+        p.send(&Packet::Publish(publish("dup2/t", b"once", 2, 7)))
+            .await;
+        assert!(
+            matches!(p.expect_packet().await, Packet::PubRec(a) if a.packet_id == 7),
+            "{protocol:?}"
+        );
         p.send(&Packet::PubRel(ack(7))).await;
         assert!(matches!(p.expect_packet().await, Packet::PubComp(a) if a.packet_id == 7));
         p.publish_acked(publish("dup2/t", b"marker", 0, 0)).await;

@@ -88,3 +88,26 @@ async fn sys_disabled_by_config() {
     c.sub("$SYS/#", 0).await;
     c.expect_nothing(QUIET * 3).await;
 }
+
+/// `$SYS/broker/clients/connected` follows connections coming and going.
+#[tokio::test]
+async fn sys_clients_connected_follows_connections() {
+    let b = Broker::start_with("[sys]\ninterval_s = 1\n");
+    let mut c = RawClient::v5(b.addr, "sysc-s").await;
+    c.sub("$SYS/broker/clients/connected", 0).await;
+    let topic = "$SYS/broker/clients/connected";
+    let base = num(
+        &collect_until(&mut c, |s| num(s, topic).is_some()).await,
+        topic,
+    )
+    .unwrap();
+    let mut extra = Vec::new();
+    for i in 0..3 {
+        extra.push(RawClient::v4(b.addr, &format!("sysc-{i}")).await);
+    }
+    collect_until(&mut c, |s| num(s, topic) == Some(base + 3)).await;
+    for e in extra {
+        e.disconnect().await;
+    }
+    collect_until(&mut c, |s| num(s, topic) == Some(base)).await;
+}
