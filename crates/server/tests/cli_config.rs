@@ -169,3 +169,35 @@ interval_s = 10
     let b = Broker::start_with(toml);
     assert_ne!(b.port(), 1883, "--bind from the harness overrides the file");
 }
+
+/// Without `--bind`, `[listener] bind` from the config file is used (here an ephemeral port).
+#[test]
+fn listener_bind_from_config_file() {
+    let b = Broker::start_with_args("[listener]\nbind = \"127.0.0.1:0\"\n", &[]);
+    assert_ne!(b.port(), 0);
+    std::net::TcpStream::connect(b.addr).expect("listening where it said");
+}
+
+/// `--log debug` raises the log level: debug lines appear on stderr (never on stdout, which
+/// carries only the `tern listening on` line).
+#[test]
+fn log_flag_sets_the_level() {
+    let b = Broker::start_with_args("", &["--bind", "127.0.0.1:0", "--log", "debug"]);
+    {
+        let mut s = std::net::TcpStream::connect(b.addr).unwrap();
+        use std::io::Write;
+        // A CONNECT with a reserved flag: logged at debug as a bad CONNECT, then closed.
+        let _ = s.write_all(&[
+            0x10, 0x0D, 0x00, 0x04, b'M', b'Q', b'T', b'T', 4, 0x03, 0, 0, 0, 1, b'x',
+        ]);
+    }
+    let deadline = std::time::Instant::now() + common::WAIT;
+    while !b.log_tail(200).contains("DEBUG") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no DEBUG line in:\n{}",
+            b.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

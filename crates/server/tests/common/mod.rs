@@ -42,6 +42,8 @@ pub struct Broker {
     pub addr: SocketAddr,
     dir: tempfile::TempDir,
     config_toml: String,
+    /// Extra arguments after `serve` instead of the default `--bind 127.0.0.1:0`.
+    bind_args: Vec<String>,
 }
 
 impl Broker {
@@ -52,12 +54,19 @@ impl Broker {
 
     /// Starts a broker with `config_toml` as its config file, on `127.0.0.1:0`.
     pub fn start_with(config_toml: &str) -> Broker {
+        Broker::start_with_args(config_toml, &["--bind", "127.0.0.1:0"])
+    }
+
+    /// Starts `tern serve ARGS --config <file> --data-dir <dir>`; `args` replaces the default
+    /// `--bind 127.0.0.1:0` (e.g. to take the address from the config file, or add `--log`).
+    pub fn start_with_args(config_toml: &str, args: &[&str]) -> Broker {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut broker = Broker {
             child: None,
             addr: "127.0.0.1:0".parse().expect("addr"),
             dir,
             config_toml: config_toml.to_owned(),
+            bind_args: args.iter().map(|a| a.to_string()).collect(),
         };
         broker.spawn();
         broker
@@ -96,8 +105,7 @@ impl Broker {
         }
         let mut child = command
             .arg("serve")
-            .arg("--bind")
-            .arg("127.0.0.1:0")
+            .args(&self.bind_args)
             .arg("--config")
             .arg(self.config_path())
             .arg("--data-dir")
