@@ -121,3 +121,88 @@ async fn slow_subscriber_is_dropped_publisher_never_blocked() {
         other => panic!("expected DISCONNECT 0x97 last, got {other:?} after {delivered} PUBLISHes"),
     }
 }
+
+/// Design §2.7: for a persistent session, QoS>0 is never dropped because a subscriber is slow.
+/// The stuck subscriber is disconnected (0x97) like any slow one, but when it comes back
+/// (clean start 0) it receives every message it had not acknowledged, in order ([MQTT-4.4.0-1]
+/// for the ones in flight, DUP 1), none lost.
+#[tokio::test]
+async fn slow_persistent_qos1_subscriber_loses_nothing() {
+    let b = Broker::start_with(
+        "[limits]\noutbound_queue_max_bytes = 65536\noutbound_queue_max_messages = 100\nslow_subscriber_timeout_ms = 300\n",
+    );
+    let mut connect = connect_packet(Protocol::V5, "slowq1", true, 0);
+    connect.properties.session_expiry_interval_s = Some(60);
+    let mut slow = RawClient::open_small_window(b.addr, Protocol::V5).await;
+    slow.send(&Packet::Connect(Box::new(connect.clone()))).await;
+    assert!(
+        matches!(slow.expect_packet().await, Packet::ConnAck(ca) if ca.reason == ReasonCode::SUCCESS)
+    );
+    slow.sub("slowq1/t", 1).await;
+
+    let payload = vec![0x33u8; 32 * 1024];
+    let mut p = RawClient::v5(b.addr, "slowq1-p").await;
+    let started = tokio::time::Instant::now();
+    let mut sent: u32 = 0;
+    // Far beyond the socket buffers and the queue limit, for well over the 300 ms timeout.
+    while started.elapsed() < Duration::from_millis(2000) || sent < 200 {
+        let mut m = publish("slowq1/t", &payload, 1, (sent % 60000) as u16 + 1);
+        m.payload = bytes::Bytes::from([sent.to_be_bytes().as_slice(), &payload].concat());
+        p.publish_acked(m).await;
+        sent += 1;
+        assert!(
+            started.elapsed() < WAIT * 4,
+            "publisher slowed down: {sent} messages"
+        );
+    }
+    let index = |m: &Publish| u32::from_be_bytes(m.payload[..4].try_into().unwrap());
+    let before = slow.expect_closed_within(WAIT * 3).await;
+    match before.last() {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason, ReasonCode::QUOTA_EXCEEDED),
+        other => panic!("expected DISCONNECT 0x97 last, got {:?}", other.map(brief)),
+    }
+    let first_run: Vec<u32> = before
+        .iter()
+        .filter_map(|p| match p {
+            Packet::Publish(m) => Some(index(m)),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        (first_run.len() as u32) < sent,
+        "the subscriber was not stuck"
+    );
+
+    connect.clean_start = false;
+    let (mut s, ca) = RawClient::connect_ok(b.addr, connect).await;
+    assert!(ca.session_present);
+    let mut seen = vec![false; sent as usize];
+    let mut last: Option<u32> = None;
+    let mut dups_done = false;
+    // Nothing was acknowledged on the first connection, so every message comes now: the ones
+    // already sent again (DUP 1, in order), then the rest (DUP 0, in order).
+    let mut remaining = sent as usize;
+    while remaining > 0 {
+        let m = s.receive_acked().await;
+        let i = index(&m);
+        if m.dup {
+            assert!(
+                !dups_done,
+                "DUP redelivery after new messages (message {i})"
+            );
+        } else {
+            dups_done = true;
+        }
+        if let Some(l) = last {
+            assert!(i > l, "order broken: {i} after {l}");
+        }
+        last = Some(i);
+        assert!(
+            !seen[i as usize],
+            "message {i} delivered twice on the new connection"
+        );
+        seen[i as usize] = true;
+        remaining -= 1;
+    }
+    assert!(s.ping().await.is_empty());
+}
