@@ -288,3 +288,52 @@ async fn v5_will_sent_when_session_expires_before_delay() {
     conn.drop_connection().await;
     assert_eq!(&s.expect_publish().await.payload[..], b"expired");
 }
+
+/// (v5) MQTT-3.1.3-9: a takeover (clean start 0) is a new network connection to the session
+/// before the Will Delay Interval has passed: the old connection's will is not sent.
+#[tokio::test]
+async fn v5_takeover_within_will_delay_sends_no_will() {
+    let b = Broker::start();
+    let mut s = RawClient::v5(b.addr, "wtk-s").await;
+    s.sub("wtk/#", 0).await;
+    let mut w = will("wtk/will", b"taken", 0, false);
+    w.properties.will_delay_interval_s = Some(2);
+    let mut c = with_will(Protocol::V5, "wtk-c", 0, w);
+    c.properties.session_expiry_interval_s = Some(60);
+    let (mut old, _) = RawClient::connect_ok(b.addr, c.clone()).await;
+    c.clean_start = false;
+    c.will = None;
+    let (_new, ca) = RawClient::connect_ok(b.addr, c).await;
+    assert!(ca.session_present);
+    assert_eq!(
+        old.expect_disconnect().await,
+        ReasonCode::SESSION_TAKEN_OVER
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut p = RawClient::v5(b.addr, "wtk-p").await;
+    p.publish_acked(publish("wtk/marker", b"marker", 0, 0))
+        .await;
+    assert_eq!(&s.expect_publish().await.payload[..], b"marker");
+}
+
+/// (v5) MQTT-3.1.2-8 ("... or the Session ends"): a takeover with Clean Start 1 ends the old
+/// session, so the old connection's will is published at once despite its 60 s delay.
+#[tokio::test]
+async fn v5_clean_start_takeover_ends_session_and_sends_will() {
+    let b = Broker::start();
+    let mut s = RawClient::v5(b.addr, "wcs-s").await;
+    s.sub("wcs/#", 0).await;
+    let mut w = will("wcs/will", b"session-ended", 0, false);
+    w.properties.will_delay_interval_s = Some(60);
+    let mut c = with_will(Protocol::V5, "wcs-c", 0, w);
+    c.properties.session_expiry_interval_s = Some(60);
+    let (mut old, _) = RawClient::connect_ok(b.addr, c.clone()).await;
+    c.will = None; // clean start 1 again
+    let (_new, ca) = RawClient::connect_ok(b.addr, c).await;
+    assert!(!ca.session_present);
+    assert_eq!(
+        old.expect_disconnect().await,
+        ReasonCode::SESSION_TAKEN_OVER
+    );
+    assert_eq!(&s.expect_publish().await.payload[..], b"session-ended");
+}
