@@ -3,7 +3,8 @@
 
 Usage: paho_check.py HOST PORT
 
-Covers MQTT 3.1.1 and 5.0: QoS 0/1/2 publish/subscribe, retained set/clear, the will on an
+Covers MQTT 3.1.1 and 5.0: QoS 0/1/2 publish/subscribe, retained set/clear, persistent sessions
+(messages published while away), the will on an
 abnormal close (a child process that dies without DISCONNECT), v5 properties round trip
 (response topic, correlation data, content type, user properties, message expiry, payload
 format indicator, subscription identifier) and v5 will properties.
@@ -44,10 +45,10 @@ def expect(cond, why):
 class Conn:
     """A paho client with its network loop in a thread, and bounded waits."""
 
-    def __init__(self, name, protocol, will=None):
+    def __init__(self, name, protocol, will=None, persistent=False):
         kwargs = {"client_id": f"paho-{name}-{RUN}", "protocol": protocol}
         if protocol != mqtt.MQTTv5:
-            kwargs["clean_session"] = True
+            kwargs["clean_session"] = not persistent
         self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, **kwargs)
         self.protocol = protocol
         self.connected = threading.Event()
@@ -59,13 +60,20 @@ class Conn:
         self.c.on_message = lambda _c, _u, msg: self.messages.put(msg)
         if will:
             self.c.will_set(**will)
-        self.c.connect(HOST, PORT, keepalive=30)
+        self.session_present = None
+        if protocol == mqtt.MQTTv5 and persistent:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 300
+            self.c.connect(HOST, PORT, keepalive=30, clean_start=False, properties=props)
+        else:
+            self.c.connect(HOST, PORT, keepalive=30)
         self.c.loop_start()
         expect(self.connected.wait(WAIT_S), f"{name}: no CONNACK")
         expect(not self.reason.is_failure, f"{name}: CONNACK {self.reason}")
 
-    def _on_connect(self, _c, _u, _flags, reason_code, _props):
+    def _on_connect(self, _c, _u, flags, reason_code, _props):
         self.reason = reason_code
+        self.session_present = flags.session_present
         self.connected.set()
 
     def _on_subscribe(self, _c, _u, mid, reason_codes, _props):
@@ -227,6 +235,32 @@ def no_will_on_disconnect(tag, proto):
     return run
 
 
+def persistent_session(tag, proto):
+    def run():
+        topic = f"interop/paho/{RUN}/{tag}/session"
+        sub = Conn(f"{tag}-psess", proto, persistent=True)
+        try:
+            sub.subscribe(topic, 2)
+        finally:
+            sub.close()
+        pub = Conn(f"{tag}-psess-pub", proto)
+        try:
+            pub.publish(topic, b"while-away-1", 1)
+            pub.publish(topic, b"while-away-2", 2)
+        finally:
+            pub.close()
+        sub = Conn(f"{tag}-psess", proto, persistent=True)
+        try:
+            expect(sub.session_present, "session present 0 on reconnect")
+            got = [sub.next_message(), sub.next_message()]
+            expect([m.payload for m in got] == [b"while-away-1", b"while-away-2"], f"queued: {[m.payload for m in got]}")
+            expect([m.qos for m in got] == [1, 2], f"qos {[m.qos for m in got]}")
+        finally:
+            sub.close()
+
+    return run
+
+
 def v5_properties_round_trip():
     topic = f"interop/paho/{RUN}/v5/props"
     sub = Conn("v5-psub", mqtt.MQTTv5)
@@ -264,6 +298,7 @@ def main():
         check(f"{tag} retained set/clear", retained(tag, proto))
         check(f"{tag} will on abnormal close", will_on_abnormal_close(tag, proto))
         check(f"{tag} no will after DISCONNECT", no_will_on_disconnect(tag, proto))
+        check(f"{tag} persistent session gets messages sent while away", persistent_session(tag, proto))
     check("v5 properties round trip", v5_properties_round_trip)
     sys.exit(failures)
 
