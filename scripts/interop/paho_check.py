@@ -4,8 +4,8 @@
 Usage: paho_check.py HOST PORT
 
 Covers MQTT 3.1.1 and 5.0: QoS 0/1/2 publish/subscribe, retained set/clear, persistent sessions
-(messages published while away), the will on an
-abnormal close (a child process that dies without DISCONNECT), v5 properties round trip
+(messages published while away), the will on an abnormal close (a child process that dies
+without DISCONNECT), no will after DISCONNECT, v5 properties round trip
 (response topic, correlation data, content type, user properties, message expiry, payload
 format indicator, subscription identifier) and v5 will properties.
 
