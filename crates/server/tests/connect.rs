@@ -603,3 +603,39 @@ async fn v5_connack_announces_no_unsupported_feature() {
         p.maximum_qos
     );
 }
+
+/// (v5) §3.1.2.11: a CONNECT whose properties break the rules — Receive Maximum 0, Maximum
+/// Packet Size 0, a property given twice, a property CONNECT may not carry — is refused: a
+/// CONNACK with 0x81/0x82 (if any) and the close; never a successful CONNACK.
+#[tokio::test]
+async fn v5_connect_with_invalid_properties_is_refused() {
+    let b = Broker::start();
+    let cases: [(&str, &[u8]); 4] = [
+        ("receive maximum 0", &[0x21, 0x00, 0x00]),
+        ("maximum packet size 0", &[0x27, 0x00, 0x00, 0x00, 0x00]),
+        (
+            "session expiry twice",
+            &[0x11, 0, 0, 0, 1, 0x11, 0, 0, 0, 2],
+        ),
+        ("topic alias (PUBLISH only)", &[0x23, 0x00, 0x01]),
+    ];
+    for (name, props) in cases {
+        let mut c = RawClient::open(b.addr, Protocol::V5).await;
+        c.send_bytes(&connect_bytes_with_properties(
+            5,
+            0x02,
+            0,
+            props,
+            "badprops",
+            &[],
+        ))
+        .await;
+        let before = c.expect_closed().await;
+        assert!(
+            before.iter().all(|p| matches!(p, Packet::ConnAck(ca)
+                if ca.reason == ReasonCode::MALFORMED_PACKET || ca.reason == ReasonCode::PROTOCOL_ERROR)),
+            "{name}: {}",
+            briefs(&before)
+        );
+    }
+}

@@ -258,3 +258,20 @@ async fn refused_shared_message_is_not_redistributed() {
         "the refused message was redistributed"
     );
 }
+
+/// (v5) MQTT-3.3.4-3 on a shared subscription: the member's Subscription Identifier comes with
+/// the message.
+#[tokio::test]
+async fn shared_delivery_carries_subscription_identifier() {
+    let b = Broker::start();
+    let mut m = RawClient::v5(b.addr, "ssid").await;
+    let mut sub = subscribe(1, &[("$share/ssid/ssid/t", opts(1))]);
+    sub.properties.subscription_identifiers = vec![5];
+    m.subscribe(sub).await;
+    let mut p = RawClient::v5(b.addr, "ssid-p").await;
+    p.publish_acked(publish("ssid/t", b"x", 1, 1)).await;
+    assert_eq!(
+        m.receive_acked().await.properties.subscription_identifiers,
+        vec![5]
+    );
+}

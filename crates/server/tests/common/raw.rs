@@ -506,10 +506,24 @@ pub fn connect_bytes(
     client_id: &str,
     tail: &[u8],
 ) -> Vec<u8> {
+    connect_bytes_with_properties(level, flags, keep_alive_s, &[], client_id, tail)
+}
+
+/// [`connect_bytes`] with a v5 property block (`properties` without its length byte).
+pub fn connect_bytes_with_properties(
+    level: u8,
+    flags: u8,
+    keep_alive_s: u16,
+    properties: &[u8],
+    client_id: &str,
+    tail: &[u8],
+) -> Vec<u8> {
     let mut body = vec![0x00, 0x04, b'M', b'Q', b'T', b'T', level, flags];
     body.extend_from_slice(&keep_alive_s.to_be_bytes());
     if level == 5 {
-        body.push(0x00);
+        assert!(properties.len() < 128);
+        body.push(properties.len() as u8);
+        body.extend_from_slice(properties);
     }
     body.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
     body.extend_from_slice(client_id.as_bytes());
