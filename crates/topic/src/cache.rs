@@ -78,7 +78,9 @@ pub struct MatchCache<K, V> {
     generation: u64,
     max_topics: usize,
     max_matches_per_topic: usize,
-    entries: HashMap<Box<str>, Cached<K, V>, HashState>,
+    /// Topic to its slot in `slots`: a hit costs one hash of the topic.
+    entries: HashMap<Box<str>, usize, HashState>,
+    slots: Vec<Cached<K, V>>,
     scratch_subscriptions: Vec<(K, V)>,
     scratch_group_ids: Vec<usize>,
 }
@@ -101,6 +103,7 @@ impl<K: Eq + Hash + Clone, V: Clone> MatchCache<K, V> {
             max_topics: max_topics.max(1),
             max_matches_per_topic,
             entries: HashMap::with_hasher(HashState::default()),
+            slots: Vec::new(),
             scratch_subscriptions: Vec::new(),
             scratch_group_ids: Vec::new(),
         }
@@ -125,17 +128,35 @@ impl<K: Eq + Hash + Clone, V: Clone> MatchCache<K, V> {
         topic: &str,
     ) -> Option<CachedMatches<'a, K, V>> {
         if self.generation != trie.generation() {
-            self.entries.clear();
+            self.clear();
             self.generation = trie.generation();
         }
-        if !self.entries.contains_key(topic) {
-            let computed = self.compute(trie, topic);
-            if self.entries.len() >= self.max_topics {
-                self.entries.clear();
-            }
-            self.entries.insert(topic.into(), computed);
+        // The borrow that answers a hit is taken only on that path, so the miss path below
+        // may still change the cache: one lookup per hit, not a probe and then a get.
+        if let Some(&slot) = self.entries.get(topic) {
+            return self.view(slot, trie);
         }
-        match self.entries.get(topic)? {
+        let computed = self.compute(trie, topic);
+        if self.entries.len() >= self.max_topics {
+            self.clear();
+        }
+        let slot = self.slots.len();
+        self.entries.insert(topic.into(), slot);
+        self.slots.push(computed);
+        self.view(slot, trie)
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.slots.clear();
+    }
+
+    fn view<'a>(
+        &'a self,
+        slot: usize,
+        trie: &'a SubscriptionTrie<K, V>,
+    ) -> Option<CachedMatches<'a, K, V>> {
+        match self.slots.get(slot)? {
             Cached::Matches {
                 subscriptions,
                 group_ids,
