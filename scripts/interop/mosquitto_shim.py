@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A stand-in for `tern serve` that runs mosquitto instead, to check the end-to-end suite itself
-against a reference broker: `TERN_E2E_BIN=scripts/interop/mosquitto_shim.py cargo test -p tern`.
+against a reference broker: `TERN_E2E_BIN=$PWD/scripts/interop/mosquitto_shim.py cargo test -p tern` (absolute path).
 
 Accepts `serve --bind HOST:PORT --config FILE --data-dir DIR`, maps the config keys mosquitto
 has an equivalent for, starts mosquitto on a free port, prints `tern listening on HOST:PORT`

@@ -85,8 +85,8 @@ async fn reserved_connect_flag_set_closes_connection() {
     }
 }
 
-/// (3.1.1) MQTT-3.1.2-14: Will QoS 3 is malformed: the connection is closed, no successful
-/// CONNACK (v5: MQTT-3.1.2-12 allows 0, 1, 2 only).
+/// (3.1.1) MQTT-3.1.2-14 / (v5) MQTT-3.1.2-12: Will QoS 3 is malformed: the connection is
+/// closed, no successful CONNACK.
 #[tokio::test]
 async fn will_qos_3_closes_connection() {
     let b = Broker::start();
@@ -385,9 +385,9 @@ async fn v5_keep_alive_within_maximum_is_kept() {
     );
 }
 
-/// (v5) MQTT-3.2.2-19/-20 are about CONNACK size; here: CONNACK carries the limits the config
-/// sets (Receive Maximum, Topic Alias Maximum, Maximum Packet Size) so clients can obey
-/// MQTT-3.3.4-7, MQTT-3.2.2-17 and MQTT-3.2.2-15.
+/// (v5) §3.2.2.3: CONNACK carries the limits the config sets (Receive Maximum, Topic Alias
+/// Maximum, Maximum Packet Size) so that clients can obey MQTT-3.3.4-7, MQTT-3.2.2-17 and
+/// MQTT-3.2.2-15.
 #[tokio::test]
 async fn v5_connack_advertises_configured_limits() {
     let b = Broker::start_with(
