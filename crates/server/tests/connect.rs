@@ -639,3 +639,65 @@ async fn v5_connect_with_invalid_properties_is_refused() {
         );
     }
 }
+
+/// (v5) MQTT-3.1.2-28, MQTT-3.1.2-29: with Request Response Information 0 the CONNACK has no
+/// Response Information; with Request Problem Information 0 no Reason String or User Property
+/// comes on a SUBACK (here a refused filter) or UNSUBACK.
+#[tokio::test]
+async fn v5_request_problem_and_response_information_zero_are_respected() {
+    let b = Broker::start();
+    let mut c = connect_packet(Protocol::V5, "rpi0", true, 0);
+    c.properties.request_problem_information = Some(0);
+    c.properties.request_response_information = Some(0);
+    let (mut conn, ca) = RawClient::connect_ok(b.addr, c).await;
+    assert!(
+        ca.properties.response_information.is_none(),
+        "MQTT-3.1.2-28"
+    );
+    conn.send(&Packet::Subscribe(subscribe(
+        1,
+        &[("ok/t", opts(0)), ("bad/#/x", opts(0))],
+    )))
+    .await;
+    match conn.expect_packet().await {
+        Packet::SubAck(sa) => {
+            assert!(
+                sa.properties.reason_string.is_none() && sa.properties.user.is_empty(),
+                "MQTT-3.1.2-29"
+            );
+        }
+        // Refusing the filter as a malformed packet is allowed too (see invalid_topic_filter_is_refused).
+        Packet::Disconnect(_) => return,
+        other => panic!("expected SUBACK, got {}", brief(&other)),
+    }
+    conn.send(&Packet::Unsubscribe(Unsubscribe {
+        packet_id: 2,
+        properties: Properties::default(),
+        filters: vec![s("nope")],
+    }))
+    .await;
+    match conn.expect_packet().await {
+        Packet::UnsubAck(ua) => {
+            assert!(
+                ua.properties.reason_string.is_none() && ua.properties.user.is_empty(),
+                "MQTT-3.1.2-29"
+            );
+        }
+        other => panic!("expected UNSUBACK, got {}", brief(&other)),
+    }
+}
+
+/// MQTT 3.1 (protocol name "MQIsdp", level 3), which tern-wire models: a 3.1 client can connect,
+/// subscribe and receive.
+#[tokio::test]
+async fn mqtt_3_1_client_works() {
+    let b = Broker::start();
+    let (mut c, ca) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V3_1, "old31", true, 0)).await;
+    assert!(!ca.session_present);
+    c.sub("v31/t", 1).await;
+    let mut p = RawClient::v5(b.addr, "v31-p").await;
+    p.publish_acked(publish("v31/t", b"hello 3.1", 1, 1)).await;
+    let got = c.receive_acked().await;
+    assert_eq!(&got.payload[..], b"hello 3.1");
+}
