@@ -22,15 +22,20 @@ fn files_with(dir: &Path, ext: &str) -> Vec<PathBuf> {
 }
 
 /// A stream of 20 records in one sealed block (with its index) and an empty active block.
-fn sealed_stream(dir: &Path) {
-    let store = Store::open(dir).unwrap();
-    let s = store.stream("s", StreamConfig::default()).unwrap();
-    for i in 0..20u32 {
+/// Appends each number as a record of `t/x` and waits for it.
+fn append_numbers(s: &tern_store::Stream, numbers: impl Iterator<Item = u32>) {
+    for i in numbers {
         s.append(b"t/x", b"", &i.to_le_bytes())
             .unwrap()
             .wait()
             .unwrap();
     }
+}
+
+fn sealed_stream(dir: &Path) {
+    let store = Store::open(dir).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    append_numbers(&s, 0..20);
     s.seal().unwrap();
     s.close().unwrap();
 }
@@ -163,21 +168,11 @@ fn deletion_recorded_in_a_quarantined_block_survives_a_crash_before_it_is_rewrit
     {
         let store = Store::open(dir.path()).unwrap();
         let s = store.stream("s", StreamConfig::default()).unwrap();
-        for i in 1..=10u32 {
-            s.append(b"t/x", b"", &i.to_le_bytes())
-                .unwrap()
-                .wait()
-                .unwrap();
-        }
+        append_numbers(&s, 1..=10);
         s.seal().unwrap();
         // The marker deleting 3 goes to the second block, which is damaged below.
         s.delete(&[3]).unwrap();
-        for i in 11..=15u32 {
-            s.append(b"t/x", b"", &i.to_le_bytes())
-                .unwrap()
-                .wait()
-                .unwrap();
-        }
+        append_numbers(&s, 11..=15);
         s.seal().unwrap();
         s.close().unwrap();
     }

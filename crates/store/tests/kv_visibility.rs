@@ -3,18 +3,31 @@
 
 use std::time::{Duration, Instant};
 
-use tern_store::{Store, StreamConfig, SyncPolicy};
+use tern_store::{KvStream, Store, StreamConfig, SyncPolicy};
+
+/// A keyed stream whose syncs happen only on `flush`: nothing else syncs within the test.
+fn rarely_synced_kv(store: &Store, name: &str) -> KvStream {
+    let cfg = StreamConfig {
+        sync: SyncPolicy::Interval(Duration::from_secs(3600)),
+        ..Default::default()
+    };
+    store.kv(name, cfg).unwrap()
+}
+
+/// Waits until the writer has written (not synced) something after `writes` writes.
+fn wait_written_after(kv: &KvStream, writes: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kv.stream().metrics().writes == writes {
+        assert!(Instant::now() < deadline, "the writer never wrote");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 #[test]
 fn get_returns_the_durable_value_while_a_newer_put_is_not_durable() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let cfg = StreamConfig {
-        // Long enough that the second put stays unsynced for the whole test.
-        sync: SyncPolicy::Interval(Duration::from_secs(3600)),
-        ..Default::default()
-    };
-    let kv = store.kv("sessions", cfg).unwrap();
+    let kv = rarely_synced_kv(&store, "sessions");
     let first = kv.put(b"client-a", b"v1").unwrap();
     kv.stream().flush().unwrap();
     assert!(first.is_done());
@@ -22,12 +35,7 @@ fn get_returns_the_durable_value_while_a_newer_put_is_not_durable() {
 
     let writes = kv.stream().metrics().writes;
     let second = kv.put(b"client-a", b"v2").unwrap();
-    // Wait until the writer has applied and written the second put (it is not synced).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while kv.stream().metrics().writes == writes {
-        assert!(Instant::now() < deadline, "the writer never wrote");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_written_after(&kv, writes);
     assert!(!second.is_done());
     assert_eq!(kv.get(b"client-a").unwrap().as_deref(), Some(&b"v1"[..]));
 
@@ -39,20 +47,12 @@ fn get_returns_the_durable_value_while_a_newer_put_is_not_durable() {
 fn get_returns_the_durable_value_while_a_delete_is_not_durable() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let cfg = StreamConfig {
-        sync: SyncPolicy::Interval(Duration::from_secs(3600)),
-        ..Default::default()
-    };
-    let kv = store.kv("retained", cfg).unwrap();
+    let kv = rarely_synced_kv(&store, "retained");
     let _v1 = kv.put(b"a/b", b"v1").unwrap();
     kv.stream().flush().unwrap();
     let writes = kv.stream().metrics().writes;
     let tombstone = kv.delete(b"a/b").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while kv.stream().metrics().writes == writes {
-        assert!(Instant::now() < deadline, "the writer never wrote");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_written_after(&kv, writes);
     assert!(!tombstone.is_done());
     assert_eq!(kv.get(b"a/b").unwrap().as_deref(), Some(&b"v1"[..]));
     kv.stream().flush().unwrap();
