@@ -330,7 +330,14 @@ impl State {
             .read_file(&b.index_path())
             .ok()
             .and_then(|buf| format::decode_index(&Bytes::from(buf)))
-            .filter(|ix| ix.block_len == b.len && ix.entries.len() == b.n_entries);
+            .filter(|ix| {
+                // Checksummed but about another version of the block: rebuild rather than
+                // let a read blame (and quarantine) the block.
+                ix.block_len == b.len
+                    && ix.entries.len() == b.n_entries
+                    && ix.entries.first().map(|e| e.seq) == b.first_seq()
+                    && ix.entries.last().map(|e| e.seq) == b.last_seq()
+            });
         let ix = match ix {
             Some(ix) => ix,
             None => {
