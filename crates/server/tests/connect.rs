@@ -701,3 +701,28 @@ async fn mqtt_3_1_client_works() {
     let got = c.receive_acked().await;
     assert_eq!(&got.payload[..], b"hello 3.1");
 }
+
+/// (3.1.1) MQTT-3.1.2-24 / (v5) MQTT-3.1.2-22: only packets FROM the client count: a client that
+/// receives a steady stream of messages but sends nothing is still closed after 1.5 × Keep
+/// Alive.
+#[tokio::test]
+async fn keep_alive_counts_only_packets_from_the_client() {
+    let b = Broker::start();
+    let (mut c, _) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V3_1_1, "ka-rx", true, 1)).await;
+    c.sub("ka-rx/t", 0).await;
+    let mut p = RawClient::v5(b.addr, "ka-rx-p").await;
+    let feeder = tokio::spawn(async move {
+        for _ in 0..60 {
+            p.publish_acked(publish("ka-rx/t", b"tick", 0, 0)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let before = c.expect_closed_within(WAIT).await;
+    assert!(
+        before.iter().all(|p| matches!(p, Packet::Publish(_))),
+        "{}",
+        briefs(&before)
+    );
+    feeder.abort();
+}
