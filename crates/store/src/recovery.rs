@@ -9,6 +9,8 @@
 //! - A batch whose last record is missing from the tail is dropped whole.
 //! - Delete markers of quarantined blocks (kept in their indexes under `quarantine/`) are
 //!   applied on every open, so a crash before they are written again loses no deletion.
+//! - Intact records past a damaged one are not served (the tail is cut), but the next
+//!   sequence stays above theirs.
 //! - Nothing read from a file moves the next sequence past [`MAX_SEQ`]: a record or marker
 //!   beyond it is damage, and an index that does not fit its block is rebuilt.
 
@@ -122,6 +124,7 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
                         torn_high_seq = s;
                     }
                 }
+                torn_high_seq = torn_high_seq.max(high_seq_past(raw, off));
                 let what = match e {
                     DecodeError::Truncated => "truncated record".to_string(),
                     DecodeError::Corrupt(d) => d,
@@ -159,6 +162,30 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
 
 /// The base sequence a block file name shows; `None` for other names and for bases no
 /// stream can reach (a stray file is left alone rather than let it move the next sequence).
+/// Highest sequence shown by the intact records that follow the damaged record at `off`
+/// (skipped by its own length field when that is plausible). They are cut with the tail and
+/// never served, but they prove their sequences were handed out (bit rot in the active block
+/// is not a torn write): the next sequence must stay above them. A delete marker's sequence
+/// field is the highest assigned when it was written, so markers count too.
+fn high_seq_past(raw: &Bytes, off: usize) -> u64 {
+    let Some(len) = raw.get(off..off + 4).and_then(|b| b.try_into().ok()) else {
+        return 0;
+    };
+    let len = u32::from_le_bytes(len) as usize;
+    if !(format::RECORD_HEADER_LEN..=format::MAX_ENCODED_RECORD).contains(&len) {
+        return 0;
+    }
+    let mut high = 0;
+    let mut at = off + len;
+    while let Ok(r) = format::decode_record(raw, at) {
+        if r.seq <= MAX_SEQ {
+            high = high.max(r.seq);
+        }
+        at += r.len;
+    }
+    high
+}
+
 fn parse_block_name(name: &str) -> Option<u64> {
     let stem = name.strip_suffix(".blk")?;
     if stem.len() != 20 {

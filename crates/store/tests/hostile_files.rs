@@ -255,3 +255,33 @@ fn reloaded_index_that_names_other_sequences_is_not_trusted() {
     assert_eq!(got, (0..600).collect::<Vec<u32>>());
     assert_eq!(s.info().quarantined, vec![]);
 }
+
+#[test]
+fn bit_rot_mid_active_block_does_not_hand_out_sequences_again() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", StreamConfig::default()).unwrap();
+        append_numbers(&s, 0..20);
+        s.close().unwrap();
+    }
+    let active = files_with(&stream_dir(dir.path()), "blk").pop().unwrap();
+    let mut raw = std::fs::read(&active).unwrap();
+    let b = Bytes::from(raw.clone());
+    // Flip a payload byte of the fifth record: its checksum fails, the length still holds.
+    let mut off = format::BLOCK_HEADER_LEN;
+    for _ in 0..4 {
+        off += format::decode_record(&b, off).unwrap().len;
+    }
+    let fifth = format::decode_record(&b, off).unwrap();
+    assert_eq!(fifth.seq, 5);
+    raw[off + fifth.len - 1] ^= 0x40;
+    std::fs::write(&active, raw).unwrap();
+
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    assert_eq!(s.recovery_report().lost, Some(5..=20));
+    let page = s.read_from(1, &FilterSet::all(), 100, usize::MAX).unwrap();
+    assert_eq!(page.records.len(), 4);
+    assert_eq!(s.append(b"t/x", b"", b"n").unwrap().wait().unwrap(), 21);
+}
