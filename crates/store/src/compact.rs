@@ -10,6 +10,8 @@
 //! # Invariants
 //! - A rewrite goes to a temporary file that is fsynced, renamed over the block and made
 //!   durable with a directory fsync; a crash leaves either the old or the new block.
+//! - The new index is durable (or the old one gone) before the rename: no index outlives
+//!   the longer block it describes (recovery reads a block shorter than its index as lost data).
 //! - The rewritten block keeps its base sequence, so sequences are never reused.
 
 use std::path::PathBuf;
@@ -154,12 +156,6 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
         .map_err(|e| StoreError::io("write", &tmp, &e))?;
     file.sync_data()
         .map_err(|e| StoreError::io("fdatasync", &tmp, &e))?;
-    sh.vfs
-        .rename(&tmp, &job.path)
-        .map_err(|e| StoreError::io("rename", &tmp, &e))?;
-    sh.vfs
-        .sync_dir(&sh.dir)
-        .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
     let mut nb = Block::from_index(
         job.base,
         job.path,
@@ -172,9 +168,36 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
         },
     );
     nb.sealed = true;
-    let ix = format::encode_index(&nb.index_data());
-    if let Err(e) = sh.vfs.write_file(&nb.index_path(), &ix) {
-        tracing::warn!(stream = %sh.name, error = %e, "could not write block index after compaction");
-    }
+    replace_index(sh, &nb)?;
+    sh.vfs
+        .rename(&tmp, &nb.path)
+        .map_err(|e| StoreError::io("rename", &tmp, &e))?;
+    sh.vfs
+        .sync_dir(&sh.dir)
+        .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
     Ok(nb)
+}
+
+/// Puts the rewritten block's index in place of the old one before the block itself is
+/// replaced, and durably: an old index left beside the shorter new block would make
+/// recovery take the block for one that lost its tail. A crash in between leaves the old
+/// block with no index or a new one of another length, and the block is rescanned.
+fn replace_index(sh: &Shared, nb: &Block) -> Result<()> {
+    let path = nb.index_path();
+    match sh.vfs.remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(StoreError::io("remove index", &path, &e));
+        }
+        _ => {}
+    }
+    let written = sh.vfs.open_rw(&path, true).and_then(|f| {
+        f.write_all_at(&format::encode_index(&nb.index_data()), 0)?;
+        f.sync_data()
+    });
+    if let Err(e) = written {
+        // The index is a cache: without one the block is rescanned on open.
+        tracing::warn!(stream = %sh.name, error = %e, "could not write block index after compaction");
+        let _ = sh.vfs.remove_file(&path);
+    }
+    Ok(())
 }

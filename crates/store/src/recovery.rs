@@ -9,6 +9,9 @@
 //! - A batch whose last record is missing from the tail is dropped whole.
 //! - Delete markers of quarantined blocks (kept in their indexes under `quarantine/`) are
 //!   applied on every open, so a crash before they are written again loses no deletion.
+//! - A sealed block shorter than its intact index says is damaged, not a clean shorter
+//!   block: compaction replaces a block's index before the block itself, so no index
+//!   outlives its block's longer version.
 //! - Intact records past a damaged one are not served (the tail is cut), but the next
 //!   sequence stays above theirs.
 //! - Nothing read from a file moves the next sequence past [`MAX_SEQ`]: a record or marker
@@ -388,25 +391,40 @@ pub(crate) fn open_dir(
             reemit.extend(index_markers(vfs, dir, &index_file_name(base)));
             continue;
         }
-        if !is_active && !config.verify_on_open {
+        // Bytes an intact index says a sealed block had beyond its end: the block lost its
+        // tail (a cut at a record boundary scans clean, so only the index can tell).
+        let mut missing_bytes = 0;
+        if !is_active {
             let ix_path = path_in(dir, &index_file_name(base));
-            if let Ok(buf) = vfs.read_file(&ix_path) {
-                if let Some(ix) = format::decode_index(&Bytes::from(buf)) {
-                    if ix.block_len == file_len && index_fits(&ix, base, next_base) {
-                        let mut b = Block::from_index(base, path, file, ix);
-                        b.sealed = true;
-                        blocks.push(b);
-                        continue;
-                    }
+            if let Some(ix) = vfs
+                .read_file(&ix_path)
+                .ok()
+                .and_then(|buf| format::decode_index(&Bytes::from(buf)))
+            {
+                if ix.block_len == file_len
+                    && index_fits(&ix, base, next_base)
+                    && !config.verify_on_open
+                {
+                    let mut b = Block::from_index(base, path, file, ix);
+                    b.sealed = true;
+                    blocks.push(b);
+                    continue;
                 }
+                missing_bytes = ix.block_len.saturating_sub(file_len);
             }
         }
         let raw = Bytes::from(
             vfs.read_file(&path)
                 .map_err(|e| StoreError::io("read block", &path, &e))?,
         );
-        let sc = scan(&raw, base);
+        let mut sc = scan(&raw, base);
         next_seq = next_seq.max(sc.torn_high_seq.saturating_add(1));
+        if sc.damage.is_none() && missing_bytes > 0 {
+            sc.damage = Some((
+                file_len,
+                format!("{missing_bytes} bytes missing at the end"),
+            ));
+        }
         // A damaged tail is a torn write in the active block, and in any block of a stream
         // that never syncs (its blocks are sealed without a sync); elsewhere it is corruption.
         let tail_may_tear = is_active || config.sync == SyncPolicy::Never;

@@ -285,3 +285,95 @@ fn bit_rot_mid_active_block_does_not_hand_out_sequences_again() {
     assert_eq!(page.records.len(), 4);
     assert_eq!(s.append(b"t/x", b"", b"n").unwrap().wait().unwrap(), 21);
 }
+
+/// Two sealed blocks; the delete marker of 3 ends the second, which then loses that marker
+/// by a cut at a record boundary: what is left scans as a clean block of ten records.
+fn stream_with_cut_marker(dir: &Path) {
+    let store = Store::open(dir).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    append_numbers(&s, 0..10);
+    s.seal().unwrap();
+    append_numbers(&s, 10..20);
+    s.delete(&[3]).unwrap();
+    s.seal().unwrap();
+    s.close().unwrap();
+    drop(store);
+    let second = files_with(&stream_dir(dir), "blk").remove(1);
+    let raw = std::fs::read(&second).unwrap();
+    let b = Bytes::from(raw.clone());
+    let mut off = format::BLOCK_HEADER_LEN;
+    while format::decode_record(&b, off).unwrap().kind == KIND_DATA {
+        off += format::decode_record(&b, off).unwrap().len;
+    }
+    std::fs::write(&second, &raw[..off]).unwrap();
+}
+
+#[test]
+fn sealed_block_cut_at_a_record_boundary_is_damage_not_a_shorter_block() {
+    for verify_on_open in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        stream_with_cut_marker(dir.path());
+        let store = Store::open(dir.path()).unwrap();
+        let cfg = StreamConfig {
+            verify_on_open,
+            ..Default::default()
+        };
+        let s = store.stream("s", cfg).unwrap();
+        assert_eq!(
+            s.info().quarantined.len(),
+            1,
+            "verify_on_open {verify_on_open}"
+        );
+        assert!(s.get(3).unwrap().is_none(), "a deleted record came back");
+        assert!(s.get(2).unwrap().is_some());
+    }
+}
+
+#[test]
+fn compaction_leaves_no_index_longer_than_its_block() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", StreamConfig::default()).unwrap();
+        append_numbers(&s, 0..20);
+        s.seal().unwrap();
+        s.delete(&[4, 5]).unwrap();
+        s.compact(8).unwrap();
+        s.close().unwrap();
+    }
+    let first = files_with(&stream_dir(dir.path()), "blk").remove(0);
+    let len = std::fs::metadata(&first).unwrap().len();
+    let ix = std::fs::read(first.with_extension("idx")).unwrap();
+    let ix = format::decode_index(&Bytes::from(ix)).unwrap();
+    assert_eq!(ix.block_len, len);
+    assert_eq!(ix.entries.len(), 18);
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    assert_eq!(s.info().quarantined, vec![]);
+    assert_eq!(s.info().msgs, 18);
+}
+
+#[test]
+fn compaction_whose_index_write_fails_leaves_no_stale_index() {
+    use std::sync::Arc;
+    use tern_store::vfs::FaultyVfs;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let vfs = FaultyVfs::default();
+        let store = Store::open_with_vfs(dir.path(), Arc::new(vfs.clone())).unwrap();
+        let s = store.stream("s", StreamConfig::default()).unwrap();
+        append_numbers(&s, 0..20);
+        s.seal().unwrap();
+        s.delete(&[4, 5]).unwrap();
+        // The rewritten block is written; writing its index fails.
+        vfs.fail_write_after(1);
+        s.compact(8).unwrap();
+        s.close().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", StreamConfig::default()).unwrap();
+    assert_eq!(s.info().quarantined, vec![]);
+    assert_eq!(s.info().msgs, 18);
+    assert!(s.get(4).unwrap().is_none());
+    assert!(s.get(6).unwrap().is_some());
+}
