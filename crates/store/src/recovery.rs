@@ -165,6 +165,10 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
 
 /// The base sequence a block file name shows; `None` for other names and for bases no
 /// stream can reach (a stray file is left alone rather than let it move the next sequence).
+/// Longest block file recovery reads: record offsets are u32 (blocks stay far below it, see
+/// `MAX_BLOCK_SIZE_BYTES`), so a longer file is damage, and reading it could exhaust memory.
+const MAX_BLOCK_FILE_BYTES: u64 = u32::MAX as u64;
+
 /// Highest sequence shown by the intact records that follow the damaged record at `off`
 /// (skipped by its own length field when that is plausible). They are cut with the tail and
 /// never served, but they prove their sequences were handed out (bit rot in the active block
@@ -348,7 +352,12 @@ pub(crate) fn open_dir(
             .file_len()
             .map_err(|e| StoreError::io("stat block", &path, &e))?;
         let mut hbuf = [0u8; BLOCK_HEADER_LEN];
-        let header = if file_len >= BLOCK_HEADER_LEN as u64 {
+        let header = if file_len > MAX_BLOCK_FILE_BYTES {
+            // Never read into memory: no block of ours can be this long.
+            Err(format!(
+                "file of {file_len} bytes, beyond any record offset"
+            ))
+        } else if file_len >= BLOCK_HEADER_LEN as u64 {
             file.read_exact_at(&mut hbuf, 0)
                 .map_err(|e| StoreError::io("read block", &path, &e))?;
             format::decode_block_header(&hbuf)
@@ -374,7 +383,8 @@ pub(crate) fn open_dir(
             if next_base.is_none() {
                 // The newest block: records past the bad header may still show the highest
                 // sequence ever handed out, which must not be reused.
-                if let Ok(raw) = vfs.read_file(&path) {
+                let readable = file_len <= MAX_BLOCK_FILE_BYTES;
+                if let Some(raw) = readable.then(|| vfs.read_file(&path).ok()).flatten() {
                     let sc = scan(&Bytes::from(raw), base);
                     let high = sc.ix.entries.last().map_or(0, |e| e.seq);
                     next_seq = next_seq.max(high.max(sc.torn_high_seq).saturating_add(1));

@@ -377,3 +377,25 @@ fn compaction_whose_index_write_fails_leaves_no_stale_index() {
     assert!(s.get(4).unwrap().is_none());
     assert!(s.get(6).unwrap().is_some());
 }
+
+#[test]
+fn block_file_longer_than_any_offset_is_quarantined_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    sealed_stream(dir.path());
+    // A sparse file: no disk space used, but reading it would take 4 GiB of memory.
+    let first = files_with(&stream_dir(dir.path()), "blk").remove(0);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&first)
+        .unwrap();
+    f.set_len(u64::from(u32::MAX) + 1).unwrap();
+    drop(f);
+    let store = Store::open(dir.path()).unwrap();
+    let cfg = StreamConfig {
+        verify_on_open: true,
+        ..Default::default()
+    };
+    let s = store.stream("s", cfg).unwrap();
+    assert_eq!(s.info().quarantined.len(), 1);
+    assert_eq!(s.append(b"t/x", b"", b"n").unwrap().wait().unwrap(), 21);
+}
