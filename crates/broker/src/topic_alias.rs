@@ -7,6 +7,8 @@
 //!   ([MQTT-3.3.2-10]); an alias is assigned first-come and never remapped, so a client that
 //!   has seen a topic once never needs it again for that alias. Both maps live and die with
 //!   one network connection ([MQTT-3.3.2-7]).
+//! - A map is allocated on first use (`Option<Box<..>>`, 8 bytes until then): both live in the
+//!   futures of every connection, and most clients never use an alias.
 
 use std::collections::HashMap;
 
@@ -26,15 +28,14 @@ pub enum AliasError {
 #[derive(Debug)]
 pub struct InboundAliases {
     maximum: u16,
-    map: HashMap<u16, Str>,
+    // Boxed on purpose: 8 bytes in every connection's future instead of 48 for an empty map.
+    #[allow(clippy::box_collection)]
+    map: Option<Box<HashMap<u16, Str>>>,
 }
 
 impl InboundAliases {
     pub fn new(maximum: u16) -> Self {
-        InboundAliases {
-            maximum,
-            map: HashMap::new(),
-        }
+        InboundAliases { maximum, map: None }
     }
 
     /// The topic a PUBLISH is about, given its topic field and optional alias.
@@ -46,9 +47,15 @@ impl InboundAliases {
             return Err(AliasError::OutOfRange);
         }
         if topic.is_empty() {
-            return self.map.get(&alias).cloned().ok_or(AliasError::Unknown);
+            return self
+                .map
+                .as_ref()
+                .and_then(|map| map.get(&alias).cloned())
+                .ok_or(AliasError::Unknown);
         }
-        self.map.insert(alias, topic.clone());
+        self.map
+            .get_or_insert_default()
+            .insert(alias, topic.clone());
         Ok(topic.clone())
     }
 }
@@ -56,16 +63,14 @@ impl InboundAliases {
 #[derive(Debug)]
 pub struct OutboundAliases {
     maximum: u16,
-    map: HashMap<Str, u16>,
+    #[allow(clippy::box_collection)]
+    map: Option<Box<HashMap<Str, u16>>>,
 }
 
 impl OutboundAliases {
     /// `maximum` = the client's Topic Alias Maximum (0: aliases unused).
     pub fn new(maximum: u16) -> Self {
-        OutboundAliases {
-            maximum,
-            map: HashMap::new(),
-        }
+        OutboundAliases { maximum, map: None }
     }
 
     /// `(alias, send_topic)` for a delivery on `topic`.
@@ -73,16 +78,17 @@ impl OutboundAliases {
         if self.maximum == 0 {
             return (None, true);
         }
-        if let Some(&alias) = self.map.get(topic) {
+        let map = self.map.get_or_insert_default();
+        if let Some(&alias) = map.get(topic) {
             return (Some(alias), false);
         }
-        let used = self.map.len();
+        let used = map.len();
         if used >= usize::from(self.maximum) {
             return (None, true);
         }
         // used < maximum <= u16::MAX, so used + 1 fits.
         let alias = used as u16 + 1;
-        self.map.insert(topic.clone(), alias);
+        map.insert(topic.clone(), alias);
         (Some(alias), true)
     }
 }

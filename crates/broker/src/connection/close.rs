@@ -61,7 +61,7 @@ impl Conn {
                         properties: Properties::default(),
                     });
                 }
-                encode_packet(&packet, self.protocol, &mut self.scratch)
+                encode_packet(&packet, self.protocol, &mut bytes::BytesMut::new())
             });
         let has_final_packet = final_packet.is_some();
         self.ctl.close(final_packet);

@@ -241,7 +241,6 @@ async fn accept(
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
         pipeline: AckPipeline::new(usize::from(config.receive_maximum)),
         released: Vec::new(),
-        scratch: BytesMut::new(),
         connect_expiry_zero: requested_expiry_s == 0,
         client_max_packet_size_bytes: client_max_packet_size,
         now: Instant::now(),

@@ -77,7 +77,6 @@ pub(crate) struct Conn {
     aliases: InboundAliases,
     pipeline: AckPipeline<Arc<Message>>,
     released: Vec<Released<Arc<Message>>>,
-    scratch: BytesMut,
     /// The CONNECT's Session Expiry Interval was 0 (a DISCONNECT may not raise it).
     connect_expiry_zero: bool,
     /// The client's Maximum Packet Size (`u32::MAX` if none).
@@ -185,9 +184,10 @@ impl Conn {
         }
         // One timer for the connection's life, re-armed only when it fires early (traffic
         // moved the deadline): no timer churn per packet.
-        let keep_alive = self.keep_alive.unwrap_or(Duration::MAX);
         let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
-        let first_deadline = last_packet_at.checked_add(keep_alive).unwrap_or(far_future);
+        let first_deadline = last_packet_at
+            .checked_add(self.keep_alive.unwrap_or(Duration::MAX))
+            .unwrap_or(far_future);
         let keep_alive_timer = tokio::time::sleep_until(first_deadline);
         tokio::pin!(keep_alive_timer);
         loop {
@@ -241,7 +241,8 @@ impl Conn {
                 }
                 Event::KeepAliveDue => {
                     // MQTT-3.1.2-22: nothing received within 1.5 x keep alive.
-                    let deadline = last_packet_at + keep_alive;
+                    // Not kept in a local across the loop's awaits: 16 B of every idle future.
+                    let deadline = last_packet_at + self.keep_alive.unwrap_or(Duration::MAX);
                     if Instant::now() >= deadline {
                         return Close::KeepAlive;
                     }
@@ -278,7 +279,10 @@ impl Conn {
 
     /// Queues one control packet for the writer.
     fn send(&mut self, packet: &Packet) {
-        if let Some(bytes) = encode_packet(packet, self.protocol, &mut self.scratch) {
+        // No scratch kept in `Conn`: it lives in every idle connection's future, and these
+        // packets (SUBACK, PINGRESP) are rare.
+        let mut scratch = BytesMut::new();
+        if let Some(bytes) = encode_packet(packet, self.protocol, &mut scratch) {
             self.send_bytes(std::iter::once(bytes));
         }
     }
@@ -311,7 +315,7 @@ impl Conn {
             .count();
         if acks > 0 {
             // One allocation for all of them (each ack is a few bytes).
-            self.scratch.reserve(acks * MAX_ACK_BYTES);
+            let mut scratch = BytesMut::with_capacity(acks * MAX_ACK_BYTES);
             let mut state = self.session.state.lock();
             if state.conn_gen == self.conn_gen && !state.ended {
                 for item in &released {
@@ -334,7 +338,7 @@ impl Conn {
                         AckKind::PubRec => Packet::PubRec(ack),
                         AckKind::PubComp => Packet::PubComp(ack),
                     };
-                    if let Some(bytes) = encode_packet(&packet, self.protocol, &mut self.scratch) {
+                    if let Some(bytes) = encode_packet(&packet, self.protocol, &mut scratch) {
                         state.out.push_control(bytes);
                     }
                 }
@@ -374,6 +378,14 @@ mod tests {
             0,
             w,
             crate::outbound::WriterState::new(tern_wire::Protocol::V5, 0, 0),
+        );
+        eprintln!(
+            "SIZES reader={} writer={} conn={} session={} ctl={}",
+            std::mem::size_of_val(&reader),
+            std::mem::size_of_val(&writer),
+            std::mem::size_of::<super::Conn>(),
+            std::mem::size_of::<crate::session::Session>(),
+            std::mem::size_of::<crate::session::ConnCtl>()
         );
         assert!(
             std::mem::size_of_val(&reader) <= 2048,
