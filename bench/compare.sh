@@ -9,6 +9,7 @@
 #
 # Environment knobs (defaults are the published method):
 #   REPEATS=3                          repetitions of the whole matrix (median is reported)
+#   RETRIES=2                          extra attempts for a cell that could not run (exit 2)
 #   BROKERS="tern mosquitto nats rumqttd"
 #   CELLS="q0 q1w1 q1w256 q2w1 q2w256 fanout conns"
 #   NO_INSTALL=1                       fail instead of installing missing brokers
@@ -20,6 +21,7 @@ BENCH="$ROOT/bench"
 CONFIGS="$BENCH/configs"
 RESULTS="$BENCH/results"
 REPEATS=${REPEATS:-3}
+RETRIES=${RETRIES:-2}
 BROKERS=${BROKERS:-"tern mosquitto nats rumqttd"}
 CELLS=${CELLS:-"q0 q1w1 q1w256 q2w1 q2w256 fanout conns"}
 RUMQTTD_VERSION=0.20.0
@@ -164,25 +166,38 @@ for rep in $(seq "$REPEATS"); do
     log "repetition $rep/$REPEATS: $name"
     for cell in $CELLS; do
       supports "$name" "$cell" || continue
-      if ! start_broker "$name"; then
-        printf '{"type":"run","broker":"%s","cell":"%s","rep":%s,"exit":2,"report":null}\n' "$name" "$cell" "$rep" >>"$OUT"
-        continue
-      fi
-      set +e
-      # shellcheck disable=SC2046
-      report=$("$TB" $(cell_args "$cell") --port "$(port_of "$name")" --broker-pid "$BROKER_PID" \
-        --json --quiet --timeout-s 180 2>"$WORK/err")
-      code=$?
-      set -e
-      [ -n "$report" ] || report=null
-      printf '{"type":"run","broker":"%s","cell":"%s","rep":%s,"exit":%s,"report":%s}\n' \
-        "$name" "$cell" "$rep" "$code" "$report" >>"$OUT"
-      if [ "$code" != 0 ]; then
-        log "  $cell: exit $code $(tr '\n' ' ' <"$WORK/err" | cut -c1-300)"
-      else
-        log "  $cell: ok"
-      fi
-      stop_broker
+      # A cell that could not run (exit 2: connection reset or closed mid-run, seen a few times
+      # while other heavy socket work shared the VM) is retried with a fresh broker, at most
+      # RETRIES times; the failed attempts stay in the results as type "attempt".
+      for attempt in $(seq 0 "$RETRIES"); do
+        if ! start_broker "$name"; then
+          report=null code=2
+        else
+          set +e
+          # shellcheck disable=SC2046
+          report=$("$TB" $(cell_args "$cell") --port "$(port_of "$name")" --broker-pid "$BROKER_PID" \
+            --json --quiet --timeout-s 180 2>"$WORK/err")
+          code=$?
+          set -e
+          stop_broker
+        fi
+        [ -n "$report" ] || report=null
+        if [ "$code" = 2 ] && [ "$attempt" -lt "$RETRIES" ]; then
+          log "  $cell: attempt $((attempt + 1)) could not run: $(tr '\n' ' ' <"$WORK/err" | cut -c1-200); retrying"
+          tail -5 "$WORK/$name.log" 2>/dev/null | sed 's/^/    broker log: /' >&2 || true
+          printf '{"type":"attempt","broker":"%s","cell":"%s","rep":%s,"exit":%s,"error":"%s"}\n' \
+            "$name" "$cell" "$rep" "$code" "$(tr '\n"\\' '   ' <"$WORK/err" | cut -c1-300)" >>"$OUT"
+          continue
+        fi
+        printf '{"type":"run","broker":"%s","cell":"%s","rep":%s,"exit":%s,"report":%s}\n' \
+          "$name" "$cell" "$rep" "$code" "$report" >>"$OUT"
+        if [ "$code" != 0 ]; then
+          log "  $cell: exit $code $(tr '\n' ' ' <"$WORK/err" | cut -c1-300)"
+        else
+          log "  $cell: ok"
+        fi
+        break
+      done
     done
   done
 done

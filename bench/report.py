@@ -31,7 +31,7 @@ TRAFFIC = ["q0", "q1w1", "q1w256", "q2w1", "q2w256", "fanout"]
 
 
 def load(path):
-    brokers, machine, runs = {}, {}, {}
+    brokers, machine, runs = {}, {"attempts": 0}, {}
     for line in Path(path).read_text().splitlines():
         if not line.strip():
             continue
@@ -40,6 +40,8 @@ def load(path):
             brokers[item["broker"]] = item
         elif item["type"] in ("machine", "machine_end"):
             machine.update(item)
+        elif item["type"] == "attempt":
+            machine["attempts"] += 1
         elif item["type"] == "run":
             runs.setdefault((item["broker"], item["cell"]), []).append(item)
     return brokers, machine, runs
@@ -123,6 +125,9 @@ def build(brokers, machine, runs):
         "Versions: " + ", ".join(brokers[b]["version"] or b for b in present) + ".",
         "",
     ]
+    if machine.get("attempts"):
+        lines += [f"{machine['attempts']} attempt(s) could not run (connection reset or closed mid-run) and "
+                  "were retried with a fresh broker; they are listed in the raw results.", ""]
     if not has_tern:
         lines += ["**Tern was not part of this run** (no ratios).", ""]
     else:
