@@ -9,6 +9,12 @@ pub struct Metrics {
     pub messages_received: AtomicU64,
     pub messages_sent: AtomicU64,
     pub messages_dropped: AtomicU64,
+    /// Of `messages_dropped`: QoS 0 refused because an online subscriber's outbound queue was
+    /// at its byte or message limit (a slow subscriber).
+    pub messages_dropped_queue_full: AtomicU64,
+    /// Subscribers disconnected because their queue stayed full past
+    /// `slow_subscriber_timeout_ms` (v5 DISCONNECT 0x97).
+    pub slow_subscribers_disconnected: AtomicU64,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub subscriptions: AtomicU64,

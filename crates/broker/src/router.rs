@@ -182,26 +182,32 @@ pub fn publish(shared: &Shared, message: Arc<Message>) {
 /// Pushes one delivery into a session's queue and wakes its writer.
 pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
     let qos = item.qos;
-    let (result, dropped_oldest) = {
+    let (result, dropped_oldest, online, first_kick) = {
         let mut state = session.state.lock();
         if state.ended {
             return;
         }
         let online = state.conn.is_some();
         let result = state.out.push(item, online, &shared.config, now);
+        let mut first_kick = false;
         if let Some(conn) = &state.conn {
             if result == PushResult::SlowSubscriber {
-                conn.kick(tern_wire::ReasonCode::QUOTA_EXCEEDED);
+                first_kick = conn.kick(tern_wire::ReasonCode::QUOTA_EXCEEDED);
             }
             // Waking under the lock saves an Arc clone per delivery; the wake only queues
             // the writer task.
             conn.wake.notify_one();
         }
-        (result, state.out.dropped_oldest)
+        (result, state.out.dropped_oldest, online, first_kick)
     };
     match result {
         PushResult::Queued => {}
-        PushResult::Dropped => Metrics::add(&shared.metrics.messages_dropped, 1),
+        PushResult::Dropped => {
+            Metrics::add(&shared.metrics.messages_dropped, 1);
+            if online {
+                Metrics::add(&shared.metrics.messages_dropped_queue_full, 1);
+            }
+        }
         PushResult::QueuedDroppedOldest => {
             Metrics::add(&shared.metrics.messages_dropped, 1);
             // Logged at 1, 2, 4, 8, ... drops per session: visible, never a flood.
@@ -212,8 +218,14 @@ pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant)
         PushResult::SlowSubscriber => {
             if qos == QoS::AtMostOnce {
                 Metrics::add(&shared.metrics.messages_dropped, 1);
+                Metrics::add(&shared.metrics.messages_dropped_queue_full, 1);
             }
-            tracing::warn!(client_id = %session.client_id, "slow subscriber disconnected");
+            if first_kick {
+                Metrics::add(&shared.metrics.slow_subscribers_disconnected, 1);
+            }
+            if first_kick {
+                tracing::warn!(client_id = %session.client_id, "slow subscriber disconnected");
+            }
         }
     }
 }

@@ -34,15 +34,18 @@ pub struct ConnCtl {
 
 impl ConnCtl {
     /// Asks the connection to close with `reason` (takeover 0x8E, slow subscriber 0x97, ...).
-    /// The first reason wins.
-    pub fn kick(&self, reason: ReasonCode) {
-        {
+    /// The first reason wins; true for that first call (counters count each kick once).
+    pub fn kick(&self, reason: ReasonCode) -> bool {
+        let first = {
             let mut slot = self.kick_reason.lock();
-            if slot.is_none() {
+            let first = slot.is_none();
+            if first {
                 *slot = Some(reason);
             }
-        }
+            first
+        };
         self.kick_notify.notify_one();
+        first
     }
 
     /// Resolves when [`ConnCtl::kick`] was called.
