@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# bench/fanout.sh — fan-out, idle memory and open-loop latency: Tern against mosquitto, nats-server
+# and rumqttd, on this machine, in one run.
+#
+# For each repetition, each broker is started fresh for every cell (loopback, configs from
+# bench/configs/ with the ports moved to 1983x so that a concurrent compare.sh run does not
+# collide), one tern-bench run is made against it, and it is stopped. Then the median of each
+# cell goes into a markdown table (absolute figures and ratios to Tern) at $OUT_MD
+# (default /work/notes/bench-fanout.md); the raw reports stay in $OUT_JSONL.
+#
+# Cells (MQTT 3.1.1, 64-byte payloads, one publisher):
+#   f<S>q<Q>   fan-out to S = 1, 100, 1000, 5000 subscribers at QoS Q = 0, 1 (closed loop; the
+#              publisher sends D / S messages so every cell makes about D deliveries)
+#   conns      10,000 idle connections: broker RSS growth / connections
+#   lat1       open loop, 1 pub -> 1 sub, QoS 1, $LAT1_RATE msg/s
+#   lat100     open loop, 1 pub -> 100 subs, QoS 0, $LAT100_RATE msg/s
+#
+# Knobs: REPEATS=3  BROKERS="tern mosquitto nats rumqttd"  CELLS="..."  Q0_DELIVERIES=1000000
+#        Q1_DELIVERIES=300000  LAT1_RATE=10000  LAT100_RATE=1000  LAT_S=5  CONNS_REPEATS=1
+#        CARGO_TARGET_DIR (default /work/target-fanout)  NO_BUILD=1
+# Whole run with the defaults: about 12-15 minutes on the 2-core VM.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CONFIGS="$ROOT/bench/configs"
+REPEATS=${REPEATS:-3}
+CONNS_REPEATS=${CONNS_REPEATS:-1}
+BROKERS=${BROKERS:-"tern mosquitto nats rumqttd"}
+CELLS=${CELLS:-"f1q0 f100q0 f1000q0 f5000q0 f1q1 f100q1 f1000q1 f5000q1 lat1 lat100 conns"}
+Q0_DELIVERIES=${Q0_DELIVERIES:-1000000}
+Q1_DELIVERIES=${Q1_DELIVERIES:-300000}
+LAT1_RATE=${LAT1_RATE:-10000}
+LAT100_RATE=${LAT100_RATE:-1000}
+LAT_S=${LAT_S:-5}
+OUT_MD=${OUT_MD:-/work/notes/bench-fanout.md}
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+OUT_JSONL=${OUT_JSONL:-/work/notes/bench-fanout-$STAMP.jsonl}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-fanout}
+export PATH="$PATH:$HOME/.cargo/bin:/usr/sbin"
+
+# 10,000 idle connections (and 5,000 subscribers) need descriptors in tern-bench and the broker.
+ulimit -n 20000 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt 11000 ]; then
+  echo "fanout.sh: ulimit -n is $(ulimit -n); the conns cell needs at least 11000" >&2
+  exit 2
+fi
+
+log() { printf '[fanout %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+for name in $BROKERS; do
+  case $name in nats) tool=nats-server ;; tern) continue ;; *) tool=$name ;; esac
+  command -v "$tool" >/dev/null || { log "missing $tool (bench/compare.sh installs it)"; exit 2; }
+done
+command -v python3 >/dev/null || { log "missing python3"; exit 2; }
+
+if [ -z "${NO_BUILD:-}" ]; then
+  log "building tern and tern-bench (release, CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+  cargo build --release -q -p tern -p tern-bench --manifest-path "$ROOT/Cargo.toml"
+fi
+TERN="$CARGO_TARGET_DIR/release/tern"
+TB="$CARGO_TARGET_DIR/release/tern-bench"
+
+# ---- brokers ---------------------------------------------------------------------------------
+WORK=$(mktemp -d /tmp/tern-fanout.XXXXXX)
+BROKER_PID=""
+stop_broker() {
+  if [ -n "$BROKER_PID" ] && kill -0 "$BROKER_PID" 2>/dev/null; then
+    kill -TERM "$BROKER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$BROKER_PID" 2>/dev/null || true
+  fi
+  [ -n "$BROKER_PID" ] && wait "$BROKER_PID" 2>/dev/null || true
+  BROKER_PID=""
+}
+cleanup() { stop_broker; rm -rf "$WORK"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port_of() {
+  case $1 in
+    tern) echo 19832 ;; mosquitto) echo 19831 ;; rumqttd) echo 19833 ;; nats) echo 19835 ;;
+  esac
+}
+
+# The shared configs with every port moved from 1883x/14222 to 1983x/24222.
+for f in tern.toml mosquitto.conf nats-server.conf rumqttd.toml; do
+  sed -e 's/1883\([0-9]\)/1983\1/g' -e 's/14222/24222/g' "$CONFIGS/$f" >"$WORK/$f"
+done
+
+start_broker() {
+  local name=$1 port
+  port=$(port_of "$name")
+  local logf="$WORK/$name.log"
+  case $name in
+    tern)
+      rm -rf "$WORK/tern-data"
+      "$TERN" serve --config "$WORK/tern.toml" --data-dir "$WORK/tern-data" --log warn >"$logf" 2>&1 &
+      ;;
+    mosquitto) mosquitto -c "$WORK/mosquitto.conf" >"$logf" 2>&1 & ;;
+    nats)
+      rm -rf "$WORK/nats-store" && mkdir -p "$WORK/nats-store"
+      sed -i "s#STORE_DIR#$WORK/nats-store#" "$WORK/nats-server.conf"
+      nats-server -c "$WORK/nats-server.conf" >"$logf" 2>&1 &
+      ;;
+    rumqttd) rumqttd -c "$WORK/rumqttd.toml" >"$logf" 2>&1 & ;;
+  esac
+  BROKER_PID=$!
+  for _ in $(seq 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      sleep 0.3
+      return 0
+    fi
+    kill -0 "$BROKER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  log "$name did not start listening on $port; its log:"
+  tail -20 "$logf" >&2
+  stop_broker
+  return 1
+}
+
+# ---- the matrix ------------------------------------------------------------------------------
+cell_args() {
+  case $1 in
+    f*q*)
+      local subs=${1#f} qos
+      qos=${subs#*q}
+      subs=${subs%q*}
+      local deliveries=$Q0_DELIVERIES
+      [ "$qos" = 0 ] || deliveries=$Q1_DELIVERIES
+      local n=$((deliveries / subs))
+      [ "$n" -ge 20 ] || n=20
+      echo "fanout --qos $qos --subscribers $subs -n $n --connect-concurrency 128 --drain-ms 2000"
+      ;;
+    lat1) echo "latency --qos 1 --rate $LAT1_RATE --duration-s $LAT_S --subscribers 1" ;;
+    lat100) echo "latency --qos 0 --rate $LAT100_RATE --duration-s $LAT_S --subscribers 100" ;;
+    conns) echo "conns -n 10000 --per-source 5000 --hold-s 2 --connect-concurrency 128" ;;
+  esac
+}
+
+: >"$OUT_JSONL"
+log "raw reports: $OUT_JSONL"
+printf '{"type":"machine","cpus":%s,"kernel":"%s","repeats":%s,"started":"%s","loadavg_start":"%s"}\n' \
+  "$(nproc)" "$(uname -r)" "$REPEATS" "$STAMP" "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT_JSONL"
+for rep in $(seq "$REPEATS"); do
+  for name in $BROKERS; do
+    log "repetition $rep/$REPEATS: $name"
+    for cell in $CELLS; do
+      [ "$cell" = conns ] && [ "$rep" -gt "$CONNS_REPEATS" ] && continue
+      if ! start_broker "$name"; then
+        printf '{"type":"run","broker":"%s","cell":"%s","rep":%s,"exit":2,"report":null}\n' "$name" "$cell" "$rep" >>"$OUT_JSONL"
+        continue
+      fi
+      set +e
+      # shellcheck disable=SC2046
+      report=$("$TB" $(cell_args "$cell") --port "$(port_of "$name")" --broker-pid "$BROKER_PID" \
+        --json --quiet --timeout-s 90 2>"$WORK/err")
+      code=$?
+      set -e
+      [ -n "$report" ] || report=null
+      printf '{"type":"run","broker":"%s","cell":"%s","rep":%s,"exit":%s,"report":%s}\n' \
+        "$name" "$cell" "$rep" "$code" "$report" >>"$OUT_JSONL"
+      [ "$code" = 0 ] && log "  $cell: ok" || log "  $cell: exit $code $(tr '\n' ' ' <"$WORK/err" | cut -c1-200)"
+      stop_broker
+    done
+  done
+done
+printf '{"type":"machine_end","loadavg_end":"%s","ended":"%s"}\n' \
+  "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%Y%m%dT%H%M%SZ)" >>"$OUT_JSONL"
+
+# ---- report ----------------------------------------------------------------------------------
+python3 - "$OUT_JSONL" "$OUT_MD" "$BROKERS" <<'PY'
+import json, statistics, sys
+
+src, dst, brokers = sys.argv[1], sys.argv[2], sys.argv[3].split()
+runs, machine, end = {}, {}, {}
+for line in open(src):
+    r = json.loads(line)
+    if r["type"] == "machine": machine = r
+    elif r["type"] == "machine_end": end = r
+    elif r["type"] == "run": runs.setdefault((r["broker"], r["cell"]), []).append(r)
+
+def med(broker, cell, get):
+    vals = []
+    for r in runs.get((broker, cell), []):
+        try:
+            v = get(r["report"])
+        except (TypeError, KeyError):
+            v = None
+        if v is not None: vals.append(v)
+    return statistics.median(vals) if vals else None
+
+def lost(broker, cell):
+    return max((r["report"] or {}).get("counts", {}).get("lost", 0) if r["report"] else 0
+               for r in runs.get((broker, cell), [{"report": None}]))
+
+def fails(broker, cell):
+    return sum(1 for r in runs.get((broker, cell), []) if r["exit"] != 0)
+
+def fmt(v, unit):
+    if v is None: return "n/a"
+    if unit == "rate": return f"{v/1e6:.2f} M/s" if v >= 1e6 else f"{v/1e3:.0f} k/s"
+    if unit == "us": return f"{v/1000:.2f} ms" if v >= 1000 else f"{v:.0f} µs"
+    if unit == "bytes": return f"{v/1024:.1f} KiB"
+    return str(v)
+
+def row(label, cell, get, unit, higher_better):
+    t = med("tern", cell, get)
+    cells = []
+    for b in brokers:
+        v = med(b, cell, get)
+        s = fmt(v, unit)
+        notes = []
+        if fails(b, cell): notes.append(f"{fails(b, cell)} failed")
+        if unit == "rate" and lost(b, cell): notes.append(f"lost {lost(b, cell)}")
+        if b != "tern" and v and t:
+            ratio = (v / t)
+            s += f" ({ratio:.2f}×)"
+        if notes: s += " [" + ", ".join(notes) + "]"
+        cells.append(s)
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+names = {"tern": "Tern", "mosquitto": "mosquitto", "nats": "nats-server", "rumqttd": "rumqttd"}
+out = []
+out.append("# Fan-out, idle memory and latency: Tern vs mosquitto, nats-server, rumqttd\n")
+out.append(f"`bench/fanout.sh` run {machine.get('started')} on {machine.get('cpus')} CPUs, kernel "
+           f"{machine.get('kernel')}, load average {machine.get('loadavg_start')} at start, "
+           f"{end.get('loadavg_end')} at end (shared VM). MQTT 3.1.1, 64-byte payloads, loopback, "
+           f"a fresh broker per cell, median of {machine.get('repeats')} runs. Ratios in "
+           f"parentheses are the broker's figure divided by Tern's.\n")
+head = "| cell | " + " | ".join(names.get(b, b) for b in brokers) + " |"
+sep = "|---|" + "---:|" * len(brokers)
+out.append("## Deliveries per second, 1 publisher → N subscribers (closed loop)\n")
+out += [head, sep]
+for q in (0, 1):
+    for s in (1, 100, 1000, 5000):
+        out.append(row(f"QoS {q}, {s} sub", f"f{s}q{q}", lambda r: r["delivered_per_s"], "rate", True))
+out.append("\n## p99 end-to-end latency in the same runs (saturated: queueing, not a latency test)\n")
+out += [head, sep]
+for q in (0, 1):
+    for s in (1, 100, 1000, 5000):
+        out.append(row(f"QoS {q}, {s} sub", f"f{s}q{q}", lambda r: r["e2e_latency"]["p99_us"], "us", False))
+out.append("\n## Open-loop latency at a fixed offered rate (p50 / p99)\n")
+out += [head, sep]
+for cell, label in (("lat1", "1 → 1, QoS 1"), ("lat100", "1 → 100, QoS 0")):
+    rate = None
+    for b in brokers:
+        rate = rate or med(b, cell, lambda r: r.get("offered_rate_per_s"))
+    out.append(row(f"{label}, {rate or '?'} msg/s, p50", cell, lambda r: r["e2e_latency"]["p50_us"], "us", False))
+    out.append(row(f"{label}, {rate or '?'} msg/s, p99", cell, lambda r: r["e2e_latency"]["p99_us"], "us", False))
+out.append("\n## Memory per idle connection (10,000 connections, RSS growth / connections)\n")
+out += [head, sep]
+out.append(row("bytes per idle connection", "conns", lambda r: r["broker_bytes_per_connection"], "bytes", False))
+out.append("")
+open(dst, "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
+log "table: $OUT_MD"
