@@ -136,7 +136,7 @@ cell_args() {
     q2w1) echo "pubsub --qos 2 --window 1 -n 15000" ;;
     q2w256) echo "pubsub --qos 2 --window 256 -n 150000" ;;
     fanout) echo "fanout --qos 0 --subscribers 1000 -n 500" ;;
-    conns) echo "conns -n 10000 --per-source 5000 --hold-s 2 --connect-concurrency 128" ;;
+    conns) echo "conns -n 10000 --first-source 127.0.1.1 --per-source 2500 --hold-s 2 --connect-concurrency 128" ;;
   esac
 }
 

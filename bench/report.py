@@ -139,7 +139,7 @@ def build(brokers, machine, runs):
     lines.append(row("QoS 0 messages dropped by the broker, %", "q0",
                      lambda r: 100.0 * r["counts"]["lost"] / max(r["counts"]["expected"], 1),
                      lambda v: "—" if v is None else f"{v:.1f}", False))
-    lines += ["", "**10,000 idle connections** (from 127.0.0.1 and 127.0.0.2)", "", header, rule]
+    lines += ["", "**10,000 idle connections** (2,500 from each of 127.0.1.1–127.0.1.4)", "", header, rule]
     lines.append(row("connections established", "conns", lambda r: r["established"], fmt_int))
     lines.append(row("connects per second", "conns", lambda r: r["connects_per_s"], fmt_int))
     lines.append(row("broker memory per connection, bytes", "conns", lambda r: r["broker_bytes_per_connection"], fmt_int, False))

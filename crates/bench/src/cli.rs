@@ -139,8 +139,10 @@ pub struct ConnsArgs {
     /// Connections per source address; the first is --first-source, then the next address.
     #[arg(long, default_value_t = 5_000)]
     pub per_source: u32,
-    /// First source address for the connections (127.0.0.x on loopback).
-    #[arg(long, default_value = "127.0.0.1")]
+    /// First source address for the connections (127.0.0.x on loopback). Not 127.0.0.1 by
+    /// default: every other loopback client on the machine draws its ephemeral ports there, and
+    /// its TIME_WAIT sockets would eat into ours.
+    #[arg(long, default_value = "127.0.0.2")]
     pub first_source: Ipv4Addr,
     /// Keep the connections open this long before reading memory and closing.
     #[arg(long, default_value_t = 3)]
