@@ -58,6 +58,14 @@ cargo build --release -q -p tern-bench
 TERN="$CARGO_TARGET_DIR/release/tern"
 TB="$CARGO_TARGET_DIR/release/tern-bench"
 
+# One comparison at a time on this machine (runs from other worktrees included): two would share
+# the ports and the cores, and each would measure the other.
+exec 9>/tmp/tern-bench-compare.lock
+if ! flock -n 9; then
+  log "another compare.sh holds /tmp/tern-bench-compare.lock; waiting for it (up to 30 min)"
+  flock -w 1800 9 || { log "gave up waiting for the lock"; exit 2; }
+fi
+
 # ---- brokers ---------------------------------------------------------------------------------
 WORK=$(mktemp -d /tmp/tern-compare.XXXXXX)
 BROKER_PID=""
@@ -89,10 +97,19 @@ version_of() {
   esac
 }
 
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 start_broker() {
   local name=$1 port
   port=$(port_of "$name")
   local logf="$WORK/$name.log"
+  # Someone else's broker on our port would answer the readiness probe and take our load
+  # (copies of this script in other worktrees use the same ports): wait for the port to be free.
+  for _ in $(seq 600); do port_open "$port" || break; sleep 0.1; done
+  if port_open "$port"; then
+    log "port $port is held by another process for 60 s; is another compare.sh running?"
+    return 1
+  fi
   case $name in
     tern)
       rm -rf "$WORK/tern-data"
@@ -112,9 +129,11 @@ start_broker() {
   esac
   BROKER_PID=$!
   for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    if port_open "$port"; then
       sleep 0.3
-      return 0
+      # The listener must be ours: a broker that lost the race for the port has exited by now.
+      kill -0 "$BROKER_PID" 2>/dev/null && return 0
+      break
     fi
     kill -0 "$BROKER_PID" 2>/dev/null || break
     sleep 0.1
