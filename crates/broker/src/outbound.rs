@@ -16,6 +16,16 @@
 //! - `queued_bytes` / `queued_reliable` always equal the sums over `queue`; QoS 0 is refused
 //!   past `outbound_queue_max_*`, QoS>0 past `max_queued_messages` drops the oldest QoS>0.
 //! - Packet ids in `inflight` are exactly those held by `packet_ids`.
+//!
+//! # Full queues (ARCHITECTURE §2.7)
+//! [`Outbound::push`] never blocks the publisher. Over `outbound_queue_max_bytes` /
+//! `outbound_queue_max_messages`, QoS 0 to an online session is refused (counted in
+//! `messages_dropped_queue_full`); QoS>0 is still queued for the session (bounded by
+//! `max_queued_messages`) and delivered as the subscriber catches up. That QoS>0 branch is the
+//! hand-off point to the durable store: for a persistent session the over-limit item need not be
+//! held in memory, the session's store cursor already describes it. A queue that stays over
+//! the limit for `slow_subscriber_timeout_ms` reports [`PushResult::SlowSubscriber`] and the
+//! router disconnects the subscriber (0x97, `slow_subscribers_disconnected`).
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};

@@ -398,6 +398,9 @@ mod tests {
             std::mem::size_of_val(&writer)
         );
         assert!(std::mem::size_of::<super::Conn>() <= 512);
+        // Both alias maps live in every connection's futures; empty they are a pointer.
+        assert!(std::mem::size_of::<crate::topic_alias::InboundAliases>() <= 16);
+        assert!(std::mem::size_of::<crate::topic_alias::OutboundAliases>() <= 16);
         assert!(std::mem::size_of::<crate::session::Session>() <= 512);
     }
 }
