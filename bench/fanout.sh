@@ -18,6 +18,8 @@
 # Knobs: REPEATS=3  BROKERS="tern mosquitto nats rumqttd"  CELLS="..."  Q0_DELIVERIES=1000000
 #        Q1_DELIVERIES=300000  LAT1_RATE=10000  LAT100_RATE=1000  LAT_S=5  CONNS_REPEATS=1
 #        CARGO_TARGET_DIR (default /work/target-fanout)  NO_BUILD=1
+#        REPORT_ONLY="a.jsonl b.jsonl"  only rebuild the table from earlier raw reports (runs of
+#                                       other latency rates add rows)
 # Whole run with the defaults: about 12-15 minutes on the 2-core VM.
 set -euo pipefail
 
@@ -53,6 +55,9 @@ for name in $BROKERS; do
 done
 command -v python3 >/dev/null || { log "missing python3"; exit 2; }
 
+if [ -n "${REPORT_ONLY:-}" ]; then
+  NO_BUILD=1
+fi
 if [ -z "${NO_BUILD:-}" ]; then
   log "building tern and tern-bench (release, CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
   cargo build --release -q -p tern -p tern-bench --manifest-path "$ROOT/Cargo.toml"
@@ -138,8 +143,14 @@ cell_args() {
   esac
 }
 
-: >"$OUT_JSONL"
-log "raw reports: $OUT_JSONL"
+if [ -n "${REPORT_ONLY:-}" ]; then
+  REPEATS=0
+  OUT_JSONL=$REPORT_ONLY
+else
+  : >"$OUT_JSONL"
+  log "raw reports: $OUT_JSONL"
+fi
+run_matrix() {
 printf '{"type":"machine","cpus":%s,"kernel":"%s","repeats":%s,"started":"%s","loadavg_start":"%s"}\n' \
   "$(nproc)" "$(uname -r)" "$REPEATS" "$STAMP" "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT_JSONL"
 for rep in $(seq "$REPEATS"); do
@@ -167,18 +178,27 @@ for rep in $(seq "$REPEATS"); do
 done
 printf '{"type":"machine_end","loadavg_end":"%s","ended":"%s"}\n' \
   "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%Y%m%dT%H%M%SZ)" >>"$OUT_JSONL"
+}
+[ -n "${REPORT_ONLY:-}" ] || run_matrix
 
 # ---- report ----------------------------------------------------------------------------------
-python3 - "$OUT_JSONL" "$OUT_MD" "$BROKERS" <<'PY'
+# shellcheck disable=SC2086
+python3 - "$OUT_MD" "$BROKERS" $OUT_JSONL <<'PY'
 import json, statistics, sys
 
-src, dst, brokers = sys.argv[1], sys.argv[2], sys.argv[3].split()
+dst, brokers, srcs = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 runs, machine, end = {}, {}, {}
-for line in open(src):
-    r = json.loads(line)
-    if r["type"] == "machine": machine = r
-    elif r["type"] == "machine_end": end = r
-    elif r["type"] == "run": runs.setdefault((r["broker"], r["cell"]), []).append(r)
+for src in srcs:
+    for line in open(src):
+        r = json.loads(line)
+        if r["type"] == "machine": machine = machine or r
+        elif r["type"] == "machine_end": end = r
+        elif r["type"] == "run":
+            cell = r["cell"]
+            rate = (r["report"] or {}).get("offered_rate_per_s")
+            if cell.startswith("lat") and rate:
+                cell = f"{cell}@{int(round(rate))}"
+            runs.setdefault((r["broker"], cell), []).append(r)
 
 def med(broker, cell, get):
     vals = []
@@ -200,7 +220,9 @@ def fails(broker, cell):
 def fmt(v, unit):
     if v is None: return "n/a"
     if unit == "rate": return f"{v/1e6:.2f} M/s" if v >= 1e6 else f"{v/1e3:.0f} k/s"
-    if unit == "us": return f"{v/1000:.2f} ms" if v >= 1000 else f"{v:.0f} µs"
+    if unit == "us":
+        if v >= 1e6: return f"{v/1e6:.2f} s"
+        return f"{v/1000:.2f} ms" if v >= 1000 else f"{v:.0f} µs"
     if unit == "bytes": return f"{v/1024:.1f} KiB"
     return str(v)
 
@@ -215,7 +237,7 @@ def row(label, cell, get, unit, higher_better):
         if unit == "rate" and lost(b, cell): notes.append(f"lost {lost(b, cell)}")
         if b != "tern" and v and t:
             ratio = (v / t)
-            s += f" ({ratio:.2f}×)"
+            s += f" ({ratio:.2f}×)" if ratio < 100 else f" ({ratio:.0f}×)"
         if notes: s += " [" + ", ".join(notes) + "]"
         cells.append(s)
     return f"| {label} | " + " | ".join(cells) + " |"
@@ -242,12 +264,15 @@ for q in (0, 1):
         out.append(row(f"QoS {q}, {s} sub", f"f{s}q{q}", lambda r: r["e2e_latency"]["p99_us"], "us", False))
 out.append("\n## Open-loop latency at a fixed offered rate (p50 / p99)\n")
 out += [head, sep]
-for cell, label in (("lat1", "1 → 1, QoS 1"), ("lat100", "1 → 100, QoS 0")):
-    rate = None
-    for b in brokers:
-        rate = rate or med(b, cell, lambda r: r.get("offered_rate_per_s"))
-    out.append(row(f"{label}, {rate or '?'} msg/s, p50", cell, lambda r: r["e2e_latency"]["p50_us"], "us", False))
-    out.append(row(f"{label}, {rate or '?'} msg/s, p99", cell, lambda r: r["e2e_latency"]["p99_us"], "us", False))
+lat_cells = sorted({c for (_, c) in runs if c.startswith("lat")},
+                   key=lambda c: (c.split("@")[0], int(c.split("@")[1]) if "@" in c else 0))
+labels = {"lat1": "1 → 1, QoS 1", "lat100": "1 → 100, QoS 0"}
+for cell in lat_cells:
+    base, _, rate = cell.partition("@")
+    label = f"{labels.get(base, base)}, {rate or '?'} msg/s"
+    out.append(row(f"{label}, p50", cell, lambda r: r["e2e_latency"]["p50_us"], "us", False))
+    out.append(row(f"{label}, p99", cell, lambda r: r["e2e_latency"]["p99_us"], "us", False))
+    out.append(row(f"{label}, delivered (kept up?)", cell, lambda r: r["delivered_per_s"], "rate", True))
 out.append("\n## Memory per idle connection (10,000 connections, RSS growth / connections)\n")
 out += [head, sep]
 out.append(row("bytes per idle connection", "conns", lambda r: r["broker_bytes_per_connection"], "bytes", False))
