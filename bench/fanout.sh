@@ -6,7 +6,7 @@
 # bench/configs/ with the ports moved to 1983x so that a concurrent compare.sh run does not
 # collide), one tern-bench run is made against it, and it is stopped. Then the median of each
 # cell goes into a markdown table (absolute figures and ratios to Tern) at $OUT_MD
-# (default /work/notes/bench-fanout.md); the raw reports stay in $OUT_JSONL.
+# (default bench/results/fanout.md, ignored by git; copy the tables into BENCHMARKS.md); the raw reports stay in $OUT_JSONL.
 #
 # Cells (MQTT 3.1.1, 64-byte payloads, one publisher):
 #   f<S>q<Q>   fan-out to S = 1, 100, 1000, 5000 subscribers at QoS Q = 0, 1 (closed loop; the
@@ -17,7 +17,7 @@
 #
 # Knobs: REPEATS=3  BROKERS="tern mosquitto nats rumqttd"  CELLS="..."  Q0_DELIVERIES=1000000
 #        Q1_DELIVERIES=300000  LAT1_RATE=10000  LAT100_RATE=1000  LAT_S=5  CONNS_REPEATS=1
-#        CARGO_TARGET_DIR (default /work/target-fanout)  NO_BUILD=1
+#        CARGO_TARGET_DIR (default target/ of the repository)  NO_BUILD=1
 #        REPORT_ONLY="a.jsonl b.jsonl"  only rebuild the table from earlier raw reports (runs of
 #                                       other latency rates add rows)
 # Whole run with the defaults: about 12-15 minutes on the 2-core VM.
@@ -34,10 +34,10 @@ Q1_DELIVERIES=${Q1_DELIVERIES:-300000}
 LAT1_RATE=${LAT1_RATE:-10000}
 LAT100_RATE=${LAT100_RATE:-1000}
 LAT_S=${LAT_S:-5}
-OUT_MD=${OUT_MD:-/work/notes/bench-fanout.md}
+OUT_MD=${OUT_MD:-$ROOT/bench/results/fanout.md}
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
-OUT_JSONL=${OUT_JSONL:-/work/notes/bench-fanout-$STAMP.jsonl}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-fanout}
+OUT_JSONL=${OUT_JSONL:-$ROOT/bench/results/fanout-$STAMP.jsonl}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 export PATH="$PATH:$HOME/.cargo/bin:/usr/sbin"
 
 # 10,000 idle connections (and 5,000 subscribers) need descriptors in tern-bench and the broker.
@@ -147,6 +147,7 @@ if [ -n "${REPORT_ONLY:-}" ]; then
   REPEATS=0
   OUT_JSONL=$REPORT_ONLY
 else
+  mkdir -p "$(dirname "$OUT_JSONL")" "$(dirname "$OUT_MD")"
   : >"$OUT_JSONL"
   log "raw reports: $OUT_JSONL"
 fi
