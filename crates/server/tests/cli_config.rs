@@ -1,4 +1,4 @@
-//! The command line and the config file (contract: /work/notes/server-contract.md): help and
+//! The command line and the config file (`tern serve --help`, docs/ARCHITECTURE.md §6): help and
 //! version output, `tern listening on ADDR`, exit code 2 with the offending key named, flags
 //! overriding the file.
 

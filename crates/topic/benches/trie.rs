@@ -1,5 +1,5 @@
 //! Matching, subscribing and unsubscribing against a trie of 100,000 subscriptions with
-//! realistic shapes. Results and the command are recorded in /work/notes/bench-topic.md.
+//! realistic shapes. Results and the command are recorded in BENCHMARKS.md.
 //!
 //! Times are the benchmark thread's CPU time by default, not wall time: the machine is a
 //! shared 2-core VM where other builds otherwise inflate results several-fold. Set

@@ -3,7 +3,7 @@
 //! Used for a node's literal children. Trie nodes are numerous and most have one or two
 //! children, so a hash table per node would cost memory and hashing time for nothing; a
 //! few nodes (`site/{n}/device` with 1,000 devices) are wide and need O(1) lookup. The
-//! crossover was chosen with `benches/trie.rs` (see /work/notes/bench-topic.md).
+//! crossover was chosen with `benches/trie.rs` (see BENCHMARKS.md).
 //!
 //! # Invariants
 //! - Keys are unique in both representations.
