@@ -18,6 +18,8 @@ pub enum Command {
     /// Run the MQTT broker until SIGINT or SIGTERM.
     #[command(after_help = CONFIG_HELP)]
     Serve(ServeArgs),
+    /// Load generator against any MQTT broker: pubsub, fanout, conns, latency.
+    Bench(tern_bench::Args),
 }
 
 /// The config file keys, shown by `tern serve --help`.

@@ -1,4 +1,5 @@
 //! The `tern` binary: `tern serve` runs the broker (crate tern-broker) on a TCP listener.
+//! `tern bench` runs the load generator (crate tern-bench).
 //! - `cli`: the command line; `config_file`: the TOML file; `signals`: SIGINT/SIGTERM.
 
 mod cli;
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Bench(args) => tern_bench::run(args),
     }
 }
 
