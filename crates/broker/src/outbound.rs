@@ -257,6 +257,26 @@ impl Outbound {
         true
     }
 
+    /// The store position of the in-flight message `packet_id`, if it was stored.
+    pub fn stored_ref(&self, packet_id: u16) -> Option<crate::persist::StoreRef> {
+        self.inflight
+            .iter()
+            .find(|e| e.packet_id == packet_id)
+            .and_then(|e| e.item.message.store_ref())
+    }
+
+    /// Appends the store positions of every stored message this session still holds (in
+    /// flight or queued) to `out`, for its durable cursor.
+    pub fn held(&self, out: &mut crate::persist::HeldSeqs) {
+        let refs = self
+            .inflight
+            .iter()
+            .map(|e| &e.item)
+            .chain(self.queue.iter())
+            .filter_map(|o| o.message.store_ref());
+        out.extend(refs.map(|r| (r.stream, r.seq)));
+    }
+
     pub fn on_pubcomp(&mut self, packet_id: u16) -> Option<Inflight> {
         self.remove_inflight(packet_id, |e| e.phase == Phase::PubRelPending)
     }
@@ -354,7 +374,17 @@ impl Outbound {
             let packet_id = if item.qos == QoS::AtMostOnce {
                 0
             } else {
-                let Some(packet_id) = self.packet_ids.allocate() else {
+                // A stored message always goes out under the id derived from its place in the
+                // store, so a resend after a restart carries the id the subscriber saw. If
+                // that id is still in flight, the queue waits (order is kept).
+                let id = match item.message.store_ref() {
+                    Some(stored) => {
+                        let id = stored.packet_id();
+                        self.packet_ids.take(id).then_some(id)
+                    }
+                    None => self.packet_ids.allocate(),
+                };
+                let Some(packet_id) = id else {
                     // Unreachable while the window is respected; keep the message.
                     self.queued_bytes += item.message.approx_len();
                     self.queued_reliable += 1;

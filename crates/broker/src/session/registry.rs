@@ -138,9 +138,12 @@ pub fn attach(shared: &Shared, request: AttachRequest<'_>) -> Attached {
     session.set_online(true);
     drop(sessions);
     if request.expiry_interval_s > 0 {
-        shared
-            .store
-            .session_opened(request.client_id, request.expiry_interval_s);
+        shared.store.session_opened(
+            request.client_id,
+            request.protocol,
+            request.expiry_interval_s,
+            !session_present,
+        );
     }
     Attached {
         session,

@@ -1,0 +1,814 @@
+//! [`DurableStore`]: the [`MessageStore`] over `tern-store` (ARCHITECTURE §3–§5).
+//!
+//! # On-disk schema (one `tern-store` directory, `--data-dir`)
+//! Message streams (configured; default one stream `messages` capturing every topic):
+//! - a message record per stored PUBLISH: topic = the MQTT topic, properties = QoS, retain,
+//!   publisher and MQTT 5 properties ([`codec::encode_meta`]), payload = the payload;
+//! - `$tern/rx/{client}` (payload: packet id, u16 BE): "(session, pi) received", appended in
+//!   the **same batch** as its QoS 2 message, so both are durable together or not at all;
+//! - `$tern/rel/{client}` (payload: the sequence of the rx record it releases, u64 BE):
+//!   appended on PUBREL, in the rx record's stream; PUBCOMP leaves once it is durable;
+//! - `$tern/reset/{client}` (empty): a persistent session started afresh or ended; earlier rx
+//!   records of that client in this stream are void.
+//!
+//! Clients cannot publish under `$tern/` and session replay skips it. State streams (keyed,
+//! compacted `KvStream`s; their sync policy is the first message stream's):
+//! - `tern.sessions`: client id → protocol, expiry, subscriptions ([`codec::SessionRecord`]);
+//! - `tern.cursors`: client id → per message stream, the sequence below which every record
+//!   its filters match was completed ([`codec::encode_positions`]);
+//! - `tern.outbound`: client id ++ `\0` ++ packet id → position of an outbound QoS 2 message
+//!   whose PUBREC arrived ("PUBREL pending"); deleted on PUBCOMP;
+//! - `tern.retained`: topic → meta length (u32 BE) ++ meta ++ payload; cleared = deleted.
+//!
+//! A persistent session's queued messages are not copied: at start-up they are the records
+//! after its cursor that its (non-shared) filters match, minus those PUBREL-pending.
+//!
+//! # Invariants
+//! - Cursor safety: the cursor written for a session is `min(floor, held)` where `floor` is the
+//!   lowest sequence appended but not yet routed (or the next sequence), read **before** the
+//!   session's held messages are listed; a message leaves the unrouted set only after it was
+//!   pushed to every target session. So no matching record below a cursor is still owed.
+//! - Every delivery of a stored message uses [`StoreRef::packet_id`], so a resend after a crash
+//!   carries the packet id the subscriber may already hold (exactly once outbound).
+//! - The unrouted lock is held across the append, so the set and `next_seq` never miss a
+//!   sequence that a concurrent checkpoint could pass.
+
+pub mod codec;
+pub mod config;
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::path::Path;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tern_store::{FilterSet, KvStream, NewRecord, Store, StoreError, Stream, StreamConfig};
+use tern_wire::{Protocol, QoS, SubscriptionOptions};
+
+pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, SessionLimits, StreamSpec};
+
+use crate::message::Message;
+use crate::persist::{
+    HeldSeqs, MessageStore, PersistError, Recovered, StoreRef, StoredInflight, StoredSession,
+    Ticket,
+};
+use crate::session::SubRecord;
+use codec::SessionRecord;
+
+const RX_PREFIX: &str = "$tern/rx/";
+const REL_PREFIX: &str = "$tern/rel/";
+const RESET_PREFIX: &str = "$tern/reset/";
+/// Records read per `read_from` call while recovering.
+const RECOVERY_READ_RECORDS: usize = 4096;
+const RECOVERY_READ_BYTES: usize = 8 * 1024 * 1024;
+
+struct Unrouted {
+    seqs: BTreeSet<u64>,
+    next_seq: u64,
+}
+
+struct Slot {
+    spec: StreamSpec,
+    filters: FilterSet,
+    stream: Stream,
+    unrouted: Mutex<Unrouted>,
+}
+
+/// The durable store of a broker (see the module doc for the schema).
+pub struct DurableStore {
+    slots: Vec<Slot>,
+    sessions: KvStream,
+    cursors: KvStream,
+    outbound: KvStream,
+    retained: KvStream,
+    /// Persistent sessions as last written to `tern.sessions`.
+    mirror: Mutex<HashMap<String, SessionRecord>>,
+    /// Inbound QoS 2: client → packet id → its rx record.
+    rx: Mutex<HashMap<String, HashMap<u16, StoreRef>>>,
+    /// Keys of `tern.outbound` that exist.
+    pubrel_keys: Mutex<HashSet<Vec<u8>>>,
+    /// Cursors as last written, per client.
+    written_cursors: Mutex<HashMap<String, Vec<u64>>>,
+    limits: config::SessionLimits,
+    _store: Store,
+}
+
+fn io_error(e: StoreError) -> PersistError {
+    PersistError(e.to_string())
+}
+
+fn outbound_key(client_id: &str, packet_id: u16) -> Vec<u8> {
+    let mut k = Vec::with_capacity(client_id.len() + 3);
+    k.extend_from_slice(client_id.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&packet_id.to_be_bytes());
+    k
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn report_damage(stream: &Stream) {
+    let report = stream.recovery_report();
+    if report.truncated_bytes > 0 {
+        tracing::warn!(
+            stream = stream.name(),
+            truncated_bytes = report.truncated_bytes,
+            lost = ?report.lost,
+            "torn tail truncated at start-up"
+        );
+    }
+    for c in &report.quarantined {
+        tracing::error!(stream = stream.name(), damage = ?c, "damaged block quarantined; serving the rest");
+    }
+}
+
+impl DurableStore {
+    /// Opens (creating if needed) the store in `dir` and the configured streams, reporting any
+    /// damage found by recovery in the log.
+    pub fn open(dir: &Path, config: DurableConfig) -> Result<DurableStore, StoreError> {
+        config.validate().map_err(StoreError::InvalidConfig)?;
+        let store = Store::open(dir)?;
+        let mut slots = Vec::with_capacity(config.streams.len());
+        for spec in &config.streams {
+            let stream = store.stream(&spec.name, spec.store.clone())?;
+            report_damage(&stream);
+            let next_seq = stream.info().last_seq.map_or(1, |s| s + 1);
+            slots.push(Slot {
+                filters: FilterSet::new(spec.filters.iter()),
+                spec: spec.clone(),
+                stream,
+                unrouted: Mutex::new(Unrouted {
+                    seqs: BTreeSet::new(),
+                    next_seq,
+                }),
+            });
+        }
+        let state = StreamConfig {
+            sync: config.state_sync(),
+            block_size_bytes: 1024 * 1024,
+            ..StreamConfig::default()
+        };
+        let kv = |name: &str| -> Result<KvStream, StoreError> {
+            let kv = store.kv(name, state.clone())?;
+            report_damage(kv.stream());
+            Ok(kv)
+        };
+        Ok(DurableStore {
+            sessions: kv("tern.sessions")?,
+            cursors: kv("tern.cursors")?,
+            outbound: kv("tern.outbound")?,
+            retained: kv("tern.retained")?,
+            slots,
+            mirror: Mutex::new(HashMap::new()),
+            rx: Mutex::new(HashMap::new()),
+            pubrel_keys: Mutex::new(HashSet::new()),
+            written_cursors: Mutex::new(HashMap::new()),
+            limits: config.sessions,
+            _store: store,
+        })
+    }
+
+    /// The message streams, in configuration order.
+    pub fn streams(&self) -> impl Iterator<Item = &Stream> {
+        self.slots.iter().map(|s| &s.stream)
+    }
+
+    fn slot_for(&self, topic: &str) -> Option<(usize, &Slot)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.filters.matches(topic.as_bytes()))
+    }
+
+    fn floors(&self) -> Vec<u64> {
+        self.slots
+            .iter()
+            .map(|s| {
+                let u = s.unrouted.lock();
+                u.seqs.first().copied().unwrap_or(u.next_seq)
+            })
+            .collect()
+    }
+
+    fn put_session(&self, client_id: &str, record: &SessionRecord) {
+        if let Err(error) = self.sessions.put(client_id.as_bytes(), &record.encode()) {
+            tracing::error!(%error, client_id, "cannot write session state");
+        }
+    }
+
+    fn write_cursor(&self, client_id: &str, cursor: &[u64]) {
+        let positions: Vec<(&str, u64)> = self
+            .slots
+            .iter()
+            .zip(cursor)
+            .map(|(s, &c)| (s.spec.name.as_str(), c))
+            .collect();
+        if let Err(error) = self
+            .cursors
+            .put(client_id.as_bytes(), &codec::encode_positions(&positions))
+        {
+            tracing::error!(%error, client_id, "cannot write session cursor");
+        }
+    }
+
+    /// "Earlier rx records of this client are void", in every stream that may hold some.
+    fn reset_rx(&self, client_id: &str) {
+        let topic = format!("{RESET_PREFIX}{client_id}");
+        for slot in &self.slots {
+            if slot.spec.durability == Durability::Never {
+                continue;
+            }
+            if let Err(error) = slot.stream.append(topic.as_bytes(), &[], &[]) {
+                tracing::error!(%error, client_id, "cannot write session reset");
+            }
+        }
+    }
+}
+
+impl MessageStore for DurableStore {
+    fn append_publish(
+        &self,
+        client_id: &str,
+        message: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Option<Ticket> {
+        let (index, slot) = self.slot_for(&message.topic)?;
+        let write = match slot.spec.durability {
+            Durability::Never => false,
+            Durability::Default => message.qos != QoS::AtMostOnce,
+            Durability::Always => true,
+        };
+        if !write {
+            return None;
+        }
+        let mut meta = Vec::with_capacity(16);
+        codec::encode_meta(message, &mut meta);
+        let record = NewRecord {
+            topic: message.topic.as_bytes(),
+            properties: &meta,
+            payload: &message.payload,
+            time_ns: None,
+        };
+        let mut unrouted = slot.unrouted.lock();
+        let result = match qos2_packet_id {
+            Some(packet_id) => {
+                let rx_topic = format!("{RX_PREFIX}{client_id}");
+                let pi = packet_id.to_be_bytes();
+                slot.stream.append_batch(&[
+                    record,
+                    NewRecord {
+                        topic: rx_topic.as_bytes(),
+                        payload: &pi,
+                        ..NewRecord::default()
+                    },
+                ])
+            }
+            None => slot.stream.append_batch(&[record]),
+        };
+        let ticket = match result {
+            Ok(ticket) => ticket,
+            Err(error) => {
+                drop(unrouted);
+                return Some(Ticket::failed(io_error(error)));
+            }
+        };
+        let seq = ticket.first_seq();
+        unrouted.seqs.insert(seq);
+        unrouted.next_seq = ticket.seq() + 1;
+        drop(unrouted);
+        let stream = index as u16;
+        let _ = message.stored.set(StoreRef { stream, seq });
+        if let Some(packet_id) = qos2_packet_id {
+            let rx_ref = StoreRef {
+                stream,
+                seq: ticket.seq(),
+            };
+            let mut rx = self.rx.lock();
+            match rx.get_mut(client_id) {
+                Some(m) => {
+                    m.insert(packet_id, rx_ref);
+                }
+                None => {
+                    rx.insert(client_id.to_string(), HashMap::from([(packet_id, rx_ref)]));
+                }
+            }
+        }
+        Some(Ticket::from_store(ticket))
+    }
+
+    fn message_released(&self, message: &Message) {
+        if let Some(stored) = message.store_ref() {
+            if let Some(slot) = self.slots.get(usize::from(stored.stream)) {
+                slot.unrouted.lock().seqs.remove(&stored.seq);
+            }
+        }
+    }
+
+    fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        let rx_ref = self.rx.lock().get_mut(client_id)?.remove(&packet_id)?;
+        let slot = self.slots.get(usize::from(rx_ref.stream))?;
+        let topic = format!("{REL_PREFIX}{client_id}");
+        Some(
+            match slot
+                .stream
+                .append(topic.as_bytes(), &[], &rx_ref.seq.to_be_bytes())
+            {
+                Ok(ticket) => Ticket::from_store(ticket),
+                Err(error) => Ticket::failed(io_error(error)),
+            },
+        )
+    }
+
+    fn outbound_pubrel_pending(
+        &self,
+        client_id: &str,
+        packet_id: u16,
+        stored: Option<StoreRef>,
+    ) -> Option<Ticket> {
+        // Only a session that survives a restart needs to remember it.
+        if !self.mirror.lock().contains_key(client_id) {
+            return None;
+        }
+        let positions: Vec<(&str, u64)> = stored
+            .and_then(|r| {
+                self.slots
+                    .get(usize::from(r.stream))
+                    .map(|s| (s.spec.name.as_str(), r.seq))
+            })
+            .into_iter()
+            .collect();
+        let key = outbound_key(client_id, packet_id);
+        let result = self
+            .outbound
+            .put(&key, &codec::encode_positions(&positions));
+        self.pubrel_keys.lock().insert(key);
+        Some(match result {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => Ticket::failed(io_error(error)),
+        })
+    }
+
+    fn outbound_completed(&self, client_id: &str, packet_id: u16) {
+        let key = outbound_key(client_id, packet_id);
+        if self.pubrel_keys.lock().remove(&key) {
+            // Not waited for: a lost delete only makes a restart resend a harmless PUBREL.
+            if let Err(error) = self.outbound.delete(&key) {
+                tracing::warn!(%error, client_id, "cannot clear PUBREL-pending state");
+            }
+        }
+    }
+
+    fn session_opened(
+        &self,
+        client_id: &str,
+        protocol: Protocol,
+        expiry_interval_s: u32,
+        fresh: bool,
+    ) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let record = mirror.entry(client_id.to_string()).or_default();
+            if fresh {
+                record.subscriptions.clear();
+            }
+            record.protocol_level = protocol.level();
+            record.expiry_interval_s = expiry_interval_s;
+            record.clone()
+        };
+        if fresh {
+            self.rx.lock().remove(client_id);
+            self.reset_rx(client_id);
+            let floors = self.floors();
+            self.write_cursor(client_id, &floors);
+            self.written_cursors
+                .lock()
+                .insert(client_id.to_string(), floors);
+        }
+        self.put_session(client_id, &record);
+    }
+
+    fn session_ended(&self, client_id: &str) {
+        let had_rx = self
+            .rx
+            .lock()
+            .remove(client_id)
+            .is_some_and(|m| !m.is_empty());
+        let persistent = self.mirror.lock().remove(client_id).is_some();
+        if !persistent {
+            return;
+        }
+        self.written_cursors.lock().remove(client_id);
+        let _ = self.sessions.delete(client_id.as_bytes());
+        let _ = self.cursors.delete(client_id.as_bytes());
+        let keys: Vec<Vec<u8>> = {
+            let mut all = self.pubrel_keys.lock();
+            let mine: Vec<Vec<u8>> = all
+                .iter()
+                .filter(|k| k.len() == client_id.len() + 3 && k.starts_with(client_id.as_bytes()))
+                .cloned()
+                .collect();
+            for k in &mine {
+                all.remove(k);
+            }
+            mine
+        };
+        for k in keys {
+            let _ = self.outbound.delete(&k);
+        }
+        if had_rx {
+            self.reset_rx(client_id);
+        }
+    }
+
+    fn session_subscribed(
+        &self,
+        client_id: &str,
+        filter: &str,
+        options: SubscriptionOptions,
+        subscription_id: Option<u32>,
+    ) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let Some(record) = mirror.get_mut(client_id) else {
+                return;
+            };
+            let sub = SubRecord {
+                options,
+                subscription_id,
+            };
+            match record.subscriptions.iter_mut().find(|(f, _)| f == filter) {
+                Some(existing) => existing.1 = sub,
+                None => record.subscriptions.push((filter.to_string(), sub)),
+            }
+            record.clone()
+        };
+        self.put_session(client_id, &record);
+    }
+
+    fn session_unsubscribed(&self, client_id: &str, filter: &str) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let Some(record) = mirror.get_mut(client_id) else {
+                return;
+            };
+            record.subscriptions.retain(|(f, _)| f != filter);
+            record.clone()
+        };
+        self.put_session(client_id, &record);
+    }
+
+    fn retained_changed(&self, topic: &str, message: Option<&Message>) {
+        let result = match message {
+            Some(m) => self
+                .retained
+                .put(topic.as_bytes(), &codec::encode_retained(m)),
+            None => self.retained.delete(topic.as_bytes()),
+        };
+        if let Err(error) = result {
+            tracing::error!(%error, topic, "cannot write retained message");
+        }
+    }
+
+    fn recover(&self) -> Recovered {
+        match recover(self) {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::error!(%error, "cannot read the store's state; starting without it");
+                Recovered::default()
+            }
+        }
+    }
+
+    fn checkpoint_floors(&self) -> Vec<u64> {
+        self.floors()
+    }
+
+    fn checkpoint(&self, client_id: &str, floors: &[u64], held: &HeldSeqs) {
+        if !self.mirror.lock().contains_key(client_id) {
+            return;
+        }
+        let mut cursor = floors.to_vec();
+        for &(stream, seq) in held {
+            if let Some(c) = cursor.get_mut(usize::from(stream)) {
+                *c = (*c).min(seq);
+            }
+        }
+        {
+            let mut written = self.written_cursors.lock();
+            if written.get(client_id) == Some(&cursor) {
+                return;
+            }
+            written.insert(client_id.to_string(), cursor.clone());
+        }
+        self.write_cursor(client_id, &cursor);
+    }
+}
+
+/// Builds the broker's state from the store (see the module doc).
+fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
+    let max_pending = store.limits.max_pending_per_session;
+    let all = FilterSet::all();
+    let mut records: HashMap<String, SessionRecord> = HashMap::new();
+    for (key, value) in store.sessions.entries(&all)? {
+        let Ok(client) = std::str::from_utf8(&key) else {
+            continue;
+        };
+        match SessionRecord::decode(&value) {
+            Some(r) => {
+                records.insert(client.to_string(), r);
+            }
+            None => tracing::error!(client_id = client, "undecodable session record skipped"),
+        }
+    }
+    let mut cursors: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    for (key, value) in store.cursors.entries(&all)? {
+        if let (Ok(client), Some(pos)) =
+            (std::str::from_utf8(&key), codec::decode_positions(&value))
+        {
+            cursors.insert(client.to_string(), pos.into_iter().collect());
+        }
+    }
+    let name_index: HashMap<&str, u16> = store
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.spec.name.as_str(), i as u16))
+        .collect();
+    // client → packet id → position of the PUBREL-pending message.
+    let mut pubrel: HashMap<String, Vec<(u16, Option<StoreRef>)>> = HashMap::new();
+    for (key, value) in store.outbound.entries(&all)? {
+        if key.len() < 3 || key[key.len() - 3] != 0 {
+            continue;
+        }
+        let (client, pi) = key.split_at(key.len() - 3);
+        let Ok(client) = std::str::from_utf8(client) else {
+            continue;
+        };
+        let packet_id = u16::from_be_bytes([pi[1], pi[2]]);
+        let position = codec::decode_positions(&value)
+            .and_then(|p| p.into_iter().next())
+            .and_then(|(name, seq)| {
+                name_index
+                    .get(name.as_str())
+                    .map(|&stream| StoreRef { stream, seq })
+            });
+        pubrel
+            .entry(client.to_string())
+            .or_default()
+            .push((packet_id, position));
+        store.pubrel_keys.lock().insert(key.to_vec());
+    }
+
+    // Inbound QoS 2 received sets from the control records of every stream, in order.
+    let control = FilterSet::new(["$tern/#"]);
+    let mut rx: HashMap<String, HashMap<u16, StoreRef>> = HashMap::new();
+    for (index, slot) in store.slots.iter().enumerate() {
+        let stream = index as u16;
+        let last_seq = slot.stream.info().last_seq.unwrap_or(0);
+        let mut from = 1;
+        loop {
+            let batch = slot.stream.read_from(
+                from,
+                &control,
+                RECOVERY_READ_RECORDS,
+                RECOVERY_READ_BYTES,
+            )?;
+            for r in &batch.records {
+                let Ok(topic) = std::str::from_utf8(&r.topic) else {
+                    continue;
+                };
+                if let Some(client) = topic.strip_prefix(RX_PREFIX) {
+                    if let [a, b] = r.payload[..] {
+                        rx.entry(client.to_string())
+                            .or_default()
+                            .insert(u16::from_be_bytes([a, b]), StoreRef { stream, seq: r.seq });
+                    }
+                } else if let Some(client) = topic.strip_prefix(REL_PREFIX) {
+                    if let Ok(bytes) = <[u8; 8]>::try_from(&r.payload[..]) {
+                        let rx_seq = u64::from_be_bytes(bytes);
+                        if let Some(m) = rx.get_mut(client) {
+                            m.retain(|_, p| !(p.stream == stream && p.seq == rx_seq));
+                        }
+                    }
+                } else if let Some(client) = topic.strip_prefix(RESET_PREFIX) {
+                    if let Some(m) = rx.get_mut(client) {
+                        m.retain(|_, p| p.stream != stream);
+                    }
+                }
+            }
+            if batch.next_seq <= from || batch.next_seq > last_seq {
+                break;
+            }
+            from = batch.next_seq;
+        }
+    }
+    rx.retain(|client, _| records.contains_key(client));
+
+    let now = now_ns();
+    let mut sessions = Vec::with_capacity(records.len());
+    for (client, record) in &records {
+        let client_cursors = cursors.get(client);
+        let mut pending_refs: HashSet<StoreRef> = HashSet::new();
+        let mut pubrel_pending = Vec::new();
+        let mut cursor_of = Vec::new();
+        for slot in &store.slots {
+            cursor_of.push(
+                client_cursors
+                    .and_then(|c| c.get(&slot.spec.name))
+                    .copied()
+                    .unwrap_or(1),
+            );
+        }
+        for &(packet_id, position) in pubrel.get(client).map(Vec::as_slice).unwrap_or(&[]) {
+            let stale = position.is_some_and(|p| {
+                p.seq < cursor_of.get(usize::from(p.stream)).copied().unwrap_or(1)
+            });
+            if stale {
+                let key = outbound_key(client, packet_id);
+                store.pubrel_keys.lock().remove(&key);
+                let _ = store.outbound.delete(&key);
+                continue;
+            }
+            if let Some(p) = position {
+                pending_refs.insert(p);
+            }
+            pubrel_pending.push(packet_id);
+        }
+        let filters: Vec<&str> = record
+            .subscriptions
+            .iter()
+            .map(|(f, _)| f.as_str())
+            .filter(|f| !f.starts_with("$share/"))
+            .collect();
+        let mut pending: VecDeque<Message> = VecDeque::new();
+        let mut dropped = 0u64;
+        if !filters.is_empty() {
+            let fs = FilterSet::new(filters.iter());
+            for (index, slot) in store.slots.iter().enumerate() {
+                let mut from = cursor_of[index];
+                let last_seq = slot.stream.info().last_seq.unwrap_or(0);
+                loop {
+                    let batch = slot.stream.read_from(
+                        from,
+                        &fs,
+                        RECOVERY_READ_RECORDS,
+                        RECOVERY_READ_BYTES,
+                    )?;
+                    for r in batch.records {
+                        if r.topic.starts_with(b"$tern/") || r.is_tombstone() {
+                            continue;
+                        }
+                        let stored = StoreRef {
+                            stream: index as u16,
+                            seq: r.seq,
+                        };
+                        if pending_refs.contains(&stored) {
+                            continue;
+                        }
+                        let age = Duration::from_nanos(now.saturating_sub(r.time_ns));
+                        let Some(message) =
+                            codec::decode_message(&r.topic, &r.properties, r.payload, age)
+                        else {
+                            tracing::error!(
+                                seq = r.seq,
+                                stream = slot.spec.name,
+                                "undecodable message record skipped"
+                            );
+                            continue;
+                        };
+                        let _ = message.stored.set(stored);
+                        pending.push_back(message);
+                        if pending.len() > max_pending {
+                            pending.pop_front();
+                            dropped += 1;
+                        }
+                    }
+                    if batch.next_seq <= from || batch.next_seq > last_seq {
+                        break;
+                    }
+                    from = batch.next_seq;
+                }
+            }
+        }
+        if dropped > 0 {
+            tracing::warn!(client_id = %client, dropped, "session queue limit: oldest stored messages dropped at start-up");
+        }
+        let client_rx = rx.remove(client).unwrap_or_default();
+        let qos2_received: Vec<u16> = client_rx.keys().copied().collect();
+        store.rx.lock().insert(client.clone(), client_rx);
+        store.mirror.lock().insert(client.clone(), record.clone());
+        store
+            .written_cursors
+            .lock()
+            .insert(client.clone(), cursor_of.clone());
+        sessions.push(session_from(
+            client,
+            record,
+            qos2_received,
+            pubrel_pending,
+            pending,
+            store.limits.max_inflight_per_session,
+        ));
+    }
+
+    let mut retained = Vec::new();
+    for (topic, value) in store.retained.entries(&all)? {
+        match codec::decode_retained(&topic, &value) {
+            Some(m) => retained.push(m),
+            None => tracing::error!(topic = ?topic, "undecodable retained message skipped"),
+        }
+    }
+    let pending: usize = sessions
+        .iter()
+        .map(|s| s.queued.len() + s.inflight.len())
+        .sum();
+    tracing::info!(
+        sessions = sessions.len(),
+        pending,
+        retained = retained.len(),
+        "state recovered from the store"
+    );
+    Ok(Recovered { sessions, retained })
+}
+
+/// The delivery QoS of `message` for a session with these subscriptions (the highest of the
+/// matching non-shared ones), or `None` if none matches.
+fn delivery_qos(record: &SessionRecord, client_id: &str, message: &Message) -> Option<QoS> {
+    record
+        .subscriptions
+        .iter()
+        .filter(|(filter, sub)| {
+            !filter.starts_with("$share/")
+                && tern_store::topic_matches(filter.as_bytes(), message.topic.as_bytes())
+                && !(sub.options.no_local && message.publisher.as_deref() == Some(client_id))
+        })
+        .map(|(_, sub)| message.qos.min(sub.options.qos))
+        .max()
+}
+
+/// A recovered session in the broker's shape. Its first pending messages go back in flight
+/// under their derived packet ids (resent with DUP=1: they may have been sent before the
+/// crash [MQTT-4.4.0-1]); once one cannot, the rest are queued, so order is kept.
+fn session_from(
+    client: &str,
+    record: &SessionRecord,
+    qos2_received: Vec<u16>,
+    pubrel_pending: Vec<u16>,
+    pending: VecDeque<Message>,
+    max_inflight: usize,
+) -> StoredSession {
+    let mut used: HashSet<u16> = pubrel_pending.iter().copied().collect();
+    let mut inflight: Vec<StoredInflight> = pubrel_pending
+        .into_iter()
+        .map(|packet_id| StoredInflight {
+            packet_id,
+            message: Message::new(
+                tern_wire::Str::from_static("$tern/pubrel"),
+                bytes::Bytes::new(),
+                QoS::ExactlyOnce,
+                false,
+                tern_wire::Properties::default(),
+                None,
+                tokio::time::Instant::now(),
+            ),
+            qos: QoS::ExactlyOnce,
+            pubrel_pending: true,
+        })
+        .collect();
+    let mut queued = Vec::new();
+    for message in pending {
+        let Some(qos) = delivery_qos(record, client, &message) else {
+            continue;
+        };
+        if queued.is_empty() && qos != QoS::AtMostOnce && inflight.len() < max_inflight {
+            if let Some(packet_id) = message.store_ref().map(StoreRef::packet_id) {
+                if used.insert(packet_id) {
+                    inflight.push(StoredInflight {
+                        packet_id,
+                        message,
+                        qos,
+                        pubrel_pending: false,
+                    });
+                    continue;
+                }
+            }
+        }
+        queued.push((message, qos));
+    }
+    StoredSession {
+        client_id: client.to_string(),
+        protocol: record.protocol(),
+        expiry_interval_s: record.expiry_interval_s,
+        subscriptions: record
+            .subscriptions
+            .iter()
+            .map(|(f, sub)| (f.clone(), sub.options, sub.subscription_id))
+            .collect(),
+        qos2_received,
+        inflight,
+        queued,
+    }
+}
