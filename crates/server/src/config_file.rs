@@ -132,6 +132,7 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
     if !config.streams.is_empty() {
         let durable = tern_broker::DurableConfig {
             streams: config.streams.clone(),
+            ..Default::default()
         };
         if let Err(reason) = durable.validate() {
             return Err(ConfigFileError::BadValue {

@@ -13,7 +13,7 @@ use clap::Parser;
 use std::path::Path;
 use std::sync::Arc;
 
-use tern_broker::{Broker, DurableConfig, DurableStore};
+use tern_broker::{Broker, DurableConfig, DurableStore, SessionLimits};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -88,6 +88,10 @@ fn run(bind: &str, data_dir: &Path, file: config_file::FileConfig) -> anyhow::Re
         data_dir,
         DurableConfig {
             streams: file.streams.clone(),
+            sessions: SessionLimits {
+                max_pending_per_session: file.broker.max_queued_messages,
+                max_inflight_per_session: usize::from(file.broker.max_inflight_messages),
+            },
         },
     )
     .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;
