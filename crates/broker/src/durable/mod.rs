@@ -84,8 +84,10 @@ pub struct DurableStore {
     mirror: Mutex<HashMap<String, SessionRecord>>,
     /// Inbound QoS 2: client → packet id → its rx record.
     rx: Mutex<HashMap<String, HashMap<u16, StoreRef>>>,
-    /// Keys of `tern.outbound` that exist.
-    pubrel_keys: Mutex<HashSet<Vec<u8>>>,
+    /// Entries of `tern.outbound` that exist: client → packet id → the message's position.
+    /// Kept after PUBCOMP until the session's cursor passes the message, so that a replay
+    /// never sends a completed QoS 2 message again as a new PUBLISH.
+    pubrel: Mutex<HashMap<String, HashMap<u16, Option<StoreRef>>>>,
     /// Cursors as last written, per client.
     written_cursors: Mutex<HashMap<String, Vec<u64>>>,
     limits: config::SessionLimits,
@@ -164,7 +166,7 @@ impl DurableStore {
             slots,
             mirror: Mutex::new(HashMap::new()),
             rx: Mutex::new(HashMap::new()),
-            pubrel_keys: Mutex::new(HashSet::new()),
+            pubrel: Mutex::new(HashMap::new()),
             written_cursors: Mutex::new(HashMap::new()),
             limits: config.sessions,
             _store: store,
@@ -344,7 +346,11 @@ impl MessageStore for DurableStore {
         let result = self
             .outbound
             .put(&key, &codec::encode_positions(&positions));
-        self.pubrel_keys.lock().insert(key);
+        self.pubrel
+            .lock()
+            .entry(client_id.to_string())
+            .or_default()
+            .insert(packet_id, stored);
         Some(match result {
             Ok(ticket) => Ticket::from_store(ticket),
             Err(error) => Ticket::failed(io_error(error)),
@@ -352,10 +358,20 @@ impl MessageStore for DurableStore {
     }
 
     fn outbound_completed(&self, client_id: &str, packet_id: u16) {
-        let key = outbound_key(client_id, packet_id);
-        if self.pubrel_keys.lock().remove(&key) {
-            // Not waited for: a lost delete only makes a restart resend a harmless PUBREL.
-            if let Err(error) = self.outbound.delete(&key) {
+        // A stored message's entry stays until the cursor passes it (see `pubrel`); only an
+        // unstored one (never replayed) is cleared at once.
+        let unstored = {
+            let mut pubrel = self.pubrel.lock();
+            let Some(m) = pubrel.get_mut(client_id) else {
+                return;
+            };
+            match m.get(&packet_id) {
+                Some(None) => m.remove(&packet_id).is_some(),
+                _ => false,
+            }
+        };
+        if unstored {
+            if let Err(error) = self.outbound.delete(&outbound_key(client_id, packet_id)) {
                 tracing::warn!(%error, client_id, "cannot clear PUBREL-pending state");
             }
         }
@@ -403,20 +419,14 @@ impl MessageStore for DurableStore {
         self.written_cursors.lock().remove(client_id);
         let _ = self.sessions.delete(client_id.as_bytes());
         let _ = self.cursors.delete(client_id.as_bytes());
-        let keys: Vec<Vec<u8>> = {
-            let mut all = self.pubrel_keys.lock();
-            let mine: Vec<Vec<u8>> = all
-                .iter()
-                .filter(|k| k.len() == client_id.len() + 3 && k.starts_with(client_id.as_bytes()))
-                .cloned()
-                .collect();
-            for k in &mine {
-                all.remove(k);
-            }
-            mine
-        };
-        for k in keys {
-            let _ = self.outbound.delete(&k);
+        let packet_ids: Vec<u16> = self
+            .pubrel
+            .lock()
+            .remove(client_id)
+            .map(|m| m.into_keys().collect())
+            .unwrap_or_default();
+        for packet_id in packet_ids {
+            let _ = self.outbound.delete(&outbound_key(client_id, packet_id));
         }
         if had_rx {
             self.reset_rx(client_id);
@@ -504,6 +514,31 @@ impl MessageStore for DurableStore {
             written.insert(client_id.to_string(), cursor.clone());
         }
         self.write_cursor(client_id, &cursor);
+        // Entries of messages now below the cursor can never be replayed: clear them.
+        let passed: Vec<u16> = {
+            let mut pubrel = self.pubrel.lock();
+            let Some(m) = pubrel.get_mut(client_id) else {
+                return;
+            };
+            let passed: Vec<u16> = m
+                .iter()
+                .filter(|(_, p)| {
+                    p.is_some_and(|p| {
+                        cursor
+                            .get(usize::from(p.stream))
+                            .is_some_and(|&c| p.seq < c)
+                    })
+                })
+                .map(|(&pi, _)| pi)
+                .collect();
+            for pi in &passed {
+                m.remove(pi);
+            }
+            passed
+        };
+        for packet_id in passed {
+            let _ = self.outbound.delete(&outbound_key(client_id, packet_id));
+        }
     }
 }
 
@@ -559,7 +594,12 @@ fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             .entry(client.to_string())
             .or_default()
             .push((packet_id, position));
-        store.pubrel_keys.lock().insert(key.to_vec());
+        store
+            .pubrel
+            .lock()
+            .entry(client.to_string())
+            .or_default()
+            .insert(packet_id, position);
     }
 
     // Inbound QoS 2 received sets from the control records of every stream, in order.
@@ -628,14 +668,16 @@ fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             });
             if stale {
                 let key = outbound_key(client, packet_id);
-                store.pubrel_keys.lock().remove(&key);
+                if let Some(m) = store.pubrel.lock().get_mut(client.as_str()) {
+                    m.remove(&packet_id);
+                }
                 let _ = store.outbound.delete(&key);
                 continue;
             }
             if let Some(p) = position {
                 pending_refs.insert(p);
             }
-            pubrel_pending.push(packet_id);
+            pubrel_pending.push((packet_id, position));
         }
         let filters: Vec<&str> = record
             .subscriptions
@@ -756,16 +798,17 @@ fn session_from(
     client: &str,
     record: &SessionRecord,
     qos2_received: Vec<u16>,
-    pubrel_pending: Vec<u16>,
+    pubrel_pending: Vec<(u16, Option<StoreRef>)>,
     pending: VecDeque<Message>,
     max_inflight: usize,
 ) -> StoredSession {
-    let mut used: HashSet<u16> = pubrel_pending.iter().copied().collect();
+    let mut used: HashSet<u16> = pubrel_pending.iter().map(|&(pi, _)| pi).collect();
     let mut inflight: Vec<StoredInflight> = pubrel_pending
         .into_iter()
-        .map(|packet_id| StoredInflight {
-            packet_id,
-            message: Message::new(
+        .map(|(packet_id, position)| {
+            // Only the position matters (the session holds it, so its cursor stays below
+            // until PUBCOMP); the PUBLISH itself is never sent again.
+            let message = Message::new(
                 tern_wire::Str::from_static("$tern/pubrel"),
                 bytes::Bytes::new(),
                 QoS::ExactlyOnce,
@@ -773,9 +816,16 @@ fn session_from(
                 tern_wire::Properties::default(),
                 None,
                 tokio::time::Instant::now(),
-            ),
-            qos: QoS::ExactlyOnce,
-            pubrel_pending: true,
+            );
+            if let Some(position) = position {
+                let _ = message.stored.set(position);
+            }
+            StoredInflight {
+                packet_id,
+                message,
+                qos: QoS::ExactlyOnce,
+                pubrel_pending: true,
+            }
         })
         .collect();
     let mut queued = Vec::new();
