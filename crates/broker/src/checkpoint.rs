@@ -11,8 +11,9 @@ use std::time::Duration;
 use crate::broker::Shared;
 use crate::session::Session;
 
-/// How often persistent sessions' cursors are written (only those that moved).
-pub const CHECKPOINT_INTERVAL_MS: u64 = 100;
+/// How often persistent sessions' cursors are written (only those that moved). Shorter means
+/// fewer QoS 1 redeliveries after a crash; each write is a few bytes in a group commit.
+pub const CHECKPOINT_INTERVAL_MS: u64 = 25;
 
 /// Writes the cursors of persistent sessions every [`CHECKPOINT_INTERVAL_MS`] until aborted.
 pub async fn run_checkpoints(shared: Arc<Shared>) {

@@ -385,12 +385,18 @@ impl Outbound {
                     None => self.packet_ids.allocate(),
                 };
                 let Some(packet_id) = id else {
-                    // Unreachable while the window is respected; keep the message.
+                    // The derived packet id is still in flight (or, without a store, all
+                    // ids are): keep the message at the front.
                     self.queued_bytes += item.message.approx_len();
                     self.queued_reliable += 1;
                     self.removed_total -= 1;
                     self.queue.push_front(item);
-                    break;
+                    // Control packets behind it (a PUBREL that frees the id, say) still go.
+                    if self.control.is_empty() || head_blocked {
+                        break;
+                    }
+                    head_blocked = true;
+                    continue;
                 };
                 packet_id
             };
