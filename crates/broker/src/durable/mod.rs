@@ -148,8 +148,11 @@ impl DurableStore {
                 }),
             });
         }
+        // State streams are small: every checksum is verified at start-up, so damage is
+        // quarantined (and reported) before they are read.
         let state = StreamConfig {
             sync: config.state_sync(),
+            verify_on_open: true,
             block_size_bytes: 1024 * 1024,
             ..StreamConfig::default()
         };
@@ -542,6 +545,38 @@ impl MessageStore for DurableStore {
     }
 }
 
+/// Most damaged blocks one recovery read steps over.
+const MAX_DAMAGED_BLOCKS_PER_READ: usize = 64;
+
+/// `read_from` for recovery: a read that meets a damaged sealed block has it quarantined by
+/// the store (reported in the log) and is retried, so everything undamaged is still served.
+fn read_damage_tolerant(
+    stream: &Stream,
+    from: u64,
+    filters: &FilterSet,
+) -> Result<tern_store::ReadBatch, StoreError> {
+    let mut damaged = 0;
+    loop {
+        match stream.read_from(from, filters, RECOVERY_READ_RECORDS, RECOVERY_READ_BYTES) {
+            Err(StoreError::Corrupt {
+                path,
+                range,
+                detail,
+            }) if damaged < MAX_DAMAGED_BLOCKS_PER_READ => {
+                damaged += 1;
+                tracing::error!(
+                    stream = stream.name(),
+                    path = %path.display(),
+                    ?range,
+                    detail,
+                    "damaged records skipped at start-up"
+                );
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Builds the broker's state from the store (see the module doc).
 fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     let max_pending = store.limits.max_pending_per_session;
@@ -610,12 +645,7 @@ fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         let last_seq = slot.stream.info().last_seq.unwrap_or(0);
         let mut from = 1;
         loop {
-            let batch = slot.stream.read_from(
-                from,
-                &control,
-                RECOVERY_READ_RECORDS,
-                RECOVERY_READ_BYTES,
-            )?;
+            let batch = read_damage_tolerant(&slot.stream, from, &control)?;
             for r in &batch.records {
                 let Ok(topic) = std::str::from_utf8(&r.topic) else {
                     continue;
@@ -693,12 +723,7 @@ fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
                 let mut from = cursor_of[index];
                 let last_seq = slot.stream.info().last_seq.unwrap_or(0);
                 loop {
-                    let batch = slot.stream.read_from(
-                        from,
-                        &fs,
-                        RECOVERY_READ_RECORDS,
-                        RECOVERY_READ_BYTES,
-                    )?;
+                    let batch = read_damage_tolerant(&slot.stream, from, &fs)?;
                     for r in batch.records {
                         if r.topic.starts_with(b"$tern/") || r.is_tombstone() {
                             continue;
