@@ -74,11 +74,11 @@ start_broker() {
 # MQTT 3.1.1, 64-byte payloads, one topic per publisher, one subscriber.
 cell_args() {
   case $1 in
-    q1w1) echo "pubsub --qos 1 --window 1 -n 4000" ;;
+    q1w1) echo "pubsub --qos 1 --window 1 -n 2000" ;;
     q1w16) echo "pubsub --qos 1 --window 16 -n 40000" ;;
     q1w256) echo "pubsub --qos 1 --window 256 -n 200000" ;;
     q1c16) echo "pubsub --qos 1 --window 256 --publishers 16 --topics per-publisher -n 20000" ;;
-    q2w1) echo "pubsub --qos 2 --window 1 -n 3000" ;;
+    q2w1) echo "pubsub --qos 2 --window 1 -n 1000" ;;
     q2w16) echo "pubsub --qos 2 --window 16 -n 30000" ;;
     q2w256) echo "pubsub --qos 2 --window 256 -n 100000" ;;
     q2c16) echo "pubsub --qos 2 --window 256 --publishers 16 --topics per-publisher -n 10000" ;;
@@ -91,7 +91,23 @@ OUT="$RESULTS/durable-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 : >"$OUT"
 printf '{"type":"machine","cpus":%s,"kernel":"%s","repeats":%s,"loadavg_start":"%s"}\n' \
   "$(nproc)" "$(uname -r)" "$REPEATS" "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT"
+# The disk's fdatasync latency right now (shared machine: it swings from 0.1 ms to several ms),
+# since it bounds every `sync = always` figure: window / (sync latency) per connection.
+fsync_probe() {
+  python3 - "$WORK" <<'PY'
+import os, sys, time, json
+fd = os.open(os.path.join(sys.argv[1], "fsync.probe"), os.O_WRONLY | os.O_CREAT)
+ts = []
+for _ in range(200):
+    os.write(fd, b"x" * 4096)
+    t = time.perf_counter(); os.fdatasync(fd); ts.append(time.perf_counter() - t)
+ts.sort()
+print(json.dumps({"type": "fsync", "p50_ms": ts[100] * 1e3, "p90_ms": ts[180] * 1e3}))
+PY
+}
+
 for rep in $(seq "$REPEATS"); do
+  fsync_probe >>"$OUT"
   for name in $BROKERS; do
     for cell in $CELLS; do
       supports "$name" "$cell" || continue
@@ -110,6 +126,7 @@ for rep in $(seq "$REPEATS"); do
     done
   done
 done
+fsync_probe >>"$OUT"
 printf '{"type":"machine_end","loadavg_end":"%s"}\n' "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT"
 log "results: $OUT"
 python3 "$ROOT/bench/durable_report.py" "$OUT"

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::broker::Shared;
+use crate::metrics::Metrics;
 use crate::session::Session;
 
 /// How often persistent sessions' cursors are written (only those that moved). Shorter means
@@ -35,6 +36,18 @@ pub fn checkpoint_once(shared: &Shared) -> bool {
         return false;
     }
     let sessions: Vec<Arc<Session>> = shared.sessions.map.lock().values().cloned().collect();
+    let removed = shared.store.removed_ranges();
+    if !removed.is_empty() {
+        // Retention removed ranges: queued copies of those messages are dropped, once per
+        // range and session, not message by message as they would come due.
+        for session in &sessions {
+            let dropped = session.state.lock().out.drop_removed(&removed);
+            if dropped > 0 {
+                Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
+                tracing::info!(client_id = %session.client_id, dropped, "retention removed queued messages; session skips ahead");
+            }
+        }
+    }
     let mut held = Vec::new();
     for session in sessions {
         held.clear();

@@ -265,6 +265,32 @@ impl Outbound {
             .and_then(|e| e.item.message.store_ref())
     }
 
+    /// Drops queued (not in-flight) stored messages whose position retention removed from the
+    /// store: the session skips ahead over the removed range once. Returns how many.
+    pub fn drop_removed(&mut self, removed: &[(u16, std::ops::RangeInclusive<u64>)]) -> usize {
+        let gone = |o: &Outgoing| {
+            o.message.store_ref().is_some_and(|r| {
+                removed
+                    .iter()
+                    .any(|(stream, range)| *stream == r.stream && range.contains(&r.seq))
+            })
+        };
+        if !self.queue.iter().any(gone) {
+            return 0;
+        }
+        let queue = std::mem::take(&mut self.queue);
+        let mut dropped = 0;
+        for item in queue {
+            if gone(&item) {
+                self.account_removed(&item);
+                dropped += 1;
+            } else {
+                self.queue.push_back(item);
+            }
+        }
+        dropped
+    }
+
     /// Appends the store positions of every stored message this session still holds (in
     /// flight or queued) to `out`, for its durable cursor.
     pub fn held(&self, out: &mut crate::persist::HeldSeqs) {

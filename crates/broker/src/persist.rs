@@ -195,6 +195,11 @@ pub trait MessageStore: Send + Sync + 'static {
     fn recover(&self) -> Recovered {
         Recovered::default()
     }
+    /// Ranges retention removed from the message streams since the last call (stream index,
+    /// sequences), for sessions to skip ahead over them once.
+    fn removed_ranges(&self) -> Vec<(u16, std::ops::RangeInclusive<u64>)> {
+        Vec::new()
+    }
     /// Per stream, the lowest sequence that may still be routed. Read before the sessions'
     /// held messages are listed for [`MessageStore::checkpoint`]; empty if nothing is stored.
     fn checkpoint_floors(&self) -> Vec<u64> {

@@ -212,3 +212,38 @@ async fn damaged_data_dir_is_reported_and_the_rest_served() {
     let m = s.receive_acked().await;
     assert_eq!(&m.payload[..], b"1000");
 }
+
+/// Retention limits apply while the broker runs: with `max_msgs = 10`, an offline persistent
+/// session that had 50 messages queued skips ahead over the removed range once and gets only
+/// what the stream still holds, newest last, in order.
+#[tokio::test]
+async fn retention_limit_applies_while_running_and_sessions_skip_ahead() {
+    let b = Broker::start_with("[[stream]]\nname = \"messages\"\nmax_msgs = 10\n");
+    let connect = || connect_packet(Protocol::V3_1_1, "lim-sub", false, 0);
+    let mut s = RawClient::connect_ok(b.addr, connect()).await.0;
+    s.sub("lim/t", 1).await;
+    s.disconnect().await;
+    let mut p = RawClient::v4(b.addr, "lim-pub").await;
+    const N: usize = 50;
+    for i in 0..N {
+        p.publish_acked(numbered("lim/t", i, 1, (i + 1) as u16))
+            .await;
+    }
+    // The checkpoint task applies removed ranges every 25 ms.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut s = RawClient::connect_ok(b.addr, connect()).await.0;
+    let mut got = Vec::new();
+    while let Recv::Packet(Packet::Publish(m)) = s.recv(Duration::from_millis(500)).await {
+        s.send(&Packet::PubAck(ack(m.packet_id))).await;
+        got.push(
+            std::str::from_utf8(&m.payload)
+                .unwrap()
+                .parse::<usize>()
+                .unwrap(),
+        );
+    }
+    assert!(!got.is_empty() && got.len() <= 10, "{got:?}");
+    assert_eq!(got.last(), Some(&(N - 1)));
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
+    assert!(b.log_tail(200).contains("session skips ahead"));
+}

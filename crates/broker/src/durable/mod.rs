@@ -495,6 +495,28 @@ impl MessageStore for DurableStore {
         }
     }
 
+    fn removed_ranges(&self) -> Vec<(u16, std::ops::RangeInclusive<u64>)> {
+        let mut out = Vec::new();
+        for (index, slot) in self.slots.iter().enumerate() {
+            let log = slot.stream.drain_removed();
+            if log.ranges.is_empty() {
+                continue;
+            }
+            let records: u64 = log.ranges.iter().map(|r| r.end() - r.start() + 1).sum();
+            tracing::info!(
+                stream = slot.spec.name,
+                ranges = log.ranges.len(),
+                first = log.ranges.first().map(|r| *r.start()),
+                last = log.ranges.last().map(|r| *r.end()),
+                records,
+                overflowed = log.overflowed,
+                "retention removed records"
+            );
+            out.extend(log.ranges.into_iter().map(|r| (index as u16, r)));
+        }
+        out
+    }
+
     fn checkpoint_floors(&self) -> Vec<u64> {
         self.floors()
     }
