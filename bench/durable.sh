@@ -91,7 +91,8 @@ OUT="$RESULTS/durable-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 : >"$OUT"
 printf '{"type":"machine","cpus":%s,"kernel":"%s","repeats":%s,"loadavg_start":"%s"}\n' \
   "$(nproc)" "$(uname -r)" "$REPEATS" "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT"
-# The disk's fdatasync latency right now (shared machine: it swings from 0.1 ms to several ms),
+# The disk's fdatasync latency after a 128-byte append, right now (shared machine: it swings
+# from 0.1 ms to several ms),
 # since it bounds every `sync = always` figure: window / (sync latency) per connection.
 fsync_probe() {
   python3 - "$WORK" <<'PY'
@@ -99,7 +100,7 @@ import os, sys, time, json
 fd = os.open(os.path.join(sys.argv[1], "fsync.probe"), os.O_WRONLY | os.O_CREAT)
 ts = []
 for _ in range(200):
-    os.write(fd, b"x" * 4096)
+    os.write(fd, b"x" * 128)
     t = time.perf_counter(); os.fdatasync(fd); ts.append(time.perf_counter() - t)
 ts.sort()
 print(json.dumps({"type": "fsync", "p50_ms": ts[100] * 1e3, "p90_ms": ts[180] * 1e3}))

@@ -32,7 +32,7 @@ def main(path):
           f"load {machine.get('loadavg_start')} -> {machine.get('loadavg_end')}, "
           f"median of {machine.get('repeats')}")
     probes = ", ".join(f"{p['p50_ms']:.2f}/{p['p90_ms']:.2f}" for p in fsyncs)
-    print(f"fdatasync of 4 KiB, p50/p90 ms, per repetition and at the end: {probes}\n")
+    print(f"fdatasync after a 128-byte append, p50/p90 ms, per repetition and at the end: {probes}\n")
     print("| delivered msg/s | " + " | ".join(present) + " | tern-always / mosquitto |")
     print("|---" * (len(present) + 2) + "|")
     for cell, label in CELLS.items():
