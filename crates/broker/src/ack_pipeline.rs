@@ -87,6 +87,17 @@ impl<D> AckPipeline<D> {
         self.failed
     }
 
+    /// Empties the pipeline, returning the deliveries that were never released (their writes
+    /// did not complete in time or failed): the caller tells the store they are given up.
+    pub fn abandon(&mut self) -> Vec<D> {
+        self.deliver_cursor = 0;
+        self.unacked_publishes = 0;
+        self.slots
+            .drain(..)
+            .filter_map(|slot| slot.entry.deliver)
+            .collect()
+    }
+
     /// The connection is closing: waits for every outstanding write and releases what becomes
     /// durable, so that a QoS 2 message already recorded as received is still delivered
     /// (the client's retry will be answered as a duplicate). Stops at a failed write.
@@ -320,6 +331,22 @@ mod tests {
         p.wait_front(&mut out).await;
         assert!(p.failed());
         assert!(out.is_empty(), "{out:?}");
+    }
+
+    #[test]
+    fn abandon_returns_what_was_never_released() {
+        let mut p = AckPipeline::new(8);
+        let mut out = Vec::new();
+        let (_pending, t) = ticket();
+        p.push(entry(1, AckKind::PubAck, "sent", None, false), &mut out);
+        p.push(entry(2, AckKind::PubRec, "held", t, true), &mut out);
+        p.push(entry(0, AckKind::None, "behind", None, false), &mut out);
+        assert_eq!(
+            out,
+            vec![Released::Deliver("sent"), ack(AckKind::PubAck, 1)]
+        );
+        assert_eq!(p.abandon(), vec!["held", "behind"]);
+        assert!(p.is_empty() && p.unacked_publishes() == 0);
     }
 
     #[tokio::test]

@@ -53,6 +53,11 @@ impl Conn {
                 self.shared.store.message_released(&message);
             }
         }
+        // What never became durable is not delivered; the store must not wait for it either
+        // (it would hold every persistent session's cursor back).
+        for message in self.pipeline.abandon() {
+            self.shared.store.message_released(&message);
+        }
         let final_reason = match close {
             Close::Protocol(reason) => Some(reason),
             Close::KeepAlive => Some(ReasonCode::KEEP_ALIVE_TIMEOUT),
