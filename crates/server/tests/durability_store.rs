@@ -247,3 +247,53 @@ async fn retention_limit_applies_while_running_and_sessions_skip_ahead() {
     assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
     assert!(b.log_tail(200).contains("session skips ahead"));
 }
+
+/// Session expiry ends a persistent session for good: after it expired, a kill -9 and restart
+/// bring nothing back (Session Present 0) [MQTT-3.1.2-23 with MQTT 5 session expiry].
+#[tokio::test]
+async fn an_expired_session_does_not_come_back_after_a_restart() {
+    let mut b = Broker::start();
+    let connect = |clean| {
+        let mut c = connect_packet(Protocol::V5, "exp-sub", clean, 0);
+        c.properties.session_expiry_interval_s = Some(1);
+        c
+    };
+    let mut s = RawClient::connect_ok(b.addr, connect(true)).await.0;
+    s.sub("exp/t", 1).await;
+    s.drop_connection().await;
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    b.restart_after_kill();
+    let (_s, ca) = RawClient::connect_ok(b.addr, connect(false)).await;
+    assert!(!ca.session_present, "the expired session stayed gone");
+}
+
+/// `max_queued_messages` also bounds what a restart brings back for an offline session: the
+/// newest are kept, in order, and the drop is logged with its count.
+#[tokio::test]
+async fn queued_messages_beyond_the_limit_are_dropped_oldest_first_across_a_restart() {
+    let mut b = Broker::start_with("[limits]\nmax_queued_messages = 5\n");
+    let connect = || connect_packet(Protocol::V3_1_1, "cap-sub", false, 0);
+    let mut s = RawClient::connect_ok(b.addr, connect()).await.0;
+    s.sub("cap/t", 1).await;
+    s.disconnect().await;
+    let mut p = RawClient::v4(b.addr, "cap-pub").await;
+    for i in 0..20 {
+        p.publish_acked(numbered("cap/t", i, 1, (i + 1) as u16))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.restart_after_kill();
+    let mut s = RawClient::connect_ok(b.addr, connect()).await.0;
+    let mut got = Vec::new();
+    while let Recv::Packet(Packet::Publish(m)) = s.recv(Duration::from_millis(500)).await {
+        s.send(&Packet::PubAck(ack(m.packet_id))).await;
+        got.push(
+            std::str::from_utf8(&m.payload)
+                .unwrap()
+                .parse::<usize>()
+                .unwrap(),
+        );
+    }
+    assert_eq!(got, vec![15, 16, 17, 18, 19]);
+    assert!(b.log_tail(200).contains("dropped"), "{}", b.log_tail(50));
+}
