@@ -178,6 +178,9 @@ pub trait MessageStore: Send + Sync + 'static {
         expiry_interval_s: u32,
         fresh: bool,
     );
+    /// A persistent session with a finite expiry lost its connection: its expiry interval
+    /// (`expiry_interval_s`, possibly changed by DISCONNECT) runs from now.
+    fn session_closed(&self, _client_id: &str, _expiry_interval_s: u32) {}
     /// The session ended (expired, clean start, or expiry 0 at disconnect).
     fn session_ended(&self, client_id: &str);
     fn session_subscribed(

@@ -297,3 +297,25 @@ async fn queued_messages_beyond_the_limit_are_dropped_oldest_first_across_a_rest
     assert_eq!(got, vec![15, 16, 17, 18, 19]);
     assert!(b.log_tail(200).contains("dropped"), "{}", b.log_tail(50));
 }
+
+/// A session's expiry keeps running while the broker is down: a session that lost its
+/// connection and whose interval passed before the restart does not come back.
+#[tokio::test]
+async fn session_expiry_counts_the_time_the_broker_was_down() {
+    let mut b = Broker::start();
+    let connect = |clean| {
+        let mut c = connect_packet(Protocol::V5, "down-sub", clean, 0);
+        c.properties.session_expiry_interval_s = Some(2);
+        c
+    };
+    let mut s = RawClient::connect_ok(b.addr, connect(true)).await.0;
+    s.sub("down/t", 1).await;
+    s.drop_connection().await;
+    // Killed well before the expiry, restarted after it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.kill();
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    b.restart_after_kill();
+    let (_s, ca) = RawClient::connect_ok(b.addr, connect(false)).await;
+    assert!(!ca.session_present);
+}

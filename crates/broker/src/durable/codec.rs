@@ -185,6 +185,9 @@ pub fn decode_retained(topic: &[u8], value: &Bytes) -> Option<Message> {
 pub struct SessionRecord {
     pub protocol_level: u8,
     pub expiry_interval_s: u32,
+    /// Unix time (s) the session lost its connection; 0 while connected (or never closed
+    /// cleanly: a crash). Its expiry runs from then.
+    pub closed_at_unix_s: u64,
     pub subscriptions: Vec<(String, SubRecord)>,
 }
 
@@ -213,6 +216,7 @@ impl SessionRecord {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![FORMAT_VERSION, self.protocol_level];
         out.extend_from_slice(&self.expiry_interval_s.to_be_bytes());
+        out.extend_from_slice(&self.closed_at_unix_s.to_be_bytes());
         for (filter, rec) in &self.subscriptions {
             put_bytes(&mut out, filter.as_bytes());
             out.push(options_byte(&rec.options));
@@ -228,6 +232,7 @@ impl SessionRecord {
         }
         let protocol_level = r.u8()?;
         let expiry_interval_s = r.u32()?;
+        let closed_at_unix_s = r.u64()?;
         let mut subscriptions = Vec::new();
         while !r.is_empty() {
             let filter = r.str()?.to_string();
@@ -244,6 +249,7 @@ impl SessionRecord {
         Some(SessionRecord {
             protocol_level,
             expiry_interval_s,
+            closed_at_unix_s,
             subscriptions,
         })
     }
@@ -325,6 +331,7 @@ mod tests {
         let rec = SessionRecord {
             protocol_level: 5,
             expiry_interval_s: 30,
+            closed_at_unix_s: 1_700_000_000,
             subscriptions: vec![(
                 "x/#".into(),
                 SubRecord {

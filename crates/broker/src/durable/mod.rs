@@ -13,7 +13,8 @@
 //!
 //! Clients cannot publish under `$tern/` and session replay skips it. State streams (keyed,
 //! compacted `KvStream`s; their sync policy is the first message stream's):
-//! - `tern.sessions`: client id → protocol, expiry, subscriptions ([`codec::SessionRecord`]);
+//! - `tern.sessions`: client id → protocol, expiry, the time it lost its connection,
+//!   subscriptions ([`codec::SessionRecord`]);
 //! - `tern.cursors`: client id → per message stream, the sequence below which every record
 //!   its filters match was completed ([`codec::encode_positions`]);
 //! - `tern.outbound`: client id ++ `\0` ++ packet id → position of an outbound QoS 2 message
@@ -395,6 +396,7 @@ impl MessageStore for DurableStore {
             }
             record.protocol_level = protocol.level();
             record.expiry_interval_s = expiry_interval_s;
+            record.closed_at_unix_s = 0;
             record.clone()
         };
         if fresh {
@@ -406,6 +408,19 @@ impl MessageStore for DurableStore {
                 .lock()
                 .insert(client_id.to_string(), floors);
         }
+        self.put_session(client_id, &record);
+    }
+
+    fn session_closed(&self, client_id: &str, expiry_interval_s: u32) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let Some(record) = mirror.get_mut(client_id) else {
+                return;
+            };
+            record.expiry_interval_s = expiry_interval_s;
+            record.closed_at_unix_s = now_ns() / 1_000_000_000;
+            record.clone()
+        };
         self.put_session(client_id, &record);
     }
 
@@ -615,6 +630,26 @@ fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             None => tracing::error!(client_id = client, "undecodable session record skipped"),
         }
     }
+    // Sessions whose expiry ran out while the broker was down end now.
+    let now_s = now_ns() / 1_000_000_000;
+    records.retain(|client, r| {
+        if r.closed_at_unix_s == 0 || r.expiry_interval_s == u32::MAX {
+            return true;
+        }
+        let elapsed_s = now_s.saturating_sub(r.closed_at_unix_s);
+        if elapsed_s >= u64::from(r.expiry_interval_s) {
+            tracing::info!(
+                client_id = client.as_str(),
+                "session expired while the broker was down"
+            );
+            let _ = store.sessions.delete(client.as_bytes());
+            let _ = store.cursors.delete(client.as_bytes());
+            return false;
+        }
+        // The rest of the interval runs from the restart.
+        r.expiry_interval_s -= elapsed_s as u32;
+        true
+    });
     let mut cursors: HashMap<String, HashMap<String, u64>> = HashMap::new();
     for (key, value) in store.cursors.entries(&all)? {
         if let (Ok(client), Some(pos)) =
@@ -640,6 +675,11 @@ fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             continue;
         };
         let packet_id = u16::from_be_bytes([pi[1], pi[2]]);
+        if !records.contains_key(client) {
+            // Left over from a session that ended (or expired while the broker was down).
+            let _ = store.outbound.delete(&key);
+            continue;
+        }
         let position = codec::decode_positions(&value)
             .and_then(|p| p.into_iter().next())
             .and_then(|(name, seq)| {
