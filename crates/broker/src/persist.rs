@@ -21,6 +21,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tern_wire::{Protocol, QoS, SubscriptionOptions};
@@ -209,8 +210,14 @@ pub trait MessageStore: Send + Sync + 'static {
         Vec::new()
     }
     /// Records how far a persistent session got: `held` lists the stored messages it still
-    /// holds (queued or in flight). Called periodically; cheap when nothing changed.
-    fn checkpoint(&self, _client_id: &str, _floors: &[u64], _held: &HeldSeqs) {}
+    /// holds (queued or in flight). Called periodically. True if a write was issued.
+    fn checkpoint(&self, _client_id: &str, _floors: &[u64], _held: &HeldSeqs) -> bool {
+        false
+    }
+    /// Client ids of the sessions the store keeps (the ones to checkpoint).
+    fn persistent_sessions(&self) -> Vec<Arc<str>> {
+        Vec::new()
+    }
 }
 
 /// State handed back by [`MessageStore::recover`].

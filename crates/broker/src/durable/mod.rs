@@ -13,12 +13,15 @@
 //!
 //! Clients cannot publish under `$tern/` and session replay skips it. State streams (keyed,
 //! compacted `KvStream`s; their sync policy is the first message stream's):
-//! - `tern.sessions`: client id → protocol, expiry, the time it lost its connection,
-//!   subscriptions ([`codec::SessionRecord`]);
-//! - `tern.cursors`: client id → per message stream, the sequence below which every record
-//!   its filters match was completed ([`codec::encode_positions`]);
-//! - `tern.outbound`: client id ++ `\0` ++ packet id → position of an outbound QoS 2 message
-//!   whose PUBREC arrived ("PUBREL pending"); deleted on PUBCOMP;
+//! - `tern.sessions`, one stream for three key spaces so that its log order orders them:
+//!   - `s` ++ client id → protocol, expiry, the time it lost its connection, subscriptions
+//!     ([`codec::SessionRecord`]);
+//!   - `c` ++ client id → per message stream, the sequence below which every record its
+//!     filters match was completed ([`codec::encode_positions`]);
+//!   - `o` ++ client id ++ `\0` ++ packet id → position of an outbound QoS 2 message whose
+//!     PUBREC arrived ("PUBREL pending"); kept after PUBCOMP until the session's cursor passes
+//!     the message (so a completed exchange is never replayed as a new PUBLISH), and cleared
+//!     only after that cursor was written, in the same stream;
 //! - `tern.retained`: topic → meta length (u32 BE) ++ meta ++ payload; cleared = deleted.
 //!
 //! A persistent session's queued messages are not copied: at start-up they are the records
@@ -77,9 +80,9 @@ struct Slot {
 /// The durable store of a broker (see the module doc for the schema).
 pub struct DurableStore {
     slots: Vec<Slot>,
-    sessions: KvStream,
-    cursors: KvStream,
-    outbound: KvStream,
+    sessions: Keyspace,
+    cursors: Keyspace,
+    outbound: Keyspace,
     retained: KvStream,
     /// Persistent sessions as last written to `tern.sessions`.
     mirror: Mutex<HashMap<String, SessionRecord>>,
@@ -97,6 +100,48 @@ pub struct DurableStore {
 
 fn io_error(e: StoreError) -> PersistError {
     PersistError(e.to_string())
+}
+
+/// One key space of the shared session-state stream: keys carry a one-byte prefix.
+#[derive(Clone, Debug)]
+struct Keyspace {
+    kv: KvStream,
+    prefix: u8,
+}
+
+impl Keyspace {
+    fn new(kv: &KvStream, prefix: u8) -> Keyspace {
+        Keyspace {
+            kv: kv.clone(),
+            prefix,
+        }
+    }
+
+    fn key(&self, key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(key.len() + 1);
+        k.push(self.prefix);
+        k.extend_from_slice(key);
+        k
+    }
+
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<tern_store::Ticket, StoreError> {
+        self.kv.put(&self.key(key), value)
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<tern_store::Ticket, StoreError> {
+        self.kv.delete(&self.key(key))
+    }
+
+    /// Every live key (prefix removed) and value of this key space.
+    fn entries(&self, all: &FilterSet) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, StoreError> {
+        Ok(self
+            .kv
+            .entries(all)?
+            .into_iter()
+            .filter(|(k, _)| k.first() == Some(&self.prefix))
+            .map(|(k, v)| (k.slice(1..), v))
+            .collect())
+    }
 }
 
 fn outbound_key(client_id: &str, packet_id: u16) -> Vec<u8> {
@@ -162,10 +207,14 @@ impl DurableStore {
             report_damage(kv.stream());
             Ok(kv)
         };
+        // Sessions, cursors and PUBREL-pending entries share one stream: its log order makes a
+        // later write (say, clearing an entry the cursor passed) never durable before an
+        // earlier one (that cursor).
+        let session_state = kv("tern.sessions")?;
         Ok(DurableStore {
-            sessions: kv("tern.sessions")?,
-            cursors: kv("tern.cursors")?,
-            outbound: kv("tern.outbound")?,
+            sessions: Keyspace::new(&session_state, b's'),
+            cursors: Keyspace::new(&session_state, b'c'),
+            outbound: Keyspace::new(&session_state, b'o'),
             retained: kv("tern.retained")?,
             slots,
             mirror: Mutex::new(HashMap::new()),
@@ -536,9 +585,17 @@ impl MessageStore for DurableStore {
         self.floors()
     }
 
-    fn checkpoint(&self, client_id: &str, floors: &[u64], held: &HeldSeqs) {
+    fn persistent_sessions(&self) -> Vec<std::sync::Arc<str>> {
+        self.mirror
+            .lock()
+            .keys()
+            .map(|k| k.as_str().into())
+            .collect()
+    }
+
+    fn checkpoint(&self, client_id: &str, floors: &[u64], held: &HeldSeqs) -> bool {
         if !self.mirror.lock().contains_key(client_id) {
-            return;
+            return false;
         }
         let mut cursor = floors.to_vec();
         for &(stream, seq) in held {
@@ -549,7 +606,7 @@ impl MessageStore for DurableStore {
         {
             let mut written = self.written_cursors.lock();
             if written.get(client_id) == Some(&cursor) {
-                return;
+                return false;
             }
             written.insert(client_id.to_string(), cursor.clone());
         }
@@ -558,7 +615,7 @@ impl MessageStore for DurableStore {
         let passed: Vec<u16> = {
             let mut pubrel = self.pubrel.lock();
             let Some(m) = pubrel.get_mut(client_id) else {
-                return;
+                return true;
             };
             let passed: Vec<u16> = m
                 .iter()
@@ -579,6 +636,7 @@ impl MessageStore for DurableStore {
         for packet_id in passed {
             let _ = self.outbound.delete(&outbound_key(client_id, packet_id));
         }
+        true
     }
 }
 
