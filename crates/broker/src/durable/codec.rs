@@ -188,6 +188,9 @@ pub struct SessionRecord {
     /// Unix time (s) the session lost its connection; 0 while connected (or never closed
     /// cleanly: a crash). Its expiry runs from then.
     pub closed_at_unix_s: u64,
+    /// Identifies this life of the session (set when it starts afresh): rx records carry it,
+    /// so those of an earlier session under the same client id never count.
+    pub incarnation: u64,
     pub subscriptions: Vec<(String, SubRecord)>,
 }
 
@@ -217,6 +220,7 @@ impl SessionRecord {
         let mut out = vec![FORMAT_VERSION, self.protocol_level];
         out.extend_from_slice(&self.expiry_interval_s.to_be_bytes());
         out.extend_from_slice(&self.closed_at_unix_s.to_be_bytes());
+        out.extend_from_slice(&self.incarnation.to_be_bytes());
         for (filter, rec) in &self.subscriptions {
             put_bytes(&mut out, filter.as_bytes());
             out.push(options_byte(&rec.options));
@@ -233,6 +237,7 @@ impl SessionRecord {
         let protocol_level = r.u8()?;
         let expiry_interval_s = r.u32()?;
         let closed_at_unix_s = r.u64()?;
+        let incarnation = r.u64()?;
         let mut subscriptions = Vec::new();
         while !r.is_empty() {
             let filter = r.str()?.to_string();
@@ -250,6 +255,7 @@ impl SessionRecord {
             protocol_level,
             expiry_interval_s,
             closed_at_unix_s,
+            incarnation,
             subscriptions,
         })
     }
@@ -332,6 +338,7 @@ mod tests {
             protocol_level: 5,
             expiry_interval_s: 30,
             closed_at_unix_s: 1_700_000_000,
+            incarnation: 42,
             subscriptions: vec![(
                 "x/#".into(),
                 SubRecord {

@@ -4,7 +4,8 @@
 //! Message streams (configured; default one stream `messages` capturing every topic):
 //! - a message record per stored PUBLISH: topic = the MQTT topic, properties = QoS, retain,
 //!   publisher and MQTT 5 properties ([`codec::encode_meta`]), payload = the payload;
-//! - `$tern/rx/{client}` (payload: packet id, u16 BE): "(session, pi) received", appended in
+//! - `$tern/rx/{client}` (payload: packet id u16 BE ++ the session's incarnation u64 BE, so a
+//!   later session under the same client id ignores it): "(session, pi) received", appended in
 //!   the **same batch** as its QoS 2 message, so both are durable together or not at all;
 //! - `$tern/rel/{client}` (payload: the sequence of the rx record it releases, u64 BE):
 //!   appended on PUBREL, in the rx record's stream; PUBCOMP leaves once it is durable;
@@ -304,11 +305,21 @@ impl MessageStore for DurableStore {
             payload: &message.payload,
             time_ns: None,
         };
+        let incarnation = match qos2_packet_id {
+            Some(_) => self
+                .mirror
+                .lock()
+                .get(client_id)
+                .map_or(0, |r| r.incarnation),
+            None => 0,
+        };
         let mut unrouted = slot.unrouted.lock();
         let result = match qos2_packet_id {
             Some(packet_id) => {
                 let rx_topic = format!("{RX_PREFIX}{client_id}");
-                let pi = packet_id.to_be_bytes();
+                let mut pi = [0u8; 10];
+                pi[..2].copy_from_slice(&packet_id.to_be_bytes());
+                pi[2..].copy_from_slice(&incarnation.to_be_bytes());
                 slot.stream.append_batch(&[
                     record,
                     NewRecord {
@@ -439,6 +450,7 @@ impl MessageStore for DurableStore {
             let record = mirror.entry(client_id.to_string()).or_default();
             if fresh {
                 record.subscriptions.clear();
+                record.incarnation = now_ns().max(record.incarnation + 1);
             }
             record.protocol_level = protocol.level();
             record.expiry_interval_s = expiry_interval_s;

@@ -148,10 +148,16 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
                     continue;
                 };
                 if let Some(client) = topic.strip_prefix(RX_PREFIX) {
-                    if let [a, b] = r.payload[..] {
-                        rx.entry(client.to_string())
-                            .or_default()
-                            .insert(u16::from_be_bytes([a, b]), StoreRef { stream, seq: r.seq });
+                    let current = records.get(client).map(|r| r.incarnation);
+                    if let Ok(bytes) = <[u8; 10]>::try_from(&r.payload[..]) {
+                        let packet_id = u16::from_be_bytes([bytes[0], bytes[1]]);
+                        let mut inc = [0u8; 8];
+                        inc.copy_from_slice(&bytes[2..]);
+                        if current == Some(u64::from_be_bytes(inc)) {
+                            rx.entry(client.to_string())
+                                .or_default()
+                                .insert(packet_id, StoreRef { stream, seq: r.seq });
+                        }
                     }
                 } else if let Some(client) = topic.strip_prefix(REL_PREFIX) {
                     if let Ok(bytes) = <[u8; 8]>::try_from(&r.payload[..]) {
