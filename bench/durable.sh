@@ -39,9 +39,11 @@ cleanup() { stop_broker; rm -rf "$WORK"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# Ports of our own (the configs' ports + 10000): bench/compare.sh may run at the same time on
+# the configs' ports, and a broker that cannot bind must not let us measure another one.
 port_of() {
   case $1 in
-    tern-*) echo 18832 ;; mosquitto) echo 18831 ;; rumqttd) echo 18833 ;; nats) echo 18835 ;;
+    tern-*) echo 28832 ;; mosquitto) echo 28831 ;; rumqttd) echo 28833 ;; nats) echo 28835 ;;
   esac
 }
 
@@ -51,20 +53,32 @@ start_broker() {
   case $name in
     tern-always|tern-never)
       rm -rf "$WORK/tern-data"
-      "$TERN" serve --config "$CONFIGS/tern.toml" --data-dir "$WORK/tern-data" \
-        --sync "${name#tern-}" --log warn >"$logf" 2>&1 &
+      "$TERN" serve --config "$CONFIGS/tern.toml" --bind "127.0.0.1:$port" \
+        --data-dir "$WORK/tern-data" --sync "${name#tern-}" --log warn >"$logf" 2>&1 &
       ;;
-    mosquitto) mosquitto -c "$CONFIGS/mosquitto.conf" >"$logf" 2>&1 & ;;
+    mosquitto)
+      sed "s/18831/$port/" "$CONFIGS/mosquitto.conf" >"$WORK/mosquitto.conf"
+      mosquitto -c "$WORK/mosquitto.conf" >"$logf" 2>&1 &
+      ;;
     nats)
       rm -rf "$WORK/nats-store" && mkdir -p "$WORK/nats-store"
-      sed "s#STORE_DIR#$WORK/nats-store#" "$CONFIGS/nats-server.conf" >"$WORK/nats.conf"
+      sed -e "s#STORE_DIR#$WORK/nats-store#" -e "s/18835/$port/" -e "s/14222/24222/" \
+        "$CONFIGS/nats-server.conf" >"$WORK/nats.conf"
       nats-server -c "$WORK/nats.conf" >"$logf" 2>&1 &
       ;;
-    rumqttd) rumqttd -c "$CONFIGS/rumqttd.toml" >"$logf" 2>&1 & ;;
+    rumqttd)
+      sed -e "s/18833/$port/g" -e "s/1883[4-9]/2${port:1:3}9/g" "$CONFIGS/rumqttd.toml" >"$WORK/rumqttd.toml"
+      rumqttd -c "$WORK/rumqttd.toml" >"$logf" 2>&1 &
+      ;;
   esac
   BROKER_PID=$!
   for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then sleep 0.3; return 0; fi
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      sleep 0.3
+      # The port answering is not enough: it must be our broker, still running.
+      kill -0 "$BROKER_PID" 2>/dev/null && return 0
+      break
+    fi
     kill -0 "$BROKER_PID" 2>/dev/null || break
     sleep 0.1
   done
