@@ -65,6 +65,9 @@ pub struct AckPipeline<D> {
     capacity: usize,
     /// QoS>0 PUBLISH entries (PUBACK/PUBREC) still in `slots`.
     unacked_publishes: usize,
+    /// A write failed: nothing more is released and the connection closes without
+    /// acknowledging, so that the client resends (the rule for store failures).
+    failed: bool,
 }
 
 impl<D> AckPipeline<D> {
@@ -75,6 +78,32 @@ impl<D> AckPipeline<D> {
             deliver_cursor: 0,
             capacity: capacity.max(1),
             unacked_publishes: 0,
+            failed: false,
+        }
+    }
+
+    /// True once a store write failed (the connection must close without further acks).
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
+    /// Empties the pipeline, returning the deliveries that were never released (their writes
+    /// did not complete in time or failed): the caller tells the store they are given up.
+    pub fn abandon(&mut self) -> Vec<D> {
+        self.deliver_cursor = 0;
+        self.unacked_publishes = 0;
+        self.slots
+            .drain(..)
+            .filter_map(|slot| slot.entry.deliver)
+            .collect()
+    }
+
+    /// The connection is closing: waits for every outstanding write and releases what becomes
+    /// durable, so that a QoS 2 message already recorded as received is still delivered
+    /// (the client's retry will be answered as a duplicate). Stops at a failed write.
+    pub async fn drain(&mut self, out: &mut Vec<Released<D>>) {
+        while self.has_pending_ticket() && !self.failed {
+            self.wait_front(out).await;
         }
     }
 
@@ -121,28 +150,42 @@ impl<D> AckPipeline<D> {
             Some(ticket) => ticket.wait().await,
             None => Ok(()),
         };
-        Self::settle(slot, result);
-        // Later tickets usually completed in the same group commit.
+        if !Self::settle(slot, result) {
+            self.failed = true;
+            return;
+        }
+        // Later tickets usually completed in the same group commit. Tickets of different
+        // streams may complete out of order: every completed one is settled, the front decides.
         for slot in self.slots.iter_mut().filter(|s| !s.durable) {
-            match slot.entry.ticket.as_mut().and_then(Ticket::try_result) {
-                Some(result) => Self::settle(slot, result),
-                None => break,
+            if let Some(result) = slot.entry.ticket.as_mut().and_then(Ticket::try_result) {
+                if !Self::settle(slot, result) {
+                    self.failed = true;
+                    return;
+                }
             }
         }
         self.advance(out);
     }
 
-    fn settle(slot: &mut Slot<D>, result: Result<(), PersistError>) {
-        slot.durable = true;
+    /// False if the write failed.
+    fn settle(slot: &mut Slot<D>, result: Result<(), PersistError>) -> bool {
         slot.entry.ticket = None;
-        if let Err(error) = result {
-            tracing::error!(%error, packet_id = slot.entry.packet_id, "store write failed; message not delivered");
-            slot.entry.deliver = None;
-            slot.entry.reason = ReasonCode::UNSPECIFIED_ERROR;
+        match result {
+            Ok(()) => {
+                slot.durable = true;
+                true
+            }
+            Err(error) => {
+                tracing::error!(%error, packet_id = slot.entry.packet_id, "store write failed; closing the connection without acknowledging");
+                false
+            }
         }
     }
 
     fn advance(&mut self, out: &mut Vec<Released<D>>) {
+        if self.failed {
+            return;
+        }
         while let Some(slot) = self.slots.get_mut(self.deliver_cursor) {
             if slot.entry.deliver_after_durable && !slot.durable {
                 break;
@@ -278,20 +321,54 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn failed_write_is_acked_with_error_and_not_delivered() {
+    async fn failed_write_is_neither_acked_nor_delivered() {
         let mut p = AckPipeline::new(8);
         let mut out = Vec::new();
         let (done, t) = ticket();
         p.push(entry(7, AckKind::PubRec, "lost", t, true), &mut out);
+        p.push(entry(8, AckKind::PubAck, "after", None, false), &mut out);
         done.complete(Err(PersistError("disk".into())));
+        p.wait_front(&mut out).await;
+        assert!(p.failed());
+        assert!(out.is_empty(), "{out:?}");
+    }
+
+    #[test]
+    fn abandon_returns_what_was_never_released() {
+        let mut p = AckPipeline::new(8);
+        let mut out = Vec::new();
+        let (_pending, t) = ticket();
+        p.push(entry(1, AckKind::PubAck, "sent", None, false), &mut out);
+        p.push(entry(2, AckKind::PubRec, "held", t, true), &mut out);
+        p.push(entry(0, AckKind::None, "behind", None, false), &mut out);
+        assert_eq!(
+            out,
+            vec![Released::Deliver("sent"), ack(AckKind::PubAck, 1)]
+        );
+        assert_eq!(p.abandon(), vec!["held", "behind"]);
+        assert!(p.is_empty() && p.unacked_publishes() == 0);
+    }
+
+    #[tokio::test]
+    async fn late_then_early_tickets_release_in_packet_order() {
+        let mut p = AckPipeline::new(8);
+        let mut out = Vec::new();
+        let (late, t1) = ticket();
+        let (early, t2) = ticket();
+        p.push(entry(1, AckKind::PubRec, "one", t1, true), &mut out);
+        p.push(entry(2, AckKind::PubRec, "two", t2, true), &mut out);
+        early.complete(Ok(()));
+        assert!(out.is_empty());
+        late.complete(Ok(()));
         p.wait_front(&mut out).await;
         assert_eq!(
             out,
-            vec![Released::Ack {
-                kind: AckKind::PubRec,
-                packet_id: 7,
-                reason: ReasonCode::UNSPECIFIED_ERROR
-            }]
+            vec![
+                Released::Deliver("one"),
+                Released::Deliver("two"),
+                ack(AckKind::PubRec, 1),
+                ack(AckKind::PubRec, 2),
+            ]
         );
     }
 

@@ -96,6 +96,7 @@ impl Broker {
         let mut connections = JoinSet::new();
         let sys = tokio::spawn(crate::sys::run(self.shared.clone(), stop_rx.clone()));
         crate::session::restore::arm_expiry(&self.shared);
+        let checkpoints = tokio::spawn(crate::checkpoint::run_checkpoints(self.shared.clone()));
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -130,6 +131,9 @@ impl Broker {
             connections.abort_all();
         }
         sys.abort();
+        checkpoints.abort();
+        // A clean stop leaves exact cursors: nothing is replayed at the next start.
+        crate::checkpoint::checkpoint_once(&self.shared);
         Ok(())
     }
 }

@@ -5,7 +5,9 @@
 //! - [`broker`]: [`Broker`] (shared state, accept loop, shutdown).
 //! - [`connection`]: one connection: CONNECT handshake, read loop, per-packet handlers, close.
 //! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
-//! - [`persist`]: the [`MessageStore`] seam (in-memory now, `tern-store` later) and tickets.
+//! - [`persist`]: the [`MessageStore`] seam and tickets; [`MemoryStore`] keeps nothing.
+//! - [`durable`]: [`DurableStore`], the `MessageStore` over `tern-store` (on-disk schema in
+//!   its module doc); [`checkpoint`]: the periodic write of persistent sessions' cursors.
 //! - [`session`]: session state, the registry (takeover, resume), expiry and will timers.
 //! - [`router`]: trie lookups, per-session merging, share-group member choice, delivery.
 //! - [`outbound`]: per-session queue, in-flight window and the vectored writer task.
@@ -14,8 +16,10 @@
 
 pub mod ack_pipeline;
 pub mod broker;
+pub mod checkpoint;
 pub mod config;
 pub mod connection;
+pub mod durable;
 pub mod message;
 pub mod metrics;
 pub mod outbound;
@@ -30,4 +34,9 @@ pub mod will;
 
 pub use broker::{Broker, Shared};
 pub use config::{BrokerConfig, ConfigError};
-pub use persist::{MemoryStore, MessageStore, PersistError, Ticket, TicketCompleter};
+pub use durable::{Durability, DurableConfig, DurableStore, SessionLimits, StreamSpec};
+pub use persist::{
+    MemoryStore, MessageStore, PersistError, Recovered, StoreRef, StoredInflight, StoredSession,
+    Ticket, TicketCompleter,
+};
+pub use tern_store::{Limits, StreamConfig, SyncPolicy};

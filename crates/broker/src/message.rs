@@ -11,6 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use tern_wire::{Properties, Protocol, PublishTemplate, QoS, Str};
+
+use crate::persist::StoreRef;
 use tokio::time::Instant;
 
 /// Bytes counted per queued message on top of topic and payload (headers, bookkeeping).
@@ -28,6 +30,8 @@ pub struct Message {
     pub arrived_at: Instant,
     /// Client id of the publisher (for No Local); `None` for wills and `$SYS`.
     pub publisher: Option<Arc<str>>,
+    /// Where the store keeps it, once a write was issued for it.
+    pub stored: OnceLock<StoreRef>,
     template_v3: OnceLock<Option<PublishTemplate>>,
     template_v5: OnceLock<Option<PublishTemplate>>,
 }
@@ -56,6 +60,7 @@ impl Message {
             properties,
             arrived_at,
             publisher,
+            stored: OnceLock::new(),
             template_v3: OnceLock::new(),
             template_v5: OnceLock::new(),
         }
@@ -63,7 +68,7 @@ impl Message {
 
     /// A fresh copy (no cached encodings) for re-encoding with changed properties.
     pub fn clone_for_resend(other: &Message) -> Message {
-        Message::new(
+        let copy = Message::new(
             other.topic.clone(),
             other.payload.clone(),
             other.qos,
@@ -71,7 +76,16 @@ impl Message {
             other.properties.clone(),
             other.publisher.clone(),
             other.arrived_at,
-        )
+        );
+        if let Some(stored) = other.stored.get() {
+            let _ = copy.stored.set(*stored);
+        }
+        copy
+    }
+
+    /// The store position, if a write was issued for this message.
+    pub fn store_ref(&self) -> Option<StoreRef> {
+        self.stored.get().copied()
     }
 
     /// A copy whose byte fields own their memory (not slices of a shared read buffer).

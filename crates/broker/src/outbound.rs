@@ -257,6 +257,52 @@ impl Outbound {
         true
     }
 
+    /// The store position of the in-flight message `packet_id`, if it was stored.
+    pub fn stored_ref(&self, packet_id: u16) -> Option<crate::persist::StoreRef> {
+        self.inflight
+            .iter()
+            .find(|e| e.packet_id == packet_id)
+            .and_then(|e| e.item.message.store_ref())
+    }
+
+    /// Drops queued (not in-flight) stored messages whose position retention removed from the
+    /// store: the session skips ahead over the removed range once. Returns how many.
+    pub fn drop_removed(&mut self, removed: &[(u16, std::ops::RangeInclusive<u64>)]) -> usize {
+        let gone = |o: &Outgoing| {
+            o.message.store_ref().is_some_and(|r| {
+                removed
+                    .iter()
+                    .any(|(stream, range)| *stream == r.stream && range.contains(&r.seq))
+            })
+        };
+        if !self.queue.iter().any(gone) {
+            return 0;
+        }
+        let queue = std::mem::take(&mut self.queue);
+        let mut dropped = 0;
+        for item in queue {
+            if gone(&item) {
+                self.account_removed(&item);
+                dropped += 1;
+            } else {
+                self.queue.push_back(item);
+            }
+        }
+        dropped
+    }
+
+    /// Appends the store positions of every stored message this session still holds (in
+    /// flight or queued) to `out`, for its durable cursor.
+    pub fn held(&self, out: &mut crate::persist::HeldSeqs) {
+        let refs = self
+            .inflight
+            .iter()
+            .map(|e| &e.item)
+            .chain(self.queue.iter())
+            .filter_map(|o| o.message.store_ref());
+        out.extend(refs.map(|r| (r.stream, r.seq)));
+    }
+
     pub fn on_pubcomp(&mut self, packet_id: u16) -> Option<Inflight> {
         self.remove_inflight(packet_id, |e| e.phase == Phase::PubRelPending)
     }
@@ -354,13 +400,29 @@ impl Outbound {
             let packet_id = if item.qos == QoS::AtMostOnce {
                 0
             } else {
-                let Some(packet_id) = self.packet_ids.allocate() else {
-                    // Unreachable while the window is respected; keep the message.
+                // A stored message always goes out under the id derived from its place in the
+                // store, so a resend after a restart carries the id the subscriber saw. If
+                // that id is still in flight, the queue waits (order is kept).
+                let id = match item.message.store_ref() {
+                    Some(stored) => {
+                        let id = stored.packet_id();
+                        self.packet_ids.take(id).then_some(id)
+                    }
+                    None => self.packet_ids.allocate(),
+                };
+                let Some(packet_id) = id else {
+                    // The derived packet id is still in flight (or, without a store, all
+                    // ids are): keep the message at the front.
                     self.queued_bytes += item.message.approx_len();
                     self.queued_reliable += 1;
                     self.removed_total -= 1;
                     self.queue.push_front(item);
-                    break;
+                    // Control packets behind it (a PUBREL that frees the id, say) still go.
+                    if self.control.is_empty() || head_blocked {
+                        break;
+                    }
+                    head_blocked = true;
+                    continue;
                 };
                 packet_id
             };

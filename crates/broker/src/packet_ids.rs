@@ -38,6 +38,11 @@ impl PacketIds {
         self.in_use.insert(id);
     }
 
+    /// Takes `id` if it is free.
+    pub fn take(&mut self, id: u16) -> bool {
+        id != 0 && self.in_use.insert(id)
+    }
+
     pub fn release(&mut self, id: u16) {
         self.in_use.remove(&id);
     }

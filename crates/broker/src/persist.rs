@@ -1,21 +1,28 @@
-//! The persistence seam: everything the broker would have to write for state to survive a
-//! restart goes through [`MessageStore`]. This issue ships [`MemoryStore`], which issues no
-//! writes; the durability issue implements the trait over `tern-store`.
+//! The persistence seam: everything the broker must write for state to survive a restart goes
+//! through [`MessageStore`]. [`MemoryStore`] issues no writes; [`crate::durable::DurableStore`]
+//! implements the trait over `tern-store`.
 //!
 //! A call that issues a write returns `Some(Ticket)`; the ticket completes once the write is
 //! durable. A call that issues no write returns `None` and the caller treats the step as done
 //! at once. Callers decide whether to wait by that `Option`, never by QoS or flags
-//! (ARCHITECTURE §4.3).
+//! (ARCHITECTURE §4.3): the store alone applies the durability policy of the stream a message
+//! falls in.
 //!
 //! Calls are made for every session; `session_opened` is made only for sessions that outlive
 //! their connection (expiry > 0), so an implementation can ignore the others' records.
 //!
 //! # Invariants
-//! - Tickets of one store complete in the order the writes were issued (group commit), so the
-//!   ack pipeline may wait on its front entry only.
-//! - Implementations never block the caller: they enqueue and return.
+//! - Tickets of one stream complete in the order the writes were issued (group commit); the
+//!   ack pipeline may still see them complete out of order across streams, and only releases
+//!   from its front.
+//! - Implementations never wait on the disk: they enqueue and return (the store's bounded
+//!   writer queue may make an append wait for room, which is back-pressure, not I/O).
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use tern_wire::{Protocol, QoS, SubscriptionOptions};
 use tokio::sync::oneshot;
@@ -27,41 +34,104 @@ use crate::message::Message;
 #[error("store write failed: {0}")]
 pub struct PersistError(pub String);
 
-/// Completion of one issued write.
-pub struct Ticket(oneshot::Receiver<Result<(), PersistError>>);
+/// Where a stored message lives: its stream (index in the store's configuration) and sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StoreRef {
+    pub stream: u16,
+    pub seq: u64,
+}
 
-/// The store's side of a [`Ticket`].
+impl StoreRef {
+    /// The packet identifier every delivery of this message uses, derived from where it is
+    /// stored. A restarted broker resends a message with the identifier it had before the
+    /// crash, so a subscriber that already holds it in its QoS 2 received set recognises the
+    /// duplicate (ARCHITECTURE §3, outbound). Never 0.
+    pub fn packet_id(self) -> u16 {
+        let mixed = self
+            .seq
+            .wrapping_add(u64::from(self.stream).wrapping_mul(7919));
+        (mixed % 65_535) as u16 + 1
+    }
+}
+
+/// Completion of one issued write: a `tern-store` ticket (no allocation, no channel per
+/// message), a channel (test stores), or an outcome known at once.
+pub struct Ticket(TicketInner);
+
+enum TicketInner {
+    Store(tern_store::Ticket),
+    Channel(oneshot::Receiver<Result<(), PersistError>>),
+    Ready(Option<Result<(), PersistError>>),
+}
+
+/// The store's side of a channel [`Ticket`].
 pub struct TicketCompleter(oneshot::Sender<Result<(), PersistError>>);
 
 impl Ticket {
+    /// A ticket completed through its [`TicketCompleter`] (test and wrapper stores).
     pub fn pair() -> (TicketCompleter, Ticket) {
         let (tx, rx) = oneshot::channel();
-        (TicketCompleter(tx), Ticket(rx))
+        (TicketCompleter(tx), Ticket(TicketInner::Channel(rx)))
+    }
+
+    pub fn from_store(ticket: tern_store::Ticket) -> Ticket {
+        Ticket(TicketInner::Store(ticket))
+    }
+
+    /// A write that already failed (e.g. the stream refused it).
+    pub fn failed(error: PersistError) -> Ticket {
+        Ticket(TicketInner::Ready(Some(Err(error))))
     }
 
     /// Waits for durability. A store that went away counts as a failed write.
     pub async fn wait(&mut self) -> Result<(), PersistError> {
-        match (&mut self.0).await {
-            Ok(result) => result,
-            Err(_) => Err(PersistError("store dropped the ticket".into())),
-        }
+        WaitTicket(self).await
     }
 
     /// `Some` once the write finished (or failed).
     pub fn try_result(&mut self) -> Option<Result<(), PersistError>> {
-        match self.0.try_recv() {
-            Ok(result) => Some(result),
-            Err(oneshot::error::TryRecvError::Empty) => None,
-            Err(oneshot::error::TryRecvError::Closed) => {
-                Some(Err(PersistError("store dropped the ticket".into())))
-            }
+        match &mut self.0 {
+            TicketInner::Store(t) => t
+                .try_result()
+                .map(|r| r.map(drop).map_err(|e| PersistError(e.to_string()))),
+            TicketInner::Channel(rx) => match rx.try_recv() {
+                Ok(result) => Some(result),
+                Err(oneshot::error::TryRecvError::Empty) => None,
+                Err(oneshot::error::TryRecvError::Closed) => Some(Err(dropped())),
+            },
+            TicketInner::Ready(r) => Some(r.clone().unwrap_or(Ok(()))),
+        }
+    }
+}
+
+fn dropped() -> PersistError {
+    PersistError("store dropped the ticket".into())
+}
+
+struct WaitTicket<'a>(&'a mut Ticket);
+
+impl Future for WaitTicket<'_> {
+    type Output = Result<(), PersistError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.0.0 {
+            TicketInner::Store(t) => Pin::new(t)
+                .poll(cx)
+                .map(|r| r.map(drop).map_err(|e| PersistError(e.to_string()))),
+            TicketInner::Channel(rx) => Pin::new(rx)
+                .poll(cx)
+                .map(|r| r.unwrap_or_else(|_| Err(dropped()))),
+            TicketInner::Ready(r) => Poll::Ready(r.clone().unwrap_or(Ok(()))),
         }
     }
 }
 
 impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Ticket")
+        match &self.0 {
+            TicketInner::Store(t) => write!(f, "Ticket({})", t.seq()),
+            _ => f.write_str("Ticket"),
+        }
     }
 }
 
@@ -72,25 +142,46 @@ impl TicketCompleter {
     }
 }
 
+/// What a persistent session holds per stream, for its cursor.
+pub type HeldSeqs = Vec<(u16, u64)>;
+
 /// Durable state of sessions, messages and QoS exchanges (ARCHITECTURE §3, §5).
 pub trait MessageStore: Send + Sync + 'static {
-    /// An admitted inbound PUBLISH that must be stored (QoS>0 under the default policy).
-    /// `qos2_packet_id` is `Some` for QoS 2: the same write records "(session, pi) received".
+    /// An admitted inbound PUBLISH (any QoS). The store writes it if the stream it falls in
+    /// says so (durability `default`: QoS>0; `always`: every QoS; `never`: none) and then
+    /// returns the ticket. `qos2_packet_id` is `Some` for QoS 2: the same write records
+    /// "(session, pi) received".
     fn append_publish(
         &self,
         client_id: &str,
         message: &Message,
         qos2_packet_id: Option<u16>,
     ) -> Option<Ticket>;
+    /// The message left the publisher's pipeline (routed, or given up).
+    fn message_released(&self, _message: &Message) {}
     /// PUBREL from the client: "(session, pi) released". PUBCOMP leaves once durable.
     fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket>;
     /// PUBREC from a subscriber: "PUBREL pending" for an outbound QoS 2 message; PUBREL leaves
     /// once durable so that a restart resends PUBREL, never the PUBLISH.
-    fn outbound_pubrel_pending(&self, client_id: &str, packet_id: u16) -> Option<Ticket>;
+    fn outbound_pubrel_pending(
+        &self,
+        client_id: &str,
+        packet_id: u16,
+        stored: Option<StoreRef>,
+    ) -> Option<Ticket>;
     /// PUBACK / PUBCOMP from a subscriber: the outbound exchange is over.
     fn outbound_completed(&self, client_id: &str, packet_id: u16);
-    /// A persistent session started or resumed with this expiry.
-    fn session_opened(&self, client_id: &str, expiry_interval_s: u32);
+    /// A persistent session started (`fresh`) or resumed with this expiry.
+    fn session_opened(
+        &self,
+        client_id: &str,
+        protocol: Protocol,
+        expiry_interval_s: u32,
+        fresh: bool,
+    );
+    /// A persistent session with a finite expiry lost its connection: its expiry interval
+    /// (`expiry_interval_s`, possibly changed by DISCONNECT) runs from now.
+    fn session_closed(&self, _client_id: &str, _expiry_interval_s: u32) {}
     /// The session ended (expired, clean start, or expiry 0 at disconnect).
     fn session_ended(&self, client_id: &str);
     fn session_subscribed(
@@ -107,6 +198,25 @@ pub trait MessageStore: Send + Sync + 'static {
     /// remembers nothing.
     fn recover(&self) -> Recovered {
         Recovered::default()
+    }
+    /// Ranges retention removed from the message streams since the last call (stream index,
+    /// sequences), for sessions to skip ahead over them once.
+    fn removed_ranges(&self) -> Vec<(u16, std::ops::RangeInclusive<u64>)> {
+        Vec::new()
+    }
+    /// Per stream, the lowest sequence that may still be routed. Read before the sessions'
+    /// held messages are listed for [`MessageStore::checkpoint`]; empty if nothing is stored.
+    fn checkpoint_floors(&self) -> Vec<u64> {
+        Vec::new()
+    }
+    /// Records how far a persistent session got: `held` lists the stored messages it still
+    /// holds (queued or in flight). Called periodically. True if a write was issued.
+    fn checkpoint(&self, _client_id: &str, _floors: &[u64], _held: &HeldSeqs) -> bool {
+        false
+    }
+    /// Client ids of the sessions the store keeps (the ones to checkpoint).
+    fn persistent_sessions(&self) -> Vec<Arc<str>> {
+        Vec::new()
     }
 }
 
@@ -154,13 +264,27 @@ impl MessageStore for MemoryStore {
     fn qos2_released(&self, _: &str, _: u16) -> Option<Ticket> {
         None
     }
-    fn outbound_pubrel_pending(&self, _: &str, _: u16) -> Option<Ticket> {
+    fn outbound_pubrel_pending(&self, _: &str, _: u16, _: Option<StoreRef>) -> Option<Ticket> {
         None
     }
     fn outbound_completed(&self, _: &str, _: u16) {}
-    fn session_opened(&self, _: &str, _: u32) {}
+    fn session_opened(&self, _: &str, _: Protocol, _: u32, _: bool) {}
     fn session_ended(&self, _: &str) {}
     fn session_subscribed(&self, _: &str, _: &str, _: SubscriptionOptions, _: Option<u32>) {}
     fn session_unsubscribed(&self, _: &str, _: &str) {}
     fn retained_changed(&self, _: &str, _: Option<&Message>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_packet_ids_are_never_zero() {
+        for seq in [0, 1, 65_534, 65_535, 65_536, u64::MAX] {
+            for stream in [0, 1, u16::MAX] {
+                assert_ne!(StoreRef { stream, seq }.packet_id(), 0);
+            }
+        }
+    }
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use tern_broker::message::Message;
-use tern_broker::{Broker, MessageStore, Ticket};
-use tern_wire::{Packet, SubscriptionOptions};
+use tern_broker::{Broker, MessageStore, PersistError, StoreRef, Ticket};
+use tern_wire::{Packet, Protocol, QoS, ReasonCode, SubscriptionOptions};
 use tokio::net::TcpListener;
 
 /// Every write becomes durable after `delay`, in issue order.
@@ -34,17 +34,21 @@ impl SlowStore {
 }
 
 impl MessageStore for SlowStore {
-    fn append_publish(&self, _: &str, _: &Message, _: Option<u16>) -> Option<Ticket> {
+    fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
+        // Durability `default`: QoS 0 is not written.
+        if m.qos == QoS::AtMostOnce {
+            return None;
+        }
         self.ticket()
     }
     fn qos2_released(&self, _: &str, _: u16) -> Option<Ticket> {
         self.ticket()
     }
-    fn outbound_pubrel_pending(&self, _: &str, _: u16) -> Option<Ticket> {
+    fn outbound_pubrel_pending(&self, _: &str, _: u16, _: Option<StoreRef>) -> Option<Ticket> {
         self.ticket()
     }
     fn outbound_completed(&self, _: &str, _: u16) {}
-    fn session_opened(&self, _: &str, _: u32) {}
+    fn session_opened(&self, _: &str, _: Protocol, _: u32, _: bool) {}
     fn session_ended(&self, _: &str) {}
     fn session_subscribed(&self, _: &str, _: &str, _: SubscriptionOptions, _: Option<u32>) {}
     fn session_unsubscribed(&self, _: &str, _: &str) {}
@@ -92,4 +96,97 @@ async fn mixed_qos_keeps_order_and_acks_wait_for_durability() {
     assert!(matches!(p.recv().await, Some(Packet::PubComp(a)) if a.packet_id == 1));
     // Two appends, one release, one PUBREL-pending write.
     assert_eq!(store.writes.load(Ordering::Relaxed), 4);
+}
+
+/// Publish writes complete after the delay of their turn in `delays_ms` (then at once), each
+/// on its own timer: a later write may complete before an earlier one. `fail_at` makes that
+/// write fail instead.
+struct ScriptedStore {
+    delays_ms: Vec<u64>,
+    fail_at: Option<usize>,
+    writes: AtomicUsize,
+}
+
+impl MessageStore for ScriptedStore {
+    fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
+        if m.qos == QoS::AtMostOnce {
+            return None;
+        }
+        let n = self.writes.fetch_add(1, Ordering::Relaxed);
+        let delay = Duration::from_millis(self.delays_ms.get(n).copied().unwrap_or(0));
+        let fail = self.fail_at == Some(n);
+        let (done, ticket) = Ticket::pair();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            done.complete(if fail {
+                Err(PersistError("injected".into()))
+            } else {
+                Ok(())
+            });
+        });
+        Some(ticket)
+    }
+    fn qos2_released(&self, _: &str, _: u16) -> Option<Ticket> {
+        None
+    }
+    fn outbound_pubrel_pending(&self, _: &str, _: u16, _: Option<StoreRef>) -> Option<Ticket> {
+        None
+    }
+    fn outbound_completed(&self, _: &str, _: u16) {}
+    fn session_opened(&self, _: &str, _: Protocol, _: u32, _: bool) {}
+    fn session_ended(&self, _: &str) {}
+    fn session_subscribed(&self, _: &str, _: &str, _: SubscriptionOptions, _: Option<u32>) {}
+    fn session_unsubscribed(&self, _: &str, _: &str) {}
+    fn retained_changed(&self, _: &str, _: Option<&Message>) {}
+}
+
+async fn scripted(delays_ms: Vec<u64>, fail_at: Option<usize>) -> std::net::SocketAddr {
+    let store = Arc::new(ScriptedStore {
+        delays_ms,
+        fail_at,
+        writes: AtomicUsize::new(0),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let broker = Broker::with_store(config(), store).unwrap();
+    tokio::spawn(async move { broker.serve(listener, std::future::pending()).await });
+    addr
+}
+
+/// The first write completes late, the second early: acks and deliveries still follow packet
+/// order, and the QoS 0 message between them (no write) waits its turn.
+#[tokio::test(start_paused = true)]
+async fn ticket_late_then_early_keeps_packet_order() {
+    let addr = scripted(vec![80, 5, 40], None).await;
+    let mut sub = Client::v5(addr, "le-sub").await;
+    sub.subscribe("le/t", 2).await;
+    let mut p = Client::v5(addr, "le-pub").await;
+    p.send(&Packet::Publish(publish("le/t", b"1-qos2-late", 2, 1)))
+        .await;
+    p.send(&Packet::Publish(publish("le/t", b"2-qos0", 0, 0)))
+        .await;
+    p.send(&Packet::Publish(publish("le/t", b"3-qos2-early", 2, 2)))
+        .await;
+    p.send(&Packet::Publish(publish("le/t", b"4-qos1", 1, 3)))
+        .await;
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let m = sub.expect_publish().await;
+        got.push(String::from_utf8(m.payload.to_vec()).unwrap());
+    }
+    assert_eq!(got, vec!["1-qos2-late", "2-qos0", "3-qos2-early", "4-qos1"]);
+    assert!(matches!(p.recv().await, Some(Packet::PubRec(a)) if a.packet_id == 1));
+    assert!(matches!(p.recv().await, Some(Packet::PubRec(a)) if a.packet_id == 2));
+    assert!(matches!(p.recv().await, Some(Packet::PubAck(a)) if a.packet_id == 3));
+}
+
+/// A failed store write is not acknowledged: the publisher is disconnected (v5: 0x80) so that
+/// it resends, and nothing after the failed message is acknowledged either.
+#[tokio::test(start_paused = true)]
+async fn failed_write_disconnects_without_ack() {
+    let addr = scripted(vec![10, 10], Some(0)).await;
+    let mut p = Client::v5(addr, "fw-pub").await;
+    p.send(&Packet::Publish(publish("fw/t", b"a", 1, 1))).await;
+    p.send(&Packet::Publish(publish("fw/t", b"b", 1, 2))).await;
+    assert_eq!(p.expect_disconnect().await, ReasonCode::UNSPECIFIED_ERROR);
 }

@@ -44,6 +44,14 @@ Config file keys (TOML, all optional; defaults shown):
     slow_subscriber_timeout_ms = 30000    full queue this long: disconnect (v5 0x97)
   [sys]
     interval_s = 10                       $SYS/broker/... publish interval (0 disables)
+  [[stream]]                              message streams (none: one stream `messages`, every topic)
+    name = \"messages\"                     required
+    filters = [\"#\"]                       topic filters captured (first matching stream wins)
+    max_age_s, max_msgs, max_bytes, max_msgs_per_topic   retention limits (unset: unlimited)
+    sync = \"always\"                       always | interval | never (fdatasync per group commit)
+    sync_interval_ms = 100                with sync = \"interval\"
+    durability = \"default\"                default (QoS 1/2) | always (QoS 0 too) | never
+    block_size_bytes = 4194304
 
 SIGINT/SIGTERM: stop accepting, send v5 clients DISCONNECT 0x8B, close, exit 0.";
 
@@ -59,9 +67,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Directory for durable state (accepted now; used by store-backed sessions).
+    /// Directory for durable state: message streams, sessions, retained messages.
     #[arg(long, value_name = "DIR", default_value = "./tern-data")]
     pub data_dir: PathBuf,
+
+    /// Sync policy of the default (first) stream, overriding the config file:
+    /// always (fdatasync before acknowledging), interval, never.
+    #[arg(long, value_name = "POLICY")]
+    pub sync: Option<String>,
+
+    /// Interval of `--sync interval`.
+    #[arg(long, value_name = "MS", default_value_t = crate::config_file::DEFAULT_SYNC_INTERVAL_MS)]
+    pub sync_interval_ms: u64,
 
     /// Log filter (e.g. info, debug, tern_broker=trace); overrides RUST_LOG. Logs go to stderr.
     #[arg(long, value_name = "LEVEL")]

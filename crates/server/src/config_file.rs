@@ -1,10 +1,13 @@
-//! The TOML config file: `[listener]`, `[limits]`, `[sys]`. Every key is optional; an unknown
-//! key or a value of the wrong type or range is an error that names the key and its table.
+//! The TOML config file: `[listener]`, `[limits]`, `[sys]` and any number of `[[stream]]`.
+//! Every key is optional; an unknown key or a value of the wrong type or range is an error that
+//! names the key and its table.
 
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
-use tern_broker::BrokerConfig;
+use std::time::Duration;
+
+use tern_broker::{BrokerConfig, Durability, StreamSpec, SyncPolicy};
 use toml::{Table, Value};
 
 /// What the file sets.
@@ -12,6 +15,8 @@ use toml::{Table, Value};
 pub struct FileConfig {
     pub bind: Option<String>,
     pub broker: BrokerConfig,
+    /// `[[stream]]` tables in order; empty means the default stream.
+    pub streams: Vec<StreamSpec>,
 }
 
 #[derive(Debug)]
@@ -76,6 +81,18 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
         .map_err(|e: toml::de::Error| ConfigFileError::Parse(e.to_string()))?;
     let mut config = FileConfig::default();
     for (name, section) in &root {
+        if name == "stream" {
+            let Value::Array(items) = section else {
+                return Err(ConfigFileError::NotATable("stream".into()));
+            };
+            for item in items {
+                let Value::Table(table) = item else {
+                    return Err(ConfigFileError::NotATable("stream".into()));
+                };
+                config.streams.push(parse_stream(table)?);
+            }
+            continue;
+        }
         let Value::Table(section) = section else {
             return Err(ConfigFileError::NotATable(name.clone()));
         };
@@ -112,6 +129,19 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
             other => return Err(ConfigFileError::UnknownTable(other.to_string())),
         }
     }
+    if !config.streams.is_empty() {
+        let durable = tern_broker::DurableConfig {
+            streams: config.streams.clone(),
+            ..Default::default()
+        };
+        if let Err(reason) = durable.validate() {
+            return Err(ConfigFileError::BadValue {
+                key: "name/filters".into(),
+                table: "stream",
+                reason,
+            });
+        }
+    }
     if let Err(error) = config.broker.validate() {
         let table = if error.field == "sys_interval_s" {
             "sys"
@@ -125,6 +155,64 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
         });
     }
     Ok(config)
+}
+
+/// Parses a sync policy name (`always`, `interval`, `never`).
+pub fn sync_policy(name: &str, interval_ms: u64) -> Result<SyncPolicy, String> {
+    match name {
+        "always" => Ok(SyncPolicy::Always),
+        "never" => Ok(SyncPolicy::Never),
+        "interval" if interval_ms > 0 => {
+            Ok(SyncPolicy::Interval(Duration::from_millis(interval_ms)))
+        }
+        "interval" => Err("sync_interval_ms must be above 0".into()),
+        other => Err(format!("`{other}` is not one of always, interval, never")),
+    }
+}
+
+/// Default of `sync_interval_ms` / `--sync-interval-ms`.
+pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 100;
+
+fn parse_stream(section: &Table) -> Result<StreamSpec, ConfigFileError> {
+    const T: &str = "stream";
+    let bad = |key: &str, reason: String| ConfigFileError::BadValue {
+        key: key.to_string(),
+        table: T,
+        reason,
+    };
+    let mut spec = StreamSpec::default_stream();
+    let mut sync = "always".to_string();
+    let mut interval_ms = DEFAULT_SYNC_INTERVAL_MS;
+    let mut named = false;
+    for (key, v) in section {
+        let k = key.as_str();
+        match k {
+            "name" => {
+                spec.name = get(v, k, T)?;
+                named = true;
+            }
+            "filters" => spec.filters = get(v, k, T)?,
+            "max_age_s" => {
+                spec.store.limits.max_age = Some(Duration::from_secs(get::<u64>(v, k, T)?))
+            }
+            "max_msgs" => spec.store.limits.max_msgs = Some(get(v, k, T)?),
+            "max_bytes" => spec.store.limits.max_bytes = Some(get(v, k, T)?),
+            "max_msgs_per_topic" => spec.store.limits.max_msgs_per_topic = Some(get(v, k, T)?),
+            "block_size_bytes" => spec.store.block_size_bytes = get(v, k, T)?,
+            "sync" => sync = get(v, k, T)?,
+            "sync_interval_ms" => interval_ms = get(v, k, T)?,
+            "durability" => {
+                let d: String = get(v, k, T)?;
+                spec.durability = d.parse::<Durability>().map_err(|e| bad(k, e))?;
+            }
+            _ => return Err(unknown(k, T)),
+        }
+    }
+    if !named {
+        return Err(bad("name", "every [[stream]] needs a name".into()));
+    }
+    spec.store.sync = sync_policy(&sync, interval_ms).map_err(|e| bad("sync", e))?;
+    Ok(spec)
 }
 
 fn unknown(key: &str, table: &'static str) -> ConfigFileError {
@@ -179,6 +267,24 @@ mod tests {
         assert_eq!(c.bind.as_deref(), Some("127.0.0.1:0"));
         assert_eq!(c.broker.receive_maximum, 10);
         assert_eq!(c.broker.sys_interval_s, 0);
+    }
+
+    #[test]
+    fn streams_are_parsed() {
+        let c = parse(
+            "[[stream]]\nname = \"s\"\nfilters = [\"a/#\"]\nmax_msgs = 10\nmax_age_s = 60\nsync = \"never\"\ndurability = \"always\"\n[[stream]]\nname = \"rest\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.streams.len(), 2);
+        assert_eq!(c.streams[0].filters, vec!["a/#".to_string()]);
+        assert_eq!(c.streams[0].store.limits.max_msgs, Some(10));
+        assert_eq!(c.streams[0].store.sync, SyncPolicy::Never);
+        assert_eq!(c.streams[0].durability, Durability::Always);
+        assert_eq!(c.streams[1].store.sync, SyncPolicy::Always);
+        let e = parse("[[stream]]\nname = \"s\"\nsyncc = 1\n").unwrap_err();
+        assert_eq!(e.to_string(), "unknown field `syncc` in [stream]");
+        let e = parse("[[stream]]\nname = \"s\"\ndurability = \"sometimes\"\n").unwrap_err();
+        assert!(e.to_string().contains("`durability` in [stream]"), "{e}");
     }
 
     #[test]

@@ -11,7 +11,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use tern_broker::Broker;
+use std::path::Path;
+use std::sync::Arc;
+
+use tern_broker::{Broker, DurableConfig, DurableStore, SessionLimits};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -60,7 +63,20 @@ fn serve(args: ServeArgs) -> ExitCode {
         .clone()
         .or(file.bind.clone())
         .unwrap_or_else(|| DEFAULT_BIND.to_string());
-    match run(&bind, file) {
+    let mut file = file;
+    if file.streams.is_empty() {
+        file.streams.push(tern_broker::StreamSpec::default_stream());
+    }
+    if let Some(sync) = &args.sync {
+        match config_file::sync_policy(sync, args.sync_interval_ms) {
+            Ok(policy) => file.streams[0].store.sync = policy,
+            Err(error) => {
+                eprintln!("error: --sync: {error}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    match run(&bind, &args.data_dir, file) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
@@ -69,13 +85,25 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-fn run(bind: &str, file: config_file::FileConfig) -> anyhow::Result<()> {
+fn run(bind: &str, data_dir: &Path, file: config_file::FileConfig) -> anyhow::Result<()> {
+    let store = DurableStore::open(
+        data_dir,
+        DurableConfig {
+            streams: file.streams.clone(),
+            sessions: SessionLimits {
+                max_pending_per_session: file.broker.max_queued_messages,
+                max_inflight_per_session: usize::from(file.broker.max_inflight_messages),
+            },
+        },
+    )
+    .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;
+    let store = Arc::new(store);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let broker = Broker::new(file.broker).context("invalid limits")?;
+        let broker = Broker::with_store(file.broker, store).context("invalid limits")?;
         let shutdown = signals::install().context("cannot install signal handlers")?;
         let listener = TcpListener::bind(bind)
             .await

@@ -29,8 +29,10 @@ impl Conn {
             if state.conn_gen != self.conn_gen {
                 return Ok(());
             }
-            state.out.on_pubrec(ack.packet_id, accepted)
+            let stored = state.out.stored_ref(ack.packet_id);
+            (state.out.on_pubrec(ack.packet_id, accepted), stored)
         };
+        let (known, stored) = known;
         if !accepted {
             self.ctl.wake.notify_one();
             return Ok(());
@@ -48,7 +50,7 @@ impl Conn {
         let ticket = if known {
             self.shared
                 .store
-                .outbound_pubrel_pending(&self.client_id, ack.packet_id)
+                .outbound_pubrel_pending(&self.client_id, ack.packet_id, stored)
         } else {
             None
         };

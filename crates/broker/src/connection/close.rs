@@ -16,6 +16,8 @@ use crate::will;
 const WRITER_CLOSE_TIMEOUT_MS: u64 = 2_000;
 /// How long the writer gets to flush its last batch and send our DISCONNECT.
 const WRITER_FINAL_PACKET_TIMEOUT_MS: u64 = 10_000;
+/// How long a closing connection waits for its outstanding store writes.
+const PIPELINE_DRAIN_TIMEOUT_MS: u64 = 5_000;
 
 impl Conn {
     pub(super) fn on_disconnect(&mut self, disconnect: Disconnect) -> Close {
@@ -34,6 +36,28 @@ impl Conn {
     }
 
     pub(super) async fn finish(mut self, close: Close, writer: JoinHandle<()>) {
+        // Writes already issued still complete: deliver what they made durable (a QoS 2
+        // message recorded as received must reach its subscribers, since the client's retry
+        // will be answered as a duplicate). Acknowledgements are not sent any more.
+        let drained = tokio::time::timeout(
+            Duration::from_millis(PIPELINE_DRAIN_TIMEOUT_MS),
+            self.pipeline.drain(&mut self.released),
+        )
+        .await;
+        if drained.is_err() {
+            tracing::warn!(client_id = %self.client_id, "store writes did not complete in time at close");
+        }
+        for item in std::mem::take(&mut self.released) {
+            if let crate::ack_pipeline::Released::Deliver(message) = item {
+                crate::router::publish(&self.shared, message.clone());
+                self.shared.store.message_released(&message);
+            }
+        }
+        // What never became durable is not delivered; the store must not wait for it either
+        // (it would hold every persistent session's cursor back).
+        for message in self.pipeline.abandon() {
+            self.shared.store.message_released(&message);
+        }
         let final_reason = match close {
             Close::Protocol(reason) => Some(reason),
             Close::KeepAlive => Some(ReasonCode::KEEP_ALIVE_TIMEOUT),

@@ -231,7 +231,13 @@ impl Conn {
             match event {
                 Event::Kicked(reason) => return Close::Kicked(reason),
                 Event::Shutdown => return Close::Shutdown,
-                Event::Durable => self.flush_released(),
+                Event::Durable => {
+                    self.flush_released();
+                    if self.pipeline.failed() {
+                        // Not acknowledged: the client resends after reconnecting.
+                        return Close::Protocol(ReasonCode::UNSPECIFIED_ERROR);
+                    }
+                }
                 Event::Drained => {}
                 Event::Read(Ok(0)) | Event::Read(Err(_)) => return Close::Lost,
                 Event::Read(Ok(n)) => {
@@ -348,7 +354,8 @@ impl Conn {
         }
         for item in released.drain(..) {
             if let Released::Deliver(message) = item {
-                crate::router::publish(&self.shared, message);
+                crate::router::publish(&self.shared, message.clone());
+                self.shared.store.message_released(&message);
             }
         }
         self.released = released;

@@ -75,8 +75,9 @@ impl Conn {
             reason = ReasonCode::PAYLOAD_FORMAT_INVALID;
             route = false;
         }
-        if sys_topic {
-            // Clients may not publish into the broker's own statistics.
+        if sys_topic || topic.starts_with("$tern/") {
+            // Clients may not publish into the broker's own statistics, nor into the topic
+            // space of the store's control records.
             route = false;
         }
 
@@ -93,7 +94,9 @@ impl Conn {
         if exactly_once {
             self.session.state.lock().qos2_received.insert(packet_id);
         }
-        let ticket = if route && qos != QoS::AtMostOnce {
+        // The store decides by the stream's durability policy whether to write; the pipeline
+        // waits only if it did (ARCHITECTURE §4.3).
+        let ticket = if route {
             self.shared.store.append_publish(
                 &self.client_id,
                 &message,

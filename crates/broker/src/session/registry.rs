@@ -138,9 +138,12 @@ pub fn attach(shared: &Shared, request: AttachRequest<'_>) -> Attached {
     session.set_online(true);
     drop(sessions);
     if request.expiry_interval_s > 0 {
-        shared
-            .store
-            .session_opened(request.client_id, request.expiry_interval_s);
+        shared.store.session_opened(
+            request.client_id,
+            request.protocol,
+            request.expiry_interval_s,
+            !session_present,
+        );
     }
     Attached {
         session,
@@ -167,6 +170,10 @@ pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
     if expiry_interval_s == 0 {
         end(shared, session);
     } else if expiry_interval_s != u32::MAX {
+        // The expiry (as set by CONNECT or DISCONNECT) counts from now, across restarts too.
+        shared
+            .store
+            .session_closed(&session.client_id, expiry_interval_s);
         crate::session::expiry::arm(shared.clone(), session.clone(), conn_gen, expiry_interval_s);
     }
 }

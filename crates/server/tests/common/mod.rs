@@ -12,6 +12,7 @@
 //!   Its stderr (the broker's logs) goes to a file that is printed when a test fails.
 #![allow(dead_code)]
 
+pub mod durable;
 pub mod raw;
 pub mod rumq;
 

@@ -1,0 +1,650 @@
+//! [`DurableStore`]: the [`MessageStore`] over `tern-store` (ARCHITECTURE §3–§5).
+//!
+//! # On-disk schema (one `tern-store` directory, `--data-dir`)
+//! Message streams (configured; default one stream `messages` capturing every topic):
+//! - a message record per stored PUBLISH: topic = the MQTT topic, properties = QoS, retain,
+//!   publisher and MQTT 5 properties ([`codec::encode_meta`]), payload = the payload;
+//! - `$tern/rx/{client}` (payload: packet id u16 BE ++ the session's incarnation u64 BE, so a
+//!   later session under the same client id ignores it): "(session, pi) received", appended in
+//!   the **same batch** as its QoS 2 message, so both are durable together or not at all;
+//! - `$tern/rel/{client}` (payload: the sequence of the rx record it releases, u64 BE):
+//!   appended on PUBREL, in the rx record's stream; PUBCOMP leaves once it is durable;
+//! - `$tern/reset/{client}` (empty): a persistent session started afresh or ended; earlier rx
+//!   records of that client in this stream are void.
+//!
+//! Clients cannot publish under `$tern/` and session replay skips it. State streams (keyed,
+//! compacted `KvStream`s; their sync policy is the first message stream's):
+//! - `tern.sessions`, one stream for three key spaces so that its log order orders them:
+//!   - `s` ++ client id → protocol, expiry, the time it lost its connection, subscriptions
+//!     ([`codec::SessionRecord`]);
+//!   - `c` ++ client id → per message stream, the sequence below which every record its
+//!     filters match was completed ([`codec::encode_positions`]);
+//!   - `o` ++ client id ++ `\0` ++ packet id → position of an outbound QoS 2 message whose
+//!     PUBREC arrived ("PUBREL pending"); kept after PUBCOMP until the session's cursor passes
+//!     the message (so a completed exchange is never replayed as a new PUBLISH), and cleared
+//!     only after that cursor was written, in the same stream;
+//! - `tern.retained`: topic → meta length (u32 BE) ++ meta ++ payload; cleared = deleted.
+//!
+//! A persistent session's queued messages are not copied: at start-up they are the records
+//! after its cursor that its (non-shared) filters match, minus those PUBREL-pending.
+//!
+//! # Invariants
+//! - Cursor safety: the cursor written for a session is `min(floor, held)` where `floor` is the
+//!   lowest sequence appended but not yet routed (or the next sequence), read **before** the
+//!   session's held messages are listed; a message leaves the unrouted set only after it was
+//!   pushed to every target session. So no matching record below a cursor is still owed.
+//! - Every delivery of a stored message uses [`StoreRef::packet_id`], so a resend after a crash
+//!   carries the packet id the subscriber may already hold (exactly once outbound).
+//! - The unrouted lock is held across the append, so the set and `next_seq` never miss a
+//!   sequence that a concurrent checkpoint could pass.
+
+pub mod codec;
+pub mod config;
+mod recover;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+use parking_lot::Mutex;
+use tern_store::{FilterSet, KvStream, NewRecord, Store, StoreError, Stream, StreamConfig};
+use tern_wire::{Protocol, QoS, SubscriptionOptions};
+
+pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, SessionLimits, StreamSpec};
+
+use crate::message::Message;
+use crate::persist::{HeldSeqs, MessageStore, PersistError, Recovered, StoreRef, Ticket};
+use crate::session::SubRecord;
+use codec::SessionRecord;
+
+const RX_PREFIX: &str = "$tern/rx/";
+const REL_PREFIX: &str = "$tern/rel/";
+const RESET_PREFIX: &str = "$tern/reset/";
+/// Records read per `read_from` call while recovering.
+const RECOVERY_READ_RECORDS: usize = 4096;
+const RECOVERY_READ_BYTES: usize = 8 * 1024 * 1024;
+
+struct Unrouted {
+    seqs: BTreeSet<u64>,
+    next_seq: u64,
+}
+
+struct Slot {
+    spec: StreamSpec,
+    filters: FilterSet,
+    stream: Stream,
+    unrouted: Mutex<Unrouted>,
+}
+
+/// The durable store of a broker (see the module doc for the schema).
+pub struct DurableStore {
+    slots: Vec<Slot>,
+    sessions: Keyspace,
+    cursors: Keyspace,
+    outbound: Keyspace,
+    retained: KvStream,
+    /// Persistent sessions as last written to `tern.sessions`.
+    mirror: Mutex<HashMap<String, SessionRecord>>,
+    /// Inbound QoS 2: client → packet id → its rx record.
+    rx: Mutex<HashMap<String, HashMap<u16, StoreRef>>>,
+    /// Entries of `tern.outbound` that exist: client → packet id → the message's position.
+    /// Kept after PUBCOMP until the session's cursor passes the message, so that a replay
+    /// never sends a completed QoS 2 message again as a new PUBLISH.
+    pubrel: Mutex<HashMap<String, HashMap<u16, Option<StoreRef>>>>,
+    /// Cursors as last written, per client.
+    written_cursors: Mutex<HashMap<String, Vec<u64>>>,
+    limits: config::SessionLimits,
+    _store: Store,
+}
+
+fn io_error(e: StoreError) -> PersistError {
+    PersistError(e.to_string())
+}
+
+/// One key space of the shared session-state stream: keys carry a one-byte prefix.
+#[derive(Clone, Debug)]
+struct Keyspace {
+    kv: KvStream,
+    prefix: u8,
+}
+
+impl Keyspace {
+    fn new(kv: &KvStream, prefix: u8) -> Keyspace {
+        Keyspace {
+            kv: kv.clone(),
+            prefix,
+        }
+    }
+
+    fn key(&self, key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(key.len() + 1);
+        k.push(self.prefix);
+        k.extend_from_slice(key);
+        k
+    }
+
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<tern_store::Ticket, StoreError> {
+        self.kv.put(&self.key(key), value)
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<tern_store::Ticket, StoreError> {
+        self.kv.delete(&self.key(key))
+    }
+
+    /// Every live key (prefix removed) and value of this key space.
+    fn entries(&self, all: &FilterSet) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, StoreError> {
+        Ok(self
+            .kv
+            .entries(all)?
+            .into_iter()
+            .filter(|(k, _)| k.first() == Some(&self.prefix))
+            .map(|(k, v)| (k.slice(1..), v))
+            .collect())
+    }
+}
+
+fn outbound_key(client_id: &str, packet_id: u16) -> Vec<u8> {
+    let mut k = Vec::with_capacity(client_id.len() + 3);
+    k.extend_from_slice(client_id.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&packet_id.to_be_bytes());
+    k
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn report_damage(stream: &Stream) {
+    let report = stream.recovery_report();
+    if report.truncated_bytes > 0 {
+        tracing::warn!(
+            stream = stream.name(),
+            truncated_bytes = report.truncated_bytes,
+            lost = ?report.lost,
+            "torn tail truncated at start-up"
+        );
+    }
+    for c in &report.quarantined {
+        tracing::error!(stream = stream.name(), damage = ?c, "damaged block quarantined; serving the rest");
+    }
+}
+
+impl DurableStore {
+    /// Opens (creating if needed) the store in `dir` and the configured streams, reporting any
+    /// damage found by recovery in the log.
+    pub fn open(dir: &Path, config: DurableConfig) -> Result<DurableStore, StoreError> {
+        config.validate().map_err(StoreError::InvalidConfig)?;
+        let store = Store::open(dir)?;
+        let mut slots = Vec::with_capacity(config.streams.len());
+        for spec in &config.streams {
+            let stream = store.stream(&spec.name, spec.store.clone())?;
+            report_damage(&stream);
+            let next_seq = stream.info().last_seq.map_or(1, |s| s + 1);
+            slots.push(Slot {
+                filters: FilterSet::new(spec.filters.iter()),
+                spec: spec.clone(),
+                stream,
+                unrouted: Mutex::new(Unrouted {
+                    seqs: BTreeSet::new(),
+                    next_seq,
+                }),
+            });
+        }
+        // State streams are small: every checksum is verified at start-up, so damage is
+        // quarantined (and reported) before they are read.
+        let state = StreamConfig {
+            sync: config.state_sync(),
+            verify_on_open: true,
+            block_size_bytes: 1024 * 1024,
+            ..StreamConfig::default()
+        };
+        let kv = |name: &str| -> Result<KvStream, StoreError> {
+            let kv = store.kv(name, state.clone())?;
+            report_damage(kv.stream());
+            Ok(kv)
+        };
+        // Sessions, cursors and PUBREL-pending entries share one stream: its log order makes a
+        // later write (say, clearing an entry the cursor passed) never durable before an
+        // earlier one (that cursor).
+        let session_state = kv("tern.sessions")?;
+        Ok(DurableStore {
+            sessions: Keyspace::new(&session_state, b's'),
+            cursors: Keyspace::new(&session_state, b'c'),
+            outbound: Keyspace::new(&session_state, b'o'),
+            retained: kv("tern.retained")?,
+            slots,
+            mirror: Mutex::new(HashMap::new()),
+            rx: Mutex::new(HashMap::new()),
+            pubrel: Mutex::new(HashMap::new()),
+            written_cursors: Mutex::new(HashMap::new()),
+            limits: config.sessions,
+            _store: store,
+        })
+    }
+
+    /// The message streams, in configuration order.
+    pub fn streams(&self) -> impl Iterator<Item = &Stream> {
+        self.slots.iter().map(|s| &s.stream)
+    }
+
+    fn slot_for(&self, topic: &str) -> Option<(usize, &Slot)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.filters.matches(topic.as_bytes()))
+    }
+
+    fn floors(&self) -> Vec<u64> {
+        self.slots
+            .iter()
+            .map(|s| {
+                let u = s.unrouted.lock();
+                u.seqs.first().copied().unwrap_or(u.next_seq)
+            })
+            .collect()
+    }
+
+    fn put_session(&self, client_id: &str, record: &SessionRecord) {
+        if let Err(error) = self.sessions.put(client_id.as_bytes(), &record.encode()) {
+            tracing::error!(%error, client_id, "cannot write session state");
+        }
+    }
+
+    fn write_cursor(&self, client_id: &str, cursor: &[u64]) {
+        let positions: Vec<(&str, u64)> = self
+            .slots
+            .iter()
+            .zip(cursor)
+            .map(|(s, &c)| (s.spec.name.as_str(), c))
+            .collect();
+        if let Err(error) = self
+            .cursors
+            .put(client_id.as_bytes(), &codec::encode_positions(&positions))
+        {
+            tracing::error!(%error, client_id, "cannot write session cursor");
+        }
+    }
+
+    /// "Earlier rx records of this client are void", in every stream that may hold some.
+    fn reset_rx(&self, client_id: &str) {
+        let topic = format!("{RESET_PREFIX}{client_id}");
+        for slot in &self.slots {
+            if slot.spec.durability == Durability::Never {
+                continue;
+            }
+            if let Err(error) = slot.stream.append(topic.as_bytes(), &[], &[]) {
+                tracing::error!(%error, client_id, "cannot write session reset");
+            }
+        }
+    }
+}
+
+impl MessageStore for DurableStore {
+    fn append_publish(
+        &self,
+        client_id: &str,
+        message: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Option<Ticket> {
+        let (index, slot) = self.slot_for(&message.topic)?;
+        let write = match slot.spec.durability {
+            Durability::Never => false,
+            Durability::Default => message.qos != QoS::AtMostOnce,
+            Durability::Always => true,
+        };
+        if !write {
+            return None;
+        }
+        let mut meta = Vec::with_capacity(16);
+        codec::encode_meta(message, &mut meta);
+        let record = NewRecord {
+            topic: message.topic.as_bytes(),
+            properties: &meta,
+            payload: &message.payload,
+            time_ns: None,
+        };
+        let incarnation = match qos2_packet_id {
+            Some(_) => self
+                .mirror
+                .lock()
+                .get(client_id)
+                .map_or(0, |r| r.incarnation),
+            None => 0,
+        };
+        let mut unrouted = slot.unrouted.lock();
+        let result = match qos2_packet_id {
+            Some(packet_id) => {
+                let rx_topic = format!("{RX_PREFIX}{client_id}");
+                let mut pi = [0u8; 10];
+                pi[..2].copy_from_slice(&packet_id.to_be_bytes());
+                pi[2..].copy_from_slice(&incarnation.to_be_bytes());
+                slot.stream.append_batch(&[
+                    record,
+                    NewRecord {
+                        topic: rx_topic.as_bytes(),
+                        payload: &pi,
+                        ..NewRecord::default()
+                    },
+                ])
+            }
+            None => slot.stream.append_batch(&[record]),
+        };
+        let ticket = match result {
+            Ok(ticket) => ticket,
+            Err(error) => {
+                drop(unrouted);
+                return Some(Ticket::failed(io_error(error)));
+            }
+        };
+        let seq = ticket.first_seq();
+        unrouted.seqs.insert(seq);
+        unrouted.next_seq = ticket.seq() + 1;
+        drop(unrouted);
+        let stream = index as u16;
+        let _ = message.stored.set(StoreRef { stream, seq });
+        if let Some(packet_id) = qos2_packet_id {
+            let rx_ref = StoreRef {
+                stream,
+                seq: ticket.seq(),
+            };
+            let mut rx = self.rx.lock();
+            match rx.get_mut(client_id) {
+                Some(m) => {
+                    m.insert(packet_id, rx_ref);
+                }
+                None => {
+                    rx.insert(client_id.to_string(), HashMap::from([(packet_id, rx_ref)]));
+                }
+            }
+        }
+        Some(Ticket::from_store(ticket))
+    }
+
+    fn message_released(&self, message: &Message) {
+        if let Some(stored) = message.store_ref() {
+            if let Some(slot) = self.slots.get(usize::from(stored.stream)) {
+                slot.unrouted.lock().seqs.remove(&stored.seq);
+            }
+        }
+    }
+
+    fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        let rx_ref = self.rx.lock().get_mut(client_id)?.remove(&packet_id)?;
+        let slot = self.slots.get(usize::from(rx_ref.stream))?;
+        let topic = format!("{REL_PREFIX}{client_id}");
+        Some(
+            match slot
+                .stream
+                .append(topic.as_bytes(), &[], &rx_ref.seq.to_be_bytes())
+            {
+                Ok(ticket) => Ticket::from_store(ticket),
+                Err(error) => Ticket::failed(io_error(error)),
+            },
+        )
+    }
+
+    fn outbound_pubrel_pending(
+        &self,
+        client_id: &str,
+        packet_id: u16,
+        stored: Option<StoreRef>,
+    ) -> Option<Ticket> {
+        // Only a session that survives a restart needs to remember it.
+        if !self.mirror.lock().contains_key(client_id) {
+            return None;
+        }
+        let positions: Vec<(&str, u64)> = stored
+            .and_then(|r| {
+                self.slots
+                    .get(usize::from(r.stream))
+                    .map(|s| (s.spec.name.as_str(), r.seq))
+            })
+            .into_iter()
+            .collect();
+        let key = outbound_key(client_id, packet_id);
+        let result = self
+            .outbound
+            .put(&key, &codec::encode_positions(&positions));
+        self.pubrel
+            .lock()
+            .entry(client_id.to_string())
+            .or_default()
+            .insert(packet_id, stored);
+        Some(match result {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => Ticket::failed(io_error(error)),
+        })
+    }
+
+    fn outbound_completed(&self, client_id: &str, packet_id: u16) {
+        // A stored message's entry stays until the cursor passes it (see `pubrel`); only an
+        // unstored one (never replayed) is cleared at once.
+        let unstored = {
+            let mut pubrel = self.pubrel.lock();
+            let Some(m) = pubrel.get_mut(client_id) else {
+                return;
+            };
+            match m.get(&packet_id) {
+                Some(None) => m.remove(&packet_id).is_some(),
+                _ => false,
+            }
+        };
+        if unstored {
+            if let Err(error) = self.outbound.delete(&outbound_key(client_id, packet_id)) {
+                tracing::warn!(%error, client_id, "cannot clear PUBREL-pending state");
+            }
+        }
+    }
+
+    fn session_opened(
+        &self,
+        client_id: &str,
+        protocol: Protocol,
+        expiry_interval_s: u32,
+        fresh: bool,
+    ) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let record = mirror.entry(client_id.to_string()).or_default();
+            if fresh {
+                record.subscriptions.clear();
+                record.incarnation = now_ns().max(record.incarnation + 1);
+            }
+            record.protocol_level = protocol.level();
+            record.expiry_interval_s = expiry_interval_s;
+            record.closed_at_unix_s = 0;
+            record.clone()
+        };
+        if fresh {
+            self.rx.lock().remove(client_id);
+            self.reset_rx(client_id);
+            let floors = self.floors();
+            self.write_cursor(client_id, &floors);
+            self.written_cursors
+                .lock()
+                .insert(client_id.to_string(), floors);
+        }
+        self.put_session(client_id, &record);
+    }
+
+    fn session_closed(&self, client_id: &str, expiry_interval_s: u32) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let Some(record) = mirror.get_mut(client_id) else {
+                return;
+            };
+            record.expiry_interval_s = expiry_interval_s;
+            record.closed_at_unix_s = now_ns() / 1_000_000_000;
+            record.clone()
+        };
+        self.put_session(client_id, &record);
+    }
+
+    fn session_ended(&self, client_id: &str) {
+        let had_rx = self
+            .rx
+            .lock()
+            .remove(client_id)
+            .is_some_and(|m| !m.is_empty());
+        let persistent = self.mirror.lock().remove(client_id).is_some();
+        if !persistent {
+            return;
+        }
+        self.written_cursors.lock().remove(client_id);
+        let _ = self.sessions.delete(client_id.as_bytes());
+        let _ = self.cursors.delete(client_id.as_bytes());
+        let packet_ids: Vec<u16> = self
+            .pubrel
+            .lock()
+            .remove(client_id)
+            .map(|m| m.into_keys().collect())
+            .unwrap_or_default();
+        for packet_id in packet_ids {
+            let _ = self.outbound.delete(&outbound_key(client_id, packet_id));
+        }
+        if had_rx {
+            self.reset_rx(client_id);
+        }
+    }
+
+    fn session_subscribed(
+        &self,
+        client_id: &str,
+        filter: &str,
+        options: SubscriptionOptions,
+        subscription_id: Option<u32>,
+    ) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let Some(record) = mirror.get_mut(client_id) else {
+                return;
+            };
+            let sub = SubRecord {
+                options,
+                subscription_id,
+            };
+            match record.subscriptions.iter_mut().find(|(f, _)| f == filter) {
+                Some(existing) => existing.1 = sub,
+                None => record.subscriptions.push((filter.to_string(), sub)),
+            }
+            record.clone()
+        };
+        self.put_session(client_id, &record);
+    }
+
+    fn session_unsubscribed(&self, client_id: &str, filter: &str) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let Some(record) = mirror.get_mut(client_id) else {
+                return;
+            };
+            record.subscriptions.retain(|(f, _)| f != filter);
+            record.clone()
+        };
+        self.put_session(client_id, &record);
+    }
+
+    fn retained_changed(&self, topic: &str, message: Option<&Message>) {
+        let result = match message {
+            Some(m) => self
+                .retained
+                .put(topic.as_bytes(), &codec::encode_retained(m)),
+            None => self.retained.delete(topic.as_bytes()),
+        };
+        if let Err(error) = result {
+            tracing::error!(%error, topic, "cannot write retained message");
+        }
+    }
+
+    fn recover(&self) -> Recovered {
+        match recover::recover(self) {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::error!(%error, "cannot read the store's state; starting without it");
+                Recovered::default()
+            }
+        }
+    }
+
+    fn removed_ranges(&self) -> Vec<(u16, std::ops::RangeInclusive<u64>)> {
+        let mut out = Vec::new();
+        for (index, slot) in self.slots.iter().enumerate() {
+            let log = slot.stream.drain_removed();
+            if log.ranges.is_empty() {
+                continue;
+            }
+            let records: u64 = log.ranges.iter().map(|r| r.end() - r.start() + 1).sum();
+            tracing::info!(
+                stream = slot.spec.name,
+                ranges = log.ranges.len(),
+                first = log.ranges.first().map(|r| *r.start()),
+                last = log.ranges.last().map(|r| *r.end()),
+                records,
+                overflowed = log.overflowed,
+                "retention removed records"
+            );
+            out.extend(log.ranges.into_iter().map(|r| (index as u16, r)));
+        }
+        out
+    }
+
+    fn checkpoint_floors(&self) -> Vec<u64> {
+        self.floors()
+    }
+
+    fn persistent_sessions(&self) -> Vec<std::sync::Arc<str>> {
+        self.mirror
+            .lock()
+            .keys()
+            .map(|k| k.as_str().into())
+            .collect()
+    }
+
+    fn checkpoint(&self, client_id: &str, floors: &[u64], held: &HeldSeqs) -> bool {
+        if !self.mirror.lock().contains_key(client_id) {
+            return false;
+        }
+        let mut cursor = floors.to_vec();
+        for &(stream, seq) in held {
+            if let Some(c) = cursor.get_mut(usize::from(stream)) {
+                *c = (*c).min(seq);
+            }
+        }
+        {
+            let mut written = self.written_cursors.lock();
+            if written.get(client_id) == Some(&cursor) {
+                return false;
+            }
+            written.insert(client_id.to_string(), cursor.clone());
+        }
+        self.write_cursor(client_id, &cursor);
+        // Entries of messages now below the cursor can never be replayed: clear them.
+        let passed: Vec<u16> = {
+            let mut pubrel = self.pubrel.lock();
+            let Some(m) = pubrel.get_mut(client_id) else {
+                return true;
+            };
+            let passed: Vec<u16> = m
+                .iter()
+                .filter(|(_, p)| {
+                    p.is_some_and(|p| {
+                        cursor
+                            .get(usize::from(p.stream))
+                            .is_some_and(|&c| p.seq < c)
+                    })
+                })
+                .map(|(&pi, _)| pi)
+                .collect();
+            for pi in &passed {
+                m.remove(pi);
+            }
+            passed
+        };
+        for packet_id in passed {
+            let _ = self.outbound.delete(&outbound_key(client_id, packet_id));
+        }
+        true
+    }
+}
