@@ -275,3 +275,70 @@ async fn shared_delivery_carries_subscription_identifier() {
         vec![5]
     );
 }
+
+/// (v5) §3.3.1.3 RETAIN: "When a new Non‑shared Subscription is made, the last retained
+/// message, if any, on each matching topic name is sent to the Client as directed by the Retain
+/// Handling Subscription Option" — retained messages are sent only for non-shared
+/// subscriptions, so establishing a Shared Subscription (§4.8.2) sends none, whatever its Retain
+/// Handling (0 here, which for a normal subscription means MQTT-3.3.1-9: send them). The same
+/// SUBSCRIBE's normal filter does get the retained message (RETAIN 1), and a later publish
+/// still reaches the shared member, with RETAIN 0 (Retain As Published 0, MQTT-3.3.1-12).
+/// mosquitto (`retain__queue` returns early for `$share/`) behaves the same.
+#[tokio::test]
+async fn retained_messages_are_not_sent_when_a_shared_subscription_is_made() {
+    let b = Broker::start();
+    let mut p = RawClient::v5(b.addr, "shr-p").await;
+    let mut kept = publish("shr/t", b"kept", 1, 1);
+    kept.retain = true;
+    p.publish_acked(kept).await;
+
+    let mut m = RawClient::v5(b.addr, "shr-m").await;
+    let send_at_subscribe = SubscriptionOptions {
+        qos: qos(1),
+        retain_handling: RetainHandling::SendAtSubscribe,
+        ..SubscriptionOptions::default()
+    };
+    let reasons = m
+        .subscribe(subscribe(1, &[("$share/g/shr/t", send_at_subscribe)]))
+        .await;
+    assert_eq!(reasons, vec![ReasonCode::GRANTED_QOS_1]);
+    let after_shared = drain(&mut m).await;
+    assert!(
+        after_shared.is_empty(),
+        "§3.3.1.3: no retained message for a new Shared Subscription, got {after_shared:?}"
+    );
+
+    // Contrast: a normal subscription to the same topic gets the retained message.
+    let reasons = m
+        .subscribe(subscribe(2, &[("shr/#", send_at_subscribe)]))
+        .await;
+    assert_eq!(reasons, vec![ReasonCode::GRANTED_QOS_1]);
+    let got = m.receive_acked().await;
+    assert_eq!(&got.payload[..], b"kept");
+    assert!(
+        got.retain,
+        "MQTT-3.3.1-9: sent for the normal subscription, RETAIN 1"
+    );
+    assert!(
+        drain(&mut m).await.is_empty(),
+        "only the normal subscription's copy"
+    );
+    m.send(&Packet::Unsubscribe(Unsubscribe {
+        packet_id: 3,
+        properties: Properties::default(),
+        filters: vec![s("shr/#")],
+    }))
+    .await;
+    assert!(matches!(m.expect_packet().await, Packet::UnsubAck(_)));
+
+    // The shared subscription is live: a later retained publish reaches the member, RETAIN 0.
+    let mut again = publish("shr/t", b"later", 1, 2);
+    again.retain = true;
+    p.publish_acked(again).await;
+    let got = m.receive_acked().await;
+    assert_eq!(&got.payload[..], b"later");
+    assert!(
+        !got.retain,
+        "MQTT-3.3.1-12: RETAIN 0 on an established subscription"
+    );
+}
