@@ -28,6 +28,10 @@ pub struct BrokerConfig {
     /// Longest session expiry interval granted.
     pub max_session_expiry_interval_s: u32,
     pub max_subscriptions_per_session: usize,
+    /// Sessions (live and offline persistent ones) kept at most; a CONNECT that would create one
+    /// more is refused with Server busy (v5 0x89, 3.1.1 return code 3). A reconnect under a
+    /// client id that has a session (resume or takeover) is never refused by it.
+    pub max_sessions: usize,
     pub max_retained_messages: usize,
     pub max_client_id_len: usize,
     /// Per connection; QoS 0 messages are dropped (and counted) while the queue is over it.
@@ -51,6 +55,7 @@ impl Default for BrokerConfig {
             max_queued_messages: 100_000,
             max_session_expiry_interval_s: u32::MAX,
             max_subscriptions_per_session: 10_000,
+            max_sessions: 1_000_000,
             max_retained_messages: 1_000_000,
             max_client_id_len: 256,
             outbound_queue_max_bytes: 8_388_608,
@@ -103,6 +108,9 @@ impl BrokerConfig {
         if self.max_subscriptions_per_session == 0 {
             return err("max_subscriptions_per_session", "must be at least 1");
         }
+        if self.max_sessions == 0 {
+            return err("max_sessions", "must be at least 1");
+        }
         if self.max_client_id_len == 0 {
             return err("max_client_id_len", "must be at least 1");
         }
@@ -151,5 +159,10 @@ mod tests {
             config.validate().unwrap_err().field,
             "max_inflight_messages"
         );
+        let config = BrokerConfig {
+            max_sessions: 0,
+            ..BrokerConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().field, "max_sessions");
     }
 }

@@ -37,6 +37,7 @@ Config file keys (TOML, all optional; defaults shown):
     max_queued_messages = 100000          per session beyond the window; oldest dropped
     max_session_expiry_interval_s = 4294967295
     max_subscriptions_per_session = 10000
+    max_sessions = 1000000                live + offline sessions; a new one beyond: CONNACK 0x89 / 3
     max_retained_messages = 1000000
     max_client_id_len = 256
     outbound_queue_max_bytes = 8388608    per connection; QoS 0 dropped beyond it

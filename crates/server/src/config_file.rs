@@ -236,6 +236,7 @@ fn parse_limits(section: &Table, b: &mut BrokerConfig) -> Result<(), ConfigFileE
             "max_queued_messages" => b.max_queued_messages = get(v, k, T)?,
             "max_session_expiry_interval_s" => b.max_session_expiry_interval_s = get(v, k, T)?,
             "max_subscriptions_per_session" => b.max_subscriptions_per_session = get(v, k, T)?,
+            "max_sessions" => b.max_sessions = get(v, k, T)?,
             "max_retained_messages" => b.max_retained_messages = get(v, k, T)?,
             "max_client_id_len" => b.max_client_id_len = get(v, k, T)?,
             "outbound_queue_max_bytes" => b.outbound_queue_max_bytes = get(v, k, T)?,

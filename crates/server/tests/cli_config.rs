@@ -94,6 +94,22 @@ fn receive_maximum_zero_is_a_bad_value() {
     assert!(out.stderr.contains("receive_maximum"), "{}", out.stderr);
 }
 
+/// `max_sessions` is listed in `tern serve --help`, and 0 (no session could ever be created) is
+/// a bad value.
+#[test]
+fn max_sessions_is_documented_and_zero_is_a_bad_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = run_to_exit(&["serve", "--help"], dir.path(), T);
+    assert!(
+        serve.stdout.contains("max_sessions = 1000000"),
+        "{}",
+        serve.stdout
+    );
+    let out = serve_with_config("[limits]\nmax_sessions = 0\n");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("max_sessions"), "{}", out.stderr);
+}
+
 #[test]
 fn out_of_range_value_exits_2_naming_the_key() {
     let out = serve_with_config("[limits]\nreceive_maximum = 70000\n");
@@ -157,6 +173,7 @@ max_inflight_messages = 1024
 max_queued_messages = 100000
 max_session_expiry_interval_s = 4294967295
 max_subscriptions_per_session = 10000
+max_sessions = 1000000
 max_retained_messages = 1000000
 max_client_id_len = 256
 outbound_queue_max_bytes = 8388608

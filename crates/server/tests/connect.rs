@@ -726,3 +726,50 @@ async fn keep_alive_counts_only_packets_from_the_client() {
     );
     feeder.abort();
 }
+
+/// `[limits] max_sessions`: with one session allowed, a CONNECT that needs a second session is
+/// refused with CONNACK 0x89 Server busy (v5, §3.2.2.2: "The Server is busy. Try again later")
+/// or return code 3 Server unavailable (3.1.1, §3.2.2.3), then closed; the connected client is
+/// unaffected. A CONNECT under the same client id reuses the session, so the takeover
+/// (v5 MQTT-3.1.4-3: the old connection gets DISCONNECT 0x8E) is still allowed.
+#[tokio::test]
+async fn max_sessions_refuses_new_client_ids_but_not_takeover() {
+    let b = Broker::start_with("[limits]\nmax_sessions = 1\n");
+    let mut first = RawClient::v5(b.addr, "ms-first").await;
+    first.sub("ms/t", 1).await;
+
+    let (mut second, reply) =
+        RawClient::connect_with(b.addr, connect_packet(Protocol::V5, "ms-second", true, 0)).await;
+    match reply {
+        Packet::ConnAck(ca) => {
+            assert_eq!(ca.reason, ReasonCode::SERVER_BUSY, "v5: 0x89 Server busy");
+            assert!(!ca.session_present);
+        }
+        other => panic!("expected CONNACK 0x89, got {other:?}"),
+    }
+    second.expect_closed_silently().await;
+
+    let mut third = RawClient::open(b.addr, Protocol::V3_1_1).await;
+    third
+        .send_bytes(&connect_bytes(4, 0x02, 0, "ms-third", &[]))
+        .await;
+    assert_eq!(
+        third.expect_closed_raw().await,
+        [0x20, 0x02, 0x00, 0x03],
+        "3.1.1: return code 3 Server unavailable"
+    );
+
+    // The first client keeps working.
+    first
+        .publish_acked(publish("ms/t", b"still here", 1, 1))
+        .await;
+    assert_eq!(&first.receive_acked().await.payload[..], b"still here");
+
+    // Same client id: takeover, not a new session.
+    let mut again = RawClient::v5(b.addr, "ms-first").await;
+    assert_eq!(
+        first.expect_disconnect().await,
+        ReasonCode::SESSION_TAKEN_OVER
+    );
+    assert!(again.ping().await.is_empty(), "new connection stays usable");
+}

@@ -146,11 +146,11 @@ async fn accept(
         reject(&mut writer, protocol, reason).await;
         return None;
     }
-    if shared.sessions.is_full_for(&connect.client_id) {
-        tracing::warn!(
-            limit = crate::session::registry::MAX_SESSIONS,
-            "session limit reached"
-        );
+    if shared
+        .sessions
+        .is_full_for(&connect.client_id, config.max_sessions)
+    {
+        tracing::warn!(limit = config.max_sessions, "session limit reached");
         reject(&mut writer, protocol, ReasonCode::SERVER_BUSY).await;
         return None;
     }

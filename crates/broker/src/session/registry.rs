@@ -21,11 +21,6 @@ use crate::outbound::{Outgoing, encode_packet};
 use crate::router;
 use crate::session::{ConnCtl, Session};
 
-/// Sessions (live and offline persistent ones) the broker keeps at most; a CONNECT that would
-/// create one more is refused with Server busy (0x89; 3.1.1 return code 3). Not in the config
-/// contract yet: a backstop against unbounded growth from ever-new client ids.
-pub const MAX_SESSIONS: usize = 1_000_000;
-
 #[derive(Debug, Default)]
 pub struct Registry {
     pub(crate) map: Mutex<HashMap<Arc<str>, Arc<Session>>>,
@@ -44,10 +39,11 @@ impl Registry {
         self.map.lock().get(client_id).cloned()
     }
 
-    /// True if a connection with `client_id` would need a new session and none is left.
-    pub fn is_full_for(&self, client_id: &str) -> bool {
+    /// True if a connection with `client_id` would need a new session and `max_sessions`
+    /// (`[limits]`, a backstop against unbounded growth from ever-new client ids) are taken.
+    pub fn is_full_for(&self, client_id: &str, max_sessions: usize) -> bool {
         let map = self.map.lock();
-        map.len() >= MAX_SESSIONS && !map.contains_key(client_id)
+        map.len() >= max_sessions && !map.contains_key(client_id)
     }
 }
 
