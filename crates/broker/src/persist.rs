@@ -146,6 +146,10 @@ impl TicketCompleter {
 pub type HeldSeqs = Vec<(u16, u64)>;
 
 /// Durable state of sessions, messages and QoS exchanges (ARCHITECTURE §3, §5).
+///
+/// Every method has the body of a store that keeps nothing: it issues no write (`None`) and
+/// remembers nothing. [`MemoryStore`] is exactly that; a real store overrides every method, and
+/// a test store only the ones it scripts.
 pub trait MessageStore: Send + Sync + 'static {
     /// An admitted inbound PUBLISH (any QoS). The store writes it if the stream it falls in
     /// says so (durability `default`: QoS>0; `always`: every QoS; `never`: none) and then
@@ -153,47 +157,55 @@ pub trait MessageStore: Send + Sync + 'static {
     /// "(session, pi) received".
     fn append_publish(
         &self,
-        client_id: &str,
-        message: &Message,
-        qos2_packet_id: Option<u16>,
-    ) -> Option<Ticket>;
+        _client_id: &str,
+        _message: &Message,
+        _qos2_packet_id: Option<u16>,
+    ) -> Option<Ticket> {
+        None
+    }
     /// The message left the publisher's pipeline (routed, or given up).
     fn message_released(&self, _message: &Message) {}
     /// PUBREL from the client: "(session, pi) released". PUBCOMP leaves once durable.
-    fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket>;
+    fn qos2_released(&self, _client_id: &str, _packet_id: u16) -> Option<Ticket> {
+        None
+    }
     /// PUBREC from a subscriber: "PUBREL pending" for an outbound QoS 2 message; PUBREL leaves
     /// once durable so that a restart resends PUBREL, never the PUBLISH.
     fn outbound_pubrel_pending(
         &self,
-        client_id: &str,
-        packet_id: u16,
-        stored: Option<StoreRef>,
-    ) -> Option<Ticket>;
+        _client_id: &str,
+        _packet_id: u16,
+        _stored: Option<StoreRef>,
+    ) -> Option<Ticket> {
+        None
+    }
     /// PUBACK / PUBCOMP from a subscriber: the outbound exchange is over.
-    fn outbound_completed(&self, client_id: &str, packet_id: u16);
+    fn outbound_completed(&self, _client_id: &str, _packet_id: u16) {}
     /// A persistent session started (`fresh`) or resumed with this expiry.
     fn session_opened(
         &self,
-        client_id: &str,
-        protocol: Protocol,
-        expiry_interval_s: u32,
-        fresh: bool,
-    );
+        _client_id: &str,
+        _protocol: Protocol,
+        _expiry_interval_s: u32,
+        _fresh: bool,
+    ) {
+    }
     /// A persistent session with a finite expiry lost its connection: its expiry interval
     /// (`expiry_interval_s`, possibly changed by DISCONNECT) runs from now.
     fn session_closed(&self, _client_id: &str, _expiry_interval_s: u32) {}
     /// The session ended (expired, clean start, or expiry 0 at disconnect).
-    fn session_ended(&self, client_id: &str);
+    fn session_ended(&self, _client_id: &str) {}
     fn session_subscribed(
         &self,
-        client_id: &str,
-        filter: &str,
-        options: SubscriptionOptions,
-        subscription_id: Option<u32>,
-    );
-    fn session_unsubscribed(&self, client_id: &str, filter: &str);
+        _client_id: &str,
+        _filter: &str,
+        _options: SubscriptionOptions,
+        _subscription_id: Option<u32>,
+    ) {
+    }
+    fn session_unsubscribed(&self, _client_id: &str, _filter: &str) {}
     /// Retained message set (`Some`) or cleared (`None`) for `topic`.
-    fn retained_changed(&self, topic: &str, message: Option<&Message>);
+    fn retained_changed(&self, _topic: &str, _message: Option<&Message>) {}
     /// What survived the last run, read once when the broker is built. The memory store
     /// remembers nothing.
     fn recover(&self) -> Recovered {
@@ -257,23 +269,7 @@ pub struct StoredInflight {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MemoryStore;
 
-impl MessageStore for MemoryStore {
-    fn append_publish(&self, _: &str, _: &Message, _: Option<u16>) -> Option<Ticket> {
-        None
-    }
-    fn qos2_released(&self, _: &str, _: u16) -> Option<Ticket> {
-        None
-    }
-    fn outbound_pubrel_pending(&self, _: &str, _: u16, _: Option<StoreRef>) -> Option<Ticket> {
-        None
-    }
-    fn outbound_completed(&self, _: &str, _: u16) {}
-    fn session_opened(&self, _: &str, _: Protocol, _: u32, _: bool) {}
-    fn session_ended(&self, _: &str) {}
-    fn session_subscribed(&self, _: &str, _: &str, _: SubscriptionOptions, _: Option<u32>) {}
-    fn session_unsubscribed(&self, _: &str, _: &str) {}
-    fn retained_changed(&self, _: &str, _: Option<&Message>) {}
-}
+impl MessageStore for MemoryStore {}
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use common::*;
 use tern_broker::message::Message;
 use tern_broker::persist::{Recovered, StoredInflight, StoredSession};
-use tern_broker::{Broker, MessageStore, StoreRef, Ticket};
+use tern_broker::{Broker, MessageStore};
 use tern_wire::{Packet, Properties, Protocol, QoS, ReasonCode, Str, SubscriptionOptions};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -29,21 +29,6 @@ fn msg(topic: &'static str, payload: &'static [u8], qos: QoS, retain: bool) -> M
 struct Recovering;
 
 impl MessageStore for Recovering {
-    fn append_publish(&self, _: &str, _: &Message, _: Option<u16>) -> Option<Ticket> {
-        None
-    }
-    fn qos2_released(&self, _: &str, _: u16) -> Option<Ticket> {
-        None
-    }
-    fn outbound_pubrel_pending(&self, _: &str, _: u16, _: Option<StoreRef>) -> Option<Ticket> {
-        None
-    }
-    fn outbound_completed(&self, _: &str, _: u16) {}
-    fn session_opened(&self, _: &str, _: Protocol, _: u32, _: bool) {}
-    fn session_ended(&self, _: &str) {}
-    fn session_subscribed(&self, _: &str, _: &str, _: SubscriptionOptions, _: Option<u32>) {}
-    fn session_unsubscribed(&self, _: &str, _: &str) {}
-    fn retained_changed(&self, _: &str, _: Option<&Message>) {}
     fn recover(&self) -> Recovered {
         Recovered {
             sessions: vec![StoredSession {

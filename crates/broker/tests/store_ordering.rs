@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use tern_broker::message::Message;
 use tern_broker::{Broker, MessageStore, PersistError, StoreRef, Ticket};
-use tern_wire::{Packet, Protocol, QoS, ReasonCode, SubscriptionOptions};
+use tern_wire::{Packet, QoS, ReasonCode};
 use tokio::net::TcpListener;
 
 /// Every write becomes durable after `delay`, in issue order.
@@ -47,12 +47,6 @@ impl MessageStore for SlowStore {
     fn outbound_pubrel_pending(&self, _: &str, _: u16, _: Option<StoreRef>) -> Option<Ticket> {
         self.ticket()
     }
-    fn outbound_completed(&self, _: &str, _: u16) {}
-    fn session_opened(&self, _: &str, _: Protocol, _: u32, _: bool) {}
-    fn session_ended(&self, _: &str) {}
-    fn session_subscribed(&self, _: &str, _: &str, _: SubscriptionOptions, _: Option<u32>) {}
-    fn session_unsubscribed(&self, _: &str, _: &str) {}
-    fn retained_changed(&self, _: &str, _: Option<&Message>) {}
 }
 
 #[tokio::test(start_paused = true)]
@@ -126,18 +120,6 @@ impl MessageStore for ScriptedStore {
         });
         Some(ticket)
     }
-    fn qos2_released(&self, _: &str, _: u16) -> Option<Ticket> {
-        None
-    }
-    fn outbound_pubrel_pending(&self, _: &str, _: u16, _: Option<StoreRef>) -> Option<Ticket> {
-        None
-    }
-    fn outbound_completed(&self, _: &str, _: u16) {}
-    fn session_opened(&self, _: &str, _: Protocol, _: u32, _: bool) {}
-    fn session_ended(&self, _: &str) {}
-    fn session_subscribed(&self, _: &str, _: &str, _: SubscriptionOptions, _: Option<u32>) {}
-    fn session_unsubscribed(&self, _: &str, _: &str) {}
-    fn retained_changed(&self, _: &str, _: Option<&Message>) {}
 }
 
 async fn scripted(delays_ms: Vec<u64>, fail_at: Option<usize>) -> std::net::SocketAddr {
