@@ -14,28 +14,21 @@
 #   CELLS="q0 q1w1 q1w256 q2w1 q2w256 fanout conns"
 #   NO_INSTALL=1                       fail instead of installing missing brokers
 #   NO_REPORT=1                        only collect bench/results/*.jsonl
+#   NO_BUILD=1                         use the tern and tern-bench already in CARGO_TARGET_DIR
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH_NAME=compare
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BENCH="$ROOT/bench"
-CONFIGS="$BENCH/configs"
 RESULTS="$BENCH/results"
 REPEATS=${REPEATS:-3}
 RETRIES=${RETRIES:-2}
 BROKERS=${BROKERS:-"tern mosquitto nats rumqttd"}
 CELLS=${CELLS:-"q0 q1w1 q1w256 q2w1 q2w256 fanout conns"}
 RUMQTTD_VERSION=0.20.0
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-export PATH="$PATH:$HOME/.cargo/bin:/usr/sbin"
 
-# 10,000 idle connections need more than 10,000 descriptors in tern-bench and in the broker.
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt 11000 ]; then
-  echo "compare.sh: ulimit -n is $(ulimit -n); the conns cell needs at least 11000" >&2
-  exit 2
-fi
-
-log() { printf '[compare %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+need_nofile "$(ulimit -Hn)"
 
 # ---- install ---------------------------------------------------------------------------------
 need_apt=()
@@ -52,11 +45,11 @@ if ! command -v rumqttd >/dev/null; then
   cargo install --locked rumqttd --version "$RUMQTTD_VERSION"
 fi
 
-log "building tern and tern-bench (release, CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-case " $BROKERS " in *" tern "*) cargo build --release -q -p tern ;; esac
-cargo build --release -q -p tern-bench
-TERN="$CARGO_TARGET_DIR/release/tern"
-TB="$CARGO_TARGET_DIR/release/tern-bench"
+# tern itself only when it is among the brokers measured.
+case " $BROKERS " in
+  *" tern "*) build_release tern tern-bench ;;
+  *) build_release tern-bench ;;
+esac
 
 # One comparison at a time on this machine (runs from other worktrees included): two would share
 # the ports and the cores, and each would measure the other.
@@ -67,20 +60,7 @@ if ! flock -n 9; then
 fi
 
 # ---- brokers ---------------------------------------------------------------------------------
-WORK=$(mktemp -d /tmp/tern-compare.XXXXXX)
-BROKER_PID=""
-stop_broker() {
-  if [ -n "$BROKER_PID" ] && kill -0 "$BROKER_PID" 2>/dev/null; then
-    kill -TERM "$BROKER_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$BROKER_PID" 2>/dev/null || true
-    wait "$BROKER_PID" 2>/dev/null || true
-  fi
-  BROKER_PID=""
-}
-cleanup() { stop_broker; rm -rf "$WORK"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+init_work
 
 port_of() {
   case $1 in
@@ -97,12 +77,8 @@ version_of() {
   esac
 }
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-start_broker() {
-  local name=$1 port
-  port=$(port_of "$name")
-  local logf="$WORK/$name.log"
+launch_broker() {
+  local name=$1 port=$2 logf=$3
   # Someone else's broker on our port would answer the readiness probe and take our load
   # (copies of this script in other worktrees use the same ports): wait for the port to be free.
   for _ in $(seq 600); do port_open "$port" || break; sleep 0.1; done
@@ -127,21 +103,6 @@ start_broker() {
       rumqttd -c "$CONFIGS/rumqttd.toml" >"$logf" 2>&1 &
       ;;
   esac
-  BROKER_PID=$!
-  for _ in $(seq 100); do
-    if port_open "$port"; then
-      sleep 0.3
-      # The listener must be ours: a broker that lost the race for the port has exited by now.
-      kill -0 "$BROKER_PID" 2>/dev/null && return 0
-      break
-    fi
-    kill -0 "$BROKER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  log "$name did not start listening on $port; its log:"
-  tail -20 "$logf" >&2
-  stop_broker
-  return 1
 }
 
 # ---- the matrix ------------------------------------------------------------------------------
@@ -192,12 +153,7 @@ for rep in $(seq "$REPEATS"); do
         if ! start_broker "$name"; then
           report=null code=2
         else
-          set +e
-          # shellcheck disable=SC2046
-          report=$("$TB" $(cell_args "$cell") --port "$(port_of "$name")" --broker-pid "$BROKER_PID" \
-            --json --quiet --timeout-s 180 2>"$WORK/err")
-          code=$?
-          set -e
+          run_cell "$name" "$cell" 180
           stop_broker
         fi
         [ -n "$report" ] || report=null

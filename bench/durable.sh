@@ -5,39 +5,22 @@
 # JetStream, file store, single node; no QoS 2) and rumqttd (keeps nothing on disk), in one run.
 # Brokers from bench/configs/ (owned by bench/compare.sh); a fresh broker and data dir per cell.
 #
-#   REPEATS=3  BROKERS="tern-always tern-never mosquitto nats rumqttd"  CELLS="..."
+#   REPEATS=3  BROKERS="tern-always tern-never mosquitto nats rumqttd"  CELLS="..."  NO_BUILD=1
 # Output: bench/results/durable-STAMP.jsonl (one tern-bench --json report per run) and a
 # markdown table of medians on stdout (bench/durable_report.py).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CONFIGS="$ROOT/bench/configs"
+BENCH_NAME=durable
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RESULTS="$ROOT/bench/results"
 REPEATS=${REPEATS:-3}
 BROKERS=${BROKERS:-"tern-always tern-never mosquitto nats rumqttd"}
 CELLS=${CELLS:-"q1w1 q1w16 q1w256 q1c16 q2w1 q2w16 q2w256 q2c16"}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-export PATH="$PATH:$HOME/.cargo/bin:/usr/sbin"
-log() { printf '[durable %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
-cargo build --release -q -p tern -p tern-bench
-TERN="$CARGO_TARGET_DIR/release/tern"
-TB="$CARGO_TARGET_DIR/release/tern-bench"
+build_release tern tern-bench
 
-WORK=$(mktemp -d /tmp/tern-durable.XXXXXX)
-BROKER_PID=""
-stop_broker() {
-  if [ -n "$BROKER_PID" ] && kill -0 "$BROKER_PID" 2>/dev/null; then
-    kill -TERM "$BROKER_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$BROKER_PID" 2>/dev/null || true
-    wait "$BROKER_PID" 2>/dev/null || true
-  fi
-  BROKER_PID=""
-}
-cleanup() { stop_broker; rm -rf "$WORK"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+init_work
 
 # Ports of our own (the configs' ports + 10000): bench/compare.sh may run at the same time on
 # the configs' ports, and a broker that cannot bind must not let us measure another one.
@@ -47,9 +30,8 @@ port_of() {
   esac
 }
 
-start_broker() {
-  local name=$1 port logf="$WORK/$1.log"
-  port=$(port_of "$name")
+launch_broker() {
+  local name=$1 port=$2 logf=$3
   case $name in
     tern-always|tern-never)
       rm -rf "$WORK/tern-data"
@@ -71,18 +53,6 @@ start_broker() {
       rumqttd -c "$WORK/rumqttd.toml" >"$logf" 2>&1 &
       ;;
   esac
-  BROKER_PID=$!
-  for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      sleep 0.3
-      # The port answering is not enough: it must be our broker, still running.
-      kill -0 "$BROKER_PID" 2>/dev/null && return 0
-      break
-    fi
-    kill -0 "$BROKER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  log "$name did not start on $port"; tail -20 "$logf" >&2; stop_broker; return 1
 }
 
 # MQTT 3.1.1, 64-byte payloads, one topic per publisher, one subscriber.
@@ -127,13 +97,7 @@ for rep in $(seq "$REPEATS"); do
     for cell in $CELLS; do
       supports "$name" "$cell" || continue
       start_broker "$name" || continue
-      set +e
-      # shellcheck disable=SC2046
-      report=$("$TB" $(cell_args "$cell") --port "$(port_of "$name")" --broker-pid "$BROKER_PID" \
-        --json --quiet --timeout-s 120 2>"$WORK/err")
-      code=$?
-      set -e
-      [ -n "$report" ] || report=null
+      run_cell "$name" "$cell" 120
       printf '{"type":"run","broker":"%s","cell":"%s","rep":%s,"exit":%s,"report":%s}\n' \
         "$name" "$cell" "$rep" "$code" "$report" >>"$OUT"
       log "rep $rep $name $cell: exit $code $(head -c 200 "$WORK/err" | tr '\n' ' ')"

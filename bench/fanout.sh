@@ -23,8 +23,9 @@
 # Whole run with the defaults: about 12-15 minutes on the 2-core VM.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CONFIGS="$ROOT/bench/configs"
+BENCH_NAME=fanout
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 REPEATS=${REPEATS:-3}
 CONNS_REPEATS=${CONNS_REPEATS:-1}
 BROKERS=${BROKERS:-"tern mosquitto nats rumqttd"}
@@ -37,17 +38,9 @@ LAT_S=${LAT_S:-5}
 OUT_MD=${OUT_MD:-$ROOT/bench/results/fanout.md}
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT_JSONL=${OUT_JSONL:-$ROOT/bench/results/fanout-$STAMP.jsonl}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-export PATH="$PATH:$HOME/.cargo/bin:/usr/sbin"
 
-# 10,000 idle connections (and 5,000 subscribers) need descriptors in tern-bench and the broker.
-ulimit -n 20000 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt 11000 ]; then
-  echo "fanout.sh: ulimit -n is $(ulimit -n); the conns cell needs at least 11000" >&2
-  exit 2
-fi
-
-log() { printf '[fanout %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+# 10,000 idle connections and 5,000 subscribers: 20,000 descriptors are enough.
+need_nofile 20000
 
 for name in $BROKERS; do
   case $name in nats) tool=nats-server ;; tern) continue ;; *) tool=$name ;; esac
@@ -58,28 +51,10 @@ command -v python3 >/dev/null || { log "missing python3"; exit 2; }
 if [ -n "${REPORT_ONLY:-}" ]; then
   NO_BUILD=1
 fi
-if [ -z "${NO_BUILD:-}" ]; then
-  log "building tern and tern-bench (release, CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-  cargo build --release -q -p tern -p tern-bench --manifest-path "$ROOT/Cargo.toml"
-fi
-TERN="$CARGO_TARGET_DIR/release/tern"
-TB="$CARGO_TARGET_DIR/release/tern-bench"
+build_release tern tern-bench
 
 # ---- brokers ---------------------------------------------------------------------------------
-WORK=$(mktemp -d /tmp/tern-fanout.XXXXXX)
-BROKER_PID=""
-stop_broker() {
-  if [ -n "$BROKER_PID" ] && kill -0 "$BROKER_PID" 2>/dev/null; then
-    kill -TERM "$BROKER_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$BROKER_PID" 2>/dev/null || true
-  fi
-  [ -n "$BROKER_PID" ] && wait "$BROKER_PID" 2>/dev/null || true
-  BROKER_PID=""
-}
-cleanup() { stop_broker; rm -rf "$WORK"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+init_work
 
 port_of() {
   case $1 in
@@ -92,10 +67,8 @@ for f in tern.toml mosquitto.conf nats-server.conf rumqttd.toml; do
   sed -e 's/1883\([0-9]\)/1983\1/g' -e 's/14222/24222/g' "$CONFIGS/$f" >"$WORK/$f"
 done
 
-start_broker() {
-  local name=$1 port
-  port=$(port_of "$name")
-  local logf="$WORK/$name.log"
+launch_broker() {
+  local name=$1 logf=$3
   case $name in
     tern)
       rm -rf "$WORK/tern-data"
@@ -109,19 +82,6 @@ start_broker() {
       ;;
     rumqttd) rumqttd -c "$WORK/rumqttd.toml" >"$logf" 2>&1 & ;;
   esac
-  BROKER_PID=$!
-  for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      sleep 0.3
-      return 0
-    fi
-    kill -0 "$BROKER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  log "$name did not start listening on $port; its log:"
-  tail -20 "$logf" >&2
-  stop_broker
-  return 1
 }
 
 # ---- the matrix ------------------------------------------------------------------------------
@@ -163,13 +123,7 @@ for rep in $(seq "$REPEATS"); do
         printf '{"type":"run","broker":"%s","cell":"%s","rep":%s,"exit":2,"report":null}\n' "$name" "$cell" "$rep" >>"$OUT_JSONL"
         continue
       fi
-      set +e
-      # shellcheck disable=SC2046
-      report=$("$TB" $(cell_args "$cell") --port "$(port_of "$name")" --broker-pid "$BROKER_PID" \
-        --json --quiet --timeout-s 90 2>"$WORK/err")
-      code=$?
-      set -e
-      [ -n "$report" ] || report=null
+      run_cell "$name" "$cell" 90
       printf '{"type":"run","broker":"%s","cell":"%s","rep":%s,"exit":%s,"report":%s}\n' \
         "$name" "$cell" "$rep" "$code" "$report" >>"$OUT_JSONL"
       [ "$code" = 0 ] && log "  $cell: ok" || log "  $cell: exit $code $(tr '\n' ' ' <"$WORK/err" | cut -c1-200)"
