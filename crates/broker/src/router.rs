@@ -32,6 +32,9 @@ pub struct SubValue {
     pub session: Arc<Session>,
     pub options: SubscriptionOptions,
     pub subscription_id: Option<u32>,
+    /// `$share/{group}/{filter}` for a share-group membership, built once at subscribe time
+    /// rather than per routed message (deliveries carry it for redistribution).
+    pub share: Option<Arc<str>>,
 }
 
 #[derive(Default)]
@@ -47,10 +50,17 @@ impl Router {
         session: &Arc<Session>,
         record: SubRecord,
     ) -> Result<bool, SubscribeError> {
+        let share = match kind {
+            FilterKind::Normal(_) => None,
+            FilterKind::Shared { group, filter } => {
+                Some(format!("{}{group}/{filter}", tern_topic::SHARE_PREFIX).into())
+            }
+        };
         let value = SubValue {
             session: session.clone(),
             options: record.options,
             subscription_id: record.subscription_id,
+            share,
         };
         let key = session.client_id.clone();
         let old = match kind {
@@ -99,16 +109,14 @@ impl Router {
                     return;
                 }
                 may_overlap |= value.session.plain_subscriptions.load(Ordering::Relaxed) > 1;
-                out.push((value.session.clone(), outgoing(message, value, None)));
+                out.push((value.session.clone(), outgoing(message, value)));
             }
             Match::Shared(group) => {
                 let chosen = group
                     .next_member_where(|_, v| v.session.is_online())
                     .or_else(|| group.next_member());
                 if let Some((_, value)) = chosen {
-                    let share: Arc<str> =
-                        format!("$share/{}/{}", group.name(), group.filter()).into();
-                    out.push((value.session.clone(), outgoing(message, value, Some(share))));
+                    out.push((value.session.clone(), outgoing(message, value)));
                 }
             }
         });
@@ -129,7 +137,7 @@ impl Router {
     }
 }
 
-fn outgoing(message: &Arc<Message>, value: &SubValue, share: Option<Arc<str>>) -> Outgoing {
+fn outgoing(message: &Arc<Message>, value: &SubValue) -> Outgoing {
     Outgoing {
         message: message.clone(),
         qos: message.qos.min(value.options.qos),
@@ -137,7 +145,7 @@ fn outgoing(message: &Arc<Message>, value: &SubValue, share: Option<Arc<str>>) -
         // Retain As Published.
         retain: message.retain && value.options.retain_as_published,
         subscription_ids: value.subscription_id.into_iter().collect(),
-        share,
+        share: value.share.clone(),
     }
 }
 
@@ -222,8 +230,6 @@ pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant)
             }
             if first_kick {
                 Metrics::add(&shared.metrics.slow_subscribers_disconnected, 1);
-            }
-            if first_kick {
                 tracing::warn!(client_id = %session.client_id, "slow subscriber disconnected");
             }
         }
