@@ -4,10 +4,14 @@
 //! # Invariants
 //! - `properties` never holds a topic alias or subscription identifiers: those are per
 //!   delivery and are added by the writer of each subscriber.
-//! - A message with a Message Expiry Interval is re-encoded per delivery (the remaining
-//!   interval changes with time); one without is encoded at most once per protocol family.
+//! - A message without a Message Expiry Interval is encoded at most once per protocol family.
+//!   One with an interval is encoded once per protocol family and value of the remaining
+//!   interval (whole seconds): a live fan-out shares one encoding, only deliveries made in a
+//!   later second get a new one.
 
 use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 use tern_wire::{Properties, Protocol, PublishTemplate, QoS, Str};
@@ -34,6 +38,8 @@ pub struct Message {
     pub stored: OnceLock<StoreRef>,
     template_v3: OnceLock<Option<PublishTemplate>>,
     template_v5: OnceLock<Option<PublishTemplate>>,
+    /// The v5 encoding for the remaining expiry interval it carries (messages with expiry).
+    template_v5_expiring: Mutex<Option<(u32, PublishTemplate)>>,
 }
 
 impl Message {
@@ -63,6 +69,7 @@ impl Message {
             stored: OnceLock::new(),
             template_v3: OnceLock::new(),
             template_v5: OnceLock::new(),
+            template_v5_expiring: Mutex::new(None),
         }
     }
 
@@ -141,9 +148,17 @@ impl Message {
                 .get_or_init(|| build(protocol, &self.topic, &self.properties, &self.payload))
                 .clone(),
             Some(remaining_s) => {
+                let mut cached = self.template_v5_expiring.lock();
+                if let Some((cached_s, template)) = cached.as_ref() {
+                    if *cached_s == remaining_s {
+                        return Some(template.clone());
+                    }
+                }
                 let mut properties = self.properties.clone();
                 properties.message_expiry_interval_s = Some(remaining_s);
-                build(protocol, &self.topic, &properties, &self.payload)
+                let template = build(protocol, &self.topic, &properties, &self.payload)?;
+                *cached = Some((remaining_s, template.clone()));
+                Some(template)
             }
         }
     }
