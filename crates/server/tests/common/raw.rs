@@ -480,7 +480,10 @@ impl RawClient {
         }
     }
 
-    /// v5 normal DISCONNECT (0x00) and close.
+    /// Normal DISCONNECT (0x00) and close, then waits (bounded) until the broker has closed its
+    /// side too. Without the wait, a message published right after could still reach the
+    /// closing connection and be in flight there, so the next connection would get it resent
+    /// (MQTT-4.4.0-1) instead of queued, and tests of queued messages would race.
     pub async fn disconnect(mut self) {
         let d = Disconnect {
             reason: ReasonCode::NORMAL_DISCONNECTION,
@@ -488,6 +491,14 @@ impl RawClient {
         };
         self.send(&Packet::Disconnect(d)).await;
         let _ = self.stream.shutdown().await;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            self.buf.clear();
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+                Ok(Ok(_)) => {}
+            }
+        }
     }
 
     /// Closes the socket without DISCONNECT (an abnormal close for the broker).
