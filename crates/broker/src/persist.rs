@@ -41,19 +41,6 @@ pub struct StoreRef {
     pub seq: u64,
 }
 
-impl StoreRef {
-    /// The packet identifier every delivery of this message uses, derived from where it is
-    /// stored. A restarted broker resends a message with the identifier it had before the
-    /// crash, so a subscriber that already holds it in its QoS 2 received set recognises the
-    /// duplicate (ARCHITECTURE §3, outbound). Never 0.
-    pub fn packet_id(self) -> u16 {
-        let mixed = self
-            .seq
-            .wrapping_add(u64::from(self.stream).wrapping_mul(7919));
-        (mixed % 65_535) as u16 + 1
-    }
-}
-
 /// Completion of one issued write: a `tern-store` ticket (no allocation, no channel per
 /// message), a channel (test stores), or an outcome known at once.
 pub struct Ticket(TicketInner);
@@ -86,6 +73,12 @@ impl Ticket {
     /// Waits for durability. A store that went away counts as a failed write.
     pub async fn wait(&mut self) -> Result<(), PersistError> {
         WaitTicket(self).await
+    }
+
+    /// Polls for durability in place (a ticket kept in shared state and awaited by whichever
+    /// task currently serves it). Its outcome is reported once.
+    pub fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PersistError>> {
+        Pin::new(&mut WaitTicket(self)).poll(cx)
     }
 
     /// `Some` once the write finished (or failed).
@@ -169,6 +162,18 @@ pub trait MessageStore: Send + Sync + 'static {
     fn qos2_released(&self, _client_id: &str, _packet_id: u16) -> Option<Ticket> {
         None
     }
+    /// An outbound QoS 2 PUBLISH of a stored message is about to go to `client_id` for the
+    /// first time under `packet_id`. A store that keeps the session records "(session, packet
+    /// id) → message" and the PUBLISH leaves once that is durable, so that after a restart the
+    /// message is resent under the same id (exactly once outbound, ARCHITECTURE §3).
+    fn outbound_sent(
+        &self,
+        _client_id: &str,
+        _packet_id: u16,
+        _stored: StoreRef,
+    ) -> Option<Ticket> {
+        None
+    }
     /// PUBREC from a subscriber: "PUBREL pending" for an outbound QoS 2 message; PUBREL leaves
     /// once durable so that a restart resends PUBREL, never the PUBLISH.
     fn outbound_pubrel_pending(
@@ -179,7 +184,8 @@ pub trait MessageStore: Send + Sync + 'static {
     ) -> Option<Ticket> {
         None
     }
-    /// PUBACK / PUBCOMP from a subscriber: the outbound exchange is over.
+    /// PUBACK / PUBCOMP (or a v5 PUBREC with a failure reason) from a subscriber: the
+    /// outbound exchange is over; a stored QoS 2 message is never sent to it again.
     fn outbound_completed(&self, _client_id: &str, _packet_id: u16) {}
     /// A persistent session started (`fresh`) or resumed with this expiry.
     fn session_opened(
@@ -270,17 +276,3 @@ pub struct StoredInflight {
 pub struct MemoryStore;
 
 impl MessageStore for MemoryStore {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn derived_packet_ids_are_never_zero() {
-        for seq in [0, 1, 65_534, 65_535, 65_536, u64::MAX] {
-            for stream in [0, 1, u16::MAX] {
-                assert_ne!(StoreRef { stream, seq }.packet_id(), 0);
-            }
-        }
-    }
-}

@@ -40,6 +40,8 @@
 
 pub mod codec;
 pub mod config;
+mod exchanges;
+mod keyspace;
 mod recover;
 
 use std::collections::{BTreeSet, HashMap};
@@ -47,6 +49,9 @@ use std::path::Path;
 
 use parking_lot::Mutex;
 use tern_store::{FilterSet, KvStream, NewRecord, Store, StoreError, Stream, StreamConfig};
+
+use exchanges::ClientExchanges;
+use keyspace::Keyspace;
 use tern_wire::{Protocol, QoS, SubscriptionOptions};
 
 pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, SessionLimits, StreamSpec};
@@ -80,16 +85,17 @@ pub struct DurableStore {
     slots: Vec<Slot>,
     sessions: Keyspace,
     cursors: Keyspace,
+    /// Outbound QoS 2 exchanges (`exchanges` module): PUBLISH sent, PUBREL pending, done.
+    sent: Keyspace,
     outbound: Keyspace,
+    done: Keyspace,
     retained: KvStream,
     /// Persistent sessions as last written to `tern.sessions`.
     mirror: Mutex<HashMap<String, SessionRecord>>,
     /// Inbound QoS 2: client → packet id → its rx record.
     rx: Mutex<HashMap<String, HashMap<u16, StoreRef>>>,
-    /// Entries of `tern.outbound` that exist: client → packet id → the message's position.
-    /// Kept after PUBCOMP until the session's cursor passes the message, so that a replay
-    /// never sends a completed QoS 2 message again as a new PUBLISH.
-    pubrel: Mutex<HashMap<String, HashMap<u16, Option<StoreRef>>>>,
+    /// Outbound QoS 2 exchanges of persistent sessions, as written.
+    exchanges: Mutex<HashMap<String, ClientExchanges>>,
     /// Cursors as last written, per client.
     written_cursors: Mutex<HashMap<String, Vec<u64>>>,
     limits: config::SessionLimits,
@@ -98,56 +104,6 @@ pub struct DurableStore {
 
 fn io_error(e: StoreError) -> PersistError {
     PersistError(e.to_string())
-}
-
-/// One key space of the shared session-state stream: keys carry a one-byte prefix.
-#[derive(Clone, Debug)]
-struct Keyspace {
-    kv: KvStream,
-    prefix: u8,
-}
-
-impl Keyspace {
-    fn new(kv: &KvStream, prefix: u8) -> Keyspace {
-        Keyspace {
-            kv: kv.clone(),
-            prefix,
-        }
-    }
-
-    fn key(&self, key: &[u8]) -> Vec<u8> {
-        let mut k = Vec::with_capacity(key.len() + 1);
-        k.push(self.prefix);
-        k.extend_from_slice(key);
-        k
-    }
-
-    fn put(&self, key: &[u8], value: &[u8]) -> Result<tern_store::Ticket, StoreError> {
-        self.kv.put(&self.key(key), value)
-    }
-
-    fn delete(&self, key: &[u8]) -> Result<tern_store::Ticket, StoreError> {
-        self.kv.delete(&self.key(key))
-    }
-
-    /// Every live key (prefix removed) and value of this key space.
-    fn entries(&self, all: &FilterSet) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, StoreError> {
-        Ok(self
-            .kv
-            .entries(all)?
-            .into_iter()
-            .filter(|(k, _)| k.first() == Some(&self.prefix))
-            .map(|(k, v)| (k.slice(1..), v))
-            .collect())
-    }
-}
-
-fn outbound_key(client_id: &str, packet_id: u16) -> Vec<u8> {
-    let mut k = Vec::with_capacity(client_id.len() + 3);
-    k.extend_from_slice(client_id.as_bytes());
-    k.push(0);
-    k.extend_from_slice(&packet_id.to_be_bytes());
-    k
 }
 
 fn now_ns() -> u64 {
@@ -212,12 +168,14 @@ impl DurableStore {
         Ok(DurableStore {
             sessions: Keyspace::new(&session_state, b's'),
             cursors: Keyspace::new(&session_state, b'c'),
+            sent: Keyspace::new(&session_state, b'p'),
             outbound: Keyspace::new(&session_state, b'o'),
+            done: Keyspace::new(&session_state, b'd'),
             retained: kv("tern.retained")?,
             slots,
             mirror: Mutex::new(HashMap::new()),
             rx: Mutex::new(HashMap::new()),
-            pubrel: Mutex::new(HashMap::new()),
+            exchanges: Mutex::new(HashMap::new()),
             written_cursors: Mutex::new(HashMap::new()),
             limits: config.sessions,
             _store: store,
@@ -385,57 +343,21 @@ impl MessageStore for DurableStore {
         )
     }
 
+    fn outbound_sent(&self, client_id: &str, packet_id: u16, stored: StoreRef) -> Option<Ticket> {
+        self.record_sent(client_id, packet_id, stored)
+    }
+
     fn outbound_pubrel_pending(
         &self,
         client_id: &str,
         packet_id: u16,
         stored: Option<StoreRef>,
     ) -> Option<Ticket> {
-        // Only a session that survives a restart needs to remember it.
-        if !self.mirror.lock().contains_key(client_id) {
-            return None;
-        }
-        let positions: Vec<(&str, u64)> = stored
-            .and_then(|r| {
-                self.slots
-                    .get(usize::from(r.stream))
-                    .map(|s| (s.spec.name.as_str(), r.seq))
-            })
-            .into_iter()
-            .collect();
-        let key = outbound_key(client_id, packet_id);
-        let result = self
-            .outbound
-            .put(&key, &codec::encode_positions(&positions));
-        self.pubrel
-            .lock()
-            .entry(client_id.to_string())
-            .or_default()
-            .insert(packet_id, stored);
-        Some(match result {
-            Ok(ticket) => Ticket::from_store(ticket),
-            Err(error) => Ticket::failed(io_error(error)),
-        })
+        self.record_pubrel(client_id, packet_id, stored)
     }
 
     fn outbound_completed(&self, client_id: &str, packet_id: u16) {
-        // A stored message's entry stays until the cursor passes it (see `pubrel`); only an
-        // unstored one (never replayed) is cleared at once.
-        let unstored = {
-            let mut pubrel = self.pubrel.lock();
-            let Some(m) = pubrel.get_mut(client_id) else {
-                return;
-            };
-            match m.get(&packet_id) {
-                Some(None) => m.remove(&packet_id).is_some(),
-                _ => false,
-            }
-        };
-        if unstored {
-            if let Err(error) = self.outbound.delete(&outbound_key(client_id, packet_id)) {
-                tracing::warn!(%error, client_id, "cannot clear PUBREL-pending state");
-            }
-        }
+        self.record_completed(client_id, packet_id);
     }
 
     fn session_opened(
@@ -495,15 +417,7 @@ impl MessageStore for DurableStore {
         self.written_cursors.lock().remove(client_id);
         let _ = self.sessions.delete(client_id.as_bytes());
         let _ = self.cursors.delete(client_id.as_bytes());
-        let packet_ids: Vec<u16> = self
-            .pubrel
-            .lock()
-            .remove(client_id)
-            .map(|m| m.into_keys().collect())
-            .unwrap_or_default();
-        for packet_id in packet_ids {
-            let _ = self.outbound.delete(&outbound_key(client_id, packet_id));
-        }
+        self.forget_exchanges(client_id);
         if had_rx {
             self.reset_rx(client_id);
         }
@@ -620,31 +534,7 @@ impl MessageStore for DurableStore {
             written.insert(client_id.to_string(), cursor.clone());
         }
         self.write_cursor(client_id, &cursor);
-        // Entries of messages now below the cursor can never be replayed: clear them.
-        let passed: Vec<u16> = {
-            let mut pubrel = self.pubrel.lock();
-            let Some(m) = pubrel.get_mut(client_id) else {
-                return true;
-            };
-            let passed: Vec<u16> = m
-                .iter()
-                .filter(|(_, p)| {
-                    p.is_some_and(|p| {
-                        cursor
-                            .get(usize::from(p.stream))
-                            .is_some_and(|&c| p.seq < c)
-                    })
-                })
-                .map(|(&pi, _)| pi)
-                .collect();
-            for pi in &passed {
-                m.remove(pi);
-            }
-            passed
-        };
-        for packet_id in passed {
-            let _ = self.outbound.delete(&outbound_key(client_id, packet_id));
-        }
+        self.clear_passed(client_id, &cursor);
         true
     }
 }

@@ -70,13 +70,14 @@ impl Fixture {
 
     fn drain(&mut self) -> Vec<Packet> {
         let mut parts = Vec::new();
-        self.out.fill_batch(
-            &mut self.writer,
-            &self.config,
-            &self.metrics,
-            Instant::now(),
-            &mut parts,
-        );
+        let env = batch::BatchEnv {
+            config: &self.config,
+            metrics: &self.metrics,
+            store: &crate::persist::MemoryStore,
+            client_id: "c",
+            now: Instant::now(),
+        };
+        self.out.fill_batch(&mut self.writer, &env, &mut parts);
         packets(&mut parts, self.writer.protocol)
     }
 }
@@ -422,13 +423,14 @@ async fn one_shared_buffer_reaches_every_subscriber_unchanged() {
             share: None,
         });
         let mut parts = Vec::new();
-        f.out.fill_batch(
-            &mut f.writer,
-            &f.config,
-            &f.metrics,
-            Instant::now(),
-            &mut parts,
-        );
+        let env = batch::BatchEnv {
+            config: &f.config,
+            metrics: &f.metrics,
+            store: &crate::persist::MemoryStore,
+            client_id: "c",
+            now: Instant::now(),
+        };
+        f.out.fill_batch(&mut f.writer, &env, &mut parts);
         let per_subscriber_fields =
             qos != QoS::AtMostOnce || (protocol.is_v5() && !subscription_ids.is_empty());
         if per_subscriber_fields {

@@ -66,6 +66,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
                 Phase::AwaitingAck
             },
             needs_send: true,
+            held: false,
         });
     }
     for (message, qos) in stored.queued {

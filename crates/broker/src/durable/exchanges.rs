@@ -1,0 +1,357 @@
+//! Outbound QoS 2 exchanges of persistent sessions (ARCHITECTURE §3, outbound), in three key
+//! spaces of `tern.sessions`:
+//! - `p` ++ client ++ `\0` ++ packet id (u16 BE) → the message's position: the PUBLISH went
+//!   (or is about to go) out under this id. Written **before** the first PUBLISH leaves, so a
+//!   restarted broker resends the message under the same id;
+//! - `o` ++ client ++ `\0` ++ packet id → position (or none for an unstored message): PUBREC
+//!   arrived, PUBREL pending. Written before the PUBREL leaves; the `p` entry is deleted after
+//!   it (same stream: the delete is never durable before the put);
+//! - `d` ++ client ++ `\0` ++ stream name ++ `\0` ++ seq (u64 BE) → empty: the exchange of
+//!   that message completed (PUBCOMP, or a PUBREC with a failure reason). A completed message
+//!   may still lie above the session's cursor (an earlier message holds it back); the marker
+//!   keeps it from being replayed as a new PUBLISH, and is cleared once the cursor passes it.
+//!
+//! Keying the live exchange by packet id and the completed one by position means a packet id
+//! can be reused at once after PUBCOMP without losing what completed.
+//!
+//! # Invariants
+//! - Every record of one exchange is in the one `tern.sessions` stream, written in exchange
+//!   order: a later record durable implies the earlier ones are (group commit writes in order).
+//! - The in-memory `ClientExchanges` mirror the live keys written for that client.
+
+use std::collections::{BTreeSet, HashMap};
+
+use tern_store::{FilterSet, StoreError};
+
+use super::{DurableStore, codec, io_error};
+use crate::persist::{StoreRef, Ticket};
+
+/// Where an outbound QoS 2 exchange stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LivePhase {
+    /// PUBLISH sent under the id, PUBREC not yet received.
+    Sent,
+    /// PUBREC received; PUBREL sent or to send.
+    PubRel,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Live {
+    pub stored: Option<StoreRef>,
+    pub phase: LivePhase,
+}
+
+/// One persistent session's outbound QoS 2 state.
+#[derive(Debug, Default)]
+pub(super) struct ClientExchanges {
+    pub live: HashMap<u16, Live>,
+    /// Completed messages still above the session's cursor.
+    pub done: BTreeSet<StoreRef>,
+}
+
+impl ClientExchanges {
+    /// Positions the session must not replay as new PUBLISHes.
+    pub fn excluded(&self) -> impl Iterator<Item = StoreRef> + '_ {
+        self.live
+            .values()
+            .filter_map(|l| l.stored)
+            .chain(self.done.iter().copied())
+    }
+}
+
+pub(super) fn exchange_key(client_id: &str, packet_id: u16) -> Vec<u8> {
+    let mut k = Vec::with_capacity(client_id.len() + 3);
+    k.extend_from_slice(client_id.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&packet_id.to_be_bytes());
+    k
+}
+
+/// `(client, packet id)` from an `exchange_key`.
+fn split_exchange_key(key: &[u8]) -> Option<(&str, u16)> {
+    if key.len() < 3 || key[key.len() - 3] != 0 {
+        return None;
+    }
+    let (client, pi) = key.split_at(key.len() - 3);
+    Some((
+        std::str::from_utf8(client).ok()?,
+        u16::from_be_bytes([pi[1], pi[2]]),
+    ))
+}
+
+fn done_key(client_id: &str, stream_name: &str, seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(client_id.len() + stream_name.len() + 10);
+    k.extend_from_slice(client_id.as_bytes());
+    k.push(0);
+    k.extend_from_slice(stream_name.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// `(client, stream name, seq)` from a `done_key` (MQTT strings never hold U+0000).
+fn split_done_key(key: &[u8]) -> Option<(&str, &str, u64)> {
+    let (rest, seq) = key.split_at(key.len().checked_sub(8)?);
+    let rest = rest.strip_suffix(&[0])?;
+    let split = rest.iter().position(|&b| b == 0)?;
+    let client = std::str::from_utf8(&rest[..split]).ok()?;
+    let name = std::str::from_utf8(&rest[split + 1..]).ok()?;
+    Some((client, name, u64::from_be_bytes(seq.try_into().ok()?)))
+}
+
+fn ticket(result: Result<tern_store::Ticket, StoreError>) -> Ticket {
+    match result {
+        Ok(t) => Ticket::from_store(t),
+        Err(error) => Ticket::failed(io_error(error)),
+    }
+}
+
+impl DurableStore {
+    fn stream_name(&self, stream: u16) -> Option<&str> {
+        self.slots
+            .get(usize::from(stream))
+            .map(|s| s.spec.name.as_str())
+    }
+
+    fn encode_position(&self, stored: Option<StoreRef>) -> Vec<u8> {
+        let positions: Vec<(&str, u64)> = stored
+            .and_then(|r| self.stream_name(r.stream).map(|name| (name, r.seq)))
+            .into_iter()
+            .collect();
+        codec::encode_positions(&positions)
+    }
+
+    fn is_persistent(&self, client_id: &str) -> bool {
+        self.mirror.lock().contains_key(client_id)
+    }
+
+    /// "The PUBLISH of `stored` goes out under `packet_id`" (see the module doc).
+    pub(super) fn record_sent(
+        &self,
+        client_id: &str,
+        packet_id: u16,
+        stored: StoreRef,
+    ) -> Option<Ticket> {
+        if !self.is_persistent(client_id) {
+            return None;
+        }
+        let key = exchange_key(client_id, packet_id);
+        let result = self.sent.put(&key, &self.encode_position(Some(stored)));
+        self.exchanges
+            .lock()
+            .entry(client_id.to_string())
+            .or_default()
+            .live
+            .insert(
+                packet_id,
+                Live {
+                    stored: Some(stored),
+                    phase: LivePhase::Sent,
+                },
+            );
+        Some(ticket(result))
+    }
+
+    /// "PUBREL pending" for `packet_id`; the `p` entry goes after it.
+    pub(super) fn record_pubrel(
+        &self,
+        client_id: &str,
+        packet_id: u16,
+        stored: Option<StoreRef>,
+    ) -> Option<Ticket> {
+        if !self.is_persistent(client_id) {
+            return None;
+        }
+        let key = exchange_key(client_id, packet_id);
+        let result = self.outbound.put(&key, &self.encode_position(stored));
+        let previous = self
+            .exchanges
+            .lock()
+            .entry(client_id.to_string())
+            .or_default()
+            .live
+            .insert(
+                packet_id,
+                Live {
+                    stored,
+                    phase: LivePhase::PubRel,
+                },
+            );
+        if previous.is_some_and(|l| l.phase == LivePhase::Sent) {
+            if let Err(error) = self.sent.delete(&key) {
+                tracing::warn!(%error, client_id, "cannot clear a sent-exchange entry");
+            }
+        }
+        Some(ticket(result))
+    }
+
+    /// The exchange of `packet_id` is over: mark its message done, then drop the live entry.
+    pub(super) fn record_completed(&self, client_id: &str, packet_id: u16) {
+        let live = {
+            let mut exchanges = self.exchanges.lock();
+            let Some(client) = exchanges.get_mut(client_id) else {
+                return;
+            };
+            let Some(live) = client.live.remove(&packet_id) else {
+                return;
+            };
+            if let Some(stored) = live.stored {
+                client.done.insert(stored);
+            }
+            live
+        };
+        if let Some(stored) = live.stored {
+            if let Some(name) = self.stream_name(stored.stream) {
+                if let Err(error) = self.done.put(&done_key(client_id, name, stored.seq), &[]) {
+                    tracing::warn!(%error, client_id, "cannot record a completed exchange");
+                }
+            }
+        }
+        let key = exchange_key(client_id, packet_id);
+        let result = match live.phase {
+            LivePhase::Sent => self.sent.delete(&key),
+            LivePhase::PubRel => self.outbound.delete(&key),
+        };
+        if let Err(error) = result {
+            tracing::warn!(%error, client_id, "cannot clear a completed exchange");
+        }
+    }
+
+    /// Done markers below the session's newly written cursor can go: replay starts above them.
+    pub(super) fn clear_passed(&self, client_id: &str, cursor: &[u64]) {
+        let passed: Vec<StoreRef> = {
+            let mut exchanges = self.exchanges.lock();
+            let Some(client) = exchanges.get_mut(client_id) else {
+                return;
+            };
+            let passed: Vec<StoreRef> = client
+                .done
+                .iter()
+                .filter(|r| {
+                    cursor
+                        .get(usize::from(r.stream))
+                        .is_some_and(|&c| r.seq < c)
+                })
+                .copied()
+                .collect();
+            for r in &passed {
+                client.done.remove(r);
+            }
+            passed
+        };
+        for r in passed {
+            if let Some(name) = self.stream_name(r.stream) {
+                let _ = self.done.delete(&done_key(client_id, name, r.seq));
+            }
+        }
+    }
+
+    /// Removes every exchange record of an ended session.
+    pub(super) fn forget_exchanges(&self, client_id: &str) {
+        let Some(client) = self.exchanges.lock().remove(client_id) else {
+            return;
+        };
+        for (packet_id, live) in client.live {
+            let key = exchange_key(client_id, packet_id);
+            let _ = match live.phase {
+                LivePhase::Sent => self.sent.delete(&key),
+                LivePhase::PubRel => self.outbound.delete(&key),
+            };
+        }
+        for r in client.done {
+            if let Some(name) = self.stream_name(r.stream) {
+                let _ = self.done.delete(&done_key(client_id, name, r.seq));
+            }
+        }
+    }
+
+    /// Reads every exchange record at start-up, keeping those of sessions in `live_clients`
+    /// and deleting the rest (left over from sessions that ended or expired).
+    pub(super) fn load_exchanges(
+        &self,
+        live_clients: &dyn Fn(&str) -> bool,
+    ) -> Result<HashMap<String, ClientExchanges>, StoreError> {
+        let all = FilterSet::all();
+        let name_index: HashMap<&str, u16> = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.spec.name.as_str(), i as u16))
+            .collect();
+        let position = |value: &[u8]| {
+            codec::decode_positions(value)
+                .and_then(|p| p.into_iter().next())
+                .and_then(|(name, seq)| {
+                    name_index
+                        .get(name.as_str())
+                        .map(|&stream| StoreRef { stream, seq })
+                })
+        };
+        let mut out: HashMap<String, ClientExchanges> = HashMap::new();
+        // `p` first: an `o` entry for the same id is the later phase and replaces it.
+        for (keyspace, phase) in [
+            (&self.sent, LivePhase::Sent),
+            (&self.outbound, LivePhase::PubRel),
+        ] {
+            for (key, value) in keyspace.entries(&all)? {
+                let Some((client, packet_id)) = split_exchange_key(&key) else {
+                    continue;
+                };
+                if !live_clients(client) {
+                    let _ = keyspace.delete(&key);
+                    continue;
+                }
+                let stored = position(&value);
+                if phase == LivePhase::Sent && stored.is_none() {
+                    let _ = keyspace.delete(&key);
+                    continue;
+                }
+                let live = Live { stored, phase };
+                out.entry(client.to_string())
+                    .or_default()
+                    .live
+                    .insert(packet_id, live);
+            }
+        }
+        for (key, _) in self.done.entries(&all)? {
+            let Some((client, name, seq)) = split_done_key(&key) else {
+                continue;
+            };
+            match name_index.get(name) {
+                Some(&stream) if live_clients(client) => {
+                    out.entry(client.to_string())
+                        .or_default()
+                        .done
+                        .insert(StoreRef { stream, seq });
+                }
+                _ => {
+                    let _ = self.done.delete(&key);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        assert_eq!(
+            split_exchange_key(&exchange_key("a/b", 513)),
+            Some(("a/b", 513))
+        );
+        assert_eq!(
+            split_done_key(&done_key("client", "messages", 7)),
+            Some(("client", "messages", 7))
+        );
+        // A sequence whose bytes contain zeros and the separator byte still splits right.
+        assert_eq!(
+            split_done_key(&done_key("c", "s", 0x0000_0100_0000_0000)),
+            Some(("c", "s", 0x0000_0100_0000_0000))
+        );
+        assert_eq!(split_done_key(b"short"), None);
+    }
+}

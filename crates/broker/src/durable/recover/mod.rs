@@ -1,0 +1,195 @@
+//! Start-up: rebuilds persistent sessions, their received sets, outbound QoS 2 exchanges and
+//! pending messages (cursor + filters) and the retained messages from the store, in the
+//! broker's shape ([`Recovered`]). Damaged blocks met on the way are quarantined by the store,
+//! reported, and stepped over.
+
+mod sessions;
+
+use std::collections::HashMap;
+
+use tern_store::{FilterSet, StoreError, Stream};
+
+use super::codec::{self, SessionRecord};
+use super::{
+    DurableStore, RECOVERY_READ_BYTES, RECOVERY_READ_RECORDS, REL_PREFIX, RESET_PREFIX, RX_PREFIX,
+    now_ns,
+};
+use crate::persist::{Recovered, StoreRef};
+
+/// Most damaged blocks one recovery read steps over.
+const MAX_DAMAGED_BLOCKS_PER_READ: usize = 64;
+
+/// `read_from` for recovery: a read that meets a damaged sealed block has it quarantined by
+/// the store (reported in the log) and is retried, so everything undamaged is still served.
+fn read_damage_tolerant(
+    stream: &Stream,
+    from: u64,
+    filters: &FilterSet,
+) -> Result<tern_store::ReadBatch, StoreError> {
+    let mut damaged = 0;
+    loop {
+        match stream.read_from(from, filters, RECOVERY_READ_RECORDS, RECOVERY_READ_BYTES) {
+            Err(StoreError::Corrupt {
+                path,
+                range,
+                detail,
+            }) if damaged < MAX_DAMAGED_BLOCKS_PER_READ => {
+                damaged += 1;
+                tracing::error!(
+                    stream = stream.name(),
+                    path = %path.display(),
+                    ?range,
+                    detail,
+                    "damaged records skipped at start-up"
+                );
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Builds the broker's state from the store (see the module doc).
+pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
+    let all = FilterSet::all();
+    let mut records: HashMap<String, SessionRecord> = HashMap::new();
+    for (key, value) in store.sessions.entries(&all)? {
+        let Ok(client) = std::str::from_utf8(&key) else {
+            continue;
+        };
+        match SessionRecord::decode(&value) {
+            Some(r) => {
+                records.insert(client.to_string(), r);
+            }
+            None => tracing::error!(client_id = client, "undecodable session record skipped"),
+        }
+    }
+    // Sessions whose expiry ran out while the broker was down end now.
+    let now_s = now_ns() / 1_000_000_000;
+    records.retain(|client, r| {
+        if r.closed_at_unix_s == 0 || r.expiry_interval_s == u32::MAX {
+            return true;
+        }
+        let elapsed_s = now_s.saturating_sub(r.closed_at_unix_s);
+        if elapsed_s >= u64::from(r.expiry_interval_s) {
+            tracing::info!(
+                client_id = client.as_str(),
+                "session expired while the broker was down"
+            );
+            let _ = store.sessions.delete(client.as_bytes());
+            let _ = store.cursors.delete(client.as_bytes());
+            return false;
+        }
+        // The rest of the interval runs from the restart.
+        r.expiry_interval_s -= elapsed_s as u32;
+        true
+    });
+    let mut cursors: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    for (key, value) in store.cursors.entries(&all)? {
+        if let (Ok(client), Some(pos)) =
+            (std::str::from_utf8(&key), codec::decode_positions(&value))
+        {
+            cursors.insert(client.to_string(), pos.into_iter().collect());
+        }
+    }
+    // Inbound QoS 2 received sets from the control records of every stream, in order.
+    let control = FilterSet::new(["$tern/#"]);
+    let mut rx: HashMap<String, HashMap<u16, StoreRef>> = HashMap::new();
+    for (index, slot) in store.slots.iter().enumerate() {
+        let stream = index as u16;
+        let last_seq = slot.stream.info().last_seq.unwrap_or(0);
+        let mut from = 1;
+        loop {
+            let batch = read_damage_tolerant(&slot.stream, from, &control)?;
+            for r in &batch.records {
+                let Ok(topic) = std::str::from_utf8(&r.topic) else {
+                    continue;
+                };
+                if let Some(client) = topic.strip_prefix(RX_PREFIX) {
+                    let current = records.get(client).map(|r| r.incarnation);
+                    if let Ok(bytes) = <[u8; 10]>::try_from(&r.payload[..]) {
+                        let packet_id = u16::from_be_bytes([bytes[0], bytes[1]]);
+                        let mut inc = [0u8; 8];
+                        inc.copy_from_slice(&bytes[2..]);
+                        if current == Some(u64::from_be_bytes(inc)) {
+                            rx.entry(client.to_string())
+                                .or_default()
+                                .insert(packet_id, StoreRef { stream, seq: r.seq });
+                        }
+                    }
+                } else if let Some(client) = topic.strip_prefix(REL_PREFIX) {
+                    if let Ok(bytes) = <[u8; 8]>::try_from(&r.payload[..]) {
+                        let rx_seq = u64::from_be_bytes(bytes);
+                        if let Some(m) = rx.get_mut(client) {
+                            m.retain(|_, p| !(p.stream == stream && p.seq == rx_seq));
+                        }
+                    }
+                } else if let Some(client) = topic.strip_prefix(RESET_PREFIX) {
+                    if let Some(m) = rx.get_mut(client) {
+                        m.retain(|_, p| p.stream != stream);
+                    }
+                }
+            }
+            if batch.next_seq <= from || batch.next_seq > last_seq {
+                break;
+            }
+            from = batch.next_seq;
+        }
+    }
+    rx.retain(|client, _| records.contains_key(client));
+
+    let mut exchanges = store.load_exchanges(&|client| records.contains_key(client))?;
+    let mut sessions = Vec::with_capacity(records.len());
+    for (client, record) in &records {
+        let cursor_of: Vec<u64> = store
+            .slots
+            .iter()
+            .map(|slot| {
+                cursors
+                    .get(client)
+                    .and_then(|c| c.get(&slot.spec.name))
+                    .copied()
+                    .unwrap_or(1)
+            })
+            .collect();
+        let client_exchanges = exchanges.remove(client).unwrap_or_default();
+        let client_rx = rx.remove(client).unwrap_or_default();
+        let qos2_received: Vec<u16> = client_rx.keys().copied().collect();
+        sessions.push(sessions::rebuild(
+            store,
+            client,
+            record,
+            &cursor_of,
+            &client_exchanges,
+            qos2_received,
+        )?);
+        store.rx.lock().insert(client.clone(), client_rx);
+        store
+            .exchanges
+            .lock()
+            .insert(client.clone(), client_exchanges);
+        store.mirror.lock().insert(client.clone(), record.clone());
+        store
+            .written_cursors
+            .lock()
+            .insert(client.clone(), cursor_of);
+    }
+
+    let mut retained = Vec::new();
+    for (topic, value) in store.retained.entries(&all)? {
+        match codec::decode_retained(&topic, &value) {
+            Some(m) => retained.push(m),
+            None => tracing::error!(topic = ?topic, "undecodable retained message skipped"),
+        }
+    }
+    let pending: usize = sessions
+        .iter()
+        .map(|s| s.queued.len() + s.inflight.len())
+        .sum();
+    tracing::info!(
+        sessions = sessions.len(),
+        pending,
+        retained = retained.len(),
+        "state recovered from the store"
+    );
+    Ok(Recovered { sessions, retained })
+}

@@ -1,0 +1,282 @@
+//! One writer batch: control packets, resends after a reconnect, packets the gate released,
+//! then new deliveries from the queue, up to [`MAX_BATCH_PACKETS`] / [`MAX_BATCH_BYTES`].
+
+use bytes::Bytes;
+use tern_wire::QoS;
+use tokio::time::Instant;
+
+use super::{
+    HEAD_SCRATCH_BYTES, HeldPacket, IDLE_QUEUE_CAPACITY, Inflight, MAX_BATCH_BYTES,
+    MAX_BATCH_PACKETS, Outbound, Outgoing, Phase, WriterState,
+};
+use crate::config::BrokerConfig;
+use crate::metrics::Metrics;
+use crate::persist::MessageStore;
+
+/// What a batch needs besides the session's own state.
+pub struct BatchEnv<'a> {
+    pub config: &'a BrokerConfig,
+    pub metrics: &'a Metrics,
+    /// Records outbound QoS 2 exchanges of persistent sessions (ARCHITECTURE §3).
+    pub store: &'a dyn MessageStore,
+    pub client_id: &'a str,
+    pub now: Instant,
+}
+
+/// What happened to the queue's front delivery.
+enum Front {
+    /// Written, moved into the gate, or dropped: look at the next one.
+    Taken,
+    /// It must wait (window full, no packet id); control packets behind it may still go.
+    Blocked,
+    /// Nothing queued.
+    Empty,
+}
+
+impl Outbound {
+    /// Moves up to [`MAX_BATCH_PACKETS`] packets into `parts` (each packet one or two `Bytes`).
+    pub fn fill_batch(
+        &mut self,
+        writer: &mut WriterState,
+        env: &BatchEnv<'_>,
+        parts: &mut Vec<Bytes>,
+    ) {
+        let mut packets = 0;
+        // Counted once per batch: the counter is shared by every connection.
+        let mut sent = 0;
+        let mut resends_done = false;
+        let mut head_blocked = false;
+        // Heads are a few bytes each: one allocation for the batch's heads, not one per head.
+        if writer.head.capacity() < HEAD_SCRATCH_BYTES / 4 {
+            writer.head.reserve(HEAD_SCRATCH_BYTES);
+        }
+        let mut counted_parts = parts.len();
+        let mut batch_bytes = 0;
+        while packets < MAX_BATCH_PACKETS {
+            batch_bytes += parts[counted_parts..].iter().map(Bytes::len).sum::<usize>();
+            counted_parts = parts.len();
+            if batch_bytes >= MAX_BATCH_BYTES {
+                break;
+            }
+            // A control packet goes once the deliveries queued before it left, or at once when
+            // the head delivery waits for the window (acks must never wait behind it).
+            if let Some(&(mark, _)) = self.control.front() {
+                if mark <= self.removed_total || head_blocked {
+                    if let Some((_, packet)) = self.control.pop_front() {
+                        parts.push(packet);
+                        packets += 1;
+                    }
+                    continue;
+                }
+            }
+            if !resends_done {
+                resends_done = true;
+                packets += self.resend(writer, env.now, parts, MAX_BATCH_PACKETS - packets);
+                continue;
+            }
+            if let Some(held) = self.gate.pop_ready() {
+                if self.release(held, writer, env.now, parts) {
+                    packets += 1;
+                    sent += 1;
+                }
+                continue;
+            }
+            match self.take_front(writer, env, parts) {
+                Front::Taken => {
+                    if counted_parts < parts.len() {
+                        packets += 1;
+                        sent += 1;
+                    }
+                }
+                Front::Blocked => {
+                    if self.control.is_empty() || head_blocked {
+                        break;
+                    }
+                    head_blocked = true;
+                }
+                Front::Empty => break,
+            }
+        }
+        if sent > 0 {
+            Metrics::add(&env.metrics.messages_sent, sent);
+        }
+        if self.queued_bytes <= env.config.outbound_queue_max_bytes
+            && self.queue.len() < env.config.outbound_queue_max_messages
+        {
+            self.full_since = None;
+        }
+        self.release_idle_capacity(packets == 0);
+    }
+
+    /// Takes the queue's front delivery: writes it, or moves it into the gate when its first
+    /// PUBLISH must wait for a store write or something ahead of it waits there.
+    fn take_front(
+        &mut self,
+        writer: &mut WriterState,
+        env: &BatchEnv<'_>,
+        parts: &mut Vec<Bytes>,
+    ) -> Front {
+        let Some(front) = self.queue.front() else {
+            return Front::Empty;
+        };
+        let qos = front.qos;
+        if qos != QoS::AtMostOnce && self.inflight.len() >= self.window {
+            return Front::Blocked;
+        }
+        if qos == QoS::AtMostOnce && self.gate.holds_deliveries() && !self.gate.has_room_for_qos0()
+        {
+            return Front::Blocked;
+        }
+        let Some(item) = self.queue.pop_front() else {
+            return Front::Empty;
+        };
+        self.account_removed(&item);
+        if item.message.is_expired(env.now) {
+            Metrics::add(&env.metrics.messages_dropped, 1);
+            return Front::Taken;
+        }
+        if !writer.fits(&item, env.now) {
+            // MQTT-3.1.2-25: too large for this client; for QoS>0 it counts as delivered.
+            Metrics::add(&env.metrics.messages_dropped, 1);
+            return Front::Taken;
+        }
+        if qos == QoS::AtMostOnce {
+            if self.gate.holds_deliveries() {
+                self.gate.push(None, HeldPacket::Qos0(item));
+            } else {
+                writer.encode_publish(&item, 0, false, env.now, parts);
+            }
+            return Front::Taken;
+        }
+        let Some(packet_id) = self.packet_ids.allocate() else {
+            // Every id is in flight (only possible with a window of 65,535): keep the order.
+            self.requeue_front(item);
+            return Front::Blocked;
+        };
+        // ARCHITECTURE §3: the id of a stored QoS 2 message is recorded before its first
+        // PUBLISH, so a restarted broker resends it under the same id.
+        let ticket = match (qos, item.message.store_ref()) {
+            (QoS::ExactlyOnce, Some(stored)) => {
+                env.store.outbound_sent(env.client_id, packet_id, stored)
+            }
+            _ => None,
+        };
+        let held = ticket.is_some() || self.gate.holds_deliveries();
+        if held {
+            self.gate.push(ticket, HeldPacket::Publish { packet_id });
+        } else {
+            writer.encode_publish(&item, packet_id, false, env.now, parts);
+        }
+        self.inflight.push_back(Inflight {
+            packet_id,
+            item,
+            phase: Phase::AwaitingAck,
+            needs_send: false,
+            held,
+        });
+        Front::Taken
+    }
+
+    fn requeue_front(&mut self, item: Outgoing) {
+        self.queued_bytes += item.message.approx_len();
+        if item.qos != QoS::AtMostOnce {
+            self.queued_reliable += 1;
+        }
+        self.removed_total -= 1;
+        self.queue.push_front(item);
+    }
+
+    /// Writes a packet the gate released. False if nothing was written (its exchange ended
+    /// meanwhile).
+    fn release(
+        &mut self,
+        held: HeldPacket,
+        writer: &mut WriterState,
+        now: Instant,
+        parts: &mut Vec<Bytes>,
+    ) -> bool {
+        match held {
+            HeldPacket::Qos0(item) => writer.encode_publish(&item, 0, false, now, parts),
+            HeldPacket::Publish { packet_id } => {
+                // Held entries are at the back of `inflight`.
+                let Some(entry) = self
+                    .inflight
+                    .iter_mut()
+                    .rev()
+                    .find(|e| e.packet_id == packet_id)
+                else {
+                    return false;
+                };
+                if !entry.held || entry.phase != Phase::AwaitingAck {
+                    return false;
+                }
+                entry.held = false;
+                writer.encode_publish(&entry.item, packet_id, false, now, parts)
+            }
+            HeldPacket::PubRel { packet_id, reason } => {
+                if let Some(entry) = self.inflight.iter_mut().find(|e| e.packet_id == packet_id) {
+                    entry.held = false;
+                }
+                match writer.encode_pubrel(packet_id, reason) {
+                    Some(bytes) => {
+                        parts.push(bytes);
+                        true
+                    }
+                    None => false,
+                }
+            }
+        }
+    }
+
+    /// Resends in-flight messages marked on reconnect, in their original order: PUBLISH with
+    /// DUP=1, or PUBREL once PUBREC was received ([MQTT-4.4.0-1]). Returns packets added.
+    fn resend(
+        &mut self,
+        writer: &mut WriterState,
+        now: Instant,
+        parts: &mut Vec<Bytes>,
+        budget: usize,
+    ) -> usize {
+        let mut packets = 0;
+        for entry in self.inflight.iter_mut().filter(|e| e.needs_send) {
+            if packets >= budget {
+                break;
+            }
+            entry.needs_send = false;
+            packets += 1;
+            match entry.phase {
+                Phase::PubRelPending => {
+                    if let Some(bytes) =
+                        writer.encode_pubrel(entry.packet_id, tern_wire::ReasonCode::SUCCESS)
+                    {
+                        parts.push(bytes);
+                    }
+                }
+                Phase::AwaitingAck => {
+                    // An expired one still goes out: the exchange must finish and the client
+                    // may already have seen it.
+                    writer.encode_publish(&entry.item, entry.packet_id, true, now, parts);
+                }
+            }
+        }
+        packets
+    }
+
+    /// A burst must not leave an idle session holding its high-water mark of queue memory.
+    /// When the writer is about to go idle (`idle`: this batch took nothing), empty queues give
+    /// up all their memory: the CONNACK alone left ~160 B of control queue on every idle
+    /// connection (measured with heaptrack at 4,000 connections).
+    fn release_idle_capacity(&mut self, idle: bool) {
+        let keep = if idle { 0 } else { IDLE_QUEUE_CAPACITY };
+        if self.queue.is_empty() && self.queue.capacity() > keep {
+            self.queue = std::collections::VecDeque::new();
+        }
+        if self.control.is_empty() && self.control.capacity() > keep {
+            self.control = std::collections::VecDeque::new();
+        }
+        if self.inflight.is_empty() && self.inflight.capacity() > keep {
+            self.inflight = std::collections::VecDeque::new();
+        }
+        self.packet_ids.shrink_if_idle();
+    }
+}
