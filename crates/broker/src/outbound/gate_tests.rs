@@ -28,7 +28,15 @@ impl HandStore {
         let index = pending
             .iter()
             .position(|(k, pi, _)| k == kind && *pi == packet_id)
-            .expect("no such pending write");
+            .unwrap_or_else(|| {
+                panic!(
+                    "no pending {kind} {packet_id}: {:?}",
+                    pending
+                        .iter()
+                        .map(|(k, p, _)| (k.clone(), *p))
+                        .collect::<Vec<_>>()
+                )
+            });
         let (_, _, done) = pending.remove(index);
         done.complete(Ok(()));
     }
@@ -137,7 +145,8 @@ async fn a_qos2_publish_waits_for_its_record_and_holds_what_follows_in_order() {
         f.drain().is_empty(),
         "nothing leaves before the id of a is recorded"
     );
-    f.store.complete("sent", 4);
+    // Ids: a 1, c 2, d 3 (b is QoS 0).
+    f.store.complete("sent", 3);
     assert!(
         f.drain().is_empty(),
         "d's record alone releases nothing: a is first"
