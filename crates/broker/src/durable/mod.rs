@@ -1,7 +1,9 @@
 //! [`DurableStore`]: the [`MessageStore`] over `tern-store` (ARCHITECTURE §3–§5).
 //!
 //! # On-disk schema (one `tern-store` directory, `--data-dir`)
-//! Message streams (configured; default one stream `messages` capturing every topic):
+//! Message streams (configured; a stream `messages` capturing every topic is appended when no
+//! configured stream captures every topic, so that no topic is kept in memory only unless its
+//! stream says `durability = "never"`):
 //! - a message record per stored PUBLISH: topic = the MQTT topic, properties = QoS, retain,
 //!   publisher and MQTT 5 properties ([`codec::encode_meta`]), payload = the payload;
 //! - `$tern/rx/{client}` (payload: packet id u16 BE ++ the session's incarnation u64 BE, so a
@@ -13,7 +15,8 @@
 //!   records of that client in this stream are void.
 //!
 //! Clients cannot publish under `$tern/` and session replay skips it. State streams (keyed,
-//! compacted `KvStream`s; their sync policy is the first message stream's):
+//! compacted `KvStream`s; their sync policy is [`DurableConfig::state_sync`], `[state] sync`,
+//! never a message stream's):
 //! - `tern.sessions`, one stream for three key spaces so that its log order orders them:
 //!   - `s` ++ client id → protocol, expiry, the time it lost its connection, subscriptions
 //!     ([`codec::SessionRecord`]);
@@ -172,10 +175,12 @@ fn report_damage(stream: &Stream) {
 }
 
 impl DurableStore {
-    /// Opens (creating if needed) the store in `dir` and the configured streams, reporting any
-    /// damage found by recovery in the log.
+    /// Opens (creating if needed) the store in `dir` and the configured streams (plus the
+    /// default stream when none captures every topic, [`DurableConfig::with_default_stream`]),
+    /// reporting any damage found by recovery in the log.
     pub fn open(dir: &Path, config: DurableConfig) -> Result<DurableStore, StoreError> {
         config.validate().map_err(StoreError::InvalidConfig)?;
+        let config = config.with_default_stream();
         let store = Store::open(dir)?;
         let mut slots = Vec::with_capacity(config.streams.len());
         for spec in &config.streams {
@@ -195,7 +200,7 @@ impl DurableStore {
         // State streams are small: every checksum is verified at start-up, so damage is
         // quarantined (and reported) before they are read.
         let state = StreamConfig {
-            sync: config.state_sync(),
+            sync: config.state_sync,
             verify_on_open: true,
             block_size_bytes: 1024 * 1024,
             ..StreamConfig::default()
@@ -209,6 +214,11 @@ impl DurableStore {
         // later write (say, clearing an entry the cursor passed) never durable before an
         // earlier one (that cursor).
         let session_state = kv("tern.sessions")?;
+        tracing::info!(
+            streams = ?config.streams.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            state_sync = ?config.state_sync,
+            "store opened; state streams tern.sessions and tern.retained"
+        );
         Ok(DurableStore {
             sessions: Keyspace::new(&session_state, b's'),
             cursors: Keyspace::new(&session_state, b'c'),
@@ -224,9 +234,14 @@ impl DurableStore {
         })
     }
 
-    /// The message streams, in configuration order.
+    /// The message streams, in configuration order (the appended default stream last).
     pub fn streams(&self) -> impl Iterator<Item = &Stream> {
         self.slots.iter().map(|s| &s.stream)
+    }
+
+    /// The state streams: `tern.sessions`, then `tern.retained`.
+    pub fn state_streams(&self) -> [&Stream; 2] {
+        [self.sessions.kv.stream(), self.retained.stream()]
     }
 
     fn slot_for(&self, topic: &str) -> Option<(usize, &Slot)> {
