@@ -126,11 +126,7 @@ impl DurableConfig {
             return Err("too many streams".into());
         }
         if !self.captures_every_topic() {
-            if let Some(s) = self
-                .streams
-                .iter()
-                .find(|s| s.name == DEFAULT_STREAM_NAME)
-            {
+            if let Some(s) = self.streams.iter().find(|s| s.name == DEFAULT_STREAM_NAME) {
                 return Err(format!(
                     "stream `{}` has filters, but `{DEFAULT_STREAM_NAME}` names the default \
                      stream that takes every topic no configured stream captures: rename it, \
@@ -191,7 +187,10 @@ mod tests {
             streams: vec![stream("all", &["#"])],
             ..DurableConfig::default()
         };
-        assert_eq!(names(&config.with_default_stream()), vec!["all", "messages"]);
+        assert_eq!(
+            names(&config.with_default_stream()),
+            vec!["all", "messages"]
+        );
         // A stream without filters captures everything: nothing is appended.
         let config = DurableConfig {
             streams: vec![stream("a", &["a/#"]), stream("rest", &[])],
@@ -216,7 +215,10 @@ mod tests {
             streams: vec![stream("messages", &["a/#"]), stream("rest", &[])],
             ..DurableConfig::default()
         };
-        assert!(config.validate().is_ok(), "the name is free when nothing is appended");
+        assert!(
+            config.validate().is_ok(),
+            "the name is free when nothing is appended"
+        );
     }
 
     #[test]

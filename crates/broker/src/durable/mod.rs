@@ -16,7 +16,8 @@
 //!
 //! Clients cannot publish under `$tern/` and session replay skips it. State streams (keyed,
 //! compacted `KvStream`s; their sync policy is [`DurableConfig::state_sync`], `[state] sync`,
-//! never a message stream's):
+//! never a message stream's). SUBACK / UNSUBACK of a persistent session wait for its `s`
+//! record; the PUBACK / PUBREC of a retained PUBLISH waits for its `tern.retained` record:
 //! - `tern.sessions`, one stream for three key spaces so that its log order orders them:
 //!   - `s` ++ client id → protocol, expiry, the time it lost its connection, subscriptions
 //!     ([`codec::SessionRecord`]);
@@ -261,9 +262,13 @@ impl DurableStore {
             .collect()
     }
 
-    fn put_session(&self, client_id: &str, record: &SessionRecord) {
-        if let Err(error) = self.sessions.put(client_id.as_bytes(), &record.encode()) {
-            tracing::error!(%error, client_id, "cannot write session state");
+    fn put_session(&self, client_id: &str, record: &SessionRecord) -> Ticket {
+        match self.sessions.put(client_id.as_bytes(), &record.encode()) {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => {
+                tracing::error!(%error, client_id, "cannot write session state");
+                Ticket::failed(io_error(error))
+            }
         }
     }
 
@@ -481,7 +486,7 @@ impl MessageStore for DurableStore {
                 .lock()
                 .insert(client_id.to_string(), floors);
         }
-        self.put_session(client_id, &record);
+        drop(self.put_session(client_id, &record));
     }
 
     fn session_closed(&self, client_id: &str, expiry_interval_s: u32) {
@@ -494,7 +499,7 @@ impl MessageStore for DurableStore {
             record.closed_at_unix_s = now_ns() / 1_000_000_000;
             record.clone()
         };
-        self.put_session(client_id, &record);
+        drop(self.put_session(client_id, &record));
     }
 
     fn session_ended(&self, client_id: &str) {
@@ -530,12 +535,10 @@ impl MessageStore for DurableStore {
         filter: &str,
         options: SubscriptionOptions,
         subscription_id: Option<u32>,
-    ) {
+    ) -> Option<Ticket> {
         let record = {
             let mut mirror = self.mirror.lock();
-            let Some(record) = mirror.get_mut(client_id) else {
-                return;
-            };
+            let record = mirror.get_mut(client_id)?;
             let sub = SubRecord {
                 options,
                 subscription_id,
@@ -546,31 +549,33 @@ impl MessageStore for DurableStore {
             }
             record.clone()
         };
-        self.put_session(client_id, &record);
+        Some(self.put_session(client_id, &record))
     }
 
-    fn session_unsubscribed(&self, client_id: &str, filter: &str) {
+    fn session_unsubscribed(&self, client_id: &str, filter: &str) -> Option<Ticket> {
         let record = {
             let mut mirror = self.mirror.lock();
-            let Some(record) = mirror.get_mut(client_id) else {
-                return;
-            };
+            let record = mirror.get_mut(client_id)?;
             record.subscriptions.retain(|(f, _)| f != filter);
             record.clone()
         };
-        self.put_session(client_id, &record);
+        Some(self.put_session(client_id, &record))
     }
 
-    fn retained_changed(&self, topic: &str, message: Option<&Message>) {
+    fn retained_changed(&self, topic: &str, message: Option<&Message>) -> Option<Ticket> {
         let result = match message {
             Some(m) => self
                 .retained
                 .put(topic.as_bytes(), &codec::encode_retained(m)),
             None => self.retained.delete(topic.as_bytes()),
         };
-        if let Err(error) = result {
-            tracing::error!(%error, topic, "cannot write retained message");
-        }
+        Some(match result {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => {
+                tracing::error!(%error, topic, "cannot write retained message");
+                Ticket::failed(io_error(error))
+            }
+        })
     }
 
     fn recover(&self) -> Recovered {
