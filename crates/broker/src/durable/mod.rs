@@ -215,10 +215,10 @@ impl DurableStore {
         // later write (say, clearing an entry the cursor passed) never durable before an
         // earlier one (that cursor).
         let session_state = kv("tern.sessions")?;
+        let names: Vec<&str> = config.streams.iter().map(|s| s.name.as_str()).collect();
         tracing::info!(
-            streams = ?config.streams.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
-            state_sync = ?config.state_sync,
-            "store opened; state streams tern.sessions and tern.retained"
+            "store opened: message streams {names:?}; state streams sync {:?}",
+            config.state_sync
         );
         Ok(DurableStore {
             sessions: Keyspace::new(&session_state, b's'),
