@@ -326,11 +326,19 @@ mod tests {
 
     #[test]
     fn state_sync_is_its_own_key_not_the_first_streams() {
-        let c = parse("[[stream]]\nname = \"fast\"\nfilters = [\"f/#\"]\nsync = \"never\"\n").unwrap();
+        let c =
+            parse("[[stream]]\nname = \"fast\"\nfilters = [\"f/#\"]\nsync = \"never\"\n").unwrap();
         assert_eq!(c.streams[0].store.sync, SyncPolicy::Never);
-        assert_eq!(c.state_sync, SyncPolicy::Always, "default, whatever the first stream says");
+        assert_eq!(
+            c.state_sync,
+            SyncPolicy::Always,
+            "default, whatever the first stream says"
+        );
         let c = parse("[state]\nsync = \"interval\"\nsync_interval_ms = 20\n").unwrap();
-        assert_eq!(c.state_sync, SyncPolicy::Interval(Duration::from_millis(20)));
+        assert_eq!(
+            c.state_sync,
+            SyncPolicy::Interval(Duration::from_millis(20))
+        );
         let c = parse("[state]\nsync = \"never\"\n[[stream]]\nname = \"s\"\n").unwrap();
         assert_eq!(c.state_sync, SyncPolicy::Never);
         assert_eq!(c.streams[0].store.sync, SyncPolicy::Always);
