@@ -79,13 +79,14 @@ fn fanout(c: &mut Criterion) {
                         router::publish(&shared, message);
                         for (session, writer) in &mut s.sessions {
                             let mut state = session.state.lock();
-                            state.out.fill_batch(
-                                writer,
-                                &shared.config,
-                                &shared.metrics,
-                                Instant::now(),
-                                &mut parts,
-                            );
+                            let env = tern_broker::outbound::BatchEnv {
+                                config: &shared.config,
+                                metrics: &shared.metrics,
+                                store: &*shared.store,
+                                client_id: &session.client_id,
+                                now: Instant::now(),
+                            };
+                            state.out.fill_batch(writer, &env, &mut parts);
                             // Acknowledge at once so the window never fills.
                             if let Some(id) = state.out.inflight.front().map(|e| e.packet_id) {
                                 state.out.on_puback(id);

@@ -1,35 +1,51 @@
-//! The per-connection ordered pipeline of inbound PUBLISH / PUBREL outcomes (ARCHITECTURE §2.5).
+//! The per-connection ordered pipeline of inbound packet outcomes: PUBLISH, PUBREL, SUBSCRIBE
+//! and UNSUBSCRIBE (ARCHITECTURE §2.5).
 //!
-//! Each entry is one inbound packet: its acknowledgement kind, the store ticket if a write was
-//! issued for it, and the message to deliver onward. Entries release their acknowledgement
-//! strictly in arrival order once their write is durable; onward delivery also follows arrival
-//! order, and an entry that must not be delivered before its write is durable (QoS 2, §3) holds
-//! back every delivery behind it.
+//! Each entry is one inbound packet: its acknowledgement (PUBACK, PUBREC, PUBCOMP, or a SUBACK
+//! / UNSUBACK encoded when the packet was handled), the store ticket if a write was issued for
+//! it, and the message to deliver onward. Entries release their acknowledgement strictly in
+//! arrival order once their writes are durable, so every acknowledgement of a connection
+//! leaves in packet order; onward delivery also follows arrival order, and an entry that must
+//! not be delivered before its write is durable (QoS 2, §3) holds back every delivery behind
+//! it.
+//!
+//! A delivery may issue a write of its own when it is released: the release hook
+//! ([`AckPipeline::on_release`]) applies a retained message and returns the ticket of its
+//! retained record, which the entry's acknowledgement then waits for as well (§5).
 //!
 //! # Invariants
 //! - `deliver_cursor <= entries.len()`; every entry before it has been delivered (or needed no
-//!   delivery).
+//!   delivery), and its release hook has run.
 //! - Acks leave only from the front, only for delivered and durable entries, so acks are in
 //!   packet order and never precede the delivery they confirm.
 //! - An entry is durable iff it had no ticket or its ticket completed (ARCHITECTURE §4.3:
-//!   whether to wait is decided by whether a write was issued, never by QoS).
+//!   whether to wait is decided by whether a write was issued, never by QoS). A ticket the
+//!   release hook returns is joined to the entry's own, so an entry with an acknowledgement is
+//!   durable only once both writes are.
 //! - `entries.len()` is bounded by the caller: it stops reading when [`AckPipeline::is_full`].
 
 use std::collections::VecDeque;
 
+use bytes::Bytes;
 use tern_wire::ReasonCode;
 
 use crate::persist::{PersistError, Ticket};
 
 /// The acknowledgement an entry releases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AckKind {
     /// QoS 0 PUBLISH: nothing to send, but the entry still keeps the delivery order.
     None,
     PubAck,
     PubRec,
     PubComp,
+    /// A SUBACK or UNSUBACK, encoded when its packet was handled (reason codes per filter).
+    Encoded(Bytes),
 }
+
+/// Runs when an entry's delivery is released, in packet order, before the delivery is handed
+/// out; returns the ticket of a write it issued (a retained message's record).
+pub type ReleaseHook<D> = Box<dyn FnMut(&D) -> Option<Ticket> + Send>;
 
 /// One inbound packet's outcome.
 #[derive(Debug)]
@@ -68,6 +84,7 @@ pub struct AckPipeline<D> {
     /// A write failed: nothing more is released and the connection closes without
     /// acknowledging, so that the client resends (the issue's rule for store failures).
     failed: bool,
+    on_release: Option<ReleaseHook<D>>,
 }
 
 impl<D> AckPipeline<D> {
@@ -79,7 +96,16 @@ impl<D> AckPipeline<D> {
             capacity: capacity.max(1),
             unacked_publishes: 0,
             failed: false,
+            on_release: None,
         }
+    }
+
+    /// Sets the hook run as each delivery is released (see [`ReleaseHook`]). A ticket it
+    /// returns holds the entry's acknowledgement until durable; for an entry without an
+    /// acknowledgement (QoS 0) it is not waited for.
+    pub fn on_release(mut self, hook: ReleaseHook<D>) -> Self {
+        self.on_release = Some(hook);
+        self
     }
 
     /// True once a store write failed (the connection must close without further acks).
@@ -128,7 +154,7 @@ impl<D> AckPipeline<D> {
     /// Adds an entry and appends whatever can now be released to `out`.
     pub fn push(&mut self, entry: Entry<D>, out: &mut Vec<Released<D>>) {
         let durable = entry.ticket.is_none();
-        if is_publish_ack(entry.kind) {
+        if is_publish_ack(&entry.kind) {
             self.unacked_publishes += 1;
         }
         self.slots.push_back(Slot { entry, durable });
@@ -191,6 +217,13 @@ impl<D> AckPipeline<D> {
                 break;
             }
             if let Some(message) = slot.entry.deliver.take() {
+                if let Some(hook) = self.on_release.as_mut() {
+                    let ticket = hook(&message);
+                    if ticket.is_some() && slot.entry.kind != AckKind::None {
+                        slot.entry.ticket = Ticket::join(slot.entry.ticket.take(), ticket);
+                        slot.durable = false;
+                    }
+                }
                 out.push(Released::Deliver(message));
             }
             self.deliver_cursor += 1;
@@ -200,7 +233,7 @@ impl<D> AckPipeline<D> {
                 break;
             };
             self.deliver_cursor -= 1;
-            if is_publish_ack(slot.entry.kind) {
+            if is_publish_ack(&slot.entry.kind) {
                 self.unacked_publishes -= 1;
             }
             if slot.entry.kind != AckKind::None {
@@ -222,7 +255,7 @@ impl<D> AckPipeline<D> {
 /// Capacity an empty pipeline may keep.
 const IDLE_CAPACITY: usize = 16;
 
-fn is_publish_ack(kind: AckKind) -> bool {
+fn is_publish_ack(kind: &AckKind) -> bool {
     matches!(kind, AckKind::PubAck | AckKind::PubRec)
 }
 
@@ -370,6 +403,98 @@ mod tests {
                 ack(AckKind::PubRec, 2),
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn encoded_ack_waits_for_its_ticket_in_packet_order() {
+        let mut p = AckPipeline::new(8);
+        let mut out = Vec::new();
+        let (done, t) = ticket();
+        let suback = AckKind::Encoded(Bytes::from_static(&[0x90, 3, 0, 5, 1]));
+        p.push(
+            Entry {
+                packet_id: 5,
+                kind: suback.clone(),
+                reason: ReasonCode::SUCCESS,
+                ticket: t,
+                deliver: None,
+                deliver_after_durable: false,
+            },
+            &mut out,
+        );
+        p.push(entry(6, AckKind::PubAck, "m", None, false), &mut out);
+        assert_eq!(out, vec![Released::Deliver("m")], "delivery is not held");
+        out.clear();
+        assert_eq!(p.unacked_publishes(), 1, "a SUBACK is not a PUBLISH");
+        done.complete(Ok(()));
+        p.wait_front(&mut out).await;
+        assert_eq!(out, vec![ack(suback, 5), ack(AckKind::PubAck, 6)]);
+    }
+
+    #[tokio::test]
+    async fn release_hook_ticket_holds_the_ack_not_the_delivery() {
+        let hooked: std::sync::Arc<parking_lot::Mutex<Vec<TicketCompleter>>> = Default::default();
+        let held = hooked.clone();
+        let mut p = AckPipeline::new(8).on_release(Box::new(move |d: &&'static str| {
+            if !d.starts_with("retained") {
+                return None;
+            }
+            let (done, t) = Ticket::pair();
+            held.lock().push(done);
+            Some(t)
+        }));
+        let mut out = Vec::new();
+        let (own, t) = ticket();
+        p.push(entry(1, AckKind::PubAck, "retained-1", t, false), &mut out);
+        p.push(entry(0, AckKind::None, "retained-0", None, false), &mut out);
+        p.push(entry(2, AckKind::PubAck, "plain", None, false), &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Released::Deliver("retained-1"),
+                Released::Deliver("retained-0"),
+                Released::Deliver("plain")
+            ]
+        );
+        out.clear();
+        let mut hooks: Vec<TicketCompleter> = hooked.lock().drain(..).collect();
+        assert_eq!(hooks.len(), 2, "the hook ran once per delivery");
+        own.complete(Ok(()));
+        // The QoS 0 entry's hook ticket is not waited for (no ack); the retained one is.
+        drop(hooks.pop());
+        assert!(p.has_pending_ticket());
+        tokio::task::yield_now().await;
+        assert!(out.is_empty());
+        hooks.pop().unwrap().complete(Ok(()));
+        p.wait_front(&mut out).await;
+        assert_eq!(out, vec![ack(AckKind::PubAck, 1), ack(AckKind::PubAck, 2)]);
+        assert!(p.is_empty());
+    }
+
+    #[tokio::test]
+    async fn release_hook_ticket_of_a_qos2_entry_is_waited_for_after_its_own() {
+        let hooked: std::sync::Arc<parking_lot::Mutex<Vec<TicketCompleter>>> = Default::default();
+        let held = hooked.clone();
+        let mut p = AckPipeline::new(8).on_release(Box::new(move |_: &&'static str| {
+            let (done, t) = Ticket::pair();
+            held.lock().push(done);
+            Some(t)
+        }));
+        let mut out = Vec::new();
+        let (own, t) = ticket();
+        p.push(entry(1, AckKind::PubRec, "q2", t, true), &mut out);
+        assert!(
+            out.is_empty() && hooked.lock().is_empty(),
+            "not released yet"
+        );
+        own.complete(Ok(()));
+        p.wait_front(&mut out).await;
+        assert_eq!(out, vec![Released::Deliver("q2")], "delivered, ack held");
+        out.clear();
+        let hook = hooked.lock().pop().expect("hook ran at release");
+        hook.complete(Err(PersistError("disk".into())));
+        p.wait_front(&mut out).await;
+        assert!(p.failed() && out.is_empty(), "{out:?}");
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! durable. A call that issues no write returns `None` and the caller treats the step as done
 //! at once. Callers decide whether to wait by that `Option`, never by QoS or flags
 //! (ARCHITECTURE §4.3): the store alone applies the durability policy of the stream a message
-//! falls in.
+//! falls in. Every acknowledgement the broker sends (PUBACK, PUBREC, PUBCOMP, SUBACK, UNSUBACK)
+//! waits for the tickets of the writes it confirms, retained records included (§5).
 //!
 //! Calls are made for every session; `session_opened` is made only for sessions that outlive
 //! their connection (expiry > 0), so an implementation can ignore the others' records.
@@ -49,6 +50,10 @@ enum TicketInner {
     Store(tern_store::Ticket),
     Channel(oneshot::Receiver<Result<(), PersistError>>),
     Ready(Option<Result<(), PersistError>>),
+    /// Several writes (e.g. a retained PUBLISH: its message and its retained record); done
+    /// when all are, failed as soon as one fails. A part is removed once it completed, so no
+    /// part is polled after its completion.
+    All(Vec<Ticket>),
 }
 
 /// The store's side of a channel [`Ticket`].
@@ -68,6 +73,19 @@ impl Ticket {
     /// A write that already failed (e.g. the stream refused it).
     pub fn failed(error: PersistError) -> Ticket {
         Ticket(TicketInner::Ready(Some(Err(error))))
+    }
+
+    /// The ticket of both writes: `None` if neither was issued, else one that completes when
+    /// every issued write is durable (or one failed).
+    pub fn join(a: Option<Ticket>, b: Option<Ticket>) -> Option<Ticket> {
+        match (a, b) {
+            (None, t) | (t, None) => t,
+            (Some(Ticket(TicketInner::All(mut parts))), Some(b)) => {
+                parts.push(b);
+                Some(Ticket(TicketInner::All(parts)))
+            }
+            (Some(a), Some(b)) => Some(Ticket(TicketInner::All(vec![a, b]))),
+        }
     }
 
     /// Waits for durability. A store that went away counts as a failed write.
@@ -93,6 +111,25 @@ impl Ticket {
                 Err(oneshot::error::TryRecvError::Closed) => Some(Err(dropped())),
             },
             TicketInner::Ready(r) => Some(r.clone().unwrap_or(Ok(()))),
+            TicketInner::All(parts) => {
+                let mut failed = None;
+                parts.retain_mut(|part| match part.try_result() {
+                    Some(Ok(())) => false,
+                    Some(Err(error)) => {
+                        failed.get_or_insert(error);
+                        false
+                    }
+                    None => true,
+                });
+                let outcome = match failed {
+                    Some(error) => Err(error),
+                    None if parts.is_empty() => Ok(()),
+                    None => return None,
+                };
+                // Settled for good: a later call answers the same.
+                self.0 = TicketInner::Ready(Some(outcome.clone()));
+                Some(outcome)
+            }
         }
     }
 }
@@ -115,6 +152,24 @@ impl Future for WaitTicket<'_> {
                 .poll(cx)
                 .map(|r| r.unwrap_or_else(|_| Err(dropped()))),
             TicketInner::Ready(r) => Poll::Ready(r.clone().unwrap_or(Ok(()))),
+            TicketInner::All(parts) => {
+                let mut failed = None;
+                parts.retain_mut(|part| match Pin::new(&mut WaitTicket(part)).poll(cx) {
+                    Poll::Ready(Ok(())) => false,
+                    Poll::Ready(Err(error)) => {
+                        failed.get_or_insert(error);
+                        false
+                    }
+                    Poll::Pending => true,
+                });
+                let outcome = match failed {
+                    Some(error) => Err(error),
+                    None if parts.is_empty() => Ok(()),
+                    None => return Poll::Pending,
+                };
+                self.0.0 = TicketInner::Ready(Some(outcome.clone()));
+                Poll::Ready(outcome)
+            }
         }
     }
 }
@@ -123,6 +178,7 @@ impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             TicketInner::Store(t) => write!(f, "Ticket({})", t.seq()),
+            TicketInner::All(parts) => f.debug_tuple("Ticket").field(parts).finish(),
             _ => f.write_str("Ticket"),
         }
     }
@@ -201,17 +257,27 @@ pub trait MessageStore: Send + Sync + 'static {
     fn session_closed(&self, _client_id: &str, _expiry_interval_s: u32) {}
     /// The session ended (expired, clean start, or expiry 0 at disconnect).
     fn session_ended(&self, _client_id: &str) {}
+    /// A subscription of a persistent session was added or replaced. SUBACK leaves once the
+    /// returned write is durable (the subscription is routed at once, only the ack waits).
     fn session_subscribed(
         &self,
         _client_id: &str,
         _filter: &str,
         _options: SubscriptionOptions,
         _subscription_id: Option<u32>,
-    ) {
+    ) -> Option<Ticket> {
+        None
     }
-    fn session_unsubscribed(&self, _client_id: &str, _filter: &str) {}
-    /// Retained message set (`Some`) or cleared (`None`) for `topic`.
-    fn retained_changed(&self, _topic: &str, _message: Option<&Message>) {}
+    /// A subscription of a persistent session was removed; UNSUBACK leaves once durable.
+    fn session_unsubscribed(&self, _client_id: &str, _filter: &str) -> Option<Ticket> {
+        None
+    }
+    /// Retained message set (`Some`) or cleared (`None`) for `topic`. Calls are made in the
+    /// order the retained messages were applied in memory. The PUBACK / PUBREC of the PUBLISH
+    /// that made the change leaves once the write is durable.
+    fn retained_changed(&self, _topic: &str, _message: Option<&Message>) -> Option<Ticket> {
+        None
+    }
     /// What survived the last run, read once when the broker is built. The memory store
     /// remembers nothing.
     fn recover(&self) -> Recovered {
@@ -276,3 +342,34 @@ pub struct StoredInflight {
 pub struct MemoryStore;
 
 impl MessageStore for MemoryStore {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn joined_ticket_completes_when_all_parts_did() {
+        assert!(Ticket::join(None, None).is_none());
+        let (a_done, a) = Ticket::pair();
+        let (b_done, b) = Ticket::pair();
+        let (c_done, c) = Ticket::pair();
+        let mut t = Ticket::join(Ticket::join(Some(a), Some(b)), Some(c)).unwrap();
+        assert!(t.try_result().is_none());
+        b_done.complete(Ok(()));
+        a_done.complete(Ok(()));
+        assert!(t.try_result().is_none(), "c is still out");
+        c_done.complete(Ok(()));
+        assert_eq!(t.wait().await, Ok(()));
+        assert_eq!(t.try_result(), Some(Ok(())), "settled for good");
+    }
+
+    #[tokio::test]
+    async fn joined_ticket_fails_when_one_part_fails() {
+        let (a_done, a) = Ticket::pair();
+        let (_b_done, b) = Ticket::pair();
+        let mut t = Ticket::join(Some(a), Some(b)).unwrap();
+        a_done.complete(Err(PersistError("disk".into())));
+        assert_eq!(t.wait().await, Err(PersistError("disk".into())));
+        assert_eq!(t.try_result(), Some(Err(PersistError("disk".into()))));
+    }
+}

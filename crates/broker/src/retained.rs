@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use crate::ack_pipeline::ReleaseHook;
 use crate::broker::Shared;
 use crate::message::Message;
+use crate::persist::Ticket;
 
 /// Deepest topic retained: bounds the tree depth, hence the recursion of lookups (the same
 /// bound the subscription trie puts on filters).
@@ -168,18 +170,34 @@ impl Retained {
     }
 }
 
-/// Applies a RETAIN=1 message to the retained store.
-pub fn update(shared: &Shared, message: &Arc<Message>) {
-    let stored = shared
-        .retained
-        .write()
-        .set(message, shared.config.max_retained_messages);
-    if stored {
-        let kept = (!message.payload.is_empty()).then_some(&**message);
-        shared.store.retained_changed(&message.topic, kept);
-    } else {
+/// Applies a RETAIN=1 message to the retained store and returns the ticket of its record's
+/// write (a set, or the delete of an empty payload), if the store issued one.
+///
+/// The write is issued under the tree's lock, so the store records retained changes in the
+/// order they were applied in memory: per publisher that is its packet order (its ack
+/// pipeline releases messages in order), and after a restart the last applied one wins.
+pub fn update(shared: &Shared, message: &Arc<Message>) -> Option<Ticket> {
+    let mut retained = shared.retained.write();
+    if !retained.set(message, shared.config.max_retained_messages) {
+        drop(retained);
         tracing::warn!(topic = %message.topic, "message not retained: retained store full or topic too deep");
+        return None;
     }
+    let kept = (!message.payload.is_empty()).then_some(&**message);
+    shared.store.retained_changed(&message.topic, kept)
+}
+
+/// The ack pipeline's release hook of a connection ([`crate::ack_pipeline::ReleaseHook`]): a
+/// RETAIN=1 PUBLISH is applied when the pipeline releases it, and its PUBACK / PUBREC waits
+/// for the retained record as well as for the message's own write.
+pub fn release_hook(shared: Arc<Shared>) -> ReleaseHook<Arc<Message>> {
+    Box::new(move |message: &Arc<Message>| {
+        if message.retain {
+            update(&shared, message)
+        } else {
+            None
+        }
+    })
 }
 
 #[cfg(test)]

@@ -172,11 +172,20 @@ fn merge_per_session(out: &mut Vec<(Arc<Session>, Outgoing)>, first: usize) {
     }
 }
 
-/// Routes an admitted message: retained store first (if RETAIN), then every subscriber.
+/// Routes a message the broker publishes itself (will, `$SYS`): retained store first (if
+/// RETAIN; nothing waits for its write), then every subscriber.
 pub fn publish(shared: &Shared, message: Arc<Message>) {
     if message.retain {
-        crate::retained::update(shared, &message);
+        // No acknowledgement waits for it.
+        drop(crate::retained::update(shared, &message));
     }
+    route(shared, message);
+}
+
+/// Routes a message to every subscriber, leaving the retained store alone: a client's PUBLISH
+/// was applied to it when its connection's ack pipeline released it
+/// ([`crate::retained::release_hook`]), so that its PUBACK / PUBREC waits for the write.
+pub fn route(shared: &Shared, message: Arc<Message>) {
     let mut targets = Vec::new();
     shared.router.read().targets(&message, &mut targets);
     // The arrival time stands in for "now" (queue-full tracking): one clock read less per

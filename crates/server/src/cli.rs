@@ -45,14 +45,23 @@ Config file keys (TOML, all optional; defaults shown):
     slow_subscriber_timeout_ms = 30000    full queue this long: disconnect (v5 0x97)
   [sys]
     interval_s = 10                       $SYS/broker/... publish interval (0 disables)
-  [[stream]]                              message streams (none: one stream `messages`, every topic)
+  [state]                                 state streams: sessions, subscriptions, retained messages
+    sync = \"always\"                       always | interval | never; SUBACK/UNSUBACK of a persistent
+                                          session and the PUBACK/PUBREC of a retained PUBLISH wait
+                                          for it (its own setting, never a [[stream]]'s)
+    sync_interval_ms = 100                with sync = \"interval\"
+  [[stream]]                              message streams; a message goes to the first that captures it
     name = \"messages\"                     required
-    filters = [\"#\"]                       topic filters captured (first matching stream wins)
+    filters = [\"#\"]                       topic filters captured (unset: every topic, $-topics too)
     max_age_s, max_msgs, max_bytes, max_msgs_per_topic   retention limits (unset: unlimited)
     sync = \"always\"                       always | interval | never (fdatasync per group commit)
     sync_interval_ms = 100                with sync = \"interval\"
-    durability = \"default\"                default (QoS 1/2) | always (QoS 0 too) | never
+    durability = \"default\"                default (QoS 1/2) | always (QoS 0 too) | never (memory only)
     block_size_bytes = 4194304
+  The default stream `messages` (every topic, sync always, durability default) is the only stream
+  when none is configured, and is appended after the configured ones when none of them captures
+  every topic (has no `filters`): a topic is kept in memory only if its stream says
+  durability = \"never\". A filtered stream may not be called `messages` then.
 
 SIGINT/SIGTERM: stop accepting, send v5 clients DISCONNECT 0x8B, close, exit 0.";
 
@@ -63,8 +72,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub bind: Option<String>,
 
-    /// TOML config file with [listener], [limits] and [sys] tables. Unknown keys and bad
-    /// values are errors (exit code 2).
+    /// TOML config file with [listener], [limits], [sys], [state] and [[stream]] tables.
+    /// Unknown keys and bad values are errors (exit code 2).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -72,8 +81,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR", default_value = "./tern-data")]
     pub data_dir: PathBuf,
 
-    /// Sync policy of the default (first) stream, overriding the config file:
-    /// always (fdatasync before acknowledging), interval, never.
+    /// Sync policy of the first message stream (the default stream `messages` when none is
+    /// configured), overriding the config file: always (fdatasync before acknowledging),
+    /// interval, never. The state streams keep `[state] sync`.
     #[arg(long, value_name = "POLICY")]
     pub sync: Option<String>,
 

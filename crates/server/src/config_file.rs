@@ -1,4 +1,5 @@
-//! The TOML config file: `[listener]`, `[limits]`, `[sys]` and any number of `[[stream]]`.
+//! The TOML config file: `[listener]`, `[limits]`, `[sys]`, `[state]` and any number of
+//! `[[stream]]`.
 //! Every key is optional; an unknown key or a value of the wrong type or range is an error that
 //! names the key and its table.
 
@@ -11,12 +12,26 @@ use tern_broker::{BrokerConfig, Durability, StreamSpec, SyncPolicy};
 use toml::{Table, Value};
 
 /// What the file sets.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct FileConfig {
     pub bind: Option<String>,
     pub broker: BrokerConfig,
-    /// `[[stream]]` tables in order; empty means the default stream.
+    /// `[[stream]]` tables in order; empty means the default stream. When none captures
+    /// every topic, the store appends the default stream after them.
     pub streams: Vec<StreamSpec>,
+    /// `[state] sync`: the state streams' sync policy (sessions, subscriptions, retained).
+    pub state_sync: SyncPolicy,
+}
+
+impl Default for FileConfig {
+    fn default() -> Self {
+        FileConfig {
+            bind: None,
+            broker: BrokerConfig::default(),
+            streams: Vec::new(),
+            state_sync: SyncPolicy::Always,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -126,6 +141,7 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
                     }
                 }
             }
+            "state" => config.state_sync = parse_state(section)?,
             other => return Err(ConfigFileError::UnknownTable(other.to_string())),
         }
     }
@@ -172,6 +188,26 @@ pub fn sync_policy(name: &str, interval_ms: u64) -> Result<SyncPolicy, String> {
 
 /// Default of `sync_interval_ms` / `--sync-interval-ms`.
 pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 100;
+
+/// `[state]`: the sync policy of the state streams, on its own (never a `[[stream]]`'s).
+fn parse_state(section: &Table) -> Result<SyncPolicy, ConfigFileError> {
+    const T: &str = "state";
+    let mut sync = "always".to_string();
+    let mut interval_ms = DEFAULT_SYNC_INTERVAL_MS;
+    for (key, v) in section {
+        let k = key.as_str();
+        match k {
+            "sync" => sync = get(v, k, T)?,
+            "sync_interval_ms" => interval_ms = get(v, k, T)?,
+            _ => return Err(unknown(k, T)),
+        }
+    }
+    sync_policy(&sync, interval_ms).map_err(|reason| ConfigFileError::BadValue {
+        key: "sync".into(),
+        table: T,
+        reason,
+    })
+}
 
 fn parse_stream(section: &Table) -> Result<StreamSpec, ConfigFileError> {
     const T: &str = "stream";
@@ -286,6 +322,41 @@ mod tests {
         assert_eq!(e.to_string(), "unknown field `syncc` in [stream]");
         let e = parse("[[stream]]\nname = \"s\"\ndurability = \"sometimes\"\n").unwrap_err();
         assert!(e.to_string().contains("`durability` in [stream]"), "{e}");
+    }
+
+    #[test]
+    fn state_sync_is_its_own_key_not_the_first_streams() {
+        let c =
+            parse("[[stream]]\nname = \"fast\"\nfilters = [\"f/#\"]\nsync = \"never\"\n").unwrap();
+        assert_eq!(c.streams[0].store.sync, SyncPolicy::Never);
+        assert_eq!(
+            c.state_sync,
+            SyncPolicy::Always,
+            "default, whatever the first stream says"
+        );
+        let c = parse("[state]\nsync = \"interval\"\nsync_interval_ms = 20\n").unwrap();
+        assert_eq!(
+            c.state_sync,
+            SyncPolicy::Interval(Duration::from_millis(20))
+        );
+        let c = parse("[state]\nsync = \"never\"\n[[stream]]\nname = \"s\"\n").unwrap();
+        assert_eq!(c.state_sync, SyncPolicy::Never);
+        assert_eq!(c.streams[0].store.sync, SyncPolicy::Always);
+        let e = parse("[state]\nsync = \"sometimes\"\n").unwrap_err();
+        assert!(e.to_string().contains("`sync` in [state]"), "{e}");
+        let e = parse("[state]\nsync = 1\n").unwrap_err();
+        assert!(e.to_string().contains("`sync` in [state]"), "{e}");
+        let e = parse("[state]\nsyncc = \"always\"\n").unwrap_err();
+        assert_eq!(e.to_string(), "unknown field `syncc` in [state]");
+    }
+
+    #[test]
+    fn a_filtered_stream_named_like_the_default_stream_is_refused() {
+        let e = parse("[[stream]]\nname = \"messages\"\nfilters = [\"a/#\"]\n").unwrap_err();
+        assert!(e.to_string().contains("[stream]"), "{e}");
+        assert!(e.to_string().contains("`messages`"), "{e}");
+        // Without filters it is the catch-all itself.
+        assert!(parse("[[stream]]\nname = \"messages\"\n").is_ok());
     }
 
     #[test]

@@ -94,6 +94,7 @@ fn run(bind: &str, data_dir: &Path, file: config_file::FileConfig) -> anyhow::Re
                 max_pending_per_session: file.broker.max_queued_messages,
                 max_inflight_per_session: usize::from(file.broker.max_inflight_messages),
             },
+            state_sync: file.state_sync,
         },
     )
     .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;

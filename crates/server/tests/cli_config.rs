@@ -110,6 +110,37 @@ fn max_sessions_is_documented_and_zero_is_a_bad_value() {
     assert!(out.stderr.contains("max_sessions"), "{}", out.stderr);
 }
 
+/// `[state] sync` (issue 11 item 7) is listed in `tern serve --help` with its default, the
+/// help says where a topic no stream captures goes and that only `durability = "never"` is
+/// memory only; bad values and unknown keys of `[state]` exit 2 naming the key.
+#[test]
+fn state_sync_and_default_stream_are_documented_and_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = run_to_exit(&["serve", "--help"], dir.path(), T);
+    for text in [
+        "[state]",
+        "sync = \"always\"",
+        "default stream `messages`",
+        "appended after the configured ones",
+        "memory only",
+    ] {
+        assert!(
+            serve.stdout.contains(text),
+            "`tern serve --help` lacks {text}:\n{}",
+            serve.stdout
+        );
+    }
+    let out = serve_with_config("[state]\nsync = \"sometimes\"\n");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("`sync` in [state]"), "{}", out.stderr);
+    let out = serve_with_config("[state]\nsync_intervall_ms = 5\n");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("sync_intervall_ms"), "{}", out.stderr);
+    let out = serve_with_config("[[stream]]\nname = \"messages\"\nfilters = [\"a/#\"]\n");
+    assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("[stream]"), "{}", out.stderr);
+}
+
 #[test]
 fn out_of_range_value_exits_2_naming_the_key() {
     let out = serve_with_config("[limits]\nreceive_maximum = 70000\n");
@@ -182,6 +213,10 @@ slow_subscriber_timeout_ms = 30000
 
 [sys]
 interval_s = 10
+
+[state]
+sync = "always"
+sync_interval_ms = 100
 "#;
     let b = Broker::start_with(toml);
     assert_ne!(b.port(), 1883, "--bind from the harness overrides the file");

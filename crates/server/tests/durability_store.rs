@@ -100,8 +100,7 @@ async fn retained_set_and_cleared_survive_kill() {
         m.retain = true;
         p.publish_acked(m).await;
     }
-    // Retained state is written without waiting: give its group commit a moment.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // No pause: a retained PUBLISH's PUBACK waits for its retained record (issue 11 item 7).
     b.restart_after_kill();
     let mut s = RawClient::v4(b.addr, "ret-sub").await;
     s.sub("ret/#", 1).await;

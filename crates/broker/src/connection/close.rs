@@ -49,7 +49,8 @@ impl Conn {
         }
         for item in std::mem::take(&mut self.released) {
             if let crate::ack_pipeline::Released::Deliver(message) = item {
-                crate::router::publish(&self.shared, message.clone());
+                // Retained records were applied by the pipeline's release hook.
+                crate::router::route(&self.shared, message.clone());
                 self.shared.store.message_released(&message);
             }
         }

@@ -239,7 +239,8 @@ async fn accept(
         keep_alive,
         will: connect.will.map(crate::will::keep),
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
-        pipeline: AckPipeline::new(usize::from(config.receive_maximum)),
+        pipeline: AckPipeline::new(usize::from(config.receive_maximum))
+            .on_release(crate::retained::release_hook(shared.clone())),
         released: Vec::new(),
         connect_expiry_zero: requested_expiry_s == 0,
         client_max_packet_size_bytes: client_max_packet_size,

@@ -285,12 +285,15 @@ impl Conn {
 
     /// Queues one control packet for the writer.
     fn send(&mut self, packet: &Packet) {
-        // No scratch kept in `Conn`: it lives in every idle connection's future, and these
-        // packets (SUBACK, PINGRESP) are rare.
-        let mut scratch = BytesMut::new();
-        if let Some(bytes) = encode_packet(packet, self.protocol, &mut scratch) {
+        if let Some(bytes) = self.encode(packet) {
             self.send_bytes(std::iter::once(bytes));
         }
+    }
+
+    fn encode(&self, packet: &Packet) -> Option<Bytes> {
+        // No scratch kept in `Conn`: it lives in every idle connection's future, and these
+        // packets (SUBACK, UNSUBACK, PINGRESP) are rare.
+        encode_packet(packet, self.protocol, &mut BytesMut::new())
     }
 
     fn send_bytes(&self, packets: impl IntoIterator<Item = Bytes>) {
@@ -329,13 +332,13 @@ impl Conn {
                         kind,
                         packet_id,
                         reason,
-                    } = *item
+                    } = item
                     else {
                         continue;
                     };
                     let ack = tern_wire::Ack {
-                        packet_id,
-                        reason,
+                        packet_id: *packet_id,
+                        reason: *reason,
                         properties: Default::default(),
                     };
                     let packet = match kind {
@@ -343,6 +346,10 @@ impl Conn {
                         AckKind::PubAck => Packet::PubAck(ack),
                         AckKind::PubRec => Packet::PubRec(ack),
                         AckKind::PubComp => Packet::PubComp(ack),
+                        AckKind::Encoded(bytes) => {
+                            state.out.push_control(bytes.clone());
+                            continue;
+                        }
                     };
                     if let Some(bytes) = encode_packet(&packet, self.protocol, &mut scratch) {
                         state.out.push_control(bytes);
@@ -354,7 +361,9 @@ impl Conn {
         }
         for item in released.drain(..) {
             if let Released::Deliver(message) = item {
-                crate::router::publish(&self.shared, message.clone());
+                // Its retained record was applied when the pipeline released it (the
+                // pipeline's release hook, `retained::release_hook`).
+                crate::router::route(&self.shared, message.clone());
                 self.shared.store.message_released(&message);
             }
         }

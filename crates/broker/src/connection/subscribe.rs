@@ -1,5 +1,13 @@
 //! SUBSCRIBE and UNSUBSCRIBE: per-filter validation and reason codes, the session's
 //! subscription table, the router, and retained messages per Retain Handling.
+//!
+//! A subscription is routed at once; its SUBACK (UNSUBACK) goes through the ack pipeline as an
+//! entry holding the encoded packet and the ticket of the session record's write, so that for
+//! a persistent session it leaves only once the subscription (its removal) is durable, and
+//! every acknowledgement of the connection still leaves in packet order (ARCHITECTURE §2.5,
+//! §5). Retained messages due to a new subscription are delivered at once, so they may
+//! precede a SUBACK that waits (MQTT 3.8.4 allows PUBLISH before SUBACK) but never follow a
+//! newer live message on their topic.
 
 use std::sync::Arc;
 
@@ -10,9 +18,11 @@ use tern_wire::{
 use tokio::time::Instant;
 
 use super::{Close, Conn};
+use crate::ack_pipeline::{AckKind, Entry};
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::outbound::Outgoing;
+use crate::persist::Ticket;
 use crate::router;
 use crate::session::SubRecord;
 
@@ -33,6 +43,8 @@ impl Conn {
             .first()
             .copied();
         let mut reasons = Vec::with_capacity(subscribe.filters.len());
+        // The writes of the session's subscription records (persistent sessions only).
+        let mut ticket = None;
         // (filter, record) whose retained messages are due (Retain Handling 0, or 1 when new).
         let mut retained_due = Vec::new();
         for (raw, options) in &subscribe.filters {
@@ -85,9 +97,13 @@ impl Conn {
                 state.subscriptions.insert(raw.as_str().into(), record);
                 self.session.recount_subscriptions(&state);
             }
-            self.shared
-                .store
-                .session_subscribed(&self.client_id, raw, *options, subscription_id);
+            let written = self.shared.store.session_subscribed(
+                &self.client_id,
+                raw,
+                *options,
+                subscription_id,
+            );
+            ticket = Ticket::join(ticket, written);
             reasons.push(granted(options.qos));
             let due = match options.retain_handling {
                 RetainHandling::SendAtSubscribe => true,
@@ -99,12 +115,13 @@ impl Conn {
                 retained_due.push((raw.clone(), record));
             }
         }
-        // SUBACK goes out before the retained messages it triggers (queued first).
-        self.send(&Packet::SubAck(SubAck {
+        // SUBACK is queued before the retained messages it triggers when it need not wait.
+        let suback = Packet::SubAck(SubAck {
             packet_id: subscribe.packet_id,
             properties: Properties::default(),
             reasons,
-        }));
+        });
+        self.push_control_ack(subscribe.packet_id, &suback, ticket);
         let now = Instant::now();
         for (filter, record) in retained_due {
             let messages: Vec<Arc<Message>> = self.shared.retained.read().matching(&filter, now);
@@ -125,6 +142,7 @@ impl Conn {
 
     pub(super) fn on_unsubscribe(&mut self, unsubscribe: Unsubscribe) -> Result<(), Close> {
         let mut reasons = Vec::with_capacity(unsubscribe.filters.len());
+        let mut ticket = None;
         for raw in &unsubscribe.filters {
             let Ok(kind) = tern_topic::classify_filter(raw) else {
                 reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
@@ -142,17 +160,39 @@ impl Conn {
             }
             if removed {
                 Metrics::sub(&self.shared.metrics.subscriptions, 1);
-                self.shared.store.session_unsubscribed(&self.client_id, raw);
+                let written = self.shared.store.session_unsubscribed(&self.client_id, raw);
+                ticket = Ticket::join(ticket, written);
                 reasons.push(ReasonCode::SUCCESS);
             } else {
                 reasons.push(ReasonCode::NO_SUBSCRIPTION_EXISTED);
             }
         }
-        self.send(&Packet::UnsubAck(UnsubAck {
+        let unsuback = Packet::UnsubAck(UnsubAck {
             packet_id: unsubscribe.packet_id,
             properties: Properties::default(),
             reasons,
-        }));
+        });
+        self.push_control_ack(unsubscribe.packet_id, &unsuback, ticket);
         Ok(())
+    }
+
+    /// Queues SUBACK / UNSUBACK behind the acknowledgements before it; it leaves once
+    /// `ticket` (the session record's write, if one was issued) is durable.
+    fn push_control_ack(&mut self, packet_id: u16, packet: &Packet, ticket: Option<Ticket>) {
+        let Some(bytes) = self.encode(packet) else {
+            return;
+        };
+        self.pipeline.push(
+            Entry {
+                packet_id,
+                kind: AckKind::Encoded(bytes),
+                reason: ReasonCode::SUCCESS,
+                ticket,
+                deliver: None,
+                deliver_after_durable: false,
+            },
+            &mut self.released,
+        );
+        self.flush_released();
     }
 }

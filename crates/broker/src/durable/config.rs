@@ -1,5 +1,12 @@
 //! Configuration of the durable store: the message streams (name, captured filters, limits,
-//! sync policy, durability policy).
+//! sync policy, durability policy) and the sync policy of the state streams.
+//!
+//! # Invariants
+//! - Once [`DurableConfig::with_default_stream`] ran, every topic falls in some stream: a
+//!   topic is kept in memory only when its stream says [`Durability::Never`], never because no
+//!   stream captures it.
+//! - The state streams' sync policy is [`DurableConfig::state_sync`], set on its own; no
+//!   message stream's policy leaks into it.
 
 use tern_store::{StreamConfig, SyncPolicy};
 
@@ -32,15 +39,18 @@ impl std::str::FromStr for Durability {
 pub struct StreamSpec {
     /// Store stream name (letters, digits, `-`, `_`, `.`; not starting with `tern.`).
     pub name: String,
-    /// Topic filters it captures; empty captures every topic. A message goes to the first
-    /// stream (in configuration order) whose filters match its topic, or to none.
+    /// Topic filters it captures; empty captures every topic (`$` topics too, which a leading
+    /// `#` does not match). A message goes to the first stream (in configuration order) whose
+    /// filters match its topic; the default stream, appended last when no stream captures
+    /// every topic, takes the rest.
     pub filters: Vec<String>,
     pub durability: Durability,
     /// Block size, sync policy and retention limits.
     pub store: StreamConfig,
 }
 
-/// Name of the stream used when none is configured.
+/// Name of the default stream: the only stream when none is configured, appended after the
+/// configured ones when none of them captures every topic.
 pub const DEFAULT_STREAM_NAME: &str = "messages";
 /// Prefix of the store's own state streams; not available to configured streams.
 pub const STATE_STREAM_PREFIX: &str = "tern.";
@@ -80,6 +90,10 @@ impl Default for SessionLimits {
 pub struct DurableConfig {
     pub streams: Vec<StreamSpec>,
     pub sessions: SessionLimits,
+    /// Sync policy of the state streams (`tern.sessions`: sessions, subscriptions, cursors,
+    /// "PUBREL pending"; `tern.retained`), `[state] sync` in the config file. Default
+    /// `always`: SUBACK, UNSUBACK and the ack of a retained PUBLISH wait for an fdatasync.
+    pub state_sync: SyncPolicy,
 }
 
 impl Default for DurableConfig {
@@ -87,22 +101,39 @@ impl Default for DurableConfig {
         DurableConfig {
             streams: vec![StreamSpec::default_stream()],
             sessions: SessionLimits::default(),
+            state_sync: SyncPolicy::Always,
         }
     }
 }
 
 impl DurableConfig {
-    /// Sync policy of the state streams (sessions, cursors, outbound QoS 2, retained): the
-    /// first stream's, so that `--sync never` leaves nothing syncing.
-    pub fn state_sync(&self) -> SyncPolicy {
-        self.streams
-            .first()
-            .map_or(SyncPolicy::Always, |s| s.store.sync)
+    /// True if some stream captures every topic (no filters).
+    pub fn captures_every_topic(&self) -> bool {
+        self.streams.iter().any(|s| s.filters.is_empty())
+    }
+
+    /// Appends the default stream ([`DEFAULT_STREAM_NAME`], every topic) unless a stream
+    /// already captures every topic, so that no topic is memory only by omission.
+    pub fn with_default_stream(mut self) -> Self {
+        if !self.captures_every_topic() {
+            self.streams.push(StreamSpec::default_stream());
+        }
+        self
     }
 
     pub fn validate(&self) -> Result<(), String> {
         if self.streams.len() > usize::from(u16::MAX) {
             return Err("too many streams".into());
+        }
+        if !self.captures_every_topic() {
+            if let Some(s) = self.streams.iter().find(|s| s.name == DEFAULT_STREAM_NAME) {
+                return Err(format!(
+                    "stream `{}` has filters, but `{DEFAULT_STREAM_NAME}` names the default \
+                     stream that takes every topic no configured stream captures: rename it, \
+                     or drop its filters so that it captures every topic",
+                    s.name
+                ));
+            }
         }
         let mut names = std::collections::HashSet::new();
         for s in &self.streams {
@@ -122,5 +153,82 @@ impl DurableConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(name: &str, filters: &[&str]) -> StreamSpec {
+        StreamSpec {
+            name: name.into(),
+            filters: filters.iter().map(|f| f.to_string()).collect(),
+            ..StreamSpec::default_stream()
+        }
+    }
+
+    fn names(config: &DurableConfig) -> Vec<&str> {
+        config.streams.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn default_stream_is_appended_when_no_stream_captures_every_topic() {
+        let config = DurableConfig {
+            streams: vec![stream("telemetry", &["sensors/#"])],
+            ..DurableConfig::default()
+        };
+        assert!(config.validate().is_ok());
+        let config = config.with_default_stream();
+        assert_eq!(names(&config), vec!["telemetry", DEFAULT_STREAM_NAME]);
+        assert!(config.streams[1].filters.is_empty(), "captures every topic");
+        // `#` does not capture `$` topics: the default stream still takes those.
+        let config = DurableConfig {
+            streams: vec![stream("all", &["#"])],
+            ..DurableConfig::default()
+        };
+        assert_eq!(
+            names(&config.with_default_stream()),
+            vec!["all", "messages"]
+        );
+        // A stream without filters captures everything: nothing is appended.
+        let config = DurableConfig {
+            streams: vec![stream("a", &["a/#"]), stream("rest", &[])],
+            ..DurableConfig::default()
+        };
+        assert_eq!(names(&config.with_default_stream()), vec!["a", "rest"]);
+        assert_eq!(
+            names(&DurableConfig::default().with_default_stream()),
+            vec!["messages"]
+        );
+    }
+
+    #[test]
+    fn a_filtered_stream_may_not_take_the_default_stream_name() {
+        let config = DurableConfig {
+            streams: vec![stream("messages", &["a/#"])],
+            ..DurableConfig::default()
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.contains("`messages`"), "{error}");
+        let config = DurableConfig {
+            streams: vec![stream("messages", &["a/#"]), stream("rest", &[])],
+            ..DurableConfig::default()
+        };
+        assert!(
+            config.validate().is_ok(),
+            "the name is free when nothing is appended"
+        );
+    }
+
+    #[test]
+    fn state_sync_is_its_own_setting_not_the_first_streams() {
+        let mut first = stream("fast", &["fast/#"]);
+        first.store.sync = SyncPolicy::Never;
+        let config = DurableConfig {
+            streams: vec![first],
+            ..DurableConfig::default()
+        };
+        assert_eq!(config.state_sync, SyncPolicy::Always);
     }
 }

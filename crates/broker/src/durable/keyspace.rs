@@ -6,7 +6,7 @@ use tern_store::{FilterSet, KvStream, StoreError};
 /// One key space of the shared session-state stream: keys carry a one-byte prefix.
 #[derive(Clone, Debug)]
 pub(super) struct Keyspace {
-    kv: KvStream,
+    pub(super) kv: KvStream,
     prefix: u8,
 }
 

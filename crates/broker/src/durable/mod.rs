@@ -1,7 +1,9 @@
 //! [`DurableStore`]: the [`MessageStore`] over `tern-store` (ARCHITECTURE §3–§5).
 //!
 //! # On-disk schema (one `tern-store` directory, `--data-dir`)
-//! Message streams (configured; default one stream `messages` capturing every topic):
+//! Message streams (configured; a stream `messages` capturing every topic is appended when no
+//! configured stream captures every topic, so that no topic is kept in memory only unless its
+//! stream says `durability = "never"`):
 //! - a message record per stored PUBLISH: topic = the MQTT topic, properties = QoS, retain,
 //!   publisher and MQTT 5 properties ([`codec::encode_meta`]), payload = the payload;
 //! - `$tern/rx/{client}` (payload: packet id u16 BE ++ the session's incarnation u64 BE, so a
@@ -13,7 +15,9 @@
 //!   records of that client in this stream are void.
 //!
 //! Clients cannot publish under `$tern/` and session replay skips it. State streams (keyed,
-//! compacted `KvStream`s; their sync policy is the first message stream's):
+//! compacted `KvStream`s; their sync policy is [`DurableConfig::state_sync`], `[state] sync`,
+//! never a message stream's). SUBACK / UNSUBACK of a persistent session wait for its `s`
+//! record; the PUBACK / PUBREC of a retained PUBLISH waits for its `tern.retained` record:
 //! - `tern.sessions`, one stream for three key spaces so that its log order orders them:
 //!   - `s` ++ client id → protocol, expiry, the time it lost its connection, subscriptions
 //!     ([`codec::SessionRecord`]);
@@ -128,10 +132,12 @@ fn report_damage(stream: &Stream) {
 }
 
 impl DurableStore {
-    /// Opens (creating if needed) the store in `dir` and the configured streams, reporting any
-    /// damage found by recovery in the log.
+    /// Opens (creating if needed) the store in `dir` and the configured streams (plus the
+    /// default stream when none captures every topic, [`DurableConfig::with_default_stream`]),
+    /// reporting any damage found by recovery in the log.
     pub fn open(dir: &Path, config: DurableConfig) -> Result<DurableStore, StoreError> {
         config.validate().map_err(StoreError::InvalidConfig)?;
+        let config = config.with_default_stream();
         let store = Store::open(dir)?;
         let mut slots = Vec::with_capacity(config.streams.len());
         for spec in &config.streams {
@@ -151,7 +157,7 @@ impl DurableStore {
         // State streams are small: every checksum is verified at start-up, so damage is
         // quarantined (and reported) before they are read.
         let state = StreamConfig {
-            sync: config.state_sync(),
+            sync: config.state_sync,
             verify_on_open: true,
             block_size_bytes: 1024 * 1024,
             ..StreamConfig::default()
@@ -165,6 +171,11 @@ impl DurableStore {
         // later write (say, clearing an entry the cursor passed) never durable before an
         // earlier one (that cursor).
         let session_state = kv("tern.sessions")?;
+        let names: Vec<&str> = config.streams.iter().map(|s| s.name.as_str()).collect();
+        tracing::info!(
+            "store opened: message streams {names:?}; state streams sync {:?}",
+            config.state_sync
+        );
         Ok(DurableStore {
             sessions: Keyspace::new(&session_state, b's'),
             cursors: Keyspace::new(&session_state, b'c'),
@@ -182,9 +193,14 @@ impl DurableStore {
         })
     }
 
-    /// The message streams, in configuration order.
+    /// The message streams, in configuration order (the appended default stream last).
     pub fn streams(&self) -> impl Iterator<Item = &Stream> {
         self.slots.iter().map(|s| &s.stream)
+    }
+
+    /// The state streams: `tern.sessions`, then `tern.retained`.
+    pub fn state_streams(&self) -> [&Stream; 2] {
+        [self.sessions.kv.stream(), self.retained.stream()]
     }
 
     fn slot_for(&self, topic: &str) -> Option<(usize, &Slot)> {
@@ -204,9 +220,13 @@ impl DurableStore {
             .collect()
     }
 
-    fn put_session(&self, client_id: &str, record: &SessionRecord) {
-        if let Err(error) = self.sessions.put(client_id.as_bytes(), &record.encode()) {
-            tracing::error!(%error, client_id, "cannot write session state");
+    fn put_session(&self, client_id: &str, record: &SessionRecord) -> Ticket {
+        match self.sessions.put(client_id.as_bytes(), &record.encode()) {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => {
+                tracing::error!(%error, client_id, "cannot write session state");
+                Ticket::failed(io_error(error))
+            }
         }
     }
 
@@ -388,7 +408,7 @@ impl MessageStore for DurableStore {
                 .lock()
                 .insert(client_id.to_string(), floors);
         }
-        self.put_session(client_id, &record);
+        drop(self.put_session(client_id, &record));
     }
 
     fn session_closed(&self, client_id: &str, expiry_interval_s: u32) {
@@ -401,7 +421,7 @@ impl MessageStore for DurableStore {
             record.closed_at_unix_s = now_ns() / 1_000_000_000;
             record.clone()
         };
-        self.put_session(client_id, &record);
+        drop(self.put_session(client_id, &record));
     }
 
     fn session_ended(&self, client_id: &str) {
@@ -429,12 +449,10 @@ impl MessageStore for DurableStore {
         filter: &str,
         options: SubscriptionOptions,
         subscription_id: Option<u32>,
-    ) {
+    ) -> Option<Ticket> {
         let record = {
             let mut mirror = self.mirror.lock();
-            let Some(record) = mirror.get_mut(client_id) else {
-                return;
-            };
+            let record = mirror.get_mut(client_id)?;
             let sub = SubRecord {
                 options,
                 subscription_id,
@@ -445,31 +463,33 @@ impl MessageStore for DurableStore {
             }
             record.clone()
         };
-        self.put_session(client_id, &record);
+        Some(self.put_session(client_id, &record))
     }
 
-    fn session_unsubscribed(&self, client_id: &str, filter: &str) {
+    fn session_unsubscribed(&self, client_id: &str, filter: &str) -> Option<Ticket> {
         let record = {
             let mut mirror = self.mirror.lock();
-            let Some(record) = mirror.get_mut(client_id) else {
-                return;
-            };
+            let record = mirror.get_mut(client_id)?;
             record.subscriptions.retain(|(f, _)| f != filter);
             record.clone()
         };
-        self.put_session(client_id, &record);
+        Some(self.put_session(client_id, &record))
     }
 
-    fn retained_changed(&self, topic: &str, message: Option<&Message>) {
+    fn retained_changed(&self, topic: &str, message: Option<&Message>) -> Option<Ticket> {
         let result = match message {
             Some(m) => self
                 .retained
                 .put(topic.as_bytes(), &codec::encode_retained(m)),
             None => self.retained.delete(topic.as_bytes()),
         };
-        if let Err(error) = result {
-            tracing::error!(%error, topic, "cannot write retained message");
-        }
+        Some(match result {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => {
+                tracing::error!(%error, topic, "cannot write retained message");
+                Ticket::failed(io_error(error))
+            }
+        })
     }
 
     fn recover(&self) -> Recovered {

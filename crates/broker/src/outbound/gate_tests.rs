@@ -204,7 +204,7 @@ async fn a_held_publish_is_not_resent_on_reconnect_and_leaves_once_durable() {
         "only what was sent is resent (MQTT-4.4.0-1)"
     );
     assert!(
-        f.out.on_pubrec(2, true) == false,
+        !f.out.on_pubrec(2, true),
         "an ack for an unsent id is ignored"
     );
     f.store.complete("sent", 2);

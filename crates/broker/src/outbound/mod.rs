@@ -49,6 +49,7 @@ use crate::message::Message;
 use crate::packet_ids::PacketIds;
 use crate::persist::Ticket;
 
+pub use batch::BatchEnv;
 pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
 pub use writer::{WriterState, encode_packet, run_writer};
 
