@@ -18,27 +18,27 @@
 //! compacted `KvStream`s; their sync policy is [`DurableConfig::state_sync`], `[state] sync`,
 //! never a message stream's). SUBACK / UNSUBACK of a persistent session wait for its `s`
 //! record; the PUBACK / PUBREC of a retained PUBLISH waits for its `tern.retained` record:
-//! - `tern.sessions`, one stream for three key spaces so that its log order orders them:
+//! - `tern.sessions`, one stream for several key spaces so that its log order orders them:
 //!   - `s` ++ client id → protocol, expiry, the time it lost its connection, subscriptions
 //!     ([`codec::SessionRecord`]);
 //!   - `c` ++ client id → per message stream, the sequence below which every record its
 //!     filters match was completed ([`codec::encode_positions`]);
-//!   - `o` ++ client id ++ `\0` ++ packet id → position of an outbound QoS 2 message whose
-//!     PUBREC arrived ("PUBREL pending"); kept after PUBCOMP until the session's cursor passes
-//!     the message (so a completed exchange is never replayed as a new PUBLISH), and cleared
-//!     only after that cursor was written, in the same stream;
+//!   - `p`, `o`, `d`: outbound QoS 2 exchanges (PUBLISH sent under a packet id, PUBREL pending,
+//!     completed), see `exchanges.rs`;
 //! - `tern.retained`: topic → meta length (u32 BE) ++ meta ++ payload; cleared = deleted.
 //!
 //! A persistent session's queued messages are not copied: at start-up they are the records
-//! after its cursor that its (non-shared) filters match, minus those PUBREL-pending.
+//! after its cursor that its (non-shared) filters match, minus those of live or completed
+//! outbound exchanges.
 //!
 //! # Invariants
 //! - Cursor safety: the cursor written for a session is `min(floor, held)` where `floor` is the
 //!   lowest sequence appended but not yet routed (or the next sequence), read **before** the
 //!   session's held messages are listed; a message leaves the unrouted set only after it was
 //!   pushed to every target session. So no matching record below a cursor is still owed.
-//! - Every delivery of a stored message uses [`StoreRef::packet_id`], so a resend after a crash
-//!   carries the packet id the subscriber may already hold (exactly once outbound).
+//! - The first PUBLISH of a stored QoS 2 message to a persistent session leaves only once its
+//!   `p` record is durable, so a resend after a crash carries the packet id the subscriber may
+//!   already hold (exactly once outbound).
 //! - The unrouted lock is held across the append, so the set and `next_seq` never miss a
 //!   sequence that a concurrent checkpoint could pass.
 
