@@ -84,6 +84,7 @@ fn fanout(c: &mut Criterion) {
                                 metrics: &shared.metrics,
                                 store: &*shared.store,
                                 client_id: &session.client_id,
+                                persistent: state.expiry_interval_s > 0,
                                 now: Instant::now(),
                             };
                             state.out.fill_batch(writer, &env, &mut parts);

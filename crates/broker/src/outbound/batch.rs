@@ -20,6 +20,8 @@ pub struct BatchEnv<'a> {
     /// Records outbound QoS 2 exchanges of persistent sessions (ARCHITECTURE §3).
     pub store: &'a dyn MessageStore,
     pub client_id: &'a str,
+    /// The session outlives its connection: only then are its exchanges recorded.
+    pub persistent: bool,
     pub now: Instant,
 }
 
@@ -156,7 +158,7 @@ impl Outbound {
         // ARCHITECTURE §3: the id of a stored QoS 2 message is recorded before its first
         // PUBLISH, so a restarted broker resends it under the same id.
         let ticket = match (qos, item.message.store_ref()) {
-            (QoS::ExactlyOnce, Some(stored)) => {
+            (QoS::ExactlyOnce, Some(stored)) if env.persistent => {
                 env.store.outbound_sent(env.client_id, packet_id, stored)
             }
             _ => None,

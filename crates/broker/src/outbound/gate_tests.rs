@@ -115,6 +115,7 @@ impl Fixture {
             metrics: &self.metrics,
             store: &self.store,
             client_id: "c",
+            persistent: true,
             now: Instant::now(),
         };
         self.out.fill_batch(&mut self.writer, &env, &mut parts);

@@ -75,6 +75,7 @@ impl Fixture {
             metrics: &self.metrics,
             store: &crate::persist::MemoryStore,
             client_id: "c",
+            persistent: false,
             now: Instant::now(),
         };
         self.out.fill_batch(&mut self.writer, &env, &mut parts);
@@ -428,6 +429,7 @@ async fn one_shared_buffer_reaches_every_subscriber_unchanged() {
             metrics: &f.metrics,
             store: &crate::persist::MemoryStore,
             client_id: "c",
+            persistent: false,
             now: Instant::now(),
         };
         f.out.fill_batch(&mut f.writer, &env, &mut parts);

@@ -153,6 +153,7 @@ pub async fn run_writer(
                     metrics: &shared.metrics,
                     store: &*shared.store,
                     client_id: &session.client_id,
+                    persistent: state.expiry_interval_s > 0,
                     now: Instant::now(),
                 };
                 state.out.fill_batch(&mut writer, &env, &mut parts);
