@@ -86,6 +86,17 @@ impl Checkpointer {
                     tracing::info!(client_id = %session.client_id, dropped, "retention removed queued messages; session skips ahead");
                 }
             }
+            for (share, queue) in shared.groups.map.lock().iter_mut() {
+                let dropped = queue.drop_removed(&removed);
+                if dropped > 0 {
+                    Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
+                    tracing::info!(
+                        share = &**share,
+                        dropped,
+                        "retention removed queued messages; share group skips ahead"
+                    );
+                }
+            }
         }
         // Share groups before the sessions: a member's completed QoS 2 markers are cleared
         // only below its groups' written cursors (`durable::shared`).
