@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -18,10 +18,11 @@ use tokio::time::Instant;
 
 use crate::config::{BrokerConfig, ConfigError};
 use crate::metrics::Metrics;
-use crate::persist::{MemoryStore, MessageStore};
+use crate::persist::{MemoryStore, MessageStore, StoredWill};
 use crate::retained::Retained;
 use crate::router::Router;
 use crate::session::Registry;
+use crate::session::groups::Groups;
 
 /// How long shutdown waits for connections to send their DISCONNECT and close.
 pub const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 3_000;
@@ -34,6 +35,10 @@ pub struct Shared {
     pub sessions: Registry,
     pub router: RwLock<Router>,
     pub retained: RwLock<Retained>,
+    /// Share-group queues (messages waiting for a member to come online).
+    pub groups: Groups,
+    /// Wills recovered from the store, armed when the broker starts serving.
+    pub recovered_wills: Mutex<Vec<StoredWill>>,
     pub metrics: Metrics,
     pub store: Arc<dyn MessageStore>,
     pub started_at: Instant,
@@ -70,6 +75,8 @@ impl Broker {
                 sessions: Registry::default(),
                 router: RwLock::new(Router::default()),
                 retained: RwLock::new(Retained::default()),
+                groups: Groups::default(),
+                recovered_wills: Mutex::new(Vec::new()),
                 metrics: Metrics::default(),
                 store,
                 started_at: Instant::now(),
@@ -96,6 +103,7 @@ impl Broker {
         let mut connections = JoinSet::new();
         let sys = tokio::spawn(crate::sys::run(self.shared.clone(), stop_rx.clone()));
         crate::session::restore::arm_expiry(&self.shared);
+        crate::will::arm_recovered(&self.shared);
         let checkpoints = tokio::spawn(crate::checkpoint::run_checkpoints(self.shared.clone()));
         tokio::pin!(shutdown);
         loop {

@@ -1,5 +1,6 @@
-//! The periodic checkpoint of persistent sessions' cursors: what each still holds of the
-//! stored messages, handed to [`crate::persist::MessageStore::checkpoint`].
+//! The periodic checkpoint of persistent sessions' and share groups' cursors: what each still
+//! holds of the stored messages, handed to [`crate::persist::MessageStore::checkpoint`] and
+//! [`crate::persist::MessageStore::checkpoint_group`].
 //!
 //! # Invariants
 //! - The store's floors are read before any session's held messages are listed (see the
@@ -85,6 +86,25 @@ impl Checkpointer {
                     tracing::info!(client_id = %session.client_id, dropped, "retention removed queued messages; session skips ahead");
                 }
             }
+            for (share, queue) in shared.groups.map.lock().iter_mut() {
+                let dropped = queue.drop_removed(&removed);
+                if dropped > 0 {
+                    Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
+                    tracing::info!(
+                        share = &**share,
+                        dropped,
+                        "retention removed queued messages; share group skips ahead"
+                    );
+                }
+            }
+        }
+        // Share groups before the sessions: a member's completed QoS 2 markers are cleared
+        // only below its groups' written cursors (`durable::shared`).
+        let mut held = Vec::new();
+        for share in shared.store.durable_groups() {
+            held.clear();
+            crate::session::groups::held(shared, &share, &mut held);
+            shared.store.checkpoint_group(&share, &floors, &held);
         }
         let clients = shared.store.persistent_sessions();
         if clients.is_empty() {
@@ -97,7 +117,6 @@ impl Checkpointer {
         }
         let now = Instant::now();
         let large_interval = Duration::from_millis(LARGE_QUEUE_SCAN_INTERVAL_MS);
-        let mut held = Vec::new();
         let mut writes = 0;
         let n = clients.len();
         let start = self.start % n;

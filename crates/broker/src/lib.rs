@@ -8,7 +8,8 @@
 //! - [`persist`]: the [`MessageStore`] seam and tickets; [`MemoryStore`] keeps nothing.
 //! - [`durable`]: [`DurableStore`], the `MessageStore` over `tern-store` (on-disk schema in
 //!   its module doc); [`checkpoint`]: the periodic write of persistent sessions' cursors.
-//! - [`session`]: session state, the registry (takeover, resume), expiry and will timers.
+//! - [`session`]: session state, the registry (takeover, resume), share-group queues, expiry
+//!   and will timers.
 //! - [`router`]: trie lookups, per-session merging, share-group member choice, delivery.
 //! - [`outbound`]: per-session queue, in-flight window and the vectored writer task.
 //! - [`retained`], [`will`], [`sys`] (`$SYS/broker/...`), [`topic_alias`], [`packet_ids`],

@@ -302,6 +302,33 @@ pub trait MessageStore: Send + Sync + 'static {
     fn persistent_sessions(&self) -> Vec<Arc<str>> {
         Vec::new()
     }
+    /// Share groups (`$share/{group}/{filter}`) whose queue the store keeps (a persistent
+    /// session joined them), the ones to checkpoint.
+    fn durable_groups(&self) -> Vec<Arc<str>> {
+        Vec::new()
+    }
+    /// Records how far the share group `share` got: `held` lists the stored messages its
+    /// queue and its members still hold of the group's messages. True if a write was issued.
+    fn checkpoint_group(&self, _share: &str, _floors: &[u64], _held: &HeldSeqs) -> bool {
+        false
+    }
+    /// The share group lost its last member: its queue is gone.
+    fn group_ended(&self, _share: &str) {}
+    /// CONNECT: the new connection's will (`None`: it has none) and its Will Delay Interval,
+    /// for sessions of every expiry. Replaces any earlier will of `client_id`. Returns the
+    /// token that names this will in [`MessageStore::will_delayed`] and
+    /// [`MessageStore::will_cleared`] (calls with an older token do nothing).
+    fn will_set(&self, _client_id: &str, _will: Option<(&Message, u32)>) -> u64 {
+        0
+    }
+    /// The connection closed without a clean DISCONNECT; its will waits for its delay, which
+    /// runs from now.
+    fn will_delayed(&self, _client_id: &str, _token: u64) {}
+    /// The will is cancelled, or about to be published: its record goes. The broker publishes
+    /// only once the returned write is durable, so a will is published at most once.
+    fn will_cleared(&self, _client_id: &str, _token: u64) -> Option<Ticket> {
+        None
+    }
 }
 
 /// State handed back by [`MessageStore::recover`].
@@ -309,6 +336,31 @@ pub trait MessageStore: Send + Sync + 'static {
 pub struct Recovered {
     pub sessions: Vec<StoredSession>,
     pub retained: Vec<Message>,
+    /// Share-group queues of groups that persistent sessions are members of.
+    pub groups: Vec<StoredGroup>,
+    /// Wills not yet published nor cancelled.
+    pub wills: Vec<StoredWill>,
+}
+
+/// A share group's queue as the store rebuilt it: messages waiting for a member.
+#[derive(Debug)]
+pub struct StoredGroup {
+    /// `$share/{group}/{filter}`.
+    pub share: String,
+    pub queued: Vec<Message>,
+}
+
+/// A will that survived a restart.
+#[derive(Debug)]
+pub struct StoredWill {
+    pub client_id: String,
+    /// The will as the message it turns into.
+    pub message: Message,
+    /// How long it still waits: zero when due now (its delay passed, its session ended, or it
+    /// had none).
+    pub due_in: std::time::Duration,
+    /// As from [`MessageStore::will_set`].
+    pub token: u64,
 }
 
 /// A persistent session as the store rebuilt it (ARCHITECTURE §5). It comes back offline:

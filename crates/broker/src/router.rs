@@ -9,8 +9,9 @@
 //! - One copy per session for overlapping normal subscriptions: the highest granted QoS, every
 //!   matching subscription identifier, and the retain flag kept if any match asks for Retain
 //!   As Published (MQTT-3.3.5-1 for 3.1.1; the single-copy option of MQTT 5 §3.3.4).
-//! - A share group delivers each message to exactly one member, preferring online members
-//!   [MQTT-4.8.2-*]; the member's copy is separate from its normal subscriptions.
+//! - A share group delivers each message to exactly one online member [MQTT-4.8.2-*], or, with
+//!   no member online, to the group's queue ([`crate::session::groups`]); the member's copy is
+//!   separate from its normal subscriptions.
 //! - No Local: a subscription never receives its own client's messages [MQTT-3.8.3-3].
 
 use std::sync::Arc;
@@ -96,8 +97,14 @@ impl Router {
         self.trie.is_empty()
     }
 
-    /// Appends one `(session, delivery)` per receiving session to `out`.
-    pub fn targets(&self, message: &Arc<Message>, out: &mut Vec<(Arc<Session>, Outgoing)>) {
+    /// Appends one `(session, delivery)` per receiving session to `out`, and one delivery per
+    /// share group without an online member to `to_groups` (its `share` names the group).
+    pub fn targets(
+        &self,
+        message: &Arc<Message>,
+        out: &mut Vec<(Arc<Session>, Outgoing)>,
+        to_groups: &mut Vec<Outgoing>,
+    ) {
         let first = out.len();
         let publisher = message.publisher.as_deref();
         // Only a session with several plain subscriptions can match twice; without one, the
@@ -111,29 +118,33 @@ impl Router {
                 may_overlap |= value.session.plain_subscriptions.load(Ordering::Relaxed) > 1;
                 out.push((value.session.clone(), outgoing(message, value)));
             }
-            Match::Shared(group) => {
-                let chosen = group
-                    .next_member_where(|_, v| v.session.is_online())
-                    .or_else(|| group.next_member());
-                if let Some((_, value)) = chosen {
+            Match::Shared(group) => match group.next_member_where(|_, v| v.session.is_online()) {
+                Some((_, value)) => {
                     out.push((value.session.clone(), outgoing(message, value)));
                 }
-            }
+                None => {
+                    if let Some((_, value)) = group.members().first() {
+                        to_groups.push(outgoing(message, value));
+                    }
+                }
+            },
         });
         if may_overlap {
             merge_per_session(out, first);
         }
     }
 
-    /// Another member of the share group `share` (`$share/{group}/{filter}`) than `exclude`,
-    /// preferring online ones.
-    pub fn pick_shared_member(&self, share: &str, exclude: &Arc<str>) -> Option<SubValue> {
+    /// The share group `share` (`$share/{group}/{filter}`), if it has a member.
+    pub fn share_group(&self, share: &str) -> Option<&tern_topic::SharedGroup<Arc<str>, SubValue>> {
         let (group, filter) = tern_topic::parse_shared_filter(share)?.ok()?;
-        let group = self.trie.shared_group(group, filter)?;
-        group
-            .next_member_where(|k, v| k != exclude && v.session.is_online())
-            .or_else(|| group.next_member_where(|k, _| k != exclude))
-            .map(|(_, v)| v.clone())
+        self.trie.shared_group(group, filter)
+    }
+}
+
+#[cfg(test)]
+impl Router {
+    fn targets_for_test(&self, message: &Arc<Message>, out: &mut Vec<(Arc<Session>, Outgoing)>) {
+        self.targets(message, out, &mut Vec::new());
     }
 }
 
@@ -187,12 +198,21 @@ pub fn publish(shared: &Shared, message: Arc<Message>) {
 /// ([`crate::retained::release_hook`]), so that its PUBACK / PUBREC waits for the write.
 pub fn route(shared: &Shared, message: Arc<Message>) {
     let mut targets = Vec::new();
-    shared.router.read().targets(&message, &mut targets);
+    let mut to_groups = Vec::new();
+    shared
+        .router
+        .read()
+        .targets(&message, &mut targets, &mut to_groups);
     // The arrival time stands in for "now" (queue-full tracking): one clock read less per
     // message, and the two differ by the routing time only.
     let now = message.arrived_at;
     for (session, item) in targets {
         deliver(shared, &session, item, now);
+    }
+    for item in to_groups {
+        if let Some(share) = item.share.clone() {
+            crate::session::groups::enqueue(shared, &share, item, now);
+        }
     }
 }
 
@@ -298,7 +318,7 @@ mod tests {
         // Kept by the SUBSCRIBE handler from the session's table.
         a.plain_subscriptions.store(2, Ordering::Relaxed);
         let mut out = Vec::new();
-        router.targets(&message("x/y", QoS::AtLeastOnce, None), &mut out);
+        router.targets_for_test(&message("x/y", QoS::AtLeastOnce, None), &mut out);
         assert_eq!(out.len(), 1);
         let (_, item) = &out[0];
         assert_eq!(
@@ -323,9 +343,9 @@ mod tests {
         rec.options.no_local = true;
         router.subscribe(FilterKind::Normal("t"), &a, rec).unwrap();
         let mut out = Vec::new();
-        router.targets(&message("t", QoS::AtLeastOnce, Some("a")), &mut out);
+        router.targets_for_test(&message("t", QoS::AtLeastOnce, Some("a")), &mut out);
         assert!(out.is_empty());
-        router.targets(&message("t", QoS::AtLeastOnce, Some("b")), &mut out);
+        router.targets_for_test(&message("t", QoS::AtLeastOnce, Some("b")), &mut out);
         assert_eq!(out.len(), 1);
     }
 
@@ -349,7 +369,7 @@ mod tests {
         let mut got = Vec::new();
         for _ in 0..4 {
             let mut out = Vec::new();
-            router.targets(&message("jobs/1", QoS::AtLeastOnce, None), &mut out);
+            router.targets_for_test(&message("jobs/1", QoS::AtLeastOnce, None), &mut out);
             assert_eq!(out.len(), 1);
             assert_eq!(out[0].1.share.as_deref(), Some("$share/g/jobs/#"));
             got.push(out[0].0.client_id.to_string());
@@ -359,14 +379,20 @@ mod tests {
         b.set_online(false);
         for _ in 0..2 {
             let mut out = Vec::new();
-            router.targets(&message("jobs/1", QoS::AtLeastOnce, None), &mut out);
+            router.targets_for_test(&message("jobs/1", QoS::AtLeastOnce, None), &mut out);
             assert_eq!(&*out[0].0.client_id, "a");
         }
-        let other = router.pick_shared_member("$share/g/jobs/#", &"a".into());
-        assert_eq!(
-            other.map(|v| v.session.client_id.to_string()),
-            Some("b".into())
+        // With no member online the message is for the group's queue.
+        a.set_online(false);
+        let (mut out, mut to_groups) = (Vec::new(), Vec::new());
+        router.targets(
+            &message("jobs/1", QoS::AtLeastOnce, None),
+            &mut out,
+            &mut to_groups,
         );
+        assert!(out.is_empty());
+        assert_eq!(to_groups.len(), 1);
+        assert_eq!(to_groups[0].share.as_deref(), Some("$share/g/jobs/#"));
     }
 
     #[test]
@@ -377,7 +403,7 @@ mod tests {
             .subscribe(FilterKind::Normal("#"), &a, record(QoS::AtMostOnce, None))
             .unwrap();
         let mut out = Vec::new();
-        router.targets(&message("$SYS/x", QoS::AtMostOnce, None), &mut out);
+        router.targets_for_test(&message("$SYS/x", QoS::AtMostOnce, None), &mut out);
         assert!(out.is_empty());
     }
 }

@@ -2,8 +2,16 @@
 //! a protocol error, a takeover, or DISCONNECT 0x04; discarded on DISCONNECT 0x00
 //! [MQTT-3.1.2-8], [MQTT-3.14.4-3]. A v5 Will Delay Interval defers it until the delay passes
 //! or the session ends, whichever is first, and a resume within the delay cancels it.
+//!
+//! Durability (`crate::durable::wills` has the records): the store records the will at
+//! CONNECT ([`crate::persist::MessageStore::will_set`], which hands back a token naming this
+//! connection's will), marks it closed when its delay starts, and deletes it when it is
+//! cancelled or fired. [`fire`] publishes only once that delete is durable: a will is
+//! published at most once, even across a crash. Wills recovered at start-up are fired or
+//! re-armed by [`arm_recovered`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -42,12 +50,33 @@ pub fn to_message(will: &Will, now: Instant) -> Arc<Message> {
     ))
 }
 
+/// CONNECT: records the new connection's will (or that it has none) in the store; the token
+/// names it in later calls.
+pub fn record(shared: &Shared, client_id: &str, will: Option<&Will>) -> u64 {
+    let message = will.map(|w| to_message(w, Instant::now()));
+    let delay_s = will.map_or(0, |w| w.properties.will_delay_interval_s.unwrap_or(0));
+    shared
+        .store
+        .will_set(client_id, message.as_deref().map(|m| (m, delay_s)))
+}
+
+/// The will `token` of `client_id` will not be sent (clean DISCONNECT, shutdown).
+pub fn cancel(shared: &Shared, client_id: &str, token: u64) {
+    drop(shared.store.will_cleared(client_id, token));
+}
+
 /// Sends (or schedules) the will of the connection `conn_gen` that is closing.
-pub fn trigger(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64, will: &Will) {
+pub fn trigger(
+    shared: &Arc<Shared>,
+    session: &Arc<Session>,
+    conn_gen: u64,
+    will: &Will,
+    token: u64,
+) {
     let message = to_message(will, Instant::now());
     let delay_s = will.properties.will_delay_interval_s.unwrap_or(0);
     if delay_s == 0 {
-        router::publish(shared, message);
+        fire(shared, &session.client_id, token, message);
         return;
     }
     let (ours, ended) = {
@@ -56,17 +85,106 @@ pub fn trigger(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64, will
     };
     if ended {
         // Replaced by a clean start: the session ended, so the will is due now.
-        router::publish(shared, message);
-    } else if ours
-        && !expiry::arm_will(
+        fire(shared, &session.client_id, token, message);
+    } else if ours {
+        let delay = Duration::from_secs(u64::from(delay_s));
+        if expiry::arm_will(
             shared.clone(),
             session.clone(),
             conn_gen,
             message.clone(),
-            delay_s,
-        )
-    {
-        router::publish(shared, message);
+            token,
+            delay,
+        ) {
+            shared.store.will_delayed(&session.client_id, token);
+        } else {
+            fire(shared, &session.client_id, token, message);
+        }
+    } else {
+        // Taken over by a connection that resumed the session: cancelled (MQTT-3.1.3-9).
+        cancel(shared, &session.client_id, token);
     }
-    // else: taken over by a connection that resumed the session: cancelled (MQTT-3.1.3-9).
+}
+
+/// Publishes a will that is due: its record is deleted first, and the will is published once
+/// the delete is durable (at most once, see the module doc). Published wills are stored like
+/// a client's PUBLISH before they are routed.
+pub fn fire(shared: &Arc<Shared>, client_id: &str, token: u64, message: Arc<Message>) {
+    let cleared = shared.store.will_cleared(client_id, token);
+    if cleared.is_none() {
+        // Nothing recorded (a store that keeps no wills): nothing to wait for first.
+        match store(shared, client_id, &message) {
+            None => publish(shared, message),
+            Some(mut stored) => {
+                let shared = shared.clone();
+                let client_id: Arc<str> = client_id.into();
+                tokio::spawn(async move {
+                    wait_stored(&mut stored, &client_id).await;
+                    publish(&shared, message);
+                });
+            }
+        }
+        return;
+    }
+    let shared = shared.clone();
+    let client_id: Arc<str> = client_id.into();
+    tokio::spawn(async move {
+        if let Some(mut cleared) = cleared {
+            if let Err(error) = cleared.wait().await {
+                tracing::error!(%error, %client_id, "will record not deleted; publishing anyway");
+            }
+        }
+        if let Some(mut stored) = store(&shared, &client_id, &message) {
+            wait_stored(&mut stored, &client_id).await;
+        }
+        publish(&shared, message);
+    });
+}
+
+/// Appends the will to its message stream. Never under `$` (`$SYS/`, and `$tern/`, the
+/// store's control records, which a will topic must not be able to forge).
+fn store(shared: &Shared, client_id: &str, message: &Message) -> Option<crate::persist::Ticket> {
+    if message.topic.starts_with('$') {
+        return None;
+    }
+    shared.store.append_publish(client_id, message, None)
+}
+
+async fn wait_stored(ticket: &mut crate::persist::Ticket, client_id: &str) {
+    if let Err(error) = ticket.wait().await {
+        tracing::error!(%error, client_id, "will message not stored; published from memory");
+    }
+}
+
+fn publish(shared: &Shared, message: Arc<Message>) {
+    router::publish(shared, message.clone());
+    shared.store.message_released(&message);
+}
+
+/// Fires or re-arms the wills recovered from the store (called from `serve`, where a runtime
+/// exists): a will due now is published; one whose delay still runs waits on its restored
+/// (offline) session, so a reconnect within the delay cancels it and the session's end
+/// publishes it.
+pub fn arm_recovered(shared: &Arc<Shared>) {
+    let wills = std::mem::take(&mut *shared.recovered_wills.lock());
+    for stored in wills {
+        let message = Arc::new(stored.message);
+        let session = shared.sessions.get(&stored.client_id);
+        if stored.due_in > Duration::ZERO {
+            if let Some(session) = session {
+                let conn_gen = session.state.lock().conn_gen;
+                if expiry::arm_will(
+                    shared.clone(),
+                    session,
+                    conn_gen,
+                    message.clone(),
+                    stored.token,
+                    stored.due_in,
+                ) {
+                    continue;
+                }
+            }
+        }
+        fire(shared, &stored.client_id, stored.token, message);
+    }
 }

@@ -64,6 +64,7 @@ impl MessageStore for Recovering {
                 )],
             }],
             retained: vec![msg("kept/t", b"retained", QoS::AtMostOnce, true)],
+            ..Recovered::default()
         }
     }
 }

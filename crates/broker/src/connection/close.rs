@@ -97,7 +97,16 @@ impl Conn {
         };
         if let Some(will) = self.will.take() {
             if send_will {
-                will::trigger(&self.shared, &self.session, self.conn_gen, &will);
+                will::trigger(
+                    &self.shared,
+                    &self.session,
+                    self.conn_gen,
+                    &will,
+                    self.will_token,
+                );
+            } else {
+                // MQTT-3.1.2-10: removed from the session state, durably.
+                will::cancel(&self.shared, &self.client_id, self.will_token);
             }
         }
         // The session is released before the writer is done: a writer stuck behind a client

@@ -229,6 +229,9 @@ async fn accept(
             },
         },
     );
+    let will = connect.will.map(crate::will::keep);
+    // Replaces (or, without a will, deletes) the stored will of an earlier connection.
+    let will_token = crate::will::record(shared, &client_id, will.as_deref());
     let conn = Conn {
         shared: shared.clone(),
         session: attached.session,
@@ -237,7 +240,8 @@ async fn accept(
         client_id,
         protocol,
         keep_alive,
-        will: connect.will.map(crate::will::keep),
+        will,
+        will_token,
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
         pipeline: AckPipeline::new(usize::from(config.receive_maximum))
             .on_release(crate::retained::release_hook(shared.clone())),

@@ -74,6 +74,8 @@ pub(crate) struct Conn {
     /// 1.5 × the keep alive in force; `None` when keep alive is off.
     keep_alive: Option<Duration>,
     will: Option<Box<Will>>,
+    /// Names `will` in the store (`crate::will`).
+    will_token: u64,
     aliases: InboundAliases,
     pipeline: AckPipeline<Arc<Message>>,
     released: Vec<Released<Arc<Message>>>,

@@ -122,6 +122,8 @@ impl Conn {
             reasons,
         });
         self.push_control_ack(subscribe.packet_id, &suback, ticket);
+        // A new member online: messages that waited for its groups go out.
+        crate::session::groups::flush_member(&self.shared, &self.session);
         let now = Instant::now();
         for (filter, record) in retained_due {
             let messages: Vec<Arc<Message>> = self.shared.retained.read().matching(&filter, now);
@@ -160,6 +162,12 @@ impl Conn {
             }
             if removed {
                 Metrics::sub(&self.shared.metrics.subscriptions, 1);
+                if matches!(kind, FilterKind::Shared { .. }) {
+                    crate::session::groups::forget_if_orphaned(
+                        &self.shared,
+                        &[raw.as_str().into()],
+                    );
+                }
                 let written = self.shared.store.session_unsubscribed(&self.client_id, raw);
                 ticket = Ticket::join(ticket, written);
                 reasons.push(ReasonCode::SUCCESS);

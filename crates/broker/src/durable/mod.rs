@@ -18,18 +18,23 @@
 //! compacted `KvStream`s; their sync policy is [`DurableConfig::state_sync`], `[state] sync`,
 //! never a message stream's). SUBACK / UNSUBACK of a persistent session wait for its `s`
 //! record; the PUBACK / PUBREC of a retained PUBLISH waits for its `tern.retained` record:
-//! - `tern.sessions`, one stream for several key spaces so that its log order orders them:
+//! - `tern.sessions`, one stream for every key space of session state so that its log order
+//!   orders them:
 //!   - `s` ++ client id → protocol, expiry, the time it lost its connection, subscriptions
 //!     ([`codec::SessionRecord`]);
 //!   - `c` ++ client id → per message stream, the sequence below which every record its
 //!     filters match was completed ([`codec::encode_positions`]);
 //!   - `p`, `o`, `d`: outbound QoS 2 exchanges (PUBLISH sent under a packet id, PUBREL pending,
-//!     completed), see `exchanges.rs`;
+//!     completed), see the `exchanges` module;
+//!   - `g` ++ `$share/{group}/{filter}` → a share group's cursor, like `c` (`shared` module);
+//!   - `w` ++ client id → the client's will, its delay, open or closed at (`wills` module);
 //! - `tern.retained`: topic → meta length (u32 BE) ++ meta ++ payload; cleared = deleted.
 //!
 //! A persistent session's queued messages are not copied: at start-up they are the records
 //! after its cursor that its (non-shared) filters match, minus those of live or completed
-//! outbound exchanges.
+//! outbound exchanges. A share group's queue is the records after the group's cursor that its
+//! filter matches, minus those its members' QoS 2 exchanges cover. Wills still owed are fired
+//! or re-armed.
 //!
 //! # Invariants
 //! - Cursor safety: the cursor written for a session is `min(floor, held)` where `floor` is the
@@ -47,9 +52,12 @@ pub mod config;
 mod exchanges;
 mod keyspace;
 mod recover;
+mod shared;
+mod wills;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 
 use parking_lot::Mutex;
 use tern_store::{FilterSet, KvStream, NewRecord, Store, StoreError, Stream, StreamConfig};
@@ -102,6 +110,14 @@ pub struct DurableStore {
     exchanges: Mutex<HashMap<String, ClientExchanges>>,
     /// Cursors as last written, per client.
     written_cursors: Mutex<HashMap<String, Vec<u64>>>,
+    /// Share-group cursors (`shared` module), by `$share/{group}/{filter}`.
+    groups: Keyspace,
+    /// Share-group cursors as last written: the groups the store keeps.
+    group_cursors: Mutex<HashMap<String, Vec<u64>>>,
+    /// Wills (`wills` module), and per client the token and encoded record of its will.
+    wills: Keyspace,
+    will_state: Mutex<HashMap<String, (u64, Vec<u8>)>>,
+    will_tokens: AtomicU64,
     limits: config::SessionLimits,
     _store: Store,
 }
@@ -182,12 +198,17 @@ impl DurableStore {
             sent: Keyspace::new(&session_state, b'p'),
             outbound: Keyspace::new(&session_state, b'o'),
             done: Keyspace::new(&session_state, b'd'),
+            groups: Keyspace::new(&session_state, b'g'),
+            wills: Keyspace::new(&session_state, b'w'),
             retained: kv("tern.retained")?,
             slots,
             mirror: Mutex::new(HashMap::new()),
             rx: Mutex::new(HashMap::new()),
             exchanges: Mutex::new(HashMap::new()),
             written_cursors: Mutex::new(HashMap::new()),
+            group_cursors: Mutex::new(HashMap::new()),
+            will_state: Mutex::new(HashMap::new()),
+            will_tokens: AtomicU64::new(1),
             limits: config.sessions,
             _store: store,
         })
@@ -463,6 +484,8 @@ impl MessageStore for DurableStore {
             }
             record.clone()
         };
+        // Before the session record, in the same stream: SUBACK's write covers both.
+        self.group_joined(filter);
         Some(self.put_session(client_id, &record))
     }
 
@@ -554,7 +577,31 @@ impl MessageStore for DurableStore {
             written.insert(client_id.to_string(), cursor.clone());
         }
         self.write_cursor(client_id, &cursor);
-        self.clear_passed(client_id, &cursor);
+        self.clear_passed(client_id, &self.done_floor(client_id, &cursor));
         true
+    }
+
+    fn durable_groups(&self) -> Vec<std::sync::Arc<str>> {
+        self.durable_group_list()
+    }
+
+    fn checkpoint_group(&self, share: &str, floors: &[u64], held: &HeldSeqs) -> bool {
+        self.checkpoint_group_cursor(share, floors, held)
+    }
+
+    fn group_ended(&self, share: &str) {
+        self.group_gone(share);
+    }
+
+    fn will_set(&self, client_id: &str, will: Option<(&Message, u32)>) -> u64 {
+        self.set_will(client_id, will)
+    }
+
+    fn will_delayed(&self, client_id: &str, token: u64) {
+        self.delay_will(client_id, token);
+    }
+
+    fn will_cleared(&self, client_id: &str, token: u64) -> Option<Ticket> {
+        self.clear_will(client_id, token)
     }
 }

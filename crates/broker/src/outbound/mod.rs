@@ -216,8 +216,9 @@ impl Outbound {
         self.gate.remove(|p| matches!(p, HeldPacket::Qos0(_)));
     }
 
-    /// Takes every queued and unacknowledged (not yet PUBREC'd) message routed via a share
-    /// group, for redelivery to another member.
+    /// Takes every queued message and every QoS 1 message in flight that was routed via a
+    /// share group, for another member or the group (`session::groups`). QoS 2 in flight stays:
+    /// its delivery is completed to this member when it reconnects [MQTT-4.8.2-4].
     pub fn take_shared(&mut self) -> Vec<Outgoing> {
         let mut taken = Vec::new();
         let queue = std::mem::take(&mut self.queue);
@@ -232,7 +233,10 @@ impl Outbound {
         let inflight = std::mem::take(&mut self.inflight);
         let mut unsent = Vec::new();
         for entry in inflight {
-            if entry.item.share.is_some() && entry.phase == Phase::AwaitingAck {
+            if entry.item.share.is_some()
+                && entry.phase == Phase::AwaitingAck
+                && entry.item.qos == QoS::AtLeastOnce
+            {
                 self.packet_ids.release(entry.packet_id);
                 if entry.held {
                     unsent.push(entry.packet_id);
@@ -248,6 +252,13 @@ impl Outbound {
             HeldPacket::PubRel { .. } => false,
         }));
         taken
+    }
+
+    /// Removes and returns the first queued delivery.
+    pub fn pop_front(&mut self) -> Option<Outgoing> {
+        let item = self.queue.pop_front()?;
+        self.account_removed(&item);
+        Some(item)
     }
 
     /// PUBACK from the subscriber. `None` for an unknown id (ignored, as the spec allows).
@@ -344,6 +355,19 @@ impl Outbound {
             .map(|e| &e.item)
             .chain(self.gate.qos0_items())
             .chain(self.queue.iter())
+            .filter_map(|o| o.message.store_ref());
+        out.extend(refs.map(|r| (r.stream, r.seq)));
+    }
+
+    /// Like [`Outbound::held`], for the messages routed via the share group `share` only.
+    pub fn held_share(&self, share: &str, out: &mut crate::persist::HeldSeqs) {
+        let refs = self
+            .inflight
+            .iter()
+            .map(|e| &e.item)
+            .chain(self.gate.qos0_items())
+            .chain(self.queue.iter())
+            .filter(|o| o.share.as_deref() == Some(share))
             .filter_map(|o| o.message.store_ref());
         out.extend(refs.map(|r| (r.stream, r.seq)));
     }

@@ -321,6 +321,30 @@ async fn shared_messages_are_taken_back_from_a_leaving_member() {
     assert_eq!(f.out.packet_ids.in_flight(), 0);
 }
 
+/// MQTT-4.8.2-4: a QoS 2 message in flight to a leaving member stays with it (its delivery is
+/// completed when it reconnects); only QoS 1 in flight and queued messages are taken.
+#[tokio::test]
+async fn shared_qos2_in_flight_stays_with_a_leaving_member() {
+    let mut f = Fixture::new(2);
+    let shared = |payload, qos| Outgoing {
+        share: Some("$share/g/t".into()),
+        ..item(payload, qos)
+    };
+    f.push(shared(b"q2", QoS::ExactlyOnce));
+    f.push(shared(b"q1", QoS::AtLeastOnce));
+    f.drain();
+    let taken: Vec<_> = f
+        .out
+        .take_shared()
+        .into_iter()
+        .map(|o| o.message.payload.clone())
+        .collect();
+    assert_eq!(taken, vec![Bytes::from_static(b"q1")]);
+    assert_eq!(f.out.inflight.len(), 1);
+    assert_eq!(f.out.inflight[0].item.qos, QoS::ExactlyOnce);
+    assert_eq!(f.out.packet_ids.in_flight(), 1);
+}
+
 #[tokio::test]
 async fn control_packets_keep_their_place_behind_queued_deliveries() {
     let mut f = Fixture::new(10);

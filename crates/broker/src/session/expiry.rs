@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use crate::broker::Shared;
 use crate::message::Message;
-use crate::router;
 use crate::session::{Session, registry};
 
 /// Ends `session` after `expiry_interval_s` unless a connection re-attached meanwhile.
@@ -25,34 +24,35 @@ pub fn arm(shared: Arc<Shared>, session: Arc<Session>, conn_gen: u64, expiry_int
     });
 }
 
-/// Publishes `will` after `delay_s` unless the session resumed (which clears the pending will)
-/// or ended (which publishes it then). Arms nothing and returns false if connection
-/// `conn_gen` no longer owns the session.
+/// Publishes `will` (named `token` in the store) after `delay` unless the session resumed
+/// (which clears the pending will) or ended (which publishes it then). Arms nothing and
+/// returns false if connection `conn_gen` no longer owns the session.
 pub fn arm_will(
     shared: Arc<Shared>,
     session: Arc<Session>,
     conn_gen: u64,
     will: Arc<Message>,
-    delay_s: u32,
+    token: u64,
+    delay: Duration,
 ) -> bool {
     {
         let mut state = session.state.lock();
         if state.conn_gen != conn_gen || state.ended {
             return false;
         }
-        state.pending_will = Some(will.clone());
+        state.pending_will = Some((will.clone(), token));
     }
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(u64::from(delay_s))).await;
+        tokio::time::sleep(delay).await;
         let due = {
             let mut state = session.state.lock();
             match &state.pending_will {
-                Some(pending) if Arc::ptr_eq(pending, &will) => state.pending_will.take(),
+                Some((pending, _)) if Arc::ptr_eq(pending, &will) => state.pending_will.take(),
                 _ => None,
             }
         };
-        if let Some(will) = due {
-            router::publish(&shared, will);
+        if let Some((will, token)) = due {
+            crate::will::fire(&shared, &session.client_id, token, will);
         }
     });
     true

@@ -3,17 +3,19 @@
 //! - [`state`]: [`Session`] and [`SessionState`] (subscriptions, QoS 2 received set, the
 //!   outbound queue and in-flight window, expiry, a pending delayed will).
 //! - [`registry`]: sessions by client id; attach (with takeover), detach, end.
+//! - [`groups`]: share-group queues (messages waiting for a member), redistribution.
 //! - [`expiry`]: the timers that end an abandoned session and fire a delayed will.
 //! - [`restore`]: sessions and retained messages rebuilt from [`crate::persist::Recovered`].
 //!
 //! # Invariants
-//! - Lock order: registry → router → retained → one session's state. No lock is held across
+//! - Lock order: registry → router → retained → share-group queues → one session's state. No lock is held across
 //!   an `await`.
 //! - A session is reachable from the router only while it is in the registry; ending a
 //!   session removes its subscriptions first, then marks it `ended` so that a publisher that
 //!   matched it a moment earlier queues nothing.
 
 pub mod expiry;
+pub mod groups;
 pub mod registry;
 pub mod restore;
 pub mod state;

@@ -13,13 +13,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tern_wire::{ConnAck, Packet, Protocol, ReasonCode};
-use tokio::time::Instant;
 
 use crate::broker::Shared;
 use crate::metrics::Metrics;
-use crate::outbound::{Outgoing, encode_packet};
-use crate::router;
-use crate::session::{ConnCtl, Session};
+use crate::outbound::encode_packet;
+use crate::session::{ConnCtl, Session, groups};
 
 #[derive(Debug, Default)]
 pub struct Registry {
@@ -68,7 +66,7 @@ pub struct AttachRequest<'a> {
     pub connack: ConnAck,
 }
 
-pub fn attach(shared: &Shared, request: AttachRequest<'_>) -> Attached {
+pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
     let mut sessions = shared.sessions.map.lock();
     let existing = sessions.get(request.client_id).cloned();
     let mut replaced = None;
@@ -141,6 +139,9 @@ pub fn attach(shared: &Shared, request: AttachRequest<'_>) -> Attached {
             !session_present,
         );
     }
+    // Messages that waited for a member of its share groups (behind the CONNACK and what the
+    // session holds).
+    groups::flush_member(shared, &session);
     Attached {
         session,
         session_present,
@@ -150,9 +151,10 @@ pub fn attach(shared: &Shared, request: AttachRequest<'_>) -> Attached {
 }
 
 /// The connection `conn_gen` of `session` closed. Ends the session if its expiry is 0,
-/// otherwise arms its expiry timer. Messages it held through share groups go to other members.
+/// otherwise arms its expiry timer. Messages it held through share groups go to other online
+/// members, or back to their group ([`groups::redistribute`]).
 pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
-    let (expiry_interval_s, shared_items) = {
+    let expiry_interval_s = {
         let mut state = session.state.lock();
         if state.conn_gen != conn_gen || state.ended {
             return; // taken over: the session belongs to a newer connection
@@ -160,9 +162,9 @@ pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
         state.conn = None;
         session.set_online(false);
         state.out.detach();
-        (state.expiry_interval_s, state.out.take_shared())
+        state.expiry_interval_s
     };
-    redistribute(shared, session, shared_items);
+    groups::redistribute(shared, session);
     if expiry_interval_s == 0 {
         end(shared, session);
     } else if expiry_interval_s != u32::MAX {
@@ -174,34 +176,8 @@ pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
     }
 }
 
-/// Gives messages a leaving share-group member held to other members of the same group.
-fn redistribute(shared: &Shared, from: &Arc<Session>, items: Vec<Outgoing>) {
-    if items.is_empty() {
-        return;
-    }
-    let now = Instant::now();
-    for item in items {
-        let Some(share) = item.share.clone() else {
-            continue;
-        };
-        let member = shared
-            .router
-            .read()
-            .pick_shared_member(&share, &from.client_id);
-        match member {
-            Some(value) => {
-                let mut item = item;
-                item.qos = item.message.qos.min(value.options.qos);
-                item.subscription_ids = value.subscription_id.into_iter().collect();
-                router::deliver(shared, &value.session, item, now);
-            }
-            None => Metrics::add(&shared.metrics.messages_dropped, 1),
-        }
-    }
-}
-
 /// Ends `session` if it is still the registered one for its client id.
-pub fn end(shared: &Shared, session: &Arc<Session>) {
+pub fn end(shared: &Arc<Shared>, session: &Arc<Session>) {
     let mut sessions = shared.sessions.map.lock();
     let registered = sessions
         .get(&session.client_id)
@@ -214,21 +190,28 @@ pub fn end(shared: &Shared, session: &Arc<Session>) {
 }
 
 /// Ends a session already removed from the registry (registry lock held by the caller).
-fn end_removed(shared: &Shared, session: &Arc<Session>) {
+fn end_removed(shared: &Arc<Shared>, session: &Arc<Session>) {
     // `ended` first: a SUBSCRIBE racing with this checks it under the router lock, so either
     // it sees `ended` and backs off, or its entry is in the trie before we sweep it below.
-    let will = {
+    let (will, shares) = {
         let mut state = session.state.lock();
         state.ended = true;
+        let shares: Vec<Arc<str>> = state
+            .subscriptions
+            .keys()
+            .filter(|f| f.starts_with(tern_topic::SHARE_PREFIX))
+            .map(|f| Arc::from(&**f))
+            .collect();
         state.subscriptions.clear();
         state.out = Default::default();
-        state.pending_will.take()
+        (state.pending_will.take(), shares)
     };
     let removed = shared.router.write().remove_session(&session.client_id);
     Metrics::sub(&shared.metrics.subscriptions, removed as u64);
     shared.store.session_ended(&session.client_id);
+    groups::forget_if_orphaned(shared, &shares);
     // MQTT-3.1.3-9: a delayed will is sent when the session ends, if not sent before.
-    if let Some(will) = will {
-        router::publish(shared, will);
+    if let Some((will, token)) = will {
+        crate::will::fire(shared, &session.client_id, token, will);
     }
 }

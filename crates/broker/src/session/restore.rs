@@ -1,5 +1,7 @@
-//! Rebuilds sessions and retained messages from what the store recovered. Restored sessions
-//! are offline; their in-flight messages are resent when the client reconnects.
+//! Rebuilds sessions, share-group queues and retained messages from what the store recovered.
+//! Restored sessions are offline; their in-flight messages are resent when the client
+//! reconnects, and a group's queue goes to its members as they connect. Recovered wills are
+//! kept for [`crate::will::arm_recovered`] (which needs a runtime).
 
 use std::sync::Arc;
 
@@ -22,6 +24,11 @@ pub fn restore(shared: &Shared, recovered: Recovered) {
     for stored in recovered.sessions {
         restore_session(shared, stored);
     }
+    // After the sessions: a group's queue lives while its members' subscriptions do.
+    for group in recovered.groups {
+        crate::session::groups::restore(shared, &group.share, group.queued);
+    }
+    *shared.recovered_wills.lock() = recovered.wills;
 }
 
 fn restore_session(shared: &Shared, stored: StoredSession) {

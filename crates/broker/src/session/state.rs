@@ -99,8 +99,8 @@ pub struct SessionState {
     pub expiry_interval_s: u32,
     /// Set once the session is removed from the registry; nothing is queued after that.
     pub ended: bool,
-    /// A will waiting for its delay (v5), cancelled by a reconnect.
-    pub pending_will: Option<Arc<Message>>,
+    /// A will waiting for its delay (v5), with its store token; cancelled by a reconnect.
+    pub pending_will: Option<(Arc<Message>, u64)>,
     pub out: Outbound,
 }
 

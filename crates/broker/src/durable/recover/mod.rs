@@ -1,6 +1,7 @@
 //! Start-up: rebuilds persistent sessions, their received sets, outbound QoS 2 exchanges and
-//! pending messages (cursor + filters) and the retained messages from the store, in the
-//! broker's shape ([`Recovered`]). Damaged blocks met on the way are quarantined by the store,
+//! pending messages (cursor + filters), share-group queues (`super::shared`), wills still owed
+//! (`super::wills`) and the retained messages from the store, in the broker's shape
+//! ([`Recovered`]). Damaged blocks met on the way are quarantined by the store,
 //! reported, and stepped over.
 
 mod sessions;
@@ -21,7 +22,7 @@ const MAX_DAMAGED_BLOCKS_PER_READ: usize = 64;
 
 /// `read_from` for recovery: a read that meets a damaged sealed block has it quarantined by
 /// the store (reported in the log) and is retried, so everything undamaged is still served.
-fn read_damage_tolerant(
+pub(in crate::durable) fn read_damage_tolerant(
     stream: &Stream,
     from: u64,
     filters: &FilterSet,
@@ -138,6 +139,8 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     rx.retain(|client, _| records.contains_key(client));
 
     let mut exchanges = store.load_exchanges(&|client| records.contains_key(client))?;
+    let groups = super::shared::recover_groups(store, &records, &cursors, &exchanges)?;
+    let wills = super::wills::recover_wills(store, &records)?;
     let mut sessions = Vec::with_capacity(records.len());
     for (client, record) in &records {
         let cursor_of: Vec<u64> = store
@@ -191,5 +194,10 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         retained = retained.len(),
         "state recovered from the store"
     );
-    Ok(Recovered { sessions, retained })
+    Ok(Recovered {
+        sessions,
+        retained,
+        groups,
+        wills,
+    })
 }

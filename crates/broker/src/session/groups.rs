@@ -1,0 +1,231 @@
+//! Share-group queues (MQTT 5 §4.8.2): a group's queue belongs to the group, not to one member.
+//!
+//! A message for a group goes to an online member (round robin). With no member online it waits
+//! here, in the group's queue, bounded like a session queue (`max_queued_messages`: the oldest
+//! QoS>0 message is dropped, counted, logged; QoS 0 is not kept), and goes to the first member
+//! that comes online ([`flush`], from attach and SUBSCRIBE). A member that leaves gives its
+//! queued share-group messages and its QoS 1 ones in flight to another online member, or back
+//! to the group ([`redistribute`]); QoS 2 in flight stays with it (MQTT-4.8.2-4). The queue
+//! lives as long as the group has a member (a member's subscription lives as long as its
+//! session); when the last one goes the queue is dropped and logged ([`forget_if_orphaned`]).
+//!
+//! Durably, a group's queue is a cursor plus the group's filter (`g` key space of
+//! `tern.sessions`, see [`crate::durable`]), checkpointed with the sessions' cursors from what
+//! the group queue and every member hold of the group's messages.
+//!
+//! # Invariants
+//! - Lock order: registry → router → groups → one session's state.
+//! - A message moves between a member and the group queue (or another member) under the
+//!   groups lock, and the checkpointer lists what a group holds under the same lock, so a
+//!   message in transit is never missed by a group cursor.
+//! - After a message is queued for a group, the group is flushed if a member is online (the
+//!   groups mutex orders that check after any concurrent attach's flush).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tern_wire::QoS;
+use tokio::time::Instant;
+
+use crate::broker::Shared;
+use crate::metrics::Metrics;
+use crate::outbound::{Outbound, Outgoing, PushResult};
+use crate::persist::HeldSeqs;
+use crate::router::{self, SubValue};
+use crate::session::Session;
+
+/// The queues of share groups that have messages waiting for a member, by
+/// `$share/{group}/{filter}`.
+#[derive(Debug, Default)]
+pub struct Groups {
+    pub(crate) map: Mutex<HashMap<Arc<str>, Outbound>>,
+}
+
+impl Groups {
+    /// Messages waiting in `share`'s queue.
+    pub fn queued(&self, share: &str) -> usize {
+        self.map.lock().get(share).map_or(0, |q| q.queue.len())
+    }
+}
+
+fn push(shared: &Shared, queue: &mut Outbound, share: &str, item: Outgoing, now: Instant) {
+    match queue.push(item, false, &shared.config, now) {
+        PushResult::Queued | PushResult::SlowSubscriber => {}
+        PushResult::Dropped => Metrics::add(&shared.metrics.messages_dropped, 1),
+        PushResult::QueuedDroppedOldest => {
+            Metrics::add(&shared.metrics.messages_dropped, 1);
+            if queue.dropped_oldest.is_power_of_two() {
+                tracing::warn!(
+                    share,
+                    dropped_oldest = queue.dropped_oldest,
+                    "share group queue full; oldest QoS>0 messages dropped"
+                );
+            }
+        }
+    }
+}
+
+/// Queues `item` for the group `share` (no member was online when it was routed).
+pub fn enqueue(shared: &Shared, share: &Arc<str>, item: Outgoing, now: Instant) {
+    if item.qos == QoS::AtMostOnce {
+        Metrics::add(&shared.metrics.messages_dropped, 1);
+        return;
+    }
+    {
+        let mut groups = shared.groups.map.lock();
+        let queue = groups.entry(share.clone()).or_default();
+        push(shared, queue, share, item, now);
+    }
+    if any_member_online(shared, share) {
+        flush(shared, share);
+    }
+}
+
+fn any_member_online(shared: &Shared, share: &str) -> bool {
+    shared
+        .router
+        .read()
+        .share_group(share)
+        .is_some_and(|g| g.members().iter().any(|(_, v)| v.session.is_online()))
+}
+
+/// The delivery of `item` to member `value`: its QoS and subscription identifier.
+fn for_member(mut item: Outgoing, value: &SubValue) -> Outgoing {
+    item.qos = item.message.qos.min(value.options.qos);
+    item.subscription_ids = value.subscription_id.into_iter().collect();
+    item.share = value.share.clone();
+    item
+}
+
+/// Hands the group's waiting messages to its online members, round robin.
+pub fn flush(shared: &Shared, share: &str) {
+    let router = shared.router.read();
+    let Some(group) = router.share_group(share) else {
+        return;
+    };
+    let mut groups = shared.groups.map.lock();
+    let Some(queue) = groups.get_mut(share) else {
+        return;
+    };
+    let now = Instant::now();
+    while !queue.queue.is_empty() {
+        let Some((_, value)) = group.next_member_where(|_, v| v.session.is_online()) else {
+            break;
+        };
+        let Some(item) = queue.pop_front() else {
+            break;
+        };
+        router::deliver(shared, &value.session, for_member(item, value), now);
+    }
+    if queue.queue.is_empty() {
+        groups.remove(share);
+    }
+}
+
+/// Flushes every group `session` is a member of (it just came online).
+pub fn flush_member(shared: &Shared, session: &Session) {
+    let shares: Vec<Arc<str>> = session
+        .state
+        .lock()
+        .subscriptions
+        .keys()
+        .filter(|f| f.starts_with(tern_topic::SHARE_PREFIX))
+        .map(|f| Arc::from(&**f))
+        .collect();
+    for share in shares {
+        flush(shared, &share);
+    }
+}
+
+/// `from` lost its connection: its queued share-group messages and its QoS 1 ones in flight
+/// go to another online member of their group, or back to the group's queue.
+pub fn redistribute(shared: &Shared, from: &Arc<Session>) {
+    let router = shared.router.read();
+    let mut groups = shared.groups.map.lock();
+    let items = from.state.lock().out.take_shared();
+    if items.is_empty() {
+        return;
+    }
+    let now = Instant::now();
+    for item in items {
+        let Some(share) = item.share.clone() else {
+            continue;
+        };
+        let member = router.share_group(&share).and_then(|g| {
+            g.next_member_where(|k, v| k != &from.client_id && v.session.is_online())
+        });
+        match member {
+            Some((_, value)) => {
+                router::deliver(shared, &value.session, for_member(item, value), now);
+            }
+            None if router.share_group(&share).is_some() => {
+                let queue = groups.entry(share.clone()).or_default();
+                push(shared, queue, &share, item, now);
+            }
+            None => Metrics::add(&shared.metrics.messages_dropped, 1),
+        }
+    }
+}
+
+/// Drops the queue of each group in `shares` that has no member any more (its last member's
+/// session ended or unsubscribed), and tells the store.
+pub fn forget_if_orphaned(shared: &Shared, shares: &[Arc<str>]) {
+    for share in shares {
+        let orphaned = shared.router.read().share_group(share).is_none();
+        if !orphaned {
+            continue;
+        }
+        let dropped = shared
+            .groups
+            .map
+            .lock()
+            .remove(share)
+            .map_or(0, |q| q.queue.len());
+        if dropped > 0 {
+            Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
+            tracing::warn!(
+                share = &**share,
+                dropped,
+                "share group has no member left; its queued messages are dropped"
+            );
+        }
+        shared.store.group_ended(share);
+    }
+}
+
+/// What the group `share` holds of the stored messages: its queue and what each member holds
+/// of the group's messages (queued, in flight). Listed under the groups lock (see the module
+/// invariants).
+pub fn held(shared: &Shared, share: &str, out: &mut HeldSeqs) {
+    let router = shared.router.read();
+    let groups = shared.groups.map.lock();
+    if let Some(queue) = groups.get(share) {
+        queue.held(out);
+    }
+    if let Some(group) = router.share_group(share) {
+        for (_, value) in group.members() {
+            value.session.state.lock().out.held_share(share, out);
+        }
+    }
+}
+
+/// Restores a group queue replayed from the store at start-up.
+pub fn restore(shared: &Shared, share: &str, messages: Vec<crate::message::Message>) {
+    let share: Arc<str> = share.into();
+    let now = Instant::now();
+    let mut groups = shared.groups.map.lock();
+    let queue = groups.entry(share.clone()).or_default();
+    for message in messages {
+        let item = Outgoing {
+            qos: message.qos,
+            message: Arc::new(message),
+            retain: false,
+            subscription_ids: Vec::new(),
+            share: Some(share.clone()),
+        };
+        if item.qos != QoS::AtMostOnce {
+            push(shared, queue, &share, item, now);
+        }
+    }
+}
