@@ -151,3 +151,21 @@ async fn will_published_before_kill_is_not_published_again() {
     let (_s, m) = first_message(&b, "dwo-s").await;
     assert_eq!(&m.payload[..], b"marker");
 }
+
+/// v5 §3.1.2.5: a graceful shutdown closes the client's connection without its DISCONNECT, so
+/// its will is still owed; the broker keeps the record and the next start publishes it.
+#[tokio::test]
+async fn will_of_a_client_connected_at_graceful_shutdown_is_published_after_restart() {
+    let mut b = Broker::start();
+    offline_subscriber(&b, "dws-s", "dws/#").await;
+    let (_conn, _) = RawClient::connect_ok(
+        b.addr,
+        connect("dws-c", true, 0, Some(will("dws/will", b"shutdown", None))),
+    )
+    .await;
+    b.signal(libc::SIGTERM);
+    assert!(b.wait_exit(Duration::from_secs(10)).success());
+    b.restart_after_kill();
+    let (_s, m) = first_message(&b, "dws-s").await;
+    assert_eq!(&m.payload[..], b"shutdown");
+}

@@ -91,22 +91,25 @@ impl Conn {
         let has_final_packet = final_packet.is_some();
         self.ctl.close(final_packet);
         let send_will = match close {
-            Close::ClientDisconnect { send_will } => send_will,
-            Close::Shutdown => false,
-            Close::Lost | Close::Protocol(_) | Close::KeepAlive | Close::Kicked(_) => true,
+            Close::ClientDisconnect { send_will } => Some(send_will),
+            // The server closes the connection: its will is still owed (v5 §3.1.2.5), but the
+            // broker is going away. Its durable record stays as it is, "connection open", so
+            // the next start publishes it as it does after a crash.
+            Close::Shutdown => None,
+            Close::Lost | Close::Protocol(_) | Close::KeepAlive | Close::Kicked(_) => Some(true),
         };
         if let Some(will) = self.will.take() {
-            if send_will {
-                will::trigger(
+            match send_will {
+                Some(true) => will::trigger(
                     &self.shared,
                     &self.session,
                     self.conn_gen,
                     &will,
                     self.will_token,
-                );
-            } else {
+                ),
                 // MQTT-3.1.2-10: removed from the session state, durably.
-                will::cancel(&self.shared, &self.client_id, self.will_token);
+                Some(false) => will::cancel(&self.shared, &self.client_id, self.will_token),
+                None => {}
             }
         }
         // The session is released before the writer is done: a writer stuck behind a client
