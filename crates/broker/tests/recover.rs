@@ -58,6 +58,7 @@ impl MessageStore for Recovering {
                         pubrel_pending: true,
                     },
                 ],
+                dropped_queue_limit: 0,
                 queued: vec![(
                     msg("live/c", b"queued", QoS::AtLeastOnce, false),
                     QoS::AtLeastOnce,

@@ -50,6 +50,7 @@ mod recover;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tern_store::{FilterSet, KvStream, NewRecord, Store, StoreError, Stream, StreamConfig};
@@ -103,8 +104,16 @@ pub struct DurableStore {
     /// Cursors as last written, per client.
     written_cursors: Mutex<HashMap<String, Vec<u64>>>,
     limits: config::SessionLimits,
+    /// `[store] max_disk_bytes` (see [`DurableStore::disk_budget_reached`]).
+    disk_budget: Option<u64>,
+    /// Bytes of every stream's blocks as last measured, plus what was appended since.
+    disk_used: AtomicU64,
     _store: Store,
 }
+
+/// Framing of one record on disk beyond its topic, properties and payload (header, CRC,
+/// lengths), rounded up: used only to estimate disk use between two measurements.
+const RECORD_OVERHEAD_ESTIMATE: u64 = 48;
 
 fn io_error(e: StoreError) -> PersistError {
     PersistError(e.to_string())
@@ -176,7 +185,10 @@ impl DurableStore {
             "store opened: message streams {names:?}; state streams sync {:?}",
             config.state_sync
         );
-        Ok(DurableStore {
+        if let Some(budget) = config.max_disk_bytes {
+            tracing::info!(max_disk_bytes = budget, "disk budget");
+        }
+        let durable = DurableStore {
             sessions: Keyspace::new(&session_state, b's'),
             cursors: Keyspace::new(&session_state, b'c'),
             sent: Keyspace::new(&session_state, b'p'),
@@ -189,8 +201,32 @@ impl DurableStore {
             exchanges: Mutex::new(HashMap::new()),
             written_cursors: Mutex::new(HashMap::new()),
             limits: config.sessions,
+            disk_budget: config.max_disk_bytes,
+            disk_used: AtomicU64::new(0),
             _store: store,
-        })
+        };
+        durable.refresh_disk_usage();
+        Ok(durable)
+    }
+
+    /// Bytes of every stream's block files, message and state streams (no directory walk:
+    /// the store knows the length of each block it holds).
+    pub fn disk_bytes(&self) -> u64 {
+        self.streams()
+            .chain(self.state_streams())
+            .map(|s| s.info().disk_bytes)
+            .sum()
+    }
+
+    /// The stream a message to `topic` at `qos` would be written to, if it would be.
+    fn writes(&self, topic: &str, qos: QoS) -> Option<(usize, &Slot)> {
+        let (index, slot) = self.slot_for(topic)?;
+        let write = match slot.spec.durability {
+            Durability::Never => false,
+            Durability::Default => qos != QoS::AtMostOnce,
+            Durability::Always => true,
+        };
+        write.then_some((index, slot))
     }
 
     /// The message streams, in configuration order (the appended default stream last).
@@ -266,15 +302,7 @@ impl MessageStore for DurableStore {
         message: &Message,
         qos2_packet_id: Option<u16>,
     ) -> Option<Ticket> {
-        let (index, slot) = self.slot_for(&message.topic)?;
-        let write = match slot.spec.durability {
-            Durability::Never => false,
-            Durability::Default => message.qos != QoS::AtMostOnce,
-            Durability::Always => true,
-        };
-        if !write {
-            return None;
-        }
+        let (index, slot) = self.writes(&message.topic, message.qos)?;
         let mut meta = Vec::with_capacity(16);
         codec::encode_meta(message, &mut meta);
         let record = NewRecord {
@@ -316,6 +344,11 @@ impl MessageStore for DurableStore {
                 return Some(Ticket::failed(io_error(error)));
             }
         };
+        if self.disk_budget.is_some() {
+            let estimate = (message.topic.len() + meta.len() + message.payload.len()) as u64
+                + RECORD_OVERHEAD_ESTIMATE * (1 + u64::from(qos2_packet_id.is_some()));
+            self.disk_used.fetch_add(estimate, Ordering::Relaxed);
+        }
         let seq = ticket.first_seq();
         unrouted.seqs.insert(seq);
         unrouted.next_seq = ticket.seq() + 1;
@@ -526,6 +559,24 @@ impl MessageStore for DurableStore {
 
     fn checkpoint_floors(&self) -> Vec<u64> {
         self.floors()
+    }
+
+    fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
+        let Some(budget) = self.disk_budget else {
+            return false;
+        };
+        self.disk_used.load(Ordering::Relaxed) >= budget && self.writes(topic, qos).is_some()
+    }
+
+    fn refresh_disk_usage(&self) {
+        if self.disk_budget.is_some() {
+            self.disk_used.store(self.disk_bytes(), Ordering::Relaxed);
+        }
+    }
+
+    fn disk_usage(&self) -> Option<(u64, u64)> {
+        let budget = self.disk_budget?;
+        Some((self.disk_used.load(Ordering::Relaxed), budget))
     }
 
     fn persistent_sessions(&self) -> Vec<std::sync::Arc<str>> {
