@@ -127,11 +127,13 @@ async fn slow_subscriber_is_dropped_publisher_never_blocked() {
 /// Design §2.7: for a persistent session, QoS>0 is never dropped because a subscriber is slow.
 /// The stuck subscriber is disconnected (0x97) like any slow one, but when it comes back
 /// (clean start 0) it receives every message it had not acknowledged, in order ([MQTT-4.4.0-1]
-/// for the ones in flight, DUP 1), none lost.
+/// for the ones in flight, DUP 1), none lost. (The publisher runs for a while, not for a
+/// number of messages: the session queue's own `max_queued_bytes` is raised out of the way so
+/// that it is not what this test measures; the next tests cover it.)
 #[tokio::test]
 async fn slow_persistent_qos1_subscriber_loses_nothing() {
     let b = Broker::start_with(
-        "[limits]\noutbound_queue_max_bytes = 65536\noutbound_queue_max_messages = 100\nslow_subscriber_timeout_ms = 300\n",
+        "[limits]\noutbound_queue_max_bytes = 65536\noutbound_queue_max_messages = 100\nslow_subscriber_timeout_ms = 300\nmax_queued_bytes = 1073741824\n",
     );
     let mut connect = connect_packet(Protocol::V5, "slowq1", true, 0);
     connect.properties.session_expiry_interval_s = Some(60);
@@ -291,13 +293,27 @@ async fn offline_queue_over_max_queued_bytes_keeps_the_newest() {
     );
 }
 
+/// Publishes 4000-byte QoS 1 messages to the filler stream (packet ids from `first_id`) until
+/// one is refused with 0x97; fails the test if the budget is not reached within 200.
+async fn fill_disk_budget(p: &mut RawClient, first_id: u16) {
+    let filler = vec![0xB0u8; 4000];
+    for n in 0..200u16 {
+        let reason = puback_reason(p, publish("b/fill", &filler, 1, first_id + n)).await;
+        if reason == ReasonCode::QUOTA_EXCEEDED {
+            return;
+        }
+        assert!(reason.is_success(), "{reason:?}");
+    }
+    panic!("the disk budget was never reached");
+}
+
 /// Issue 11 item 2, `[store] max_disk_bytes`: once the store's blocks reach the budget, a v5
 /// QoS 1 PUBLISH that would be written gets PUBACK 0x97 (Quota exceeded), a 3.1.1 one closes
 /// the connection without a PUBACK (the client resends later), and QoS 0 that would be written
-/// is dropped (counted); QoS 0 to a stream that does not write it still flows. Nothing
-/// acknowledged is lost: SIGKILL at the budget, restart, and the persistent subscriber gets
-/// every acknowledged message. When retention (`max_age_s` of the filler stream) frees space,
-/// publishing resumes.
+/// is dropped (counted); QoS 0 to a stream that does not write it still flows. When retention
+/// (`max_age_s` of the filler stream) frees space, publishing resumes. Nothing acknowledged is
+/// lost: SIGKILL at the budget, restart, and the persistent subscriber gets every
+/// acknowledged message, and none of the refused ones.
 #[tokio::test]
 async fn disk_budget_refuses_with_0x97_drops_qos0_and_resumes_after_retention() {
     let mut b = Broker::start_with(
@@ -321,18 +337,7 @@ async fn disk_budget_refuses_with_0x97_drops_qos0_and_resumes_after_retention() 
             .await;
         acked.push(i);
     }
-    // Fill the budget through the filler stream.
-    let filler = vec![0xB0u8; 4000];
-    let mut filled = false;
-    for n in 0..200u16 {
-        let reason = puback_reason(&mut p, publish("b/fill", &filler, 1, 100 + n)).await;
-        if reason == ReasonCode::QUOTA_EXCEEDED {
-            filled = true;
-            break;
-        }
-        assert!(reason.is_success(), "{reason:?}");
-    }
-    assert!(filled, "the budget was never reached");
+    fill_disk_budget(&mut p, 100).await;
     // Every stream that writes is refused now, not only the one that filled the budget.
     assert_eq!(
         puback_reason(&mut p, publish("a/x", b"refused", 1, 400)).await,
@@ -370,10 +375,8 @@ async fn disk_budget_refuses_with_0x97_drops_qos0_and_resumes_after_retention() 
     })
     .await;
 
-    // SIGKILL at the budget: every acknowledged message survives.
-    b.restart_after_kill();
-    // Retention of the filler stream frees space: publishing resumes (bounded wait).
-    let mut p = RawClient::v5(b.addr, "db-p").await;
+    // Retention of the filler stream frees space while the broker runs: publishing resumes
+    // (bounded wait; the first attempt was refused above, nothing else changes meanwhile).
     let deadline = tokio::time::Instant::now() + WAIT * 4;
     loop {
         let reason = puback_reason(&mut p, publish("a/x", &[10; 100], 1, 500)).await;
@@ -388,6 +391,9 @@ async fn disk_budget_refuses_with_0x97_drops_qos0_and_resumes_after_retention() 
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // At the budget again, SIGKILL: every acknowledged message survives.
+    fill_disk_budget(&mut p, 1000).await;
+    b.restart_after_kill();
     let (mut s, ca) = RawClient::connect_ok(b.addr, persistent("db-s", false)).await;
     assert!(ca.session_present);
     let mut got = Vec::new();
