@@ -253,7 +253,8 @@ fn persistent(client_id: &str, clean_start: bool) -> Connect {
 /// of messages: the newest, the oldest dropped, counted in
 /// `$SYS/broker/messages/dropped/queue_limit`. After a SIGKILL the restored session comes back
 /// through the same limit (the store's replay is bounded by bytes too) and holds exactly the
-/// newest messages: nothing the limit kept is lost.
+/// newest messages: nothing the limit kept is lost. Restarted with a smaller limit, it keeps
+/// the newest that fit it, and the start-up drops are counted.
 #[tokio::test]
 async fn offline_queue_over_max_queued_bytes_keeps_the_newest() {
     // Each message: topic 4 + payload 200 + 64 overhead = 268 B; 2000 B hold 7 of them.
@@ -285,6 +286,38 @@ async fn offline_queue_over_max_queued_bytes_keeps_the_newest() {
         got.push(s.receive_acked().await.payload[0]);
     }
     assert_eq!(got, (13..20).collect::<Vec<u8>>(), "the newest 7, in order");
+    let more = s.ping().await;
+    assert!(
+        more.is_empty(),
+        "older messages came back: {}",
+        briefs(&more)
+    );
+    s.disconnect().await;
+
+    // The restart path applies the limit in force: 20 more queued (the newest 7 kept), then a
+    // restart with room for 3 brings back the newest 3, counted.
+    let mut p = RawClient::v5(b.addr, "oq-p").await;
+    for i in 20..40u8 {
+        p.publish_acked(publish("oq/t", &[i; 200], 1, u16::from(i) + 1))
+            .await;
+    }
+    b.set_config(
+        "[limits]\nmax_queued_bytes = 1000\nmax_queued_bytes_total = 1048576\n[sys]\ninterval_s = 1\n",
+    );
+    b.restart_after_kill();
+    let mut sys = RawClient::v5(b.addr, "oq-sys").await;
+    sys.sub("$SYS/broker/messages/dropped/queue_limit", 0).await;
+    sys_until(&mut sys, "$SYS/broker/messages/dropped/queue_limit", |n| {
+        n >= 4
+    })
+    .await;
+    let (mut s, ca) = RawClient::connect_ok(b.addr, persistent("oq-s", false)).await;
+    assert!(ca.session_present);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(s.receive_acked().await.payload[0]);
+    }
+    assert_eq!(got, vec![37, 38, 39], "the newest 3 under the new limit");
     let more = s.ping().await;
     assert!(
         more.is_empty(),
