@@ -245,11 +245,8 @@ pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant)
                 );
             }
         }
-        PushResult::QueuedDroppedOldest => {
-            Metrics::add(&shared.metrics.messages_dropped, dropped_now);
-            Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped_now);
-            note_dropped_oldest(session, dropped_oldest, dropped_now);
-        }
+        // Counted below: the push may also have reported a slow subscriber.
+        PushResult::QueuedDroppedOldest => {}
         PushResult::SlowSubscriber => {
             if qos == QoS::AtMostOnce {
                 Metrics::add(&shared.metrics.messages_dropped, 1);
@@ -260,6 +257,11 @@ pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant)
                 tracing::warn!(client_id = %session.client_id, "slow subscriber disconnected");
             }
         }
+    }
+    if dropped_now > 0 {
+        Metrics::add(&shared.metrics.messages_dropped, dropped_now);
+        Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped_now);
+        note_dropped_oldest(session, dropped_oldest, dropped_now);
     }
 }
 

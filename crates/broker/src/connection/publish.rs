@@ -81,7 +81,7 @@ impl Conn {
             // space of the store's control records.
             route = false;
         }
-        if route && reason.is_success() && self.limit_reached(topic_str, qos).is_some() {
+        if route && reason.is_success() && self.limit_reached(topic_str, qos) {
             if qos == QoS::AtMostOnce {
                 // No ack to carry a refusal: dropped, counted (disk budget only; the memory
                 // bound drops QoS 0 per subscriber as it is queued).
@@ -168,10 +168,10 @@ impl Conn {
         Ok(())
     }
 
-    /// The broker-wide limit a PUBLISH to `topic` at `qos` runs into, counted and logged
+    /// True if a PUBLISH to `topic` at `qos` runs into a broker-wide limit, counted and logged
     /// (rate-limited): the disk budget (`[store] max_disk_bytes`, when the message would be
     /// written), or for QoS>0 the memory bound (`max_queued_bytes_total`).
-    fn limit_reached(&self, topic: &str, qos: QoS) -> Option<&'static str> {
+    fn limit_reached(&self, topic: &str, qos: QoS) -> bool {
         let metrics = &self.shared.metrics;
         let (name, counter) = if self.shared.store.disk_budget_reached(topic, qos) {
             if qos == QoS::AtMostOnce {
@@ -189,7 +189,7 @@ impl Conn {
                 &metrics.publishes_refused_memory_limit,
             )
         } else {
-            return None;
+            return false;
         };
         let n = Metrics::add_get(counter, 1);
         if n.is_power_of_two() {
@@ -201,7 +201,7 @@ impl Conn {
                 "broker limit reached: PUBLISH refused (QoS>0: v5 0x97, 3.1.1 connection closed) or dropped (QoS 0)"
             );
         }
-        Some(name)
+        true
     }
 
     fn push_entry(&mut self, entry: Entry<Arc<Message>>) {
