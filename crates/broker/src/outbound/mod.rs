@@ -30,9 +30,11 @@
 //! [`Outbound::push`] never blocks the publisher. Over `outbound_queue_max_bytes` /
 //! `outbound_queue_max_messages`, QoS 0 to an online session is refused (counted in
 //! `messages_dropped_queue_full`); QoS>0 is still queued for the session (bounded by
-//! `max_queued_messages`) and delivered as the subscriber catches up. That QoS>0 branch is the
-//! hand-off point to the durable store: for a persistent session the over-limit item need not be
-//! held in memory, the session's store cursor already describes it. A queue that stays over
+//! `max_queued_messages` / `max_queued_bytes`) and delivered as the subscriber catches up.
+//! That QoS>0 branch could hand off to the durable store (for a persistent session the store
+//! holds the message after its cursor), but not as things stand: the cursor is read at
+//! start-up only, and the checkpoint moves it past whatever the session no longer holds
+//! (ARCHITECTURE §6.1). A queue that stays over
 //! the limit for `slow_subscriber_timeout_ms` reports [`PushResult::SlowSubscriber`] and the
 //! router disconnects the subscriber (0x97, `slow_subscribers_disconnected`).
 
