@@ -1,6 +1,8 @@
 //! The broker's share of a fan-out, without sockets: route one PUBLISH to N subscribers
 //! (trie lookup, per-session queue push, writer wake-up) and let every subscriber's writer
 //! encode its packet (`fill_batch`). Reported per message; divide by N for per-subscriber cost.
+//! Queues count into the broker-wide queued-bytes total as in the broker;
+//! `TERN_BENCH_NO_TOTAL=1` leaves that out, to see its cost.
 
 use std::sync::Arc;
 
@@ -28,6 +30,10 @@ fn setup(subscribers: usize, qos: QoS) -> Setup {
         {
             let mut state = session.state.lock();
             state.conn = Some(Arc::new(ConnCtl::default()));
+            // As the registry does: the queue counts into `max_queued_bytes_total`.
+            if std::env::var_os("TERN_BENCH_NO_TOTAL").is_none() {
+                state.out.count_into(shared.metrics.queued_bytes.clone());
+            }
             state.out.attach(1024);
         }
         session.set_online(true);

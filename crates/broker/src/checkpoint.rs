@@ -74,6 +74,8 @@ impl Checkpointer {
             return false;
         }
         let removed = shared.store.removed_ranges();
+        // What retention freed lets publishing resume (`[store] max_disk_bytes`).
+        shared.store.refresh_disk_usage();
         if !removed.is_empty() {
             // Retention removed ranges: queued copies of those messages are dropped, once per
             // range and session, not message by message as they would come due.

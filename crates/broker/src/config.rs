@@ -25,6 +25,18 @@ pub struct BrokerConfig {
     pub max_inflight_messages: u16,
     /// Per session, QoS>0 messages waiting beyond the in-flight window; the oldest is dropped.
     pub max_queued_messages: usize,
+    /// Per session, bytes of QoS>0 messages waiting beyond the in-flight window (topic +
+    /// payload + a fixed overhead per message); the oldest are dropped to make room. A single
+    /// message larger than the limit is still kept, alone.
+    pub max_queued_bytes: usize,
+    /// Broker-wide, bytes queued in every session's outbound queue (same measure). At it, QoS 0
+    /// deliveries are dropped and new QoS>0 PUBLISHes are refused at the publisher (v5 PUBACK /
+    /// PUBREC 0x97, 3.1.1: the connection is closed without an ack); messages already accepted
+    /// are still queued, each session within its own `max_queued_*`.
+    pub max_queued_bytes_total: usize,
+    /// Live client connections; a CONNECT beyond it is refused (v5 CONNACK 0x97 Quota exceeded,
+    /// 3.1.1 return code 3) unless it takes over a connected client id.
+    pub max_connections: usize,
     /// Longest session expiry interval granted.
     pub max_session_expiry_interval_s: u32,
     pub max_subscriptions_per_session: usize,
@@ -53,6 +65,9 @@ impl Default for BrokerConfig {
             connect_timeout_ms: 10_000,
             max_inflight_messages: 1024,
             max_queued_messages: 100_000,
+            max_queued_bytes: 64 * 1024 * 1024,
+            max_queued_bytes_total: 1024 * 1024 * 1024,
+            max_connections: 100_000,
             max_session_expiry_interval_s: u32::MAX,
             max_subscriptions_per_session: 10_000,
             max_sessions: 1_000_000,
@@ -104,6 +119,18 @@ impl BrokerConfig {
         }
         if self.max_queued_messages == 0 {
             return err("max_queued_messages", "must be at least 1");
+        }
+        if self.max_queued_bytes == 0 {
+            return err("max_queued_bytes", "must be at least 1");
+        }
+        if self.max_queued_bytes_total < self.max_queued_bytes {
+            return err(
+                "max_queued_bytes_total",
+                "must be at least max_queued_bytes",
+            );
+        }
+        if self.max_connections == 0 {
+            return err("max_connections", "must be at least 1");
         }
         if self.max_subscriptions_per_session == 0 {
             return err("max_subscriptions_per_session", "must be at least 1");
@@ -164,5 +191,24 @@ mod tests {
             ..BrokerConfig::default()
         };
         assert_eq!(config.validate().unwrap_err().field, "max_sessions");
+        let config = BrokerConfig {
+            max_queued_bytes: 0,
+            ..BrokerConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().field, "max_queued_bytes");
+        let config = BrokerConfig {
+            max_queued_bytes_total: 1000,
+            max_queued_bytes: 1001,
+            ..BrokerConfig::default()
+        };
+        assert_eq!(
+            config.validate().unwrap_err().field,
+            "max_queued_bytes_total"
+        );
+        let config = BrokerConfig {
+            max_connections: 0,
+            ..BrokerConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().field, "max_connections");
     }
 }

@@ -15,6 +15,27 @@ pub struct Metrics {
     /// Subscribers disconnected because their queue stayed full past
     /// `slow_subscriber_timeout_ms` (v5 DISCONNECT 0x97).
     pub slow_subscribers_disconnected: AtomicU64,
+    /// Of `messages_dropped`: QoS>0 messages dropped (oldest first) from a session queue at
+    /// `max_queued_messages` / `max_queued_bytes`, at run time or when restored at start-up.
+    pub messages_dropped_queue_limit: AtomicU64,
+    /// Of `messages_dropped`: QoS 0 deliveries dropped because every session's queues together
+    /// held `max_queued_bytes_total`.
+    pub messages_dropped_memory_limit: AtomicU64,
+    /// Of `messages_dropped`: QoS 0 PUBLISHes that would have been written to the store while
+    /// it was at `[store] max_disk_bytes`.
+    pub messages_dropped_disk_budget: AtomicU64,
+    /// QoS>0 PUBLISHes refused (v5 PUBACK / PUBREC 0x97; 3.1.1: connection closed without
+    /// an ack) because the store was at `[store] max_disk_bytes`.
+    pub publishes_refused_disk_budget: AtomicU64,
+    /// QoS>0 PUBLISHes refused the same way because queues held `max_queued_bytes_total`.
+    pub publishes_refused_memory_limit: AtomicU64,
+    /// CONNECTs refused at `max_connections` (v5 CONNACK 0x97, 3.1.1 return code 3).
+    pub connections_refused: AtomicU64,
+    /// Bytes queued in every session's outbound queue (the measure of `max_queued_bytes_total`;
+    /// shared with each session's `Outbound`).
+    pub queued_bytes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Live connections (past CONNECT, not yet closed), the measure of `max_connections`.
+    pub connections: std::sync::atomic::AtomicUsize,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub subscriptions: AtomicU64,
@@ -23,6 +44,11 @@ pub struct Metrics {
 impl Metrics {
     pub fn add(counter: &AtomicU64, value: u64) {
         counter.fetch_add(value, Ordering::Relaxed);
+    }
+
+    /// Adds and returns the new value.
+    pub fn add_get(counter: &AtomicU64, value: u64) -> u64 {
+        counter.fetch_add(value, Ordering::Relaxed) + value
     }
 
     pub fn sub(counter: &AtomicU64, value: u64) {

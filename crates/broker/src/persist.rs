@@ -329,6 +329,18 @@ pub trait MessageStore: Send + Sync + 'static {
     fn will_cleared(&self, _client_id: &str, _token: u64) -> Option<Ticket> {
         None
     }
+    /// True if a message to `topic` at `qos` would be written and the store is at its disk
+    /// budget: the caller refuses it (QoS>0) or drops it (QoS 0). One atomic load.
+    fn disk_budget_reached(&self, _topic: &str, _qos: QoS) -> bool {
+        false
+    }
+    /// Measures the disk use again (what retention freed counts from here on). Called with
+    /// every checkpoint pass; cheap: the store sums the block lengths it knows.
+    fn refresh_disk_usage(&self) {}
+    /// `(bytes used, budget)` when a disk budget is set.
+    fn disk_usage(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// State handed back by [`MessageStore::recover`].
@@ -378,6 +390,9 @@ pub struct StoredSession {
     pub inflight: Vec<StoredInflight>,
     /// Messages queued beyond the window, in order, with their delivery QoS.
     pub queued: Vec<(Message, QoS)>,
+    /// Oldest stored messages recovery left out to keep `queued` within the session queue
+    /// limits (counted by the broker in `messages/dropped/queue_limit`).
+    pub dropped_queue_limit: u64,
 }
 
 #[derive(Debug)]

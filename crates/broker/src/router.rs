@@ -219,13 +219,15 @@ pub fn route(shared: &Shared, message: Arc<Message>) {
 /// Pushes one delivery into a session's queue and wakes its writer.
 pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
     let qos = item.qos;
-    let (result, dropped_oldest, online, first_kick) = {
+    let (result, dropped_oldest, dropped_now, online, first_kick) = {
         let mut state = session.state.lock();
         if state.ended {
             return;
         }
         let online = state.conn.is_some();
+        let before = state.out.dropped_oldest;
         let result = state.out.push(item, online, &shared.config, now);
+        let dropped_now = state.out.dropped_oldest - before;
         let mut first_kick = false;
         if let Some(conn) = &state.conn {
             if result == PushResult::SlowSubscriber {
@@ -235,7 +237,13 @@ pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant)
             // the writer task.
             conn.wake.notify_one();
         }
-        (result, state.out.dropped_oldest, online, first_kick)
+        (
+            result,
+            state.out.dropped_oldest,
+            dropped_now,
+            online,
+            first_kick,
+        )
     };
     match result {
         PushResult::Queued => {}
@@ -245,13 +253,20 @@ pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant)
                 Metrics::add(&shared.metrics.messages_dropped_queue_full, 1);
             }
         }
-        PushResult::QueuedDroppedOldest => {
+        PushResult::DroppedMemoryLimit => {
             Metrics::add(&shared.metrics.messages_dropped, 1);
-            // Logged at 1, 2, 4, 8, ... drops per session: visible, never a flood.
-            if dropped_oldest.is_power_of_two() {
-                tracing::warn!(client_id = %session.client_id, dropped_oldest, "session queue full; oldest QoS>0 messages dropped");
+            let n = Metrics::add_get(&shared.metrics.messages_dropped_memory_limit, 1);
+            if n.is_power_of_two() {
+                tracing::warn!(
+                    client_id = %session.client_id,
+                    dropped = n,
+                    limit = shared.config.max_queued_bytes_total,
+                    "max_queued_bytes_total reached; QoS 0 dropped"
+                );
             }
         }
+        // Counted below: the push may also have reported a slow subscriber.
+        PushResult::QueuedDroppedOldest => {}
         PushResult::SlowSubscriber => {
             if qos == QoS::AtMostOnce {
                 Metrics::add(&shared.metrics.messages_dropped, 1);
@@ -262,6 +277,26 @@ pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant)
                 tracing::warn!(client_id = %session.client_id, "slow subscriber disconnected");
             }
         }
+    }
+    if dropped_now > 0 {
+        Metrics::add(&shared.metrics.messages_dropped, dropped_now);
+        Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped_now);
+        note_dropped_oldest(session, dropped_oldest, dropped_now);
+    }
+}
+
+/// Logs drops of a session's oldest QoS>0 messages (`max_queued_messages` /
+/// `max_queued_bytes`) when the session's running count (`total`, `added` of them just now)
+/// crosses a power of two: 1, 2, 4, 8, ... — visible, never a flood.
+pub fn note_dropped_oldest(session: &Session, total: u64, added: u64) {
+    let before = total - added;
+    if added > 0 && (before == 0 || total.ilog2() > before.ilog2()) {
+        tracing::warn!(
+            client_id = %session.client_id,
+            dropped_oldest = total,
+            online = session.is_online(),
+            "session queue limit (max_queued_messages / max_queued_bytes); oldest QoS>0 messages dropped"
+        );
     }
 }
 

@@ -2,6 +2,7 @@
 //! `sys_interval_s` seconds (0 disables). Also purges expired retained messages.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,7 +37,7 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
     let uptime_s = Instant::now()
         .saturating_duration_since(shared.started_at)
         .as_secs();
-    vec![
+    let mut values = vec![
         (
             "$SYS/broker/version",
             format!("tern {}", env!("CARGO_PKG_VERSION")),
@@ -63,6 +64,34 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
             Metrics::get(&m.messages_dropped).to_string(),
         ),
         (
+            "$SYS/broker/messages/dropped/queue_limit",
+            Metrics::get(&m.messages_dropped_queue_limit).to_string(),
+        ),
+        (
+            "$SYS/broker/messages/dropped/memory_limit",
+            Metrics::get(&m.messages_dropped_memory_limit).to_string(),
+        ),
+        (
+            "$SYS/broker/messages/dropped/disk_budget",
+            Metrics::get(&m.messages_dropped_disk_budget).to_string(),
+        ),
+        (
+            "$SYS/broker/messages/refused/memory_limit",
+            Metrics::get(&m.publishes_refused_memory_limit).to_string(),
+        ),
+        (
+            "$SYS/broker/messages/refused/disk_budget",
+            Metrics::get(&m.publishes_refused_disk_budget).to_string(),
+        ),
+        (
+            "$SYS/broker/messages/queued/bytes",
+            m.queued_bytes.load(Ordering::Relaxed).to_string(),
+        ),
+        (
+            "$SYS/broker/clients/refused/max_connections",
+            Metrics::get(&m.connections_refused).to_string(),
+        ),
+        (
             "$SYS/broker/bytes/received",
             Metrics::get(&m.bytes_received).to_string(),
         ),
@@ -78,7 +107,12 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
             "$SYS/broker/retained messages/count",
             shared.retained.read().len().to_string(),
         ),
-    ]
+    ];
+    if let Some((used, budget)) = shared.store.disk_usage() {
+        values.push(("$SYS/broker/store/disk/bytes", used.to_string()));
+        values.push(("$SYS/broker/store/disk/budget", budget.to_string()));
+    }
+    values
 }
 
 pub fn publish_all(shared: &Shared) {

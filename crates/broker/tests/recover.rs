@@ -58,6 +58,7 @@ impl MessageStore for Recovering {
                         pubrel_pending: true,
                     },
                 ],
+                dropped_queue_limit: 0,
                 queued: vec![(
                     msg("live/c", b"queued", QoS::AtLeastOnce, false),
                     QoS::AtLeastOnce,
@@ -105,4 +106,70 @@ async fn recovered_session_resumes_where_it_stopped() {
     let got = r.expect_publish().await;
     assert!(got.retain);
     assert_eq!(&got.payload[..], b"retained");
+}
+
+/// A store whose recovery already left 2 old messages out, handing back 5 more than the
+/// broker's `max_queued_bytes` holds.
+struct OverLimit;
+
+impl MessageStore for OverLimit {
+    fn recover(&self) -> Recovered {
+        let payloads: [&'static [u8]; 5] = [b"1", b"2", b"3", b"4", b"5"];
+        Recovered {
+            sessions: vec![StoredSession {
+                client_id: "backlog".into(),
+                protocol: Protocol::V5,
+                expiry_interval_s: 600,
+                subscriptions: vec![(
+                    "q/#".into(),
+                    SubscriptionOptions {
+                        qos: QoS::AtLeastOnce,
+                        ..SubscriptionOptions::default()
+                    },
+                    None,
+                )],
+                qos2_received: Vec::new(),
+                inflight: Vec::new(),
+                dropped_queue_limit: 2,
+                queued: payloads
+                    .iter()
+                    .map(|p| (msg("q/t", p, QoS::AtLeastOnce, false), QoS::AtLeastOnce))
+                    .collect(),
+            }],
+            retained: Vec::new(),
+            ..Recovered::default()
+        }
+    }
+}
+
+/// Issue 11 item 2, the restart path: recovered messages go through the session queue limits
+/// (`max_queued_bytes` here), the newest kept; what the store left out and what the queue
+/// dropped are counted in `messages_dropped_queue_limit`, and the queue's bytes in the
+/// broker-wide total.
+#[tokio::test]
+async fn restored_queue_keeps_the_newest_within_max_queued_bytes() {
+    let len = msg("q/t", b"1", QoS::AtLeastOnce, false).approx_len();
+    let mut limits = config();
+    limits.max_queued_bytes = 3 * len;
+    let broker = Broker::with_store(limits, Arc::new(OverLimit)).unwrap();
+    let shared = broker.shared();
+    let session = shared.sessions.get("backlog").expect("restored");
+    let kept: Vec<Vec<u8>> = session
+        .state
+        .lock()
+        .out
+        .queue
+        .iter()
+        .map(|o| o.message.payload.to_vec())
+        .collect();
+    assert_eq!(kept, vec![b"3".to_vec(), b"4".to_vec(), b"5".to_vec()]);
+    let m = &shared.metrics;
+    assert_eq!(
+        tern_broker::metrics::Metrics::get(&m.messages_dropped_queue_limit),
+        4
+    );
+    assert_eq!(
+        m.queued_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        3 * len
+    );
 }

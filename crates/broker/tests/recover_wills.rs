@@ -46,6 +46,7 @@ fn session(client_id: &str, filters: &[&str]) -> StoredSession {
         qos2_received: Vec::new(),
         inflight: Vec::new(),
         queued: Vec::new(),
+        dropped_queue_limit: 0,
     }
 }
 

@@ -35,6 +35,14 @@ Config file keys (TOML, all optional; defaults shown):
     connect_timeout_ms = 10000            close sockets that send no CONNECT in time
     max_inflight_messages = 1024          outbound QoS>0 in flight per session
     max_queued_messages = 100000          per session beyond the window; oldest dropped
+    max_queued_bytes = 67108864           per session, bytes of those (topic + payload + 64 B each);
+                                          oldest dropped; counted in $SYS/broker/messages/dropped/queue_limit
+    max_queued_bytes_total = 1073741824   all sessions' queues together; at it QoS 0 is dropped
+                                          (messages/dropped/memory_limit) and new QoS>0 PUBLISHes
+                                          refused (v5 PUBACK/PUBREC 0x97; 3.1.1: connection closed
+                                          without an ack) (messages/refused/memory_limit)
+    max_connections = 100000              live connections; beyond: CONNACK 0x97 / 3, then close
+                                          (a takeover of a connected client id is always allowed)
     max_session_expiry_interval_s = 4294967295
     max_subscriptions_per_session = 10000
     max_sessions = 1000000                live + offline sessions; a new one beyond: CONNACK 0x89 / 3
@@ -50,6 +58,13 @@ Config file keys (TOML, all optional; defaults shown):
                                           session and the PUBACK/PUBREC of a retained PUBLISH wait
                                           for it (its own setting, never a [[stream]]'s)
     sync_interval_ms = 100                with sync = \"interval\"
+  [store]
+    max_disk_bytes = 0                    disk budget of the data directory (0: none). At it, new
+                                          messages that would be written are refused (QoS>0: v5
+                                          PUBACK/PUBREC 0x97; 3.1.1: connection closed without an
+                                          ack) or dropped (QoS 0), nothing stored is deleted for
+                                          them; they are accepted again once retention frees space.
+                                          Measured from the block lengths every 25 ms; minimum 65536
   [[stream]]                              message streams; a message goes to the first that captures it
     name = \"messages\"                     required
     filters = [\"#\"]                       topic filters captured (unset: every topic, $-topics too)
@@ -72,7 +87,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub bind: Option<String>,
 
-    /// TOML config file with [listener], [limits], [sys], [state] and [[stream]] tables.
+    /// TOML config file with [listener], [limits], [sys], [state], [store] and [[stream]] tables.
     /// Unknown keys and bad values are errors (exit code 2).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,

@@ -1,4 +1,4 @@
-//! The TOML config file: `[listener]`, `[limits]`, `[sys]`, `[state]` and any number of
+//! The TOML config file: `[listener]`, `[limits]`, `[sys]`, `[state]`, `[store]` and any number of
 //! `[[stream]]`.
 //! Every key is optional; an unknown key or a value of the wrong type or range is an error that
 //! names the key and its table.
@@ -21,6 +21,9 @@ pub struct FileConfig {
     pub streams: Vec<StreamSpec>,
     /// `[state] sync`: the state streams' sync policy (sessions, subscriptions, retained).
     pub state_sync: SyncPolicy,
+    /// `[store] max_disk_bytes`: the data directory's disk budget; `None` (the default, or 0
+    /// in the file) means none.
+    pub max_disk_bytes: Option<u64>,
 }
 
 impl Default for FileConfig {
@@ -30,6 +33,7 @@ impl Default for FileConfig {
             broker: BrokerConfig::default(),
             streams: Vec::new(),
             state_sync: SyncPolicy::Always,
+            max_disk_bytes: None,
         }
     }
 }
@@ -142,6 +146,7 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
                 }
             }
             "state" => config.state_sync = parse_state(section)?,
+            "store" => config.max_disk_bytes = parse_store(section)?,
             other => return Err(ConfigFileError::UnknownTable(other.to_string())),
         }
     }
@@ -209,6 +214,35 @@ fn parse_state(section: &Table) -> Result<SyncPolicy, ConfigFileError> {
     })
 }
 
+/// Smallest disk budget accepted: below it not even the state streams' first blocks fit.
+pub const MIN_DISK_BUDGET_BYTES: u64 = 65_536;
+
+/// `[store]`: store-wide limits. `max_disk_bytes = 0` (or unset) means no budget.
+fn parse_store(section: &Table) -> Result<Option<u64>, ConfigFileError> {
+    const T: &str = "store";
+    let mut budget = None;
+    for (key, v) in section {
+        let k = key.as_str();
+        match k {
+            "max_disk_bytes" => {
+                let bytes: u64 = get(v, k, T)?;
+                if bytes != 0 && bytes < MIN_DISK_BUDGET_BYTES {
+                    return Err(ConfigFileError::BadValue {
+                        key: k.to_string(),
+                        table: T,
+                        reason: format!(
+                            "must be 0 (no budget) or at least {MIN_DISK_BUDGET_BYTES}"
+                        ),
+                    });
+                }
+                budget = (bytes != 0).then_some(bytes);
+            }
+            _ => return Err(unknown(k, T)),
+        }
+    }
+    Ok(budget)
+}
+
 fn parse_stream(section: &Table) -> Result<StreamSpec, ConfigFileError> {
     const T: &str = "stream";
     let bad = |key: &str, reason: String| ConfigFileError::BadValue {
@@ -270,6 +304,9 @@ fn parse_limits(section: &Table, b: &mut BrokerConfig) -> Result<(), ConfigFileE
             "connect_timeout_ms" => b.connect_timeout_ms = get(v, k, T)?,
             "max_inflight_messages" => b.max_inflight_messages = get(v, k, T)?,
             "max_queued_messages" => b.max_queued_messages = get(v, k, T)?,
+            "max_queued_bytes" => b.max_queued_bytes = get(v, k, T)?,
+            "max_queued_bytes_total" => b.max_queued_bytes_total = get(v, k, T)?,
+            "max_connections" => b.max_connections = get(v, k, T)?,
             "max_session_expiry_interval_s" => b.max_session_expiry_interval_s = get(v, k, T)?,
             "max_subscriptions_per_session" => b.max_subscriptions_per_session = get(v, k, T)?,
             "max_sessions" => b.max_sessions = get(v, k, T)?,
@@ -357,6 +394,49 @@ mod tests {
         assert!(e.to_string().contains("`messages`"), "{e}");
         // Without filters it is the catch-all itself.
         assert!(parse("[[stream]]\nname = \"messages\"\n").is_ok());
+    }
+
+    #[test]
+    fn queue_memory_connection_and_disk_limits_are_parsed_and_checked() {
+        let c = parse(
+            "[limits]\nmax_queued_bytes = 1000\nmax_queued_bytes_total = 5000\nmax_connections = 3\n[store]\nmax_disk_bytes = 1048576\n",
+        )
+        .unwrap();
+        assert_eq!(c.broker.max_queued_bytes, 1000);
+        assert_eq!(c.broker.max_queued_bytes_total, 5000);
+        assert_eq!(c.broker.max_connections, 3);
+        assert_eq!(c.max_disk_bytes, Some(1_048_576));
+        assert_eq!(
+            parse("").unwrap().max_disk_bytes,
+            None,
+            "no budget by default"
+        );
+        assert_eq!(
+            parse("[store]\nmax_disk_bytes = 0\n")
+                .unwrap()
+                .max_disk_bytes,
+            None
+        );
+        let e = parse("[store]\nmax_disk_bytes = 10\n").unwrap_err();
+        assert!(e.to_string().contains("`max_disk_bytes` in [store]"), "{e}");
+        let e = parse("[store]\nmax_disk_byte = 10\n").unwrap_err();
+        assert_eq!(e.to_string(), "unknown field `max_disk_byte` in [store]");
+        let e = parse("[limits]\nmax_queued_bytes = 0\n").unwrap_err();
+        assert!(
+            e.to_string().contains("`max_queued_bytes` in [limits]"),
+            "{e}"
+        );
+        let e = parse("[limits]\nmax_queued_bytes = 10\nmax_queued_bytes_total = 9\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`max_queued_bytes_total` in [limits]"),
+            "{e}"
+        );
+        let e = parse("[limits]\nmax_connections = 0\n").unwrap_err();
+        assert!(
+            e.to_string().contains("`max_connections` in [limits]"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -92,9 +92,11 @@ fn run(bind: &str, data_dir: &Path, file: config_file::FileConfig) -> anyhow::Re
             streams: file.streams.clone(),
             sessions: SessionLimits {
                 max_pending_per_session: file.broker.max_queued_messages,
+                max_pending_bytes_per_session: file.broker.max_queued_bytes,
                 max_inflight_per_session: usize::from(file.broker.max_inflight_messages),
             },
             state_sync: file.state_sync,
+            max_disk_bytes: file.max_disk_bytes,
         },
     )
     .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;

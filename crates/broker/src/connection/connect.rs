@@ -2,6 +2,7 @@
 //! answer with CONNACK (both versions), attach the session.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -59,6 +60,36 @@ pub(super) async fn handshake(
         }
     };
     accept(shared, *connect, writer).await
+}
+
+/// One of the `max_connections` places, held by a connection from its accepted CONNECT until
+/// it is dropped (with the connection).
+pub(crate) struct ConnectionSlot(Arc<Shared>);
+
+impl ConnectionSlot {
+    /// Takes a place, unless `max_connections` are taken and `client_id` is not connected:
+    /// a takeover replaces a connection (the old one leaves as the new one arrives), so it
+    /// is never refused by the limit.
+    fn take(shared: &Arc<Shared>, client_id: &str) -> Option<ConnectionSlot> {
+        let live = &shared.metrics.connections;
+        let n = live.fetch_add(1, Ordering::Relaxed) + 1;
+        let slot = ConnectionSlot(shared.clone());
+        if n <= shared.config.max_connections {
+            return Some(slot);
+        }
+        let takeover = !client_id.is_empty()
+            && shared
+                .sessions
+                .get(client_id)
+                .is_some_and(|s| s.is_online());
+        takeover.then_some(slot)
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.metrics.connections.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The protocol level of the CONNECT at the front of `buf`, if enough of it is there.
@@ -146,6 +177,21 @@ async fn accept(
         reject(&mut writer, protocol, reason).await;
         return None;
     }
+    let Some(slot) = ConnectionSlot::take(shared, &connect.client_id) else {
+        let refused = Metrics::add_get(&shared.metrics.connections_refused, 1);
+        if refused.is_power_of_two() {
+            tracing::warn!(
+                limit = config.max_connections,
+                client_id = %connect.client_id,
+                refused,
+                "max_connections reached; CONNECT refused"
+            );
+        }
+        // 0x97 Quota exceeded (an administrative limit; 0x9F names a connection *rate*);
+        // 3.1.1 gets return code 3, Server unavailable.
+        reject(&mut writer, protocol, ReasonCode::QUOTA_EXCEEDED).await;
+        return None;
+    };
     if shared
         .sessions
         .is_full_for(&connect.client_id, config.max_sessions)
@@ -249,6 +295,7 @@ async fn accept(
         connect_expiry_zero: requested_expiry_s == 0,
         client_max_packet_size_bytes: client_max_packet_size,
         now: Instant::now(),
+        _slot: slot,
     };
     let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
     Some((conn, (writer, writer_state)))

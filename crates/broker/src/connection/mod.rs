@@ -85,6 +85,8 @@ pub(crate) struct Conn {
     client_max_packet_size_bytes: u32,
     /// When the bytes being decoded arrived (arrival time of their messages).
     now: Instant,
+    /// Its place under `max_connections`, given back when the connection is dropped.
+    _slot: connect::ConnectionSlot,
 }
 
 enum Event {

@@ -2,6 +2,7 @@
 //! format), the store write, and the ack pipeline (ARCHITECTURE §2.2–2.6, §3).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tern_wire::{Ack, Publish, QoS, ReasonCode};
 
@@ -80,6 +81,20 @@ impl Conn {
             // space of the store's control records.
             route = false;
         }
+        if route && reason.is_success() && self.limit_reached(topic_str, qos) {
+            if qos == QoS::AtMostOnce {
+                // No ack to carry a refusal: dropped, counted (disk budget only; the memory
+                // bound drops QoS 0 per subscriber as it is queued).
+                return Ok(());
+            }
+            if !v5 {
+                // 3.1.1 has no negative PUBACK: close without acknowledging, so that the
+                // client sends the message again on its next connection (ARCHITECTURE §6).
+                return Err(Close::Protocol(ReasonCode::QUOTA_EXCEEDED));
+            }
+            reason = ReasonCode::QUOTA_EXCEEDED;
+            route = false;
+        }
 
         let message = Arc::new(Message::new(
             topic,
@@ -151,6 +166,42 @@ impl Conn {
             deliver_after_durable: false,
         });
         Ok(())
+    }
+
+    /// True if a PUBLISH to `topic` at `qos` runs into a broker-wide limit, counted and logged
+    /// (rate-limited): the disk budget (`[store] max_disk_bytes`, when the message would be
+    /// written), or for QoS>0 the memory bound (`max_queued_bytes_total`).
+    fn limit_reached(&self, topic: &str, qos: QoS) -> bool {
+        let metrics = &self.shared.metrics;
+        let (name, counter) = if self.shared.store.disk_budget_reached(topic, qos) {
+            if qos == QoS::AtMostOnce {
+                Metrics::add(&metrics.messages_dropped, 1);
+                ("max_disk_bytes", &metrics.messages_dropped_disk_budget)
+            } else {
+                ("max_disk_bytes", &metrics.publishes_refused_disk_budget)
+            }
+        } else if qos != QoS::AtMostOnce
+            && metrics.queued_bytes.load(Ordering::Relaxed)
+                >= self.shared.config.max_queued_bytes_total
+        {
+            (
+                "max_queued_bytes_total",
+                &metrics.publishes_refused_memory_limit,
+            )
+        } else {
+            return false;
+        };
+        let n = Metrics::add_get(counter, 1);
+        if n.is_power_of_two() {
+            tracing::warn!(
+                client_id = %self.client_id,
+                limit = name,
+                qos = qos as u8,
+                count = n,
+                "broker limit reached: PUBLISH refused (QoS>0: v5 0x97, 3.1.1 connection closed) or dropped (QoS 0)"
+            );
+        }
+        true
     }
 
     fn push_entry(&mut self, entry: Entry<Arc<Message>>) {

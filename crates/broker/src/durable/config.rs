@@ -72,6 +72,10 @@ impl StreamSpec {
 pub struct SessionLimits {
     /// `max_queued_messages`: beyond it the oldest recovered messages are dropped (counted).
     pub max_pending_per_session: usize,
+    /// `max_queued_bytes`: likewise, by bytes (topic + payload + a fixed overhead each), so
+    /// that recovery never reads more of an offline session's backlog into memory than the
+    /// running broker would keep for it.
+    pub max_pending_bytes_per_session: usize,
     /// `max_inflight_messages`: recovered messages put back in flight.
     pub max_inflight_per_session: usize,
 }
@@ -80,6 +84,7 @@ impl Default for SessionLimits {
     fn default() -> Self {
         SessionLimits {
             max_pending_per_session: 100_000,
+            max_pending_bytes_per_session: 64 * 1024 * 1024,
             max_inflight_per_session: 1024,
         }
     }
@@ -94,6 +99,10 @@ pub struct DurableConfig {
     /// "PUBREL pending"; `tern.retained`), `[state] sync` in the config file. Default
     /// `always`: SUBACK, UNSUBACK and the ack of a retained PUBLISH wait for an fdatasync.
     pub state_sync: SyncPolicy,
+    /// `[store] max_disk_bytes`: the disk budget of the whole data directory (message and state
+    /// streams, as the store measures its blocks). At it, new messages that would be written
+    /// are refused (QoS>0) or dropped (QoS 0) until retention frees space; `None`: no budget.
+    pub max_disk_bytes: Option<u64>,
 }
 
 impl Default for DurableConfig {
@@ -102,6 +111,7 @@ impl Default for DurableConfig {
             streams: vec![StreamSpec::default_stream()],
             sessions: SessionLimits::default(),
             state_sync: SyncPolicy::Always,
+            max_disk_bytes: None,
         }
     }
 }

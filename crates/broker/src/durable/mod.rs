@@ -57,7 +57,7 @@ mod wills;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tern_store::{FilterSet, KvStream, NewRecord, Store, StoreError, Stream, StreamConfig};
@@ -119,8 +119,16 @@ pub struct DurableStore {
     will_state: Mutex<HashMap<String, (u64, Vec<u8>)>>,
     will_tokens: AtomicU64,
     limits: config::SessionLimits,
+    /// `[store] max_disk_bytes` (see [`DurableStore::disk_budget_reached`]).
+    disk_budget: Option<u64>,
+    /// Bytes of every stream's blocks as last measured, plus what was appended since.
+    disk_used: AtomicU64,
     _store: Store,
 }
+
+/// Framing of one record on disk beyond its topic, properties and payload (header, CRC,
+/// lengths), rounded up: used only to estimate disk use between two measurements.
+const RECORD_OVERHEAD_ESTIMATE: u64 = 48;
 
 fn io_error(e: StoreError) -> PersistError {
     PersistError(e.to_string())
@@ -192,7 +200,10 @@ impl DurableStore {
             "store opened: message streams {names:?}; state streams sync {:?}",
             config.state_sync
         );
-        Ok(DurableStore {
+        if let Some(budget) = config.max_disk_bytes {
+            tracing::info!(max_disk_bytes = budget, "disk budget");
+        }
+        let durable = DurableStore {
             sessions: Keyspace::new(&session_state, b's'),
             cursors: Keyspace::new(&session_state, b'c'),
             sent: Keyspace::new(&session_state, b'p'),
@@ -210,8 +221,32 @@ impl DurableStore {
             will_state: Mutex::new(HashMap::new()),
             will_tokens: AtomicU64::new(1),
             limits: config.sessions,
+            disk_budget: config.max_disk_bytes,
+            disk_used: AtomicU64::new(0),
             _store: store,
-        })
+        };
+        durable.refresh_disk_usage();
+        Ok(durable)
+    }
+
+    /// Bytes of every stream's block files, message and state streams (no directory walk:
+    /// the store knows the length of each block it holds).
+    pub fn disk_bytes(&self) -> u64 {
+        self.streams()
+            .chain(self.state_streams())
+            .map(|s| s.info().disk_bytes)
+            .sum()
+    }
+
+    /// The stream a message to `topic` at `qos` would be written to, if it would be.
+    fn writes(&self, topic: &str, qos: QoS) -> Option<(usize, &Slot)> {
+        let (index, slot) = self.slot_for(topic)?;
+        let write = match slot.spec.durability {
+            Durability::Never => false,
+            Durability::Default => qos != QoS::AtMostOnce,
+            Durability::Always => true,
+        };
+        write.then_some((index, slot))
     }
 
     /// The message streams, in configuration order (the appended default stream last).
@@ -287,15 +322,7 @@ impl MessageStore for DurableStore {
         message: &Message,
         qos2_packet_id: Option<u16>,
     ) -> Option<Ticket> {
-        let (index, slot) = self.slot_for(&message.topic)?;
-        let write = match slot.spec.durability {
-            Durability::Never => false,
-            Durability::Default => message.qos != QoS::AtMostOnce,
-            Durability::Always => true,
-        };
-        if !write {
-            return None;
-        }
+        let (index, slot) = self.writes(&message.topic, message.qos)?;
         let mut meta = Vec::with_capacity(16);
         codec::encode_meta(message, &mut meta);
         let record = NewRecord {
@@ -337,6 +364,11 @@ impl MessageStore for DurableStore {
                 return Some(Ticket::failed(io_error(error)));
             }
         };
+        if self.disk_budget.is_some() {
+            let estimate = (message.topic.len() + meta.len() + message.payload.len()) as u64
+                + RECORD_OVERHEAD_ESTIMATE * (1 + u64::from(qos2_packet_id.is_some()));
+            self.disk_used.fetch_add(estimate, Ordering::Relaxed);
+        }
         let seq = ticket.first_seq();
         unrouted.seqs.insert(seq);
         unrouted.next_seq = ticket.seq() + 1;
@@ -551,6 +583,24 @@ impl MessageStore for DurableStore {
         self.floors()
     }
 
+    fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
+        let Some(budget) = self.disk_budget else {
+            return false;
+        };
+        self.disk_used.load(Ordering::Relaxed) >= budget && self.writes(topic, qos).is_some()
+    }
+
+    fn refresh_disk_usage(&self) {
+        if self.disk_budget.is_some() {
+            self.disk_used.store(self.disk_bytes(), Ordering::Relaxed);
+        }
+    }
+
+    fn disk_usage(&self) -> Option<(u64, u64)> {
+        let budget = self.disk_budget?;
+        Some((self.disk_used.load(Ordering::Relaxed), budget))
+    }
+
     fn persistent_sessions(&self) -> Vec<std::sync::Arc<str>> {
         self.mirror
             .lock()
@@ -603,5 +653,81 @@ impl MessageStore for DurableStore {
 
     fn will_cleared(&self, client_id: &str, token: u64) -> Option<Ticket> {
         self.clear_will(client_id, token)
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+    use bytes::Bytes;
+    use tern_wire::{Properties, Str};
+
+    fn msg(topic: &'static str, qos: QoS) -> Message {
+        Message::new(
+            Str::from_static(topic),
+            Bytes::from(vec![0x42; 1000]),
+            qos,
+            false,
+            Properties::default(),
+            None,
+            tokio::time::Instant::now(),
+        )
+    }
+
+    /// `[store] max_disk_bytes`: measured from the blocks (plus what was appended since),
+    /// reached only for messages that would be written (not QoS 0 under durability
+    /// `default`, not a `never` stream), and no longer reached once removal freed blocks and
+    /// the use was measured again.
+    #[tokio::test]
+    async fn disk_budget_counts_written_messages_and_frees_with_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut memory = StreamSpec::default_stream();
+        memory.name = "memory".into();
+        memory.filters = vec!["m/#".into()];
+        memory.durability = Durability::Never;
+        let mut messages = StreamSpec::default_stream();
+        messages.store.block_size_bytes = 4096;
+        let store = DurableStore::open(
+            dir.path(),
+            DurableConfig {
+                streams: vec![memory, messages],
+                max_disk_bytes: Some(16 * 1024),
+                ..DurableConfig::default()
+            },
+        )
+        .unwrap();
+        let (start, budget) = store.disk_usage().unwrap();
+        assert_eq!(budget, 16 * 1024);
+        assert!(start < budget, "{start}");
+        assert!(!store.disk_budget_reached("x", QoS::AtLeastOnce));
+        let mut appended = 0;
+        while !store.disk_budget_reached("x", QoS::AtLeastOnce) {
+            let mut ticket = store
+                .append_publish("p", &msg("x", QoS::AtLeastOnce), None)
+                .expect("written");
+            ticket.wait().await.unwrap();
+            appended += 1;
+            assert!(appended < 100, "budget never reached");
+        }
+        // The estimate agrees with the blocks once measured.
+        store.refresh_disk_usage();
+        assert!(store.disk_budget_reached("x", QoS::ExactlyOnce));
+        assert!(store.disk_bytes() >= 16 * 1024);
+        assert!(
+            !store.disk_budget_reached("x", QoS::AtMostOnce),
+            "QoS 0 is not written under durability `default`"
+        );
+        assert!(
+            !store.disk_budget_reached("m/a", QoS::AtLeastOnce),
+            "a `never` stream writes nothing"
+        );
+        let stream = store.streams().nth(1).unwrap();
+        stream.purge(&FilterSet::new(["#"].iter())).unwrap();
+        store.refresh_disk_usage();
+        assert!(
+            !store.disk_budget_reached("x", QoS::AtLeastOnce),
+            "{:?}",
+            store.disk_usage()
+        );
     }
 }

@@ -108,6 +108,7 @@ impl Outbound {
             self.full_since = None;
         }
         self.release_idle_capacity(packets == 0);
+        self.sync_total();
     }
 
     /// Takes the queue's front delivery: writes it, or moves it into the gate when its first
@@ -180,9 +181,11 @@ impl Outbound {
     }
 
     fn requeue_front(&mut self, item: Outgoing) {
-        self.queued_bytes += item.message.approx_len();
+        let len = item.message.approx_len();
+        self.queued_bytes += len;
         if item.qos != QoS::AtMostOnce {
             self.queued_reliable += 1;
+            self.queued_reliable_bytes += len;
         }
         self.removed_total -= 1;
         self.queue.push_front(item);

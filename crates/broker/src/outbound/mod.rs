@@ -14,8 +14,12 @@
 //!   queue (QoS 0 behind it waits too), so the publisher's order is kept per subscriber.
 //! - `inflight.len() <= window` except right after a reconnect with a smaller window, when
 //!   all in-flight messages are still resent in their original order ([MQTT-4.4.0-1]).
-//! - `queued_bytes` / `queued_reliable` always equal the sums over `queue`; QoS 0 is refused
-//!   past `outbound_queue_max_*`, QoS>0 past `max_queued_messages` drops the oldest QoS>0.
+//! - `queued_bytes` / `queued_reliable` / `queued_reliable_bytes` always equal the sums over
+//!   `queue`; QoS 0 is refused past `outbound_queue_max_*` or while the broker-wide total is
+//!   at `max_queued_bytes_total`, QoS>0 past `max_queued_messages` / `max_queued_bytes` drops
+//!   the oldest QoS>0 (online or offline, also when a restored session is rebuilt).
+//! - After every public method returns, the broker-wide total holds exactly this queue's
+//!   `queued_bytes` for it (`sync_total`; `Drop` takes it back out).
 //! - Packet ids in `inflight` are exactly those held by `packet_ids`: unique by construction
 //!   (allocated, never derived), and a restored session reserves the ids it resends.
 //! - An in-flight entry is `held` exactly while its next packet (first PUBLISH, or PUBREL)
@@ -26,9 +30,11 @@
 //! [`Outbound::push`] never blocks the publisher. Over `outbound_queue_max_bytes` /
 //! `outbound_queue_max_messages`, QoS 0 to an online session is refused (counted in
 //! `messages_dropped_queue_full`); QoS>0 is still queued for the session (bounded by
-//! `max_queued_messages`) and delivered as the subscriber catches up. That QoS>0 branch is the
-//! hand-off point to the durable store: for a persistent session the over-limit item need not be
-//! held in memory, the session's store cursor already describes it. A queue that stays over
+//! `max_queued_messages` / `max_queued_bytes`) and delivered as the subscriber catches up.
+//! That QoS>0 branch could hand off to the durable store (for a persistent session the store
+//! holds the message after its cursor), but not as things stand: the cursor is read at
+//! start-up only, and the checkpoint moves it past whatever the session no longer holds
+//! (ARCHITECTURE §6.1). A queue that stays over
 //! the limit for `slow_subscriber_timeout_ms` reports [`PushResult::SlowSubscriber`] and the
 //! router disconnects the subscriber (0x97, `slow_subscribers_disconnected`).
 
@@ -38,6 +44,7 @@ mod writer;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -103,7 +110,10 @@ pub enum PushResult {
     Queued,
     /// Refused (QoS 0 over the limits, or QoS 0 for an offline session).
     Dropped,
-    /// Queued, but the oldest QoS>0 message was dropped to make room.
+    /// QoS 0 refused: every session's queues together hold `max_queued_bytes_total`.
+    DroppedMemoryLimit,
+    /// Queued, but the oldest QoS>0 messages were dropped to make room
+    /// (`max_queued_messages` / `max_queued_bytes`; `dropped_oldest` counts them).
     QueuedDroppedOldest,
     /// The queue has been full longer than the slow subscriber timeout.
     SlowSubscriber,
@@ -116,6 +126,8 @@ pub struct Outbound {
     pub queue: VecDeque<Outgoing>,
     pub queued_bytes: usize,
     pub queued_reliable: usize,
+    /// Of `queued_bytes`: the QoS>0 messages' (the measure of `max_queued_bytes`).
+    pub queued_reliable_bytes: usize,
     pub inflight: VecDeque<Inflight>,
     pub packet_ids: PacketIds,
     /// min(client Receive Maximum, max_inflight_messages) of the current connection.
@@ -128,9 +140,54 @@ pub struct Outbound {
     pub removed_total: u64,
     /// Packets waiting for a store write, in the order they must leave.
     gate: Gate,
+    /// The broker-wide queued bytes this queue counts into ([`Outbound::count_into`]).
+    total: Option<Arc<AtomicUsize>>,
+    /// What this queue's share of `total` is (`queued_bytes` as of the last sync).
+    reported: usize,
+}
+
+impl Drop for Outbound {
+    fn drop(&mut self) {
+        if let Some(total) = &self.total {
+            total.fetch_sub(self.reported, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Outbound {
+    /// Counts this queue's bytes into `total` (the broker-wide `max_queued_bytes_total`
+    /// measure) from now on. Set once, before anything is queued.
+    pub fn count_into(&mut self, total: Arc<AtomicUsize>) {
+        if self.total.is_none() {
+            total.fetch_add(self.queued_bytes, Ordering::Relaxed);
+            self.reported = self.queued_bytes;
+            self.total = Some(total);
+        }
+    }
+
+    /// Brings the broker-wide total up to date with `queued_bytes` (one atomic operation per
+    /// call, and none when nothing changed: the writer calls it once per batch).
+    pub(crate) fn sync_total(&mut self) {
+        if self.reported == self.queued_bytes {
+            return;
+        }
+        if let Some(total) = &self.total {
+            if self.queued_bytes > self.reported {
+                total.fetch_add(self.queued_bytes - self.reported, Ordering::Relaxed);
+            } else {
+                total.fetch_sub(self.reported - self.queued_bytes, Ordering::Relaxed);
+            }
+        }
+        self.reported = self.queued_bytes;
+    }
+
+    /// True while every session's queues together hold `max_queued_bytes_total` or more.
+    fn over_total(&self, config: &BrokerConfig) -> bool {
+        self.total
+            .as_ref()
+            .is_some_and(|t| t.load(Ordering::Relaxed) >= config.max_queued_bytes_total)
+    }
+
     pub fn push(
         &mut self,
         item: Outgoing,
@@ -146,15 +203,24 @@ impl Outbound {
             if !online {
                 return PushResult::Dropped;
             }
+            if self.over_total(config) {
+                return PushResult::DroppedMemoryLimit;
+            }
             if over {
                 return self.note_full(config, now).unwrap_or(PushResult::Dropped);
             }
         } else {
-            if self.queued_reliable >= config.max_queued_messages {
-                if let Some(index) = self.queue.iter().position(|o| o.qos != QoS::AtMostOnce) {
-                    if let Some(old) = self.queue.remove(index) {
-                        self.account_removed(&old);
-                    }
+            // The session's own bounds: drop the oldest QoS>0 messages until this one fits
+            // (a message larger than `max_queued_bytes` is kept alone).
+            while self.queued_reliable > 0
+                && (self.queued_reliable >= config.max_queued_messages
+                    || self.queued_reliable_bytes + len > config.max_queued_bytes)
+            {
+                let Some(index) = self.queue.iter().position(|o| o.qos != QoS::AtMostOnce) else {
+                    break;
+                };
+                if let Some(old) = self.queue.remove(index) {
+                    self.account_removed(&old);
                 }
                 result = PushResult::QueuedDroppedOldest;
                 self.dropped_oldest += 1;
@@ -168,9 +234,11 @@ impl Outbound {
         self.queued_bytes += len;
         if item.qos != QoS::AtMostOnce {
             self.queued_reliable += 1;
+            self.queued_reliable_bytes += len;
         }
         self.pushed_total += 1;
         self.queue.push_back(item);
+        self.sync_total();
         result
     }
 
@@ -183,9 +251,11 @@ impl Outbound {
 
     fn account_removed(&mut self, item: &Outgoing) {
         self.removed_total += 1;
-        self.queued_bytes = self.queued_bytes.saturating_sub(item.message.approx_len());
+        let len = item.message.approx_len();
+        self.queued_bytes = self.queued_bytes.saturating_sub(len);
         if item.qos != QoS::AtMostOnce {
             self.queued_reliable = self.queued_reliable.saturating_sub(1);
+            self.queued_reliable_bytes = self.queued_reliable_bytes.saturating_sub(len);
         }
     }
 
@@ -214,6 +284,7 @@ impl Outbound {
             }
         }
         self.gate.remove(|p| matches!(p, HeldPacket::Qos0(_)));
+        self.sync_total();
     }
 
     /// Takes every queued message and every QoS 1 message in flight that was routed via a
@@ -251,6 +322,7 @@ impl Outbound {
             HeldPacket::Qos0(item) => item.share.is_some(),
             HeldPacket::PubRel { .. } => false,
         }));
+        self.sync_total();
         taken
     }
 
@@ -343,6 +415,7 @@ impl Outbound {
                 self.queue.push_back(item);
             }
         }
+        self.sync_total();
         dropped
     }
 

@@ -505,3 +505,78 @@ async fn one_shared_buffer_reaches_every_subscriber_unchanged() {
     let v3_body = bodies.iter().find(|(p, _)| *p == Protocol::V3_1_1).unwrap();
     assert_eq!(v3_body.1, msg.payload.as_ptr());
 }
+
+/// Issue 11 item 2: an offline session keeps at most `max_queued_bytes` of QoS>0 messages,
+/// dropping the oldest (as many as it takes); a message alone over the limit is kept alone.
+#[tokio::test]
+async fn max_queued_bytes_keeps_the_newest_and_drops_the_oldest_offline() {
+    let mut f = Fixture::new(10);
+    let len = item(b"1", QoS::AtLeastOnce).message.approx_len();
+    f.config.max_queued_bytes = 3 * len;
+    let now = Instant::now();
+    for payload in [b"1", b"2", b"3", b"4", b"5"] {
+        f.out
+            .push(item(payload, QoS::AtLeastOnce), false, &f.config, now);
+    }
+    assert_eq!(f.out.dropped_oldest, 2);
+    assert_eq!(f.out.queued_reliable, 3);
+    assert_eq!(f.out.queued_reliable_bytes, 3 * len);
+    assert_eq!(f.out.queued_bytes, 3 * len);
+    let got: Vec<Vec<u8>> = publish_summary(&f.drain())
+        .into_iter()
+        .map(|p| p.0)
+        .collect();
+    assert_eq!(got, vec![b"3".to_vec(), b"4".to_vec(), b"5".to_vec()]);
+
+    // One message bigger than the limit replaces everything queued and is kept alone.
+    f.config.max_queued_bytes = len;
+    f.out
+        .push(item(b"a", QoS::AtLeastOnce), false, &f.config, now);
+    assert_eq!(
+        f.out
+            .push(item(b"big!", QoS::AtLeastOnce), false, &f.config, now),
+        PushResult::QueuedDroppedOldest
+    );
+    assert_eq!(f.out.queued_reliable, 1);
+    assert_eq!(f.out.dropped_oldest, 3);
+}
+
+/// Issue 11 item 9: every queue counts its bytes into one broker-wide total (pushes, batches
+/// taken by the writer, detach, the queue's drop), and at `max_queued_bytes_total` QoS 0 is
+/// dropped while QoS>0 is still queued (it was accepted; new QoS>0 is refused at the
+/// publisher).
+#[tokio::test]
+async fn queues_count_into_the_broker_wide_total_and_qos0_is_dropped_at_the_cap() {
+    let total = Arc::new(AtomicUsize::new(0));
+    let mut a = Fixture::new(10);
+    let mut b = Fixture::new(10);
+    a.out.count_into(total.clone());
+    b.out.count_into(total.clone());
+    let len = item(b"1", QoS::AtMostOnce).message.approx_len();
+    a.push(item(b"1", QoS::AtMostOnce));
+    a.push(item(b"2", QoS::AtLeastOnce));
+    b.push(item(b"3", QoS::AtLeastOnce));
+    assert_eq!(total.load(Ordering::Relaxed), 3 * len);
+    a.config.max_queued_bytes_total = 3 * len;
+    assert_eq!(
+        a.push(item(b"4", QoS::AtMostOnce)),
+        PushResult::DroppedMemoryLimit
+    );
+    assert_eq!(a.push(item(b"5", QoS::AtLeastOnce)), PushResult::Queued);
+    assert_eq!(total.load(Ordering::Relaxed), 4 * len);
+    assert_eq!(a.drain().len(), 3);
+    assert_eq!(total.load(Ordering::Relaxed), len, "b's message only");
+    assert_eq!(
+        a.push(item(b"6", QoS::AtMostOnce)),
+        PushResult::Queued,
+        "under the cap again"
+    );
+    a.out.detach();
+    assert_eq!(
+        total.load(Ordering::Relaxed),
+        len,
+        "QoS 0 left with the connection"
+    );
+    drop(b);
+    assert_eq!(total.load(Ordering::Relaxed), 0);
+}

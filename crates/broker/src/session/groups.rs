@@ -52,7 +52,9 @@ impl Groups {
 fn push(shared: &Shared, queue: &mut Outbound, share: &str, item: Outgoing, now: Instant) {
     match queue.push(item, false, &shared.config, now) {
         PushResult::Queued | PushResult::SlowSubscriber => {}
-        PushResult::Dropped => Metrics::add(&shared.metrics.messages_dropped, 1),
+        PushResult::Dropped | PushResult::DroppedMemoryLimit => {
+            Metrics::add(&shared.metrics.messages_dropped, 1)
+        }
         PushResult::QueuedDroppedOldest => {
             Metrics::add(&shared.metrics.messages_dropped, 1);
             if queue.dropped_oldest.is_power_of_two() {

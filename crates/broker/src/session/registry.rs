@@ -119,6 +119,7 @@ pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
         state.expiry_interval_s = request.expiry_interval_s;
         // A reconnect within the will delay cancels the will (MQTT-3.1.3-9).
         state.pending_will = None;
+        state.out.count_into(shared.metrics.queued_bytes.clone());
         state.out.attach(request.window);
         let mut connack = request.connack;
         connack.session_present = session_present;

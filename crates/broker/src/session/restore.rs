@@ -55,6 +55,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
     }
     let now = Instant::now();
     let mut state = session.state.lock();
+    state.out.count_into(shared.metrics.queued_bytes.clone());
     state.qos2_received.extend(stored.qos2_received);
     for inflight in stored.inflight {
         state.out.packet_ids.reserve(inflight.packet_id);
@@ -87,9 +88,21 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
             subscription_ids: Vec::new(),
             share: None,
         };
+        // The same limits as at run time: over `max_queued_messages` / `max_queued_bytes` (or
+        // the broker-wide total, which only drops QoS 0) the oldest are dropped, counted.
         state.out.push(item, false, &shared.config, now);
     }
+    let dropped = state.out.dropped_oldest + stored.dropped_queue_limit;
     drop(state);
+    if dropped > 0 {
+        Metrics::add(&shared.metrics.messages_dropped, dropped);
+        Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped);
+        tracing::warn!(
+            %client_id,
+            dropped,
+            "session queue limit (max_queued_messages / max_queued_bytes) at start-up; oldest stored messages dropped"
+        );
+    }
     shared.sessions.map.lock().insert(client_id, session);
 }
 

@@ -190,6 +190,11 @@ impl Broker {
         }
     }
 
+    /// Replaces the config file used from the next (re)start on.
+    pub fn set_config(&mut self, config_toml: &str) {
+        self.config_toml = config_toml.to_owned();
+    }
+
     /// Kills the broker (SIGKILL) and starts it again with the same config and data dir.
     /// The new process listens on a new ephemeral port (`self.addr` is updated).
     pub fn restart_after_kill(&mut self) {

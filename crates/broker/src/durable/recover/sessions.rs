@@ -26,7 +26,8 @@ pub(super) fn rebuild(
     qos2_received: Vec<u16>,
 ) -> Result<StoredSession, StoreError> {
     let excluded: HashSet<StoreRef> = exchanges.excluded().collect();
-    let (pending, mut resend) = replay(store, client, record, cursor_of, &excluded, exchanges)?;
+    let (pending, mut resend, dropped) =
+        replay(store, client, record, cursor_of, &excluded, exchanges)?;
     let inflight = inflight(store, client, exchanges, &mut resend);
     let queued = pending
         .into_iter()
@@ -44,8 +45,13 @@ pub(super) fn rebuild(
         qos2_received,
         inflight,
         queued,
+        dropped_queue_limit: dropped,
     })
 }
+
+/// What [`replay`] found: the messages to queue, those to resend under their ids, and how
+/// many of the oldest were left out for the session queue limits.
+type Replayed = (VecDeque<Message>, HashMap<StoreRef, Message>, u64);
 
 /// The stored messages after the cursor that the session's (non-shared) filters match: the
 /// ones to queue, and those of exchanges in the `Sent` phase (to resend under their ids).
@@ -56,8 +62,10 @@ fn replay(
     cursor_of: &[u64],
     excluded: &HashSet<StoreRef>,
     exchanges: &ClientExchanges,
-) -> Result<(VecDeque<Message>, HashMap<StoreRef, Message>), StoreError> {
+) -> Result<Replayed, StoreError> {
     let max_pending = store.limits.max_pending_per_session;
+    let max_pending_bytes = store.limits.max_pending_bytes_per_session;
+    let mut pending_bytes = 0usize;
     let sent: HashSet<StoreRef> = exchanges
         .live
         .values()
@@ -73,7 +81,7 @@ fn replay(
         .filter(|f| !f.starts_with("$share/"))
         .collect();
     if filters.is_empty() {
-        return Ok((pending, resend));
+        return Ok((pending, resend, 0));
     }
     let fs = FilterSet::new(filters.iter());
     let now = now_ns();
@@ -109,9 +117,15 @@ fn replay(
                     resend.insert(stored, message);
                     continue;
                 }
+                pending_bytes += message.approx_len();
                 pending.push_back(message);
-                if pending.len() > max_pending {
-                    pending.pop_front();
+                // The newest is kept even alone over the byte limit, as at run time.
+                while pending.len() > 1
+                    && (pending.len() > max_pending || pending_bytes > max_pending_bytes)
+                {
+                    if let Some(old) = pending.pop_front() {
+                        pending_bytes -= old.approx_len();
+                    }
                     dropped += 1;
                 }
             }
@@ -128,7 +142,7 @@ fn replay(
             "session queue limit: oldest stored messages dropped at start-up"
         );
     }
-    Ok((pending, resend))
+    Ok((pending, resend, dropped))
 }
 
 /// The session's live exchanges, in stream order (the order they were sent in, per
