@@ -1,0 +1,233 @@
+//! The checker: for every subscriber and every publisher,
+//! - lost: acknowledged to the publisher (PUBACK, PUBREC or PUBCOMP) but never delivered
+//!   (MQTT-4.3.2-*, MQTT-4.3.3-*, and MQTT-4.4.0-1 across the restarts);
+//! - duplicated: a QoS 2 message delivered more than once, counted by payload (MQTT-4.3.3-*:
+//!   exactly once; QoS 1 may repeat). A duplicate of a message its publisher published again
+//!   after sending its PUBREL (paho's bug, see scripts/crash_paho.py) is the client's doing:
+//!   the broker must take that PUBLISH as a new message (MQTT-4.3.3-2 (3.1.1),
+//!   MQTT-4.3.3-10..12 (v5)). Those are reported apart and do not fail the test;
+//! - reordered: a first delivery with a lower number than an earlier first delivery from the
+//!   same publisher (one topic per publisher, an Ordered Topic: MQTT-4.6.0-5 / -6), which at a
+//!   subscriber that delivers at PUBREL also catches PUBRELs out of order (MQTT-4.6.0-4);
+//! - and, seen directly by the raw subscribers, PUBRELs out of the order of their PUBRECs
+//!   (MQTT-4.6.0-4).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+use super::{Delivery, Record};
+
+/// Examples shown per kind of failure.
+const EXAMPLES: usize = 5;
+
+/// The findings of one (subscriber, publisher) pair.
+#[derive(Default)]
+pub struct Pair {
+    pub acked: usize,
+    pub delivered: usize,
+    pub distinct: usize,
+    pub lost: Vec<u64>,
+    /// Number → its deliveries (only QoS 2 numbers delivered more than once).
+    pub duplicated: BTreeMap<u64, Vec<Delivery>>,
+    /// As `duplicated`, for numbers the publisher re-sent after their PUBREL.
+    pub duplicated_by_client: BTreeMap<u64, Vec<Delivery>>,
+    /// (number delivered first time, highest number delivered first time before it).
+    pub reordered: Vec<(Delivery, u64)>,
+}
+
+impl Pair {
+    fn ok(&self) -> bool {
+        self.lost.is_empty() && self.duplicated.is_empty() && self.reordered.is_empty()
+    }
+}
+
+fn copies(duplicated: &BTreeMap<u64, Vec<Delivery>>) -> usize {
+    duplicated.values().map(|d| d.len() - 1).sum()
+}
+
+/// Every pair, keyed (subscriber, publisher).
+pub struct Report {
+    pub pairs: BTreeMap<(String, String), Pair>,
+    /// Subscriber → PUBRELs out of PUBREC order (MQTT-4.6.0-4).
+    pub pubrel_order: BTreeMap<String, Vec<String>>,
+}
+
+pub fn check(record: &Record) -> Report {
+    let mut pairs = BTreeMap::new();
+    for subscriber in record.subscribed.iter() {
+        let deliveries = record
+            .deliveries
+            .get(subscriber)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        for (publisher, published) in &record.published {
+            let mine: Vec<&Delivery> = deliveries
+                .iter()
+                .filter(|d| &d.publisher == publisher)
+                .collect();
+            let mut pair = check_pair(&mine, &published.acked, published.qos);
+            if let Some(resent) = record.resent_after_pubrel.get(publisher) {
+                let (by_client, rest) = std::mem::take(&mut pair.duplicated)
+                    .into_iter()
+                    .partition(|(n, _)| resent.contains(n));
+                pair.duplicated = rest;
+                pair.duplicated_by_client = by_client;
+            }
+            pairs.insert((subscriber.clone(), publisher.clone()), pair);
+        }
+    }
+    Report {
+        pairs,
+        pubrel_order: record.pubrel_order.clone(),
+    }
+}
+
+fn check_pair(deliveries: &[&Delivery], acked: &BTreeSet<u64>, qos: u8) -> Pair {
+    let mut pair = Pair {
+        acked: acked.len(),
+        delivered: deliveries.len(),
+        ..Pair::default()
+    };
+    let mut seen = BTreeSet::new();
+    let mut highest: Option<u64> = None;
+    let mut copies: BTreeMap<u64, Vec<Delivery>> = BTreeMap::new();
+    for &d in deliveries {
+        copies.entry(d.n).or_default().push(d.clone());
+        if !seen.insert(d.n) {
+            continue;
+        }
+        match highest {
+            Some(h) if d.n < h => pair.reordered.push((d.clone(), h)),
+            _ => highest = Some(d.n),
+        }
+    }
+    pair.distinct = seen.len();
+    pair.lost = acked.difference(&seen).copied().collect();
+    if qos == 2 {
+        pair.duplicated = copies.into_iter().filter(|(_, c)| c.len() > 1).collect();
+    }
+    pair
+}
+
+fn brief(d: &Delivery) -> String {
+    format!(
+        "[id {}{}, qos {}, cycle {}]",
+        d.packet_id,
+        if d.dup { " DUP" } else { "" },
+        d.qos,
+        d.cycle
+    )
+}
+
+/// First and last few of a sorted list of numbers.
+fn numbers(ns: &[u64]) -> String {
+    if ns.len() <= 2 * EXAMPLES {
+        return format!("{ns:?}");
+    }
+    format!("{:?} ... {:?}", &ns[..EXAMPLES], &ns[ns.len() - EXAMPLES..])
+}
+
+fn duplicates(out: &mut String, publ: &str, duplicated: &BTreeMap<u64, Vec<Delivery>>) {
+    for (n, ds) in duplicated.iter().take(EXAMPLES) {
+        let copies: Vec<String> = ds.iter().map(brief).collect();
+        let _ = writeln!(out, "    {publ}:{n} x{}: {}", ds.len(), copies.join(" "));
+    }
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.pairs.values().all(Pair::ok) && self.pubrel_order.is_empty()
+    }
+
+    /// The headline: lost, duplicated (the broker's and the client's), reordered, PUBRELs
+    /// out of order.
+    pub fn totals(&self) -> String {
+        let sum = |f: fn(&Pair) -> usize| self.pairs.values().map(f).sum::<usize>();
+        format!(
+            "lost {}, duplicated QoS 2 copies {} (and {} after a client re-sent PUBLISH after \
+             PUBREL), reordered first deliveries {}, PUBRELs out of PUBREC order {}",
+            sum(|p| p.lost.len()),
+            sum(|p| copies(&p.duplicated)),
+            sum(|p| copies(&p.duplicated_by_client)),
+            sum(|p| p.reordered.len()),
+            self.pubrel_order.values().map(Vec::len).sum::<usize>()
+        )
+    }
+
+    /// One line per pair, then the findings with examples.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for ((sub, publ), p) in &self.pairs {
+            let _ = writeln!(
+                out,
+                "  {sub:<11} <- {publ:<10} acked {:>6}, delivered {:>6} ({:>6} distinct): lost {}, \
+                 duplicated {} (+{} copies; client-caused +{}), reordered {}",
+                p.acked,
+                p.delivered,
+                p.distinct,
+                p.lost.len(),
+                p.duplicated.len(),
+                copies(&p.duplicated),
+                copies(&p.duplicated_by_client),
+                p.reordered.len()
+            );
+        }
+        for ((sub, publ), p) in &self.pairs {
+            self.describe_pair(&mut out, sub, publ, p);
+        }
+        for (sub, bad) in &self.pubrel_order {
+            let _ = writeln!(
+                out,
+                "PUBREL ORDER (MQTT-4.6.0-4): {sub} got {} PUBRELs out of the order of its \
+                 PUBRECs, e.g.:",
+                bad.len()
+            );
+            for what in bad.iter().take(EXAMPLES) {
+                let _ = writeln!(out, "    {what}");
+            }
+        }
+        out
+    }
+
+    fn describe_pair(&self, out: &mut String, sub: &str, publ: &str, p: &Pair) {
+        if !p.lost.is_empty() {
+            let _ = writeln!(
+                out,
+                "LOST: {sub} never got {} acknowledged messages of {publ}: {}",
+                p.lost.len(),
+                numbers(&p.lost)
+            );
+        }
+        if !p.duplicated.is_empty() {
+            let _ = writeln!(
+                out,
+                "DUPLICATED (QoS 2): {sub} got {} messages of {publ} more than once (+{} \
+                 copies), e.g.:",
+                p.duplicated.len(),
+                copies(&p.duplicated)
+            );
+            duplicates(out, publ, &p.duplicated);
+        }
+        if !p.duplicated_by_client.is_empty() {
+            let _ = writeln!(
+                out,
+                "CLIENT-CAUSED DUPLICATES (not a broker failure): {sub} got {} messages of \
+                 {publ} more than once that {publ} published again after sending their PUBREL \
+                 (MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5)), e.g.:",
+                p.duplicated_by_client.len()
+            );
+            duplicates(out, publ, &p.duplicated_by_client);
+        }
+        if !p.reordered.is_empty() {
+            let _ = writeln!(
+                out,
+                "REORDERED: {sub} got {} messages of {publ} for the first time after a later \
+                 one, e.g.:",
+                p.reordered.len()
+            );
+            for (d, after) in p.reordered.iter().take(EXAMPLES) {
+                let _ = writeln!(out, "    {publ}:{} {} after {publ}:{after}", d.n, brief(d));
+            }
+        }
+    }
+}
