@@ -21,6 +21,11 @@ MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5); a receiver that processed the PUBREL m
 a new message (MQTT-4.3.3-2 (3.1.1) / MQTT-4.3.3-10..12 (v5)). The script watches paho's log
 for this and reports it, so the checker can tell such duplicates from the broker's.
 
+A second paho bug: PUBLISHes of messages published between a reconnect attempt and its
+CONNACK go out before the CONNACK's resends of older ones (MQTT-4.6.0-1). This script publishes
+only once connected, so it should not happen here; if a PUBLISH still leaves after a later
+message's on one connection, it is reported too, so that the broker is not blamed for the order.
+
 Why paho: its subscriber hands a QoS 2 message to the application at PUBREL (the spec's
 Method A, MQTT 3.1.1 Figure 4.3), so the order of the broker's PUBRELs is the order of
 delivery; and its publisher resends exactly what a crash leaves in flight. Both reproduced
@@ -40,7 +45,8 @@ Events on stdout, one JSON object per line (flushed):
   {"ev":"rec","n":N,"qos":2}                   (pub, PUBREC for message N)
   {"ev":"ack","n":N,"qos":Q}                   (pub, PUBACK / PUBCOMP for message N)
   {"ev":"done","qos":Q}                        (pub, finished with nothing in flight)
-  {"ev":"resent_after_pubrel","n":N,"mid":M,"dup":D}  (pub, the paho bug above)
+  {"ev":"resent_after_pubrel","n":N,"mid":M,"dup":D}  (pub, the first paho bug above)
+  {"ev":"sent_out_of_order","n":N,"after":M}   (pub, the second: N went out after M > N)
   {"ev":"error","what":..}
 Payloads are "CLIENT_ID:N".
 """
@@ -68,6 +74,7 @@ QUEUED_BEHIND_WINDOW = 16
 PUBREC_LOG = re.compile(r"Received PUBREC \(Mid: (\d+)\)")
 PUBREL_SENT_LOG = re.compile(r"Sending PUBREL \(Mid: (\d+)\)")
 PUBLISH_SENT_LOG = re.compile(r"Sending PUBLISH \(d(\d), q\d, r\d, m(\d+)\)")
+CONNECT_SENT_LOG = re.compile(r"Sending CONNECT ")
 
 
 def emit(**event):
@@ -118,6 +125,8 @@ class Client:
         self.limit = 0
         self.finishing = False
         self.pubrel_sent = set()  # mids whose PUBREL paho has sent (PUBCOMP not yet received)
+        self.highest_sent = -1  # highest message number PUBLISHed on this connection
+        self.publishing = None  # the number inside publish(): paho logs before returning the mid
         self.done = False
         self.next = 0
         self.by_mid = {}  # mid -> n, published and not completed
@@ -170,10 +179,20 @@ class Client:
         if m:
             self.pubrel_sent.add(int(m.group(1)))
             return
+        if CONNECT_SENT_LOG.match(buf):
+            self.highest_sent = -1
+            return
         m = PUBLISH_SENT_LOG.match(buf)
-        if m and int(m.group(2)) in self.pubrel_sent:
-            mid = int(m.group(2))
-            emit(ev="resent_after_pubrel", n=self.by_mid.get(mid), mid=mid, dup=m.group(1) == "1")
+        if not m:
+            return
+        mid = int(m.group(2))
+        n = self.by_mid.get(mid, self.publishing)
+        if mid in self.pubrel_sent:
+            emit(ev="resent_after_pubrel", n=n, mid=mid, dup=m.group(1) == "1")
+        if n is not None:
+            if n < self.highest_sent:
+                emit(ev="sent_out_of_order", n=n, after=self.highest_sent)
+            self.highest_sent = max(self.highest_sent, n)
 
     # --- the loop -------------------------------------------------------------------------
     def dial(self):
@@ -203,7 +222,9 @@ class Client:
             return
         while self.next < self.limit and len(self.by_mid) < self.window + QUEUED_BEHIND_WINDOW:
             n = self.next
+            self.publishing = n
             info = self.c.publish(self.topic, f"{self.client_id}:{n}", qos=self.qos)
+            self.publishing = None
             self.by_mid[info.mid] = n
             self.next += 1
 

@@ -490,9 +490,9 @@ async fn qos2_exactly_once_and_in_order_across_sigkill() {
         report.totals(),
         report.describe()
     );
-    eprintln!("{summary}");
     assert!(
         report.ok() && others_ok,
         "exactly once and in order under crash failed:\n{summary}"
     );
+    eprintln!("{summary}");
 }

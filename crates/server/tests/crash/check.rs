@@ -8,7 +8,9 @@
 //!   MQTT-4.3.3-10..12 (v5)). Those are reported apart and do not fail the test;
 //! - reordered: a first delivery with a lower number than an earlier first delivery from the
 //!   same publisher (one topic per publisher, an Ordered Topic: MQTT-4.6.0-5 / -6), which at a
-//!   subscriber that delivers at PUBREL also catches PUBRELs out of order (MQTT-4.6.0-4);
+//!   subscriber that delivers at PUBREL also catches PUBRELs out of order (MQTT-4.6.0-4).
+//!   A message its publisher itself sent after a later one on the same connection (paho's
+//!   resend order, MQTT-4.6.0-1) is the client's doing, reported apart;
 //! - and, seen directly by the raw subscribers, PUBRELs out of the order of their PUBRECs
 //!   (MQTT-4.6.0-4).
 
@@ -33,6 +35,8 @@ pub struct Pair {
     pub duplicated_by_client: BTreeMap<u64, Vec<Delivery>>,
     /// (number delivered first time, highest number delivered first time before it).
     pub reordered: Vec<(Delivery, u64)>,
+    /// As `reordered`, for numbers the publisher sent after a higher one.
+    pub reordered_by_client: Vec<(Delivery, u64)>,
 }
 
 impl Pair {
@@ -72,6 +76,13 @@ pub fn check(record: &Record) -> Report {
                     .partition(|(n, _)| resent.contains(n));
                 pair.duplicated = rest;
                 pair.duplicated_by_client = by_client;
+            }
+            if let Some(late) = record.sent_out_of_order.get(publisher) {
+                let (by_client, rest) = std::mem::take(&mut pair.reordered)
+                    .into_iter()
+                    .partition(|(d, _)| late.contains(&d.n));
+                pair.reordered = rest;
+                pair.reordered_by_client = by_client;
             }
             pairs.insert((subscriber.clone(), publisher.clone()), pair);
         }
@@ -145,11 +156,13 @@ impl Report {
         let sum = |f: fn(&Pair) -> usize| self.pairs.values().map(f).sum::<usize>();
         format!(
             "lost {}, duplicated QoS 2 copies {} (and {} after a client re-sent PUBLISH after \
-             PUBREL), reordered first deliveries {}, PUBRELs out of PUBREC order {}",
+             PUBREL), reordered first deliveries {} (and {} a client sent out of order), \
+             PUBRELs out of PUBREC order {}",
             sum(|p| p.lost.len()),
             sum(|p| copies(&p.duplicated)),
             sum(|p| copies(&p.duplicated_by_client)),
             sum(|p| p.reordered.len()),
+            sum(|p| p.reordered_by_client.len()),
             self.pubrel_order.values().map(Vec::len).sum::<usize>()
         )
     }
@@ -161,7 +174,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "  {sub:<11} <- {publ:<10} acked {:>6}, delivered {:>6} ({:>6} distinct): lost {}, \
-                 duplicated {} (+{} copies; client-caused +{}), reordered {}",
+                 duplicated {} (+{} copies; client-caused +{}), reordered {} (client-caused {})",
                 p.acked,
                 p.delivered,
                 p.distinct,
@@ -169,7 +182,8 @@ impl Report {
                 p.duplicated.len(),
                 copies(&p.duplicated),
                 copies(&p.duplicated_by_client),
-                p.reordered.len()
+                p.reordered.len(),
+                p.reordered_by_client.len()
             );
         }
         for ((sub, publ), p) in &self.pairs {
@@ -217,6 +231,17 @@ impl Report {
                 p.duplicated_by_client.len()
             );
             duplicates(out, publ, &p.duplicated_by_client);
+        }
+        if !p.reordered_by_client.is_empty() {
+            let _ = writeln!(
+                out,
+                "CLIENT-CAUSED ORDER (not a broker failure): {sub} got {} messages of {publ} \
+                 late that {publ} itself sent after a later one (MQTT-4.6.0-1), e.g.:",
+                p.reordered_by_client.len()
+            );
+            for (d, after) in p.reordered_by_client.iter().take(EXAMPLES) {
+                let _ = writeln!(out, "    {publ}:{} {} after {publ}:{after}", d.n, brief(d));
+            }
         }
         if !p.reordered.is_empty() {
             let _ = writeln!(

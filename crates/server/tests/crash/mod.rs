@@ -49,6 +49,9 @@ pub struct Record {
     /// Publisher → numbers it re-sent as a PUBLISH after sending their PUBREL (a client
     /// violation of MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5): paho after a failed reconnect).
     pub resent_after_pubrel: BTreeMap<String, BTreeSet<u64>>,
+    /// Publisher → numbers whose PUBLISH left after a higher number's on the same connection
+    /// (a client violation of MQTT-4.6.0-1: paho after a reconnect).
+    pub sent_out_of_order: BTreeMap<String, BTreeSet<u64>>,
     /// Subscriber → PUBRELs that arrived out of the order of its PUBRECs (MQTT-4.6.0-4),
     /// described.
     pub pubrel_order: BTreeMap<String, Vec<String>>,
@@ -128,6 +131,14 @@ impl Shared {
     pub fn resent_after_pubrel(&self, publisher: &str, n: u64) {
         self.lock()
             .resent_after_pubrel
+            .entry(publisher.to_string())
+            .or_default()
+            .insert(n);
+    }
+
+    pub fn sent_out_of_order(&self, publisher: &str, n: u64) {
+        self.lock()
+            .sent_out_of_order
             .entry(publisher.to_string())
             .or_default()
             .insert(n);

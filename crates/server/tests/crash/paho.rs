@@ -187,6 +187,10 @@ fn read_events(name: &str, stdout: std::process::ChildStdout, shared: &Shared) {
                     format!("PUBLISH after PUBREL, unknown number: {line}"),
                 ),
             },
+            Some("sent_out_of_order") => match int("n") {
+                Some(n) => shared.sent_out_of_order(name, n),
+                None => shared.error(name, format!("resend order, unknown number: {line}")),
+            },
             Some("done") => {
                 let qos = int("qos").unwrap_or(0) as u8;
                 shared.set_done(name, qos);
