@@ -12,7 +12,8 @@
 //!   A message its publisher itself sent after a later one on the same connection (paho's
 //!   resend order, MQTT-4.6.0-1) is the client's doing, reported apart;
 //! - and, seen directly by the raw subscribers, PUBRELs out of the order of their PUBRECs
-//!   (MQTT-4.6.0-4).
+//!   (MQTT-4.6.0-4) and a QoS 2 PUBLISH sent again after its PUBREL (MQTT-4.3.3-1 (3.1.1) /
+//!   MQTT-4.3.3-6 (v5), with the broker as the sender).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -54,6 +55,8 @@ pub struct Report {
     pub pairs: BTreeMap<(String, String), Pair>,
     /// Subscriber → PUBRELs out of PUBREC order (MQTT-4.6.0-4).
     pub pubrel_order: BTreeMap<String, Vec<String>>,
+    /// Subscriber → PUBLISHes the broker re-sent after their PUBREL.
+    pub resent_by_broker: BTreeMap<String, Vec<String>>,
 }
 
 pub fn check(record: &Record) -> Report {
@@ -90,7 +93,28 @@ pub fn check(record: &Record) -> Report {
     Report {
         pairs,
         pubrel_order: record.pubrel_order.clone(),
+        resent_by_broker: resent_by_broker(record),
     }
+}
+
+/// The broker's re-sends after PUBREL, without messages their publisher published twice
+/// (the second copy is a new message, and may get the same packet id).
+fn resent_by_broker(record: &Record) -> BTreeMap<String, Vec<String>> {
+    let by_client = |payload: &str| {
+        super::parse_payload(payload.as_bytes()).is_some_and(|(publ, n)| {
+            (record.resent_after_pubrel.get(&publ)).is_some_and(|r| r.contains(&n))
+        })
+    };
+    (record.resent_by_broker.iter())
+        .map(|(sub, all)| {
+            let bad = all.iter().filter(|(p, _)| !by_client(p));
+            (
+                sub.clone(),
+                bad.map(|(_, what)| what.clone()).collect::<Vec<_>>(),
+            )
+        })
+        .filter(|(_, bad)| !bad.is_empty())
+        .collect()
 }
 
 fn check_pair(deliveries: &[&Delivery], acked: &BTreeSet<u64>, qos: u8) -> Pair {
@@ -147,7 +171,9 @@ fn duplicates(out: &mut String, publ: &str, duplicated: &BTreeMap<u64, Vec<Deliv
 
 impl Report {
     pub fn ok(&self) -> bool {
-        self.pairs.values().all(Pair::ok) && self.pubrel_order.is_empty()
+        self.pairs.values().all(Pair::ok)
+            && self.pubrel_order.is_empty()
+            && self.resent_by_broker.is_empty()
     }
 
     /// The headline: lost, duplicated (the broker's and the client's), reordered, PUBRELs
@@ -157,13 +183,14 @@ impl Report {
         format!(
             "lost {}, duplicated QoS 2 copies {} (and {} after a client re-sent PUBLISH after \
              PUBREL), reordered first deliveries {} (and {} a client sent out of order), \
-             PUBRELs out of PUBREC order {}",
+             PUBRELs out of PUBREC order {}, PUBLISH re-sent by the broker after PUBREL {}",
             sum(|p| p.lost.len()),
             sum(|p| copies(&p.duplicated)),
             sum(|p| copies(&p.duplicated_by_client)),
             sum(|p| p.reordered.len()),
             sum(|p| p.reordered_by_client.len()),
-            self.pubrel_order.values().map(Vec::len).sum::<usize>()
+            self.pubrel_order.values().map(Vec::len).sum::<usize>(),
+            self.resent_by_broker.values().map(Vec::len).sum::<usize>()
         )
     }
 
@@ -188,6 +215,17 @@ impl Report {
         }
         for ((sub, publ), p) in &self.pairs {
             self.describe_pair(&mut out, sub, publ, p);
+        }
+        for (sub, bad) in &self.resent_by_broker {
+            let _ = writeln!(
+                out,
+                "BROKER RE-SENT PUBLISH AFTER PUBREL (MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5)): \
+                 {sub} got {} QoS 2 messages again under a packet id it had released, e.g.:",
+                bad.len()
+            );
+            for what in bad.iter().take(EXAMPLES) {
+                let _ = writeln!(out, "    {what}");
+            }
         }
         for (sub, bad) in &self.pubrel_order {
             let _ = writeln!(

@@ -55,6 +55,10 @@ pub struct Record {
     /// Subscriber → PUBRELs that arrived out of the order of its PUBRECs (MQTT-4.6.0-4),
     /// described.
     pub pubrel_order: BTreeMap<String, Vec<String>>,
+    /// Subscriber → QoS 2 messages the broker sent again under a packet id after sending its
+    /// PUBREL (MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5), the server as sender): (payload,
+    /// description).
+    pub resent_by_broker: BTreeMap<String, Vec<(String, String)>>,
     /// Client → CONNACKs with Session Present 0 after its first connection (a lost session).
     pub sessions_lost: BTreeMap<String, u32>,
     /// Subscribers whose SUBACK arrived.
@@ -142,6 +146,14 @@ impl Shared {
             .entry(publisher.to_string())
             .or_default()
             .insert(n);
+    }
+
+    pub fn resent_by_broker(&self, subscriber: &str, payload: &str, what: String) {
+        self.lock()
+            .resent_by_broker
+            .entry(subscriber.to_string())
+            .or_default()
+            .push((payload.to_string(), what));
     }
 
     pub fn pubrel_out_of_order(&self, subscriber: &str, what: String) {

@@ -4,7 +4,7 @@
 //! PUBLISH of it). Each `run` lasts one broker life: it returns when the connection dies (the
 //! broker was killed) or the harness says stop, and keeps its session state for the next run.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -300,8 +300,11 @@ pub struct RawSubscriber {
     pub name: String,
     protocol: Protocol,
     filter: String,
-    /// QoS 2 packet ids delivered and not yet released.
-    received: HashSet<u16>,
+    /// QoS 2 packet ids delivered and not yet released, with their payloads.
+    received: HashMap<u16, Bytes>,
+    /// Packet ids released by a PUBREL, with the payload and the cycle: a PUBLISH of the same
+    /// message under the id afterwards is the broker re-sending after its PUBREL.
+    released: HashMap<u16, (Bytes, u32)>,
     connected_once: bool,
     pub notes: Vec<String>,
 }
@@ -312,7 +315,8 @@ impl RawSubscriber {
             name: name.into(),
             protocol,
             filter: filter.into(),
-            received: HashSet::new(),
+            received: HashMap::new(),
+            released: HashMap::new(),
             connected_once: false,
             notes: Vec::new(),
         }
@@ -357,6 +361,39 @@ impl RawSubscriber {
                 }
             }
         }
+    }
+
+    /// Method B: deliver unless the packet id is held (MQTT-4.3.3-2 (3.1.1) / -10 (v5) on our
+    /// side), then PUBREC. The same message under an id we already released means the broker
+    /// re-sent a PUBLISH after its PUBREL (MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5)).
+    fn on_qos2_publish(&mut self, p: Publish, ctl: &Ctl, watch: &mut Option<Watch>) -> Packet {
+        let id = p.packet_id;
+        let text = String::from_utf8_lossy(&p.payload).into_owned();
+        if !self.received.contains_key(&id) {
+            if let Some((payload, cycle)) = self.released.remove(&id) {
+                if payload == p.payload {
+                    let what = format!(
+                        "{text} (id {id}, DUP {}) again in cycle {}, after its PUBREL in cycle {cycle}",
+                        p.dup,
+                        ctl.shared.cycle()
+                    );
+                    ctl.shared.resent_by_broker(&self.name, &text, what);
+                }
+            }
+            ctl.shared.deliver(&self.name, &p.payload, 2, p.dup, id);
+            self.received.insert(id, p.payload.clone());
+        }
+        let what = format!("{} got {text} (id {id})", self.name);
+        if ctl.fire(
+            KillAt::SubPubRecBeforePubRel,
+            format!("PUBREC sent: {what}"),
+        ) {
+            *watch = Some(Watch {
+                packet_id: id,
+                what: format!("PUBREC for {what}"),
+            });
+        }
+        Packet::PubRec(ack(id))
     }
 
     /// MQTT-4.6.0-4: the broker sends PUBRELs in the order of our PUBRECs. Checked per
@@ -416,33 +453,15 @@ impl RawSubscriber {
                         shared.deliver(&self.name, &p.payload, 1, p.dup, p.packet_id);
                         Some(Packet::PubAck(ack(p.packet_id)))
                     }
-                    QoS::ExactlyOnce => {
-                        // MQTT-4.3.3-9/10 on our side: a held packet id is a resend.
-                        if self.received.insert(p.packet_id) {
-                            shared.deliver(&self.name, &p.payload, 2, p.dup, p.packet_id);
-                        }
-                        let what = format!(
-                            "{} got {} (id {})",
-                            self.name,
-                            String::from_utf8_lossy(&p.payload),
-                            p.packet_id
-                        );
-                        if ctl.fire(
-                            KillAt::SubPubRecBeforePubRel,
-                            format!("PUBREC sent: {what}"),
-                        ) {
-                            *watch = Some(Watch {
-                                packet_id: p.packet_id,
-                                what: format!("PUBREC for {what}"),
-                            });
-                        }
-                        Some(Packet::PubRec(ack(p.packet_id)))
-                    }
+                    QoS::ExactlyOnce => Some(self.on_qos2_publish(p, ctl, watch)),
                 }
             }
             Packet::PubRel(a) => {
                 watched(watch, a.packet_id, &mut self.notes, "PUBREL");
-                self.received.remove(&a.packet_id);
+                if let Some(payload) = self.received.remove(&a.packet_id) {
+                    let cycle = ctl.shared.cycle();
+                    self.released.insert(a.packet_id, (payload, cycle));
+                }
                 let what = format!(
                     "{} got PUBREL (id {}), PUBCOMP held",
                     self.name, a.packet_id
