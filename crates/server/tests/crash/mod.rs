@@ -21,7 +21,8 @@ pub struct Delivery {
     pub qos: u8,
     pub dup: bool,
     pub packet_id: u16,
-    /// The kill/restart cycle it arrived in (0 = before the first kill).
+    /// The kill/restart cycle it arrived in (0 = before the first kill). For a paho client,
+    /// the cycle its event was read in, which can lag a little.
     pub cycle: u32,
 }
 

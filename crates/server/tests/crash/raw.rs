@@ -258,7 +258,7 @@ impl RawPublisher {
                 if let Some(entry) = self.inflight.get_mut(&number) {
                     entry.1 = true;
                 }
-                let what = format!("{} {}:{number} (id {})", self.name, self.name, a.packet_id);
+                let what = format!("{}:{number} (id {})", self.name, a.packet_id);
                 if ctl.fire(
                     KillAt::PubRecBeforePubRel,
                     format!("PUBREC for {what}, PUBREL held"),
