@@ -111,7 +111,8 @@ class Client:
         if not self.v5:
             kwargs["clean_session"] = False
         self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, **kwargs)
-        # The publisher: 256 QoS 2 in flight; unlimited queue behind them.
+        # The publisher: 256 QoS 2 in flight. paho's own queue is unbounded (0);
+        # publish_more() decides how much it is handed.
         self.c.max_inflight_messages_set(max(window, 20))
         self.c.max_queued_messages_set(0)
         self.c.on_connect = self.on_connect
