@@ -6,7 +6,8 @@
 # Usage: scripts/interop/run.sh [PATH_TO_TERN_BINARY]
 #   Without an argument the binary is built with `cargo build -p tern` (honours
 #   CARGO_TARGET_DIR). Installs mosquitto-clients with apt-get when `mosquitto_pub` is missing
-#   and creates the venv at $TERN_INTEROP_VENV (default: <repo>/.venv/interop, gitignored).
+#   and has scripts/pydeps.sh create the venv at $TERN_INTEROP_VENV (default:
+#   <repo>/.venv/interop, gitignored) with paho-mqtt 2.x.
 # Prints one PASS/FAIL line per check and `N passed, M failed`; exits non-zero on any failure.
 # Every wait is bounded (`timeout`); the broker is killed on exit.
 set -euo pipefail
@@ -29,14 +30,8 @@ if ! command -v mosquitto_pub >/dev/null || ! command -v mosquitto_sub >/dev/nul
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto-clients >/dev/null
 fi
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "creating venv $VENV"
-  python3 -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c 'import paho.mqtt, sys; sys.exit(0 if paho.mqtt.__version__.startswith("2.") else 1)' 2>/dev/null; then
-  echo "installing paho-mqtt 2.x"
-  timeout 300 "$VENV/bin/pip" install -q --disable-pip-version-check 'paho-mqtt>=2,<3'
-fi
+# The venv with paho-mqtt 2.x (shared with the crash test): scripts/pydeps.sh creates it.
+PY="$(TERN_INTEROP_VENV="$VENV" bash "$ROOT/scripts/pydeps.sh" | tail -1)"
 
 # --- broker ------------------------------------------------------------------------------
 BIN="${1:-}"
@@ -218,7 +213,7 @@ fi
 
 # --- paho-mqtt -----------------------------------------------------------------------------
 paho_out="$WORK/paho"
-timeout 180 "$VENV/bin/python" "$HERE/paho_check.py" "$HOST" "$PORT" >"$paho_out" 2>&1 || true
+timeout 180 "$PY" "$HERE/paho_check.py" "$HOST" "$PORT" >"$paho_out" 2>&1 || true
 cat "$paho_out"
 p_pass="$(grep -c '^PASS ' "$paho_out" || true)"
 p_fail="$(grep -c '^FAIL ' "$paho_out" || true)"

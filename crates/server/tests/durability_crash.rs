@@ -4,6 +4,8 @@
 //! and a persistent QoS 2 subscriber (5.0, session expiry). Every message whose PUBACK / PUBREC
 //! the publisher received must be delivered: at least once at QoS 1, exactly once at QoS 2,
 //! in each publisher's order. The retained message and the subscriptions survive too.
+//! Its raw subscribers deliver QoS 2 at the first PUBLISH, so they cannot see PUBRELs out of
+//! order; `crash_exactly_once.rs` adds paho clients and kill points (issue 10).
 
 mod common;
 

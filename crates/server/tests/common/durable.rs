@@ -22,6 +22,8 @@ pub struct Conn {
     stream: TcpStream,
     buf: BytesMut,
     protocol: Protocol,
+    /// The CONNACK's Session Present flag.
+    pub session_present: bool,
 }
 
 fn ack(packet_id: u16) -> Ack {
@@ -44,12 +46,16 @@ impl Conn {
             stream,
             buf: BytesMut::with_capacity(64 * 1024),
             protocol: connect.protocol,
+            session_present: false,
         };
         if !c.send(&Packet::Connect(Box::new(connect))).await {
             return None;
         }
         match c.recv(Duration::from_secs(5)).await {
-            Ok(Some(Packet::ConnAck(ca))) if ca.reason == ReasonCode::SUCCESS => Some(c),
+            Ok(Some(Packet::ConnAck(ca))) if ca.reason == ReasonCode::SUCCESS => {
+                c.session_present = ca.session_present;
+                Some(c)
+            }
             _ => None,
         }
     }
@@ -80,7 +86,7 @@ impl Conn {
     }
 }
 
-fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
+pub fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
     let mut c = connect_packet(protocol, client_id, false, 0);
     if protocol.is_v5() {
         c.properties.session_expiry_interval_s = Some(u32::MAX);
