@@ -32,6 +32,33 @@ use crate::shared::{Shared, lock};
 use crate::state::{Block, State, block_file_name};
 use crate::vfs::{VFile, path_in};
 
+/// Defects the simulator's sensitivity tests ask the store to have (see `crate::sim::Bugs`).
+/// Without the `sim` feature every switch is a constant `false`.
+#[derive(Clone, Copy, Default)]
+struct Injected {
+    ack_before_fsync: bool,
+    skip_sync_on_roll: bool,
+    skip_dir_sync_on_roll: bool,
+}
+
+impl Injected {
+    #[cfg(feature = "sim")]
+    fn of(sh: &Shared) -> Injected {
+        let b = sh.vfs.injected_bugs();
+        Injected {
+            ack_before_fsync: b.ack_before_fsync,
+            skip_sync_on_roll: b.skip_sync_on_roll,
+            skip_dir_sync_on_roll: b.skip_dir_sync_on_roll,
+        }
+    }
+
+    #[cfg(not(feature = "sim"))]
+    #[inline(always)]
+    fn of(_: &Shared) -> Injected {
+        Injected::default()
+    }
+}
+
 /// Blocks one automatic compaction rewrites at most (bounds the pause it causes).
 const AUTO_COMPACT_BLOCKS: usize = 4;
 /// Most ranges in one delete marker record (16 bytes each).
@@ -674,7 +701,8 @@ impl Writer {
             )
         };
         sh.counters.rolls.fetch_add(1, Ordering::Relaxed);
-        if sh.config.sync != SyncPolicy::Never && self.file_dirty {
+        let bugs = Injected::of(&sh);
+        if sh.config.sync != SyncPolicy::Never && self.file_dirty && !bugs.skip_sync_on_roll {
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
             self.active_file
                 .sync_data()
@@ -692,9 +720,11 @@ impl Writer {
             .map_err(|e| StoreError::io("create block", &path, &e))?;
         file.write_all_at(&encode_block_header(base_seq), 0)
             .map_err(|e| StoreError::io("write block header", &path, &e))?;
-        sh.vfs
-            .sync_dir(&sh.dir)
-            .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+        if !bugs.skip_dir_sync_on_roll {
+            sh.vfs
+                .sync_dir(&sh.dir)
+                .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+        }
         let mut st = lock(&sh.state);
         st.blocks.push_back(Block::new(
             base_seq,
@@ -738,6 +768,11 @@ impl Writer {
             SyncPolicy::Never => false,
         };
         if sync_now && self.file_dirty {
+            if Injected::of(&sh).ack_before_fsync {
+                // The injected bug: tickets complete before their data is durable.
+                lock(&sh.state).visible_seq = self.written_seq;
+                sh.publish_durable(self.written_seq);
+            }
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
             self.active_file
                 .sync_data()
@@ -762,6 +797,7 @@ impl Writer {
             }
         }
         sh.publish_durable(self.synced_seq);
+        sh.written_seq.fetch_max(self.written_seq, Ordering::SeqCst);
         for (tx, removed) in self.replies.drain(..) {
             let _ = tx.try_send(Ok(removed));
         }
