@@ -367,9 +367,10 @@ pub(crate) fn open_dir(
         let header_ok = matches!(header, Ok(b) if b == base);
         if !header_ok {
             if is_active && file_len <= BLOCK_HEADER_LEN as u64 {
-                // Torn while being created: nothing in it was ever acknowledged. A roll does
-                // not sync the new header (the first commit's sync covers it), so after a
-                // crash its bytes may read back as zeros although the length is whole.
+                // Torn while being created: nothing in it was ever acknowledged. A crash
+                // between a roll's header write and its sync may leave the length whole
+                // and the bytes zeros. (Past the header no record is written before that
+                // sync, so a longer file with a bad header is damage.)
                 file.set_len(0)
                     .map_err(|e| StoreError::io("truncate", &path, &e))?;
                 file.write_all_at(&encode_block_header(base), 0)

@@ -10,6 +10,8 @@
 //! # Invariants
 //! - Records reach the file in sequence order; a batch never spans two blocks.
 //! - The old block is synced before its successor's file is created (unless `Never`).
+//! - A new block's header is durable (file and directory entry) before any record is
+//!   written to it, so a bad header is damage, never a torn creation.
 //! - Deletions are applied in memory in the same turn as the delete marker that makes them
 //!   durable is written, and removal replies are sent only after that marker is synced.
 //! - After any write or sync error nothing more is written; `Shared::failed` is set.
@@ -687,7 +689,10 @@ impl Writer {
     /// Seals the active block and starts a new one whose first sequence is `base_seq`.
     /// Runs after a commit and without the state lock, except for two short sections.
     /// The old block is synced before the new file exists, so a newer block is never
-    /// found behind a torn one after a crash (unless the policy is `Never`).
+    /// found behind a torn one after a crash (unless the policy is `Never`). The new block's
+    /// header is synced before its first record is written (under every policy: one small
+    /// sync per block): otherwise write-back may persist records of the new block without
+    /// its first page, and recovery would quarantine a block whose header reads as zeros.
     fn roll(&mut self, base_seq: u64) -> Result<()> {
         let sh = self.sh.clone();
         let (old_path, ix, ix_path) = {
@@ -720,6 +725,9 @@ impl Writer {
             .map_err(|e| StoreError::io("create block", &path, &e))?;
         file.write_all_at(&encode_block_header(base_seq), 0)
             .map_err(|e| StoreError::io("write block header", &path, &e))?;
+        sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        file.sync_data()
+            .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
         if !bugs.skip_dir_sync_on_roll {
             sh.vfs
                 .sync_dir(&sh.dir)
@@ -734,7 +742,7 @@ impl Writer {
         ));
         self.active_file = file;
         self.active_len = BLOCK_HEADER_LEN as u64;
-        self.file_dirty = true;
+        self.file_dirty = false;
         let n = st.blocks.len();
         st.evict(n - 1);
         Ok(())
