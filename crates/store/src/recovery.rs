@@ -437,7 +437,8 @@ pub(crate) fn open_dir(
             ));
         }
         // A damaged tail is a torn write in the active block, and in any block of a stream
-        // that never syncs (its blocks are sealed without a sync); elsewhere it is corruption.
+        // that never syncs (blocks written before sealing synced them); elsewhere it is
+        // corruption.
         let tail_may_tear = is_active || config.sync == SyncPolicy::Never;
         if tail_may_tear {
             if let Some((off, what)) = &sc.damage {

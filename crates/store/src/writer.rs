@@ -9,7 +9,9 @@
 //!
 //! # Invariants
 //! - Records reach the file in sequence order; a batch never spans two blocks.
-//! - The old block is synced before its successor's file is created (unless `Never`).
+//! - The old block is synced before its successor's file is created, under every policy
+//!   (`Never` included: one sync per block), so sealed blocks are durable before their index
+//!   is written and a power loss can only cost the active block's unsynced tail.
 //! - A new block's header is durable (file and directory entry) before any record is
 //!   written to it, so a bad header is damage, never a torn creation.
 //! - Deletions are applied in memory in the same turn as the delete marker that makes them
@@ -689,7 +691,10 @@ impl Writer {
     /// Seals the active block and starts a new one whose first sequence is `base_seq`.
     /// Runs after a commit and without the state lock, except for two short sections.
     /// The old block is synced before the new file exists, so a newer block is never
-    /// found behind a torn one after a crash (unless the policy is `Never`). The new block's
+    /// found behind a torn one after a crash, and a sealed block is durable before its index
+    /// (under `Never` too: otherwise write-back may persist an index and a block length
+    /// whose data never reached the disk, and the first read would quarantine the whole
+    /// block, records that had long been durable included). The new block's
     /// header is synced before its first record is written (under every policy: one small
     /// sync per block): otherwise write-back may persist records of the new block without
     /// its first page, and recovery would quarantine a block whose header reads as zeros.
@@ -707,7 +712,7 @@ impl Writer {
         };
         sh.counters.rolls.fetch_add(1, Ordering::Relaxed);
         let bugs = Injected::of(&sh);
-        if sh.config.sync != SyncPolicy::Never && self.file_dirty && !bugs.skip_sync_on_roll {
+        if self.file_dirty && !bugs.skip_sync_on_roll {
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
             self.active_file
                 .sync_data()
