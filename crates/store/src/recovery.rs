@@ -16,6 +16,8 @@
 //!   sequence stays above theirs.
 //! - Nothing read from a file moves the next sequence past [`MAX_SEQ`]: a record or marker
 //!   beyond it is damage, and an index that does not fit its block is rebuilt.
+//! - Before a stream is served, its active block and its directory are synced: recovery
+//!   builds only on durable state, whatever the previous process left in the page cache.
 
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
@@ -293,16 +295,24 @@ pub(crate) fn create_block(
     Ok((path, file))
 }
 
-/// Creates `dir` if needed; a new directory's entry is made durable in its parent.
+/// Creates `dir` if needed, and makes its entry durable in its parent: also when it exists,
+/// since a process that created it may have died before syncing the parent.
+/// A failure to sync the parent of a directory that already existed is only logged (its
+/// parent may be one we cannot open, e.g. above the store).
 pub(crate) fn ensure_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
-    if vfs.list_dir(dir).is_ok() {
-        return Ok(());
+    let existed = vfs.list_dir(dir).is_ok();
+    if !existed {
+        vfs.create_dir_all(dir)
+            .map_err(|e| StoreError::io("create directory", dir, &e))?;
     }
-    vfs.create_dir_all(dir)
-        .map_err(|e| StoreError::io("create directory", dir, &e))?;
     if let Some(parent) = dir.parent() {
-        vfs.sync_dir(parent)
-            .map_err(|e| StoreError::io("fsync directory", parent, &e))?;
+        match vfs.sync_dir(parent) {
+            Ok(()) => {}
+            Err(e) if existed => {
+                tracing::warn!(dir = %parent.display(), error = %e, "could not fsync directory");
+            }
+            Err(e) => return Err(StoreError::io("fsync directory", parent, &e)),
+        }
     }
     Ok(())
 }
@@ -528,19 +538,26 @@ pub(crate) fn open_dir(
     let n = state.blocks.len();
     state.evict(n.saturating_sub(1));
     let dead = state.take_dead_front();
-    if !dead.is_empty() {
-        for b in &dead {
-            let _ = vfs.remove_file(&b.path);
-            let _ = vfs.remove_file(&b.index_path());
-        }
-        vfs.sync_dir(dir)
-            .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
+    for b in &dead {
+        let _ = vfs.remove_file(&b.path);
+        let _ = vfs.remove_file(&b.index_path());
     }
-    state.visible_seq = next_seq - 1;
-    state.quarantined = report.quarantined.clone();
     let n = state.blocks.len();
     let active = &state.blocks[n - 1];
     let (active_file, active_len) = (active.file.clone(), active.len);
+    // What is served from now on, and what new records are appended to, must be durable,
+    // not merely in the page cache: the previous process may have died, or failed, after
+    // writing records or creating the active block without syncing them (and a reader
+    // must never see a record that a power loss can take back). One sync of the active
+    // block and one of the directory (the active block's name, removals above) per open.
+    let active_path = state.blocks[n - 1].path.clone();
+    active_file
+        .sync_data()
+        .map_err(|e| StoreError::io("fdatasync", &active_path, &e))?;
+    vfs.sync_dir(dir)
+        .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
+    state.visible_seq = next_seq - 1;
+    state.quarantined = report.quarantined.clone();
     Ok(Opened {
         reemit,
         state,

@@ -176,7 +176,8 @@ impl Writer {
             last_sync: Instant::now(),
             next_expiry,
             failed: false,
-            file_dirty: true,
+            // Recovery synced the active block.
+            file_dirty: false,
             compact_budget: 0,
             compact_replies: Vec::new(),
         }

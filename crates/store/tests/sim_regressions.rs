@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tern_store::sim::{SimConfig, SimDisk};
+use tern_store::sim::{FaultAction, OpKind, ScriptedFault, SimConfig, SimDisk};
 use tern_store::{FilterSet, Store, Stream, StreamConfig, SyncPolicy};
 
 const DISK_SEEDS: u64 = 48;
@@ -52,6 +52,10 @@ impl Env {
         let store = Store::open_with_vfs(&self.root, self.disk.vfs()).unwrap();
         let s = store.stream(name, c).unwrap();
         (store, s)
+    }
+
+    fn block(&self, name: &str, base: u64) -> String {
+        format!("streams/{name}/{base:020}.blk")
     }
 }
 
@@ -163,5 +167,47 @@ fn never_syncing_streams_do_not_lose_durable_records_in_a_later_power_loss() {
             .map(|r| (r.seq, r.payload.to_vec()))
             .collect();
         assert_eq!(got[..durable.len()], durable[..], "disk seed {seed}");
+    }
+}
+
+/// Seed 62. A roll failed writing the new block's header: the stream failed before the
+/// directory fsync that makes the block's name durable. Reopened in the same process
+/// (page cache intact), recovery took the half-created file for the active block and the
+/// store acknowledged records in it; a power loss then dropped the unsynced name, and the
+/// acknowledged records with it. Recovery now syncs the active block and its directory.
+#[test]
+fn records_acknowledged_after_reopening_a_failed_stream_survive_a_power_loss() {
+    for seed in 0..DISK_SEEDS {
+        let env = Env::new(seed, SimConfig::default());
+        env.disk.update_config(|c| {
+            c.faults.push(ScriptedFault {
+                op: OpKind::Write,
+                path_contains: env.block("s", 4),
+                nth: 1,
+                action: FaultAction::Eio,
+            })
+        });
+        let acked = {
+            let (_store, s) = env.open("s", cfg(SyncPolicy::Always));
+            for seq in 1..=3 {
+                s.append_at(seq, b"t", b"", &big(seq))
+                    .unwrap()
+                    .wait()
+                    .unwrap();
+            }
+            // Needs block 4: its header write fails.
+            assert!(s.append_at(4, b"t", b"", &big(4)).unwrap().wait().is_err());
+            drop(s);
+            let s = _store.stream("s", cfg(SyncPolicy::Always)).unwrap();
+            let mut acked = all(&s);
+            for seq in 5..=6 {
+                let t = s.append_at(seq, b"t", b"", b"small").unwrap();
+                acked.push((t.wait().unwrap(), b"small".to_vec()));
+            }
+            env.disk.power_loss();
+            acked
+        };
+        let (_store, s) = env.open("s", cfg(SyncPolicy::Always));
+        assert_eq!(all(&s)[..acked.len()], acked[..], "disk seed {seed}");
     }
 }
