@@ -10,8 +10,9 @@
 //! # Invariants
 //! - A rewrite goes to a temporary file that is fsynced, renamed over the block and made
 //!   durable with a directory fsync; a crash leaves either the old or the new block.
-//! - The new index is durable (or the old one gone) before the rename: no index outlives
-//!   the longer block it describes (recovery reads a block shorter than its index as lost data).
+//! - The new index is durable (or the old one gone) before the rename, names included (a
+//!   directory fsync): no index outlives the longer block it describes (recovery reads a
+//!   block shorter than its index as lost data).
 //! - The rewritten block keeps its base sequence, so sequences are never reused.
 
 use std::path::PathBuf;
@@ -179,9 +180,10 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
 }
 
 /// Puts the rewritten block's index in place of the old one before the block itself is
-/// replaced, and durably: an old index left beside the shorter new block would make
-/// recovery take the block for one that lost its tail. A crash in between leaves the old
-/// block with no index or a new one of another length, and the block is rescanned.
+/// replaced, and durably (data and names, hence the directory fsync): an old index left
+/// beside the shorter new block would make recovery take the block for one that lost its
+/// tail. A crash in between leaves the old block with no index or a new one of another
+/// length, and the block is rescanned.
 fn replace_index(sh: &Shared, nb: &Block) -> Result<()> {
     let path = nb.index_path();
     match sh.vfs.remove_file(&path) {
@@ -199,5 +201,8 @@ fn replace_index(sh: &Shared, nb: &Block) -> Result<()> {
         tracing::warn!(stream = %sh.name, error = %e, "could not write block index after compaction");
         let _ = sh.vfs.remove_file(&path);
     }
-    Ok(())
+    // Without this, the rename below may reach the disk before the old index's removal.
+    sh.vfs
+        .sync_dir(&sh.dir)
+        .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))
 }
