@@ -551,9 +551,14 @@ pub(crate) fn open_dir(
     // must never see a record that a power loss can take back). One sync of the active
     // block and one of the directory (the active block's name, removals above) per open.
     let active_path = state.blocks[n - 1].path.clone();
-    active_file
-        .sync_data()
-        .map_err(|e| StoreError::io("fdatasync", &active_path, &e))?;
+    if let Err(e) = active_file.sync_data() {
+        // On Linux the pages a failed fdatasync did not write are marked clean, and a retry
+        // would find nothing to sync: write them again so the next open's sync covers them.
+        if let Ok(raw) = vfs.read_file(&active_path) {
+            let _ = active_file.write_all_at(&raw, 0);
+        }
+        return Err(StoreError::io("fdatasync", &active_path, &e));
+    }
     vfs.sync_dir(dir)
         .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
     state.visible_seq = next_seq - 1;

@@ -16,7 +16,8 @@
 //!   written to it, so a bad header is damage, never a torn creation.
 //! - Deletions are applied in memory in the same turn as the delete marker that makes them
 //!   durable is written, and removal replies are sent only after that marker is synced.
-//! - After any write or sync error nothing more is written; `Shared::failed` is set.
+//! - After any write or sync error nothing more is written; `Shared::failed` is set, and the
+//!   active block is cut back to what is known durable (see `fail`).
 
 use std::collections::VecDeque;
 use std::ops::{Range, RangeInclusive};
@@ -102,6 +103,10 @@ pub(crate) struct Writer {
     sh: Arc<Shared>,
     active_file: Arc<dyn VFile>,
     active_len: u64,
+    /// Length of the active block as of its last successful sync.
+    synced_len: u64,
+    /// A sync of the active block failed: what it did not write may never reach the disk.
+    sync_failed: bool,
     /// Bytes of this turn still to write, in file order: either `staged_run`, a run of the
     /// inbox written straight from it (the common case: no copy), or `out`, never both.
     staged_run: Option<Range<usize>>,
@@ -162,6 +167,9 @@ impl Writer {
             reaper_thread,
             active_file,
             active_len,
+            // Recovery synced the active block.
+            synced_len: active_len,
+            sync_failed: false,
             staged_run: None,
             out: Vec::new(),
             inbox: Vec::new(),
@@ -356,6 +364,21 @@ impl Writer {
         self.failed = true;
         self.staged_run = None;
         self.out.clear();
+        // After a failed write or sync the page cache may show data that is not on disk and,
+        // after a failed fdatasync on Linux, never will be (the pages are marked clean, so
+        // no later sync writes them). A reopen would serve it and build on it. Cut the
+        // active block back to what is known durable: the cut records were never
+        // acknowledged, except under `Never`, which keeps what was written whole unless a
+        // sync failed (its records are then as good as lost in a power loss).
+        let keep = if self.sh.config.sync == SyncPolicy::Never && !self.sync_failed {
+            self.active_len
+        } else {
+            self.synced_len
+        };
+        if let Err(err) = self.active_file.set_len(keep) {
+            tracing::error!(stream = %self.sh.name, error = %err,
+                "could not cut the active block back to its durable length");
+        }
         self.sh.fail(e.to_string());
         for (tx, _) in self.replies.drain(..) {
             let _ = tx.try_send(Err(self.sh.failed_error()));
@@ -715,10 +738,12 @@ impl Writer {
         let bugs = Injected::of(&sh);
         if self.file_dirty && !bugs.skip_sync_on_roll {
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-            self.active_file
-                .sync_data()
-                .map_err(|e| StoreError::io("fdatasync", &old_path, &e))?;
+            if let Err(e) = self.active_file.sync_data() {
+                self.sync_failed = true;
+                return Err(StoreError::io("fdatasync", &old_path, &e));
+            }
             self.file_dirty = false;
+            self.synced_len = self.active_len;
         }
         if let Err(e) = sh.vfs.write_file(&ix_path, &ix) {
             // The index is a cache of the block; a missing one is rebuilt on open.
@@ -748,6 +773,7 @@ impl Writer {
         ));
         self.active_file = file;
         self.active_len = BLOCK_HEADER_LEN as u64;
+        self.synced_len = self.active_len;
         self.file_dirty = false;
         let n = st.blocks.len();
         st.evict(n - 1);
@@ -788,10 +814,12 @@ impl Writer {
                 sh.publish_durable(self.written_seq);
             }
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-            self.active_file
-                .sync_data()
-                .map_err(|e| StoreError::io("fdatasync", active_path(), &e))?;
+            if let Err(e) = self.active_file.sync_data() {
+                self.sync_failed = true;
+                return Err(StoreError::io("fdatasync", active_path(), &e));
+            }
             self.file_dirty = false;
+            self.synced_len = self.active_len;
             self.last_sync = Instant::now();
         }
         let all_durable = sync_now || sh.config.sync == SyncPolicy::Never;
