@@ -15,7 +15,9 @@
 //! - A new block's header is durable (file and directory entry) before any record is
 //!   written to it, so a bad header is damage, never a torn creation.
 //! - Deletions are applied in memory in the same turn as the delete marker that makes them
-//!   durable is written, and removal replies are sent only after that marker is synced.
+//!   durable is written, and removal replies are sent only after that marker is synced:
+//!   op replies go out only with a commit that made everything written durable (under
+//!   `Interval`, the first commit of a turn split by a roll does not), a seal's after its roll.
 //! - After any write or sync error nothing more is written; `Shared::failed` is set, and the
 //!   active block is cut back to what is known durable (see `fail`).
 
@@ -121,6 +123,8 @@ pub(crate) struct Writer {
     auto_ranges: Vec<RangeInclusive<u64>>,
     pub(crate) unlink: Vec<Block>,
     replies: Vec<(SyncSender<Result<Removed>>, Removed)>,
+    /// Replies to `Seal` ops, sent once their roll is done.
+    seal_replies: Vec<SyncSender<Result<Removed>>>,
     written_seq: u64,
     synced_seq: u64,
     last_sync: Instant,
@@ -179,6 +183,7 @@ impl Writer {
             auto_ranges: Vec::new(),
             unlink: Vec::new(),
             replies: Vec::new(),
+            seal_replies: Vec::new(),
             written_seq,
             synced_seq: written_seq,
             last_sync: Instant::now(),
@@ -323,6 +328,11 @@ impl Writer {
                     if let Err(e) = self.commit(&buf, false).and_then(|()| self.roll(base_seq)) {
                         break Err(e);
                     }
+                    let sealed = self
+                        .seal_replies
+                        .drain(..)
+                        .map(|tx| (tx, Removed::default()));
+                    self.replies.extend(sealed);
                 }
                 Err(e) => break Err(e),
             }
@@ -383,7 +393,11 @@ impl Writer {
         for (tx, _) in self.replies.drain(..) {
             let _ = tx.try_send(Err(self.sh.failed_error()));
         }
-        for tx in self.compact_replies.drain(..) {
+        for tx in self
+            .compact_replies
+            .drain(..)
+            .chain(self.seal_replies.drain(..))
+        {
             let _ = tx.try_send(Err(self.sh.failed_error()));
         }
     }
@@ -414,8 +428,10 @@ impl Writer {
                     self.compact_replies.push(q.reply);
                 }
                 Op::Seal => {
-                    self.replies.push((q.reply, Removed::default()));
-                    if !st.active().entries.is_empty() {
+                    if st.active().entries.is_empty() {
+                        self.replies.push((q.reply, Removed::default()));
+                    } else {
+                        self.seal_replies.push(q.reply);
                         let base = st.active().last_seq().unwrap_or(0).max(self.written_seq) + 1;
                         roll = Some(base);
                         break;
@@ -840,8 +856,11 @@ impl Writer {
         }
         sh.publish_durable(self.synced_seq);
         sh.written_seq.fetch_max(self.written_seq, Ordering::SeqCst);
-        for (tx, removed) in self.replies.drain(..) {
-            let _ = tx.try_send(Ok(removed));
+        if all_durable {
+            // Not before: a removal's reply promises its marker is durable.
+            for (tx, removed) in self.replies.drain(..) {
+                let _ = tx.try_send(Ok(removed));
+            }
         }
         Ok(())
     }

@@ -325,3 +325,78 @@ fn after_a_failed_fsync_nothing_served_can_vanish() {
         }
     }
 }
+
+/// Found while chasing seed 140 (it made the run depend on thread timing): a `Seal`'s reply
+/// went out with the commit before its roll, so `seal()` returned before the block was
+/// sealed. Worse, under `interval` that commit does not sync, and every reply pending went
+/// out with it: a removal queued before records that needed a new block was acknowledged
+/// before its delete marker was durable.
+#[test]
+fn replies_wait_for_durability_and_seal_for_its_roll() {
+    // seal() returns only once the new block exists.
+    let env = Env::new(1, SimConfig::default());
+    let (_store, s) = env.open("s", cfg(interval()));
+    // Lets a held writer go if an assertion fails (the stream's drop waits for it).
+    let _release = Release(env.disk.clone());
+    drop(s.append_at(1, b"t", b"", b"x").unwrap());
+    s.flush().unwrap();
+    env.disk.hold_next_write(&env.root.join("streams/s"));
+    let s2 = s.clone();
+    let sealer = std::thread::spawn(move || s2.seal());
+    assert!(
+        env.disk.wait_held(Duration::from_secs(10)),
+        "the roll wrote no header"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let early = sealer.is_finished();
+    env.disk.release();
+    assert!(!early, "seal() returned before its roll");
+    sealer.join().unwrap().unwrap();
+    assert_eq!(s.info().blocks, 2);
+    drop(s);
+    drop(_store);
+
+    // A removal acknowledged in a turn split by a roll stays removed.
+    for seed in 0..8 {
+        let env = Env::new(seed, SimConfig::default());
+        let removed_ok = {
+            let (_store, s) = env.open("s", cfg(interval()));
+            let _release = Release(env.disk.clone());
+            for seq in 1..=2 {
+                drop(s.append_at(seq, b"t", b"", b"x").unwrap());
+            }
+            s.flush().unwrap();
+            // Hold the writer in the next turn's write, queue the removal and then records
+            // that need a new block: one turn, split by the roll.
+            env.disk.hold_next_write(&env.root.join("streams/s"));
+            drop(s.append_at(3, b"t", b"", b"x").unwrap());
+            assert!(env.disk.wait_held(Duration::from_secs(10)));
+            let s2 = s.clone();
+            let remover = std::thread::spawn(move || s2.remove_below(3));
+            std::thread::sleep(Duration::from_millis(50));
+            for seq in 4..=7 {
+                drop(s.append_at(seq, b"t", b"", &big(seq)).unwrap());
+            }
+            // The power fails at the roll's sync of block 1, where the marker is.
+            env.disk.update_config(|c| {
+                c.faults = vec![ScriptedFault {
+                    op: OpKind::Sync,
+                    path_contains: env.block("s", 1),
+                    nth: 1,
+                    action: FaultAction::PowerLoss,
+                }]
+            });
+            env.disk.release();
+            remover.join().unwrap().is_ok()
+        };
+        env.disk.update_config(|c| c.faults.clear());
+        let (_store, s) = env.open("s", cfg(interval()));
+        if removed_ok {
+            let got: Vec<u64> = all(&s).into_iter().map(|r| r.0).collect();
+            assert!(
+                got.iter().all(|&q| q >= 3),
+                "disk seed {seed}: acknowledged removal undone: {got:?}"
+            );
+        }
+    }
+}
