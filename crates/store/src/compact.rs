@@ -14,6 +14,8 @@
 //!   directory fsync): no index outlives the longer block it describes (recovery reads a
 //!   block shorter than its index as lost data).
 //! - The rewritten block keeps its base sequence, so sequences are never reused.
+//! - A kept record whose batch successor was dropped loses its BATCH_MORE flag (re-encoded
+//!   with a new checksum): a scan of the new block never sees a torn batch.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,7 +23,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::error::{Result, StoreError};
-use crate::format::{self, BLOCK_HEADER_LEN, Entry, FLAG_TOMBSTONE, encode_block_header};
+use crate::format::{
+    self, BLOCK_HEADER_LEN, Entry, FLAG_BATCH_MORE, FLAG_TOMBSTONE, encode_block_header,
+};
 use crate::shared::{Shared, lock};
 use crate::state::{Block, ENTRY_DELETED, State};
 use crate::vfs::VFile;
@@ -124,7 +128,7 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
     let mut topics: Vec<Bytes> = Vec::new();
     let mut entries = Vec::with_capacity(job.live.len());
     let mut remap = vec![u32::MAX; job.topics.len()];
-    for e in &job.live {
+    for (k, e) in job.live.iter().enumerate() {
         let corrupt = |detail: String| StoreError::Corrupt {
             path: job.path.clone(),
             range: e.seq..=e.seq,
@@ -140,12 +144,38 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
             *t = topics.len() as u32;
             topics.push(job.topics[e.topic as usize].clone());
         }
+        // A batch whose next record is gone ends here: a record left flagged BATCH_MORE
+        // at the end of the block would read as a torn batch (and the block as damaged).
+        let more = u32::from(FLAG_BATCH_MORE);
+        let next_kept = job
+            .live
+            .get(k + 1)
+            .is_some_and(|n| n.offset == e.offset + e.len);
+        let flags = if e.flags & more != 0 && !next_kept {
+            e.flags & !more
+        } else {
+            e.flags
+        };
         entries.push(Entry {
             offset: out.len() as u32,
             topic: *t,
+            flags,
             ..*e
         });
-        out.extend_from_slice(&raw[e.offset as usize..e.offset as usize + e.len as usize]);
+        if flags == e.flags {
+            out.extend_from_slice(&raw[e.offset as usize..e.offset as usize + e.len as usize]);
+        } else {
+            format::encode_record(
+                &mut out,
+                r.kind,
+                r.flags & !FLAG_BATCH_MORE,
+                r.seq,
+                r.time_ns,
+                &r.topic,
+                &r.props,
+                &r.payload,
+            );
+        }
     }
     let tmp = job.path.with_extension("compact");
     let _ = sh.vfs.remove_file(&tmp);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tern_store::sim::{
     FaultAction, MetadataOrder, OpKind, ScriptedFault, SimConfig, SimDisk, SyncErrorModel,
 };
-use tern_store::{FilterSet, Store, Stream, StreamConfig, SyncPolicy};
+use tern_store::{FilterSet, NewRecord, Store, Stream, StreamConfig, SyncPolicy};
 
 const DISK_SEEDS: u64 = 48;
 
@@ -399,4 +399,52 @@ fn replies_wait_for_durability_and_seal_for_its_roll() {
             );
         }
     }
+}
+
+/// Seed 286. Compaction copied records verbatim: when a batch's last record had been
+/// deleted, the rewritten block ended with a record still flagged "more of this batch
+/// follows". Any scan of the block (`verify`, `verify_on_open`, a lost index) took it for a
+/// torn batch and quarantined a healthy block.
+#[test]
+fn compacting_a_partly_deleted_batch_leaves_a_healthy_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = StreamConfig {
+        block_size_bytes: 4096,
+        ..Default::default()
+    };
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", c.clone()).unwrap();
+        s.append(b"t", b"", b"first").unwrap().wait().unwrap();
+        let recs: Vec<NewRecord> = (0..3)
+            .map(|_| NewRecord {
+                topic: b"b",
+                payload: b"batch",
+                ..Default::default()
+            })
+            .collect();
+        let t = s.append_batch(&recs).unwrap();
+        let last = t.wait().unwrap();
+        s.delete(&[last]).unwrap();
+        s.seal().unwrap();
+        s.compact(1).unwrap();
+        assert_eq!(
+            s.verify().unwrap(),
+            vec![],
+            "the scrub quarantined the block"
+        );
+        assert_eq!(all(&s).len(), 3);
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let s = store
+        .stream(
+            "s",
+            StreamConfig {
+                verify_on_open: true,
+                ..c
+            },
+        )
+        .unwrap();
+    assert!(s.recovery_report().quarantined.is_empty());
+    assert_eq!(all(&s).len(), 3);
 }
