@@ -866,19 +866,18 @@ impl Writer {
     }
 
     /// Makes the removal of emptied blocks durable at a cost per block, not per byte: each
-    /// block file is renamed into `trash/` (a metadata change) and the directory fsynced;
-    /// freeing the data, which costs the kernel time in proportion to the file size, is
-    /// left to the reaper thread. Recovery empties `trash/`.
+    /// block file and its index are renamed into `trash/` (metadata changes) and the
+    /// directory fsynced; freeing the data, which costs the kernel time in proportion to
+    /// the file size, is left to the reaper thread, which touches nothing but `trash/` (so
+    /// the stream directory changes only in the writer's turns). Recovery empties `trash/`.
     fn remove_blocks(&mut self) -> Result<()> {
         let sh = self.sh.clone();
         let trash = sh.dir.join(TRASH_DIR);
         sh.vfs
             .create_dir_all(&trash)
             .map_err(|e| StoreError::io("create trash dir", &trash, &e))?;
-        let mut reap = Vec::with_capacity(self.unlink.len());
+        let mut reap = Vec::with_capacity(2 * self.unlink.len());
         for b in self.unlink.drain(..) {
-            // A leftover index without its block is removed on open.
-            reap.push(b.index_path());
             let Some(name) = b.path.file_name() else {
                 continue;
             };
@@ -887,6 +886,14 @@ impl Writer {
                 Ok(()) => reap.push(to),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(StoreError::io("rename block to trash", &b.path, &e)),
+            }
+            // A leftover index without its block is removed on open.
+            let ix = b.index_path();
+            if let Some(name) = ix.file_name() {
+                let to = trash.join(name);
+                if sh.vfs.rename(&ix, &to).is_ok() {
+                    reap.push(to);
+                }
             }
         }
         sh.vfs
