@@ -538,7 +538,13 @@ pub(crate) fn open_dir(
     let n = state.blocks.len();
     state.evict(n.saturating_sub(1));
     let dead = state.take_dead_front();
-    for b in &dead {
+    for (i, b) in dead.iter().enumerate() {
+        if i > 0 && !b.markers.is_empty() {
+            // Its markers may delete records of the blocks removed just before: those
+            // removals must be durable first (see `Writer::remove_blocks`).
+            vfs.sync_dir(dir)
+                .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
+        }
         let _ = vfs.remove_file(&b.path);
         let _ = vfs.remove_file(&b.index_path());
     }

@@ -870,6 +870,8 @@ impl Writer {
     /// directory fsynced; freeing the data, which costs the kernel time in proportion to
     /// the file size, is left to the reaper thread, which touches nothing but `trash/` (so
     /// the stream directory changes only in the writer's turns). Recovery empties `trash/`.
+    /// Blocks go oldest first, and a block holding delete markers only once the removals
+    /// before it are durable (one more directory fsync then).
     fn remove_blocks(&mut self) -> Result<()> {
         let sh = self.sh.clone();
         let trash = sh.dir.join(TRASH_DIR);
@@ -877,10 +879,22 @@ impl Writer {
             .create_dir_all(&trash)
             .map_err(|e| StoreError::io("create trash dir", &trash, &e))?;
         let mut reap = Vec::with_capacity(2 * self.unlink.len());
-        for b in self.unlink.drain(..) {
+        let mut blocks = std::mem::take(&mut self.unlink);
+        blocks.sort_by_key(|b| b.base_seq);
+        let mut renamed = false;
+        for b in blocks {
             let Some(name) = b.path.file_name() else {
                 continue;
             };
+            if renamed && !b.markers.is_empty() {
+                // Its delete markers may target records of the blocks renamed above (that is
+                // what lets it go): those renames must be durable before this one, since a
+                // power loss may keep any subset of a directory's unsynced changes.
+                sh.vfs
+                    .sync_dir(&sh.dir)
+                    .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+            }
+            renamed = true;
             let to = trash.join(name);
             match sh.vfs.rename(&b.path, &to) {
                 Ok(()) => reap.push(to),

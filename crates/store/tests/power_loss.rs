@@ -1214,17 +1214,29 @@ fn power_loss_checker() {
     run_seeds(200, Opts::new(steps()));
 }
 
-/// Seeds that found store bugs (each also has a scenario of its own in
-/// `tests/sim_regressions.rs`): 3 a new block's unsynced header, 34 `never` sealing without
-/// a sync, 62 recovery building on an unsynced block name, 134 compaction's index and
-/// rename order, 138 and 428 a failed fsync's dropped pages, 140 `seal()` replying before
-/// its roll, 286 compaction leaving a dangling batch flag.
-const REGRESSION_SEEDS: [u64; 9] = [3, 34, 62, 134, 138, 140, 286, 428, 149];
+/// Seeds (and run lengths) that found store bugs, each also a scenario of its own in
+/// `tests/sim_regressions.rs`: 3 a new block's unsynced header, 34 `never` sealing without a
+/// sync, 62 recovery building on an unsynced block name, 134 compaction's index and rename
+/// order, 138 and 428 a failed fsync's dropped pages, 140 `seal()` replying before its
+/// roll, 286 compaction leaving a dangling batch flag, 5066 a batch of block removals
+/// undoing a delete. 149 found a gap in the checker itself.
+const REGRESSION_SEEDS: [(u64, usize); 10] = [
+    (3, 120),
+    (34, 120),
+    (62, 120),
+    (134, 120),
+    (138, 120),
+    (140, 120),
+    (149, 120),
+    (286, 120),
+    (428, 120),
+    (5066, 600),
+];
 
 #[test]
 fn regression_seeds() {
-    for seed in REGRESSION_SEEDS {
-        if let Err(r) = run_seed(seed, Opts::new(120)) {
+    for (seed, steps) in REGRESSION_SEEDS {
+        if let Err(r) = run_seed(seed, Opts::new(steps)) {
             panic!("{r}");
         }
     }

@@ -448,3 +448,60 @@ fn compacting_a_partly_deleted_batch_leaves_a_healthy_block() {
     assert!(s.recovery_report().quarantined.is_empty());
     assert_eq!(all(&s).len(), 3);
 }
+
+/// Seed 5066 (600 steps, unordered metadata). `purge` emptied every sealed block, and the
+/// writer renamed them all into `trash/` under one directory fsync. Record 2 had been deleted
+/// earlier by a marker stored in a newer block: when the power loss kept that block's rename
+/// but not the older one's, record 2 came back although its deletion had been acknowledged.
+/// A block holding markers is now renamed only once the renames before it are durable.
+#[test]
+fn removing_many_blocks_never_undoes_an_acknowledged_delete() {
+    for seed in 0..DISK_SEEDS {
+        for nth in 1..=3 {
+            let env = Env::new(
+                seed,
+                SimConfig {
+                    metadata_order: MetadataOrder::Unordered,
+                    ..Default::default()
+                },
+            );
+            {
+                let (_store, s) = env.open("s", cfg(SyncPolicy::Always));
+                // Blocks 1 (seqs 1-3), 4 (4-6), 7 (7-9), 10 (active).
+                for seq in 1..=4 {
+                    s.append_at(seq, b"t", b"", &big(seq))
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                }
+                // The marker goes to block 4.
+                assert_eq!(s.delete(&[2]).unwrap().records, 1);
+                for seq in 5..=10 {
+                    s.append_at(seq, b"t", b"", &big(seq))
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                }
+                env.disk.update_config(|c| {
+                    c.faults = vec![ScriptedFault {
+                        op: OpKind::SyncDir,
+                        path_contains: "streams/s".into(),
+                        nth,
+                        action: FaultAction::PowerLoss,
+                    }]
+                });
+                let _ = s.purge(&FilterSet::all());
+                if env.disk.power_losses() == 0 {
+                    env.disk.power_loss();
+                }
+            }
+            env.disk.update_config(|c| c.faults.clear());
+            let (_store, s) = env.open("s", cfg(SyncPolicy::Always));
+            let got: Vec<u64> = all(&s).into_iter().map(|r| r.0).collect();
+            assert!(
+                !got.contains(&2),
+                "disk seed {seed}, fsync {nth}: deleted record 2 is back: {got:?}"
+            );
+        }
+    }
+}
