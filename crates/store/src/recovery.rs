@@ -286,13 +286,28 @@ pub(crate) fn create_block(
     let file = vfs
         .open_rw(&path, true)
         .map_err(|e| StoreError::io("create block", &path, &e))?;
-    file.write_all_at(&encode_block_header(base), 0)
-        .map_err(|e| StoreError::io("write block header", &path, &e))?;
-    file.sync_data()
-        .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+    write_header(&*file, &path, base)?;
     vfs.sync_dir(dir)
         .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
     Ok((path, file))
+}
+
+/// Writes a new block's header and syncs it. If either fails the file is cut back to
+/// nothing, the only length known durable: after a failed fdatasync Linux may never write
+/// the page although reads still return it, and a reopen must find a torn creation, not a
+/// header that only the page cache holds.
+pub(crate) fn write_header(file: &dyn VFile, path: &Path, base: u64) -> Result<()> {
+    let res = file
+        .write_all_at(&encode_block_header(base), 0)
+        .map_err(|e| StoreError::io("write block header", path, &e))
+        .and_then(|()| {
+            file.sync_data()
+                .map_err(|e| StoreError::io("fdatasync", path, &e))
+        });
+    if res.is_err() {
+        let _ = file.set_len(0);
+    }
+    res
 }
 
 /// Creates `dir` if needed, and makes its entry durable in its parent: also when it exists,
@@ -383,10 +398,7 @@ pub(crate) fn open_dir(
                 // sync, so a longer file with a bad header is damage.)
                 file.set_len(0)
                     .map_err(|e| StoreError::io("truncate", &path, &e))?;
-                file.write_all_at(&encode_block_header(base), 0)
-                    .map_err(|e| StoreError::io("write block header", &path, &e))?;
-                file.sync_data()
-                    .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+                write_header(&*file, &path, base)?;
                 blocks.push(Block::new(base, path, file, BLOCK_HEADER_LEN as u64));
                 continue;
             }

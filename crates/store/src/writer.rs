@@ -31,9 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::{Discard, SyncPolicy};
 use crate::error::{Result, StoreError};
-use crate::format::{
-    self, BLOCK_HEADER_LEN, Entry, FLAG_BATCH_MORE, encode_block_header, encode_delete,
-};
+use crate::format::{self, BLOCK_HEADER_LEN, Entry, FLAG_BATCH_MORE, encode_delete};
 use crate::queue::{Op, QueuedOp, Removed, coalesce, ranges_of};
 use crate::shared::{Shared, lock};
 use crate::state::{Block, State, block_file_name};
@@ -770,11 +768,8 @@ impl Writer {
             .vfs
             .open_rw(&path, true)
             .map_err(|e| StoreError::io("create block", &path, &e))?;
-        file.write_all_at(&encode_block_header(base_seq), 0)
-            .map_err(|e| StoreError::io("write block header", &path, &e))?;
         sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-        file.sync_data()
-            .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+        crate::recovery::write_header(&*file, &path, base_seq)?;
         if !bugs.skip_dir_sync_on_roll {
             sh.vfs
                 .sync_dir(&sh.dir)

@@ -1219,8 +1219,9 @@ fn power_loss_checker() {
 /// sync, 62 recovery building on an unsynced block name, 134 compaction's index and rename
 /// order, 138 and 428 a failed fsync's dropped pages, 140 `seal()` replying before its
 /// roll, 286 compaction leaving a dangling batch flag, 5066 a batch of block removals
-/// undoing a delete. 149 found a gap in the checker itself.
-const REGRESSION_SEEDS: [(u64, usize); 10] = [
+/// undoing a delete, 23150 a new block's header only the page cache held. 149 found a gap
+/// in the checker itself.
+const REGRESSION_SEEDS: [(u64, usize); 11] = [
     (3, 120),
     (34, 120),
     (62, 120),
@@ -1231,6 +1232,7 @@ const REGRESSION_SEEDS: [(u64, usize); 10] = [
     (286, 120),
     (428, 120),
     (5066, 600),
+    (23150, 120),
 ];
 
 #[test]
