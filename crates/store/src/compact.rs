@@ -14,6 +14,8 @@
 //!   directory fsync): no index outlives the longer block it describes (recovery reads a
 //!   block shorter than its index as lost data).
 //! - The rewritten block keeps its base sequence, so sequences are never reused.
+//! - Blocks found dead are removed (durably) before a newer block is rewritten: the rewrite
+//!   drops markers that delete their records.
 //! - A kept record whose batch successor was dropped loses its BATCH_MORE flag (re-encoded
 //!   with a new checksum): a scan of the new block never sees a torn batch.
 
@@ -107,6 +109,11 @@ pub(crate) fn compact(w: &mut Writer, max_blocks: usize) -> Result<()> {
                 topics: b.topics.clone(),
             }
         };
+        if !w.unlink.is_empty() {
+            // The dead blocks found so far go first, durably: this rewrite drops the markers
+            // that delete their records.
+            w.remove_blocks()?;
+        }
         let nb = rewrite(&sh, job)?;
         let mut st = lock(&sh.state);
         if let Some(bi) = st.blocks.iter().position(|b| b.base_seq == nb.base_seq) {

@@ -867,7 +867,7 @@ impl Writer {
     /// the stream directory changes only in the writer's turns). Recovery empties `trash/`.
     /// Blocks go oldest first, and a block holding delete markers only once the removals
     /// before it are durable (one more directory fsync then).
-    fn remove_blocks(&mut self) -> Result<()> {
+    pub(crate) fn remove_blocks(&mut self) -> Result<()> {
         let sh = self.sh.clone();
         let trash = sh.dir.join(TRASH_DIR);
         sh.vfs

@@ -1219,9 +1219,10 @@ fn power_loss_checker() {
 /// sync, 62 recovery building on an unsynced block name, 134 compaction's index and rename
 /// order, 138 and 428 a failed fsync's dropped pages, 140 `seal()` replying before its
 /// roll, 286 compaction leaving a dangling batch flag, 5066 a batch of block removals
-/// undoing a delete, 23150 a new block's header only the page cache held. 149 found a gap
+/// undoing a delete, 23150 a new block's header only the page cache held, 40242
+/// compaction dropping a marker before the dead block it targets was gone. 149 found a gap
 /// in the checker itself.
-const REGRESSION_SEEDS: [(u64, usize); 11] = [
+const REGRESSION_SEEDS: [(u64, usize); 12] = [
     (3, 120),
     (34, 120),
     (62, 120),
@@ -1233,6 +1234,7 @@ const REGRESSION_SEEDS: [(u64, usize); 11] = [
     (428, 120),
     (5066, 600),
     (23150, 120),
+    (40242, 1000),
 ];
 
 #[test]
