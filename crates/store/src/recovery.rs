@@ -550,6 +550,12 @@ pub(crate) fn open_dir(
     let n = state.blocks.len();
     state.evict(n.saturating_sub(1));
     let dead = state.take_dead_front();
+    if !dead.is_empty() {
+        // The active block's name (its base keeps the next sequence above everything the
+        // dead blocks showed) must be durable before they go.
+        vfs.sync_dir(dir)
+            .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
+    }
     for (i, b) in dead.iter().enumerate() {
         if i > 0 && !b.markers.is_empty() {
             // Its markers may delete records of the blocks removed just before: those

@@ -1220,9 +1220,10 @@ fn power_loss_checker() {
 /// order, 138 and 428 a failed fsync's dropped pages, 140 `seal()` replying before its
 /// roll, 286 compaction leaving a dangling batch flag, 5066 a batch of block removals
 /// undoing a delete, 23150 a new block's header only the page cache held, 40242
-/// compaction dropping a marker before the dead block it targets was gone. 149 found a gap
-/// in the checker itself.
-const REGRESSION_SEEDS: [(u64, usize); 12] = [
+/// compaction dropping a marker before the dead block it targets was gone, 40939 recovery
+/// removing dead blocks before the active block's name was durable. 149 found a gap in the
+/// checker itself.
+const REGRESSION_SEEDS: [(u64, usize); 13] = [
     (3, 120),
     (34, 120),
     (62, 120),
@@ -1235,6 +1236,7 @@ const REGRESSION_SEEDS: [(u64, usize); 12] = [
     (5066, 600),
     (23150, 120),
     (40242, 1000),
+    (40939, 1000),
 ];
 
 #[test]

@@ -612,3 +612,65 @@ fn compaction_never_drops_a_marker_before_its_block_is_gone() {
         }
     }
 }
+
+/// Seed 40939 (1000 steps, unordered metadata). A roll's directory fsync failed, so the
+/// new active block's name was not durable. Reopened, recovery removed the dead block before
+/// it, the only durable trace of the sequences so far; a power loss kept that removal but
+/// not the new block's name, no block was left, and sequences started again at 1. Recovery
+/// now makes the directory durable before it removes dead blocks.
+#[test]
+fn removing_dead_blocks_at_open_never_lets_sequences_restart() {
+    for seed in 0..DISK_SEEDS {
+        for nth in 1..=3 {
+            let env = Env::new(
+                seed,
+                SimConfig {
+                    metadata_order: MetadataOrder::Unordered,
+                    ..Default::default()
+                },
+            );
+            {
+                let (store, s) = env.open("s", cfg(SyncPolicy::Always));
+                for seq in 1..=3 {
+                    s.append_at(seq, b"t", b"", &big(seq))
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                }
+                // Block 1 is all deleted, and the roll to block 4 fails at its dir fsync.
+                assert_eq!(s.delete(&[1, 2, 3]).unwrap().records, 3);
+                env.disk.update_config(|c| {
+                    c.faults = vec![ScriptedFault {
+                        op: OpKind::SyncDir,
+                        path_contains: "streams/s".into(),
+                        nth: 1,
+                        action: FaultAction::Eio,
+                    }]
+                });
+                let _ = s.append_at(4, b"t", b"", &big(4)).unwrap().wait();
+                assert!(s.flush().is_err());
+                drop(s);
+                // Reopened, recovery removes block 1; the power fails at a dir fsync.
+                env.disk.update_config(|c| {
+                    c.faults = vec![ScriptedFault {
+                        op: OpKind::SyncDir,
+                        path_contains: "streams/s".into(),
+                        nth,
+                        action: FaultAction::PowerLoss,
+                    }]
+                });
+                let _ = store.stream("s", cfg(SyncPolicy::Always));
+                if env.disk.power_losses() == 0 {
+                    env.disk.power_loss();
+                }
+            }
+            env.disk.update_config(|c| c.faults.clear());
+            let (_store, s) = env.open("s", cfg(SyncPolicy::Always));
+            assert!(
+                s.next_seq() > 3,
+                "disk seed {seed}, fsync {nth}: next sequence {}",
+                s.next_seq()
+            );
+        }
+    }
+}
