@@ -50,7 +50,12 @@ fn leaf_crates_do_not_depend_on_other_crates_of_ours() {
         let path = crates_dir().join(dir).join("Cargo.toml");
         let manifest = std::fs::read_to_string(&path)
             .unwrap_or_else(|error| panic!("reading {}: {error}", path.display()));
-        for dependency in our_dependencies(&manifest) {
+        // A crate may depend on itself: tern-store's tests turn its `sim` feature on that way.
+        let own = format!("tern-{dir}");
+        for dependency in our_dependencies(&manifest)
+            .into_iter()
+            .filter(|d| *d != own)
+        {
             assert!(
                 allowed.contains(&dependency.as_str()),
                 "crates/{dir} depends on {dependency}, which ARCHITECTURE §1 forbids"

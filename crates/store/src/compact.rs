@@ -10,9 +10,14 @@
 //! # Invariants
 //! - A rewrite goes to a temporary file that is fsynced, renamed over the block and made
 //!   durable with a directory fsync; a crash leaves either the old or the new block.
-//! - The new index is durable (or the old one gone) before the rename: no index outlives
-//!   the longer block it describes (recovery reads a block shorter than its index as lost data).
+//! - The new index is durable (or the old one gone) before the rename, names included (a
+//!   directory fsync): no index outlives the longer block it describes (recovery reads a
+//!   block shorter than its index as lost data).
 //! - The rewritten block keeps its base sequence, so sequences are never reused.
+//! - Blocks found dead are removed (durably) before a newer block is rewritten: the rewrite
+//!   drops markers that delete their records.
+//! - A kept record whose batch successor was dropped loses its BATCH_MORE flag (re-encoded
+//!   with a new checksum): a scan of the new block never sees a torn batch.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,7 +25,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::error::{Result, StoreError};
-use crate::format::{self, BLOCK_HEADER_LEN, Entry, FLAG_TOMBSTONE, encode_block_header};
+use crate::format::{
+    self, BLOCK_HEADER_LEN, Entry, FLAG_BATCH_MORE, FLAG_TOMBSTONE, encode_block_header,
+};
 use crate::shared::{Shared, lock};
 use crate::state::{Block, ENTRY_DELETED, State};
 use crate::vfs::VFile;
@@ -102,6 +109,11 @@ pub(crate) fn compact(w: &mut Writer, max_blocks: usize) -> Result<()> {
                 topics: b.topics.clone(),
             }
         };
+        if !w.unlink.is_empty() {
+            // The dead blocks found so far go first, durably: this rewrite drops the markers
+            // that delete their records.
+            w.remove_blocks()?;
+        }
         let nb = rewrite(&sh, job)?;
         let mut st = lock(&sh.state);
         if let Some(bi) = st.blocks.iter().position(|b| b.base_seq == nb.base_seq) {
@@ -123,7 +135,7 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
     let mut topics: Vec<Bytes> = Vec::new();
     let mut entries = Vec::with_capacity(job.live.len());
     let mut remap = vec![u32::MAX; job.topics.len()];
-    for e in &job.live {
+    for (k, e) in job.live.iter().enumerate() {
         let corrupt = |detail: String| StoreError::Corrupt {
             path: job.path.clone(),
             range: e.seq..=e.seq,
@@ -139,12 +151,38 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
             *t = topics.len() as u32;
             topics.push(job.topics[e.topic as usize].clone());
         }
+        // A batch whose next record is gone ends here: a record left flagged BATCH_MORE
+        // at the end of the block would read as a torn batch (and the block as damaged).
+        let more = u32::from(FLAG_BATCH_MORE);
+        let next_kept = job
+            .live
+            .get(k + 1)
+            .is_some_and(|n| n.offset == e.offset + e.len);
+        let flags = if e.flags & more != 0 && !next_kept {
+            e.flags & !more
+        } else {
+            e.flags
+        };
         entries.push(Entry {
             offset: out.len() as u32,
             topic: *t,
+            flags,
             ..*e
         });
-        out.extend_from_slice(&raw[e.offset as usize..e.offset as usize + e.len as usize]);
+        if flags == e.flags {
+            out.extend_from_slice(&raw[e.offset as usize..e.offset as usize + e.len as usize]);
+        } else {
+            format::encode_record(
+                &mut out,
+                r.kind,
+                r.flags & !FLAG_BATCH_MORE,
+                r.seq,
+                r.time_ns,
+                &r.topic,
+                &r.props,
+                &r.payload,
+            );
+        }
     }
     let tmp = job.path.with_extension("compact");
     let _ = sh.vfs.remove_file(&tmp);
@@ -179,9 +217,10 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
 }
 
 /// Puts the rewritten block's index in place of the old one before the block itself is
-/// replaced, and durably: an old index left beside the shorter new block would make
-/// recovery take the block for one that lost its tail. A crash in between leaves the old
-/// block with no index or a new one of another length, and the block is rescanned.
+/// replaced, and durably (data and names, hence the directory fsync): an old index left
+/// beside the shorter new block would make recovery take the block for one that lost its
+/// tail. A crash in between leaves the old block with no index or a new one of another
+/// length, and the block is rescanned.
 fn replace_index(sh: &Shared, nb: &Block) -> Result<()> {
     let path = nb.index_path();
     match sh.vfs.remove_file(&path) {
@@ -199,5 +238,8 @@ fn replace_index(sh: &Shared, nb: &Block) -> Result<()> {
         tracing::warn!(stream = %sh.name, error = %e, "could not write block index after compaction");
         let _ = sh.vfs.remove_file(&path);
     }
-    Ok(())
+    // Without this, the rename below may reach the disk before the old index's removal.
+    sh.vfs
+        .sync_dir(&sh.dir)
+        .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))
 }

@@ -33,7 +33,9 @@ pub enum SyncPolicy {
     Always,
     /// `fdatasync` at most every interval; tickets complete after the covering sync.
     Interval(Duration),
-    /// Never sync; tickets complete once the data is written to the file (page cache).
+    /// Never sync a commit; tickets complete once the data is written to the file (page
+    /// cache). A block is still synced once, when it is sealed, so a power loss loses at
+    /// most the active block's tail.
     Never,
 }
 

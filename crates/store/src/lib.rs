@@ -12,6 +12,8 @@
 //! - `state`: the in-memory view (blocks, entries, topic index); `compact`: block rewrites.
 //! - `recovery`: opening a stream, torn tails, quarantine; [`format`](mod@format): the on-disk layout.
 //! - [`vfs`]: the file abstraction (real and fault-injecting); [`filter`]: MQTT matching.
+//! - `sim` (feature `sim` only): the simulated disk (page cache, power loss, EIO) and the
+//!   store's test-only bug switches.
 //!
 //! # Invariants
 //! - Sequence numbers start at 1, grow by one per record and are never reused.
@@ -75,6 +77,9 @@ pub mod store;
 pub mod stream;
 pub mod ticket;
 pub mod vfs;
+
+#[cfg(feature = "sim")]
+pub mod sim;
 
 mod compact;
 mod lockfile;

@@ -16,6 +16,8 @@
 //!   sequence stays above theirs.
 //! - Nothing read from a file moves the next sequence past [`MAX_SEQ`]: a record or marker
 //!   beyond it is damage, and an index that does not fit its block is rebuilt.
+//! - Before a stream is served, its active block and its directory are synced: recovery
+//!   builds only on durable state, whatever the previous process left in the page cache.
 
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
@@ -284,25 +286,48 @@ pub(crate) fn create_block(
     let file = vfs
         .open_rw(&path, true)
         .map_err(|e| StoreError::io("create block", &path, &e))?;
-    file.write_all_at(&encode_block_header(base), 0)
-        .map_err(|e| StoreError::io("write block header", &path, &e))?;
-    file.sync_data()
-        .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+    write_header(&*file, &path, base)?;
     vfs.sync_dir(dir)
         .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
     Ok((path, file))
 }
 
-/// Creates `dir` if needed; a new directory's entry is made durable in its parent.
-pub(crate) fn ensure_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
-    if vfs.list_dir(dir).is_ok() {
-        return Ok(());
+/// Writes a new block's header and syncs it. If either fails the file is cut back to
+/// nothing, the only length known durable: after a failed fdatasync Linux may never write
+/// the page although reads still return it, and a reopen must find a torn creation, not a
+/// header that only the page cache holds.
+pub(crate) fn write_header(file: &dyn VFile, path: &Path, base: u64) -> Result<()> {
+    let res = file
+        .write_all_at(&encode_block_header(base), 0)
+        .map_err(|e| StoreError::io("write block header", path, &e))
+        .and_then(|()| {
+            file.sync_data()
+                .map_err(|e| StoreError::io("fdatasync", path, &e))
+        });
+    if res.is_err() {
+        let _ = file.set_len(0);
     }
-    vfs.create_dir_all(dir)
-        .map_err(|e| StoreError::io("create directory", dir, &e))?;
+    res
+}
+
+/// Creates `dir` if needed, and makes its entry durable in its parent: also when it exists,
+/// since a process that created it may have died before syncing the parent.
+/// A failure to sync the parent of a directory that already existed is only logged (its
+/// parent may be one we cannot open, e.g. above the store).
+pub(crate) fn ensure_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
+    let existed = vfs.list_dir(dir).is_ok();
+    if !existed {
+        vfs.create_dir_all(dir)
+            .map_err(|e| StoreError::io("create directory", dir, &e))?;
+    }
     if let Some(parent) = dir.parent() {
-        vfs.sync_dir(parent)
-            .map_err(|e| StoreError::io("fsync directory", parent, &e))?;
+        match vfs.sync_dir(parent) {
+            Ok(()) => {}
+            Err(e) if existed => {
+                tracing::warn!(dir = %parent.display(), error = %e, "could not fsync directory");
+            }
+            Err(e) => return Err(StoreError::io("fsync directory", parent, &e)),
+        }
     }
     Ok(())
 }
@@ -367,15 +392,13 @@ pub(crate) fn open_dir(
         let header_ok = matches!(header, Ok(b) if b == base);
         if !header_ok {
             if is_active && file_len <= BLOCK_HEADER_LEN as u64 {
-                // Torn while being created: nothing in it was ever acknowledged. A roll does
-                // not sync the new header (the first commit's sync covers it), so after a
-                // crash its bytes may read back as zeros although the length is whole.
+                // Torn while being created: nothing in it was ever acknowledged. A crash
+                // between a roll's header write and its sync may leave the length whole
+                // and the bytes zeros. (Past the header no record is written before that
+                // sync, so a longer file with a bad header is damage.)
                 file.set_len(0)
                     .map_err(|e| StoreError::io("truncate", &path, &e))?;
-                file.write_all_at(&encode_block_header(base), 0)
-                    .map_err(|e| StoreError::io("write block header", &path, &e))?;
-                file.sync_data()
-                    .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
+                write_header(&*file, &path, base)?;
                 blocks.push(Block::new(base, path, file, BLOCK_HEADER_LEN as u64));
                 continue;
             }
@@ -436,7 +459,8 @@ pub(crate) fn open_dir(
             ));
         }
         // A damaged tail is a torn write in the active block, and in any block of a stream
-        // that never syncs (its blocks are sealed without a sync); elsewhere it is corruption.
+        // that never syncs (blocks written before sealing synced them); elsewhere it is
+        // corruption.
         let tail_may_tear = is_active || config.sync == SyncPolicy::Never;
         if tail_may_tear {
             if let Some((off, what)) = &sc.damage {
@@ -527,18 +551,42 @@ pub(crate) fn open_dir(
     state.evict(n.saturating_sub(1));
     let dead = state.take_dead_front();
     if !dead.is_empty() {
-        for b in &dead {
-            let _ = vfs.remove_file(&b.path);
-            let _ = vfs.remove_file(&b.index_path());
-        }
+        // The active block's name (its base keeps the next sequence above everything the
+        // dead blocks showed) must be durable before they go.
         vfs.sync_dir(dir)
             .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
     }
-    state.visible_seq = next_seq - 1;
-    state.quarantined = report.quarantined.clone();
+    for (i, b) in dead.iter().enumerate() {
+        if i > 0 && !b.markers.is_empty() {
+            // Its markers may delete records of the blocks removed just before: those
+            // removals must be durable first (see `Writer::remove_blocks`).
+            vfs.sync_dir(dir)
+                .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
+        }
+        let _ = vfs.remove_file(&b.path);
+        let _ = vfs.remove_file(&b.index_path());
+    }
     let n = state.blocks.len();
     let active = &state.blocks[n - 1];
     let (active_file, active_len) = (active.file.clone(), active.len);
+    // What is served from now on, and what new records are appended to, must be durable,
+    // not merely in the page cache: the previous process may have died, or failed, after
+    // writing records or creating the active block without syncing them (and a reader
+    // must never see a record that a power loss can take back). One sync of the active
+    // block and one of the directory (the active block's name, removals above) per open.
+    let active_path = state.blocks[n - 1].path.clone();
+    if let Err(e) = active_file.sync_data() {
+        // On Linux the pages a failed fdatasync did not write are marked clean, and a retry
+        // would find nothing to sync: write them again so the next open's sync covers them.
+        if let Ok(raw) = vfs.read_file(&active_path) {
+            let _ = active_file.write_all_at(&raw, 0);
+        }
+        return Err(StoreError::io("fdatasync", &active_path, &e));
+    }
+    vfs.sync_dir(dir)
+        .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
+    state.visible_seq = next_seq - 1;
+    state.quarantined = report.quarantined.clone();
     Ok(Opened {
         reemit,
         state,

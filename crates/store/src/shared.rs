@@ -49,6 +49,9 @@ pub(crate) struct Shared {
     /// Appenders wait here for queue space.
     pub space_cv: Condvar,
     pub durable_seq: AtomicU64,
+    /// Highest sequence the writer has handled: written to the file (synced or not) or
+    /// rejected. Only the writer thread stores it, at the end of a commit.
+    pub written_seq: AtomicU64,
     pub failed: AtomicBool,
     pub failure: Mutex<Option<String>>,
     /// One waker per pending ticket that was polled, by sequence (a sequence has one ticket).
@@ -82,6 +85,7 @@ impl Shared {
             writer_cv: Condvar::new(),
             space_cv: Condvar::new(),
             durable_seq: AtomicU64::new(durable_seq),
+            written_seq: AtomicU64::new(durable_seq),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             wakers: Mutex::new(BTreeMap::new()),

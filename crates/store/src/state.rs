@@ -11,7 +11,8 @@
 //! - With per-topic limits, `topics[t].seqs` holds exactly the live sequences of `t`, ascending.
 //! - A block is removed only when it is the oldest one, or holds no live record while every
 //!   older block is clean (holds no deleted record): so the delete markers inside it can only
-//!   target records that are gone from disk already.
+//!   target records that are gone from disk already, or go in the same removal, where the
+//!   writer makes the older blocks' removal durable before a marker-holding block's.
 //! - `unsynced_deletes` lists exactly the entries flagged `ENTRY_DELETED` whose deletion is
 //!   not durable yet; such a record is still the durable state, and `last_for_topic` serves
 //!   it (a keyed-state read must not see a key vanish while its new value is being synced).

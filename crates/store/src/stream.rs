@@ -116,6 +116,9 @@ pub struct StreamInfo {
     pub last_seq: Option<u64>,
     /// Highest sequence that is durable (every ticket up to it has completed).
     pub durable_seq: u64,
+    /// Highest sequence the writer has handled: written to the file, synced or not (or
+    /// rejected by a limit). `written_seq - durable_seq` is the unsynced backlog.
+    pub written_seq: u64,
     pub blocks: usize,
     pub topics: usize,
     pub failed: bool,
@@ -515,6 +518,7 @@ impl Stream {
             first_seq: bounds.map(|b| b.0),
             last_seq: bounds.map(|b| b.1),
             durable_seq: sh.durable_seq.load(std::sync::atomic::Ordering::SeqCst),
+            written_seq: sh.written_seq.load(std::sync::atomic::Ordering::SeqCst),
             blocks: st.blocks.len(),
             topics: st.topics.len(),
             failed: sh.failed.load(std::sync::atomic::Ordering::SeqCst),

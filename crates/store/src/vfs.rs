@@ -3,6 +3,7 @@
 //! [`RealVfs`] maps straight onto `std::fs` (`pwrite`, `pread`, `fdatasync`). [`FaultyVfs`]
 //! wraps it and fails the Nth write or sync after being armed; a failing write still writes
 //! half of its buffer first, the way a real short write or a full disk leaves a torn tail.
+//! With the `sim` feature, `crate::sim::SimDisk` models a page cache and power loss.
 
 use std::fmt::Debug;
 use std::fs::{self, File, OpenOptions};
@@ -38,6 +39,12 @@ pub trait Vfs: Send + Sync + Debug {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// File names (not paths) in a directory.
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Defects the store should give itself, so a test can prove its checker finds them.
+    /// Exists only with the `sim` feature; only a simulated disk answers anything but none.
+    #[cfg(feature = "sim")]
+    fn injected_bugs(&self) -> crate::sim::Bugs {
+        crate::sim::Bugs::NONE
+    }
 }
 
 /// The real file system.

@@ -9,10 +9,17 @@
 //!
 //! # Invariants
 //! - Records reach the file in sequence order; a batch never spans two blocks.
-//! - The old block is synced before its successor's file is created (unless `Never`).
+//! - The old block is synced before its successor's file is created, under every policy
+//!   (`Never` included: one sync per block), so sealed blocks are durable before their index
+//!   is written and a power loss can only cost the active block's unsynced tail.
+//! - A new block's header is durable (file and directory entry) before any record is
+//!   written to it, so a bad header is damage, never a torn creation.
 //! - Deletions are applied in memory in the same turn as the delete marker that makes them
-//!   durable is written, and removal replies are sent only after that marker is synced.
-//! - After any write or sync error nothing more is written; `Shared::failed` is set.
+//!   durable is written, and removal replies are sent only after that marker is synced:
+//!   op replies go out only with a commit that made everything written durable (under
+//!   `Interval`, the first commit of a turn split by a roll does not), a seal's after its roll.
+//! - After any write or sync error nothing more is written; `Shared::failed` is set, and the
+//!   active block is cut back to what is known durable (see `fail`).
 
 use std::collections::VecDeque;
 use std::ops::{Range, RangeInclusive};
@@ -24,13 +31,38 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::{Discard, SyncPolicy};
 use crate::error::{Result, StoreError};
-use crate::format::{
-    self, BLOCK_HEADER_LEN, Entry, FLAG_BATCH_MORE, encode_block_header, encode_delete,
-};
+use crate::format::{self, BLOCK_HEADER_LEN, Entry, FLAG_BATCH_MORE, encode_delete};
 use crate::queue::{Op, QueuedOp, Removed, coalesce, ranges_of};
 use crate::shared::{Shared, lock};
 use crate::state::{Block, State, block_file_name};
 use crate::vfs::{VFile, path_in};
+
+/// Defects the simulator's sensitivity tests ask the store to have (see `crate::sim::Bugs`).
+/// Without the `sim` feature every switch is a constant `false`.
+#[derive(Clone, Copy, Default)]
+struct Injected {
+    ack_before_fsync: bool,
+    skip_sync_on_roll: bool,
+    skip_dir_sync_on_roll: bool,
+}
+
+impl Injected {
+    #[cfg(feature = "sim")]
+    fn of(sh: &Shared) -> Injected {
+        let b = sh.vfs.injected_bugs();
+        Injected {
+            ack_before_fsync: b.ack_before_fsync,
+            skip_sync_on_roll: b.skip_sync_on_roll,
+            skip_dir_sync_on_roll: b.skip_dir_sync_on_roll,
+        }
+    }
+
+    #[cfg(not(feature = "sim"))]
+    #[inline(always)]
+    fn of(_: &Shared) -> Injected {
+        Injected::default()
+    }
+}
 
 /// Blocks one automatic compaction rewrites at most (bounds the pause it causes).
 const AUTO_COMPACT_BLOCKS: usize = 4;
@@ -71,6 +103,10 @@ pub(crate) struct Writer {
     sh: Arc<Shared>,
     active_file: Arc<dyn VFile>,
     active_len: u64,
+    /// Length of the active block as of its last successful sync.
+    synced_len: u64,
+    /// A sync of the active block failed: what it did not write may never reach the disk.
+    sync_failed: bool,
     /// Bytes of this turn still to write, in file order: either `staged_run`, a run of the
     /// inbox written straight from it (the common case: no copy), or `out`, never both.
     staged_run: Option<Range<usize>>,
@@ -85,6 +121,8 @@ pub(crate) struct Writer {
     auto_ranges: Vec<RangeInclusive<u64>>,
     pub(crate) unlink: Vec<Block>,
     replies: Vec<(SyncSender<Result<Removed>>, Removed)>,
+    /// Replies to `Seal` ops, sent once their roll is done.
+    seal_replies: Vec<SyncSender<Result<Removed>>>,
     written_seq: u64,
     synced_seq: u64,
     last_sync: Instant,
@@ -131,6 +169,9 @@ impl Writer {
             reaper_thread,
             active_file,
             active_len,
+            // Recovery synced the active block.
+            synced_len: active_len,
+            sync_failed: false,
             staged_run: None,
             out: Vec::new(),
             inbox: Vec::new(),
@@ -140,12 +181,14 @@ impl Writer {
             auto_ranges: Vec::new(),
             unlink: Vec::new(),
             replies: Vec::new(),
+            seal_replies: Vec::new(),
             written_seq,
             synced_seq: written_seq,
             last_sync: Instant::now(),
             next_expiry,
             failed: false,
-            file_dirty: true,
+            // Recovery synced the active block.
+            file_dirty: false,
             compact_budget: 0,
             compact_replies: Vec::new(),
         }
@@ -283,6 +326,11 @@ impl Writer {
                     if let Err(e) = self.commit(&buf, false).and_then(|()| self.roll(base_seq)) {
                         break Err(e);
                     }
+                    let sealed = self
+                        .seal_replies
+                        .drain(..)
+                        .map(|tx| (tx, Removed::default()));
+                    self.replies.extend(sealed);
                 }
                 Err(e) => break Err(e),
             }
@@ -324,11 +372,30 @@ impl Writer {
         self.failed = true;
         self.staged_run = None;
         self.out.clear();
+        // After a failed write or sync the page cache may show data that is not on disk and,
+        // after a failed fdatasync on Linux, never will be (the pages are marked clean, so
+        // no later sync writes them). A reopen would serve it and build on it. Cut the
+        // active block back to what is known durable: the cut records were never
+        // acknowledged, except under `Never`, which keeps what was written whole unless a
+        // sync failed (its records are then as good as lost in a power loss).
+        let keep = if self.sh.config.sync == SyncPolicy::Never && !self.sync_failed {
+            self.active_len
+        } else {
+            self.synced_len
+        };
+        if let Err(err) = self.active_file.set_len(keep) {
+            tracing::error!(stream = %self.sh.name, error = %err,
+                "could not cut the active block back to its durable length");
+        }
         self.sh.fail(e.to_string());
         for (tx, _) in self.replies.drain(..) {
             let _ = tx.try_send(Err(self.sh.failed_error()));
         }
-        for tx in self.compact_replies.drain(..) {
+        for tx in self
+            .compact_replies
+            .drain(..)
+            .chain(self.seal_replies.drain(..))
+        {
             let _ = tx.try_send(Err(self.sh.failed_error()));
         }
     }
@@ -359,8 +426,10 @@ impl Writer {
                     self.compact_replies.push(q.reply);
                 }
                 Op::Seal => {
-                    self.replies.push((q.reply, Removed::default()));
-                    if !st.active().entries.is_empty() {
+                    if st.active().entries.is_empty() {
+                        self.replies.push((q.reply, Removed::default()));
+                    } else {
+                        self.seal_replies.push(q.reply);
                         let base = st.active().last_seq().unwrap_or(0).max(self.written_seq) + 1;
                         roll = Some(base);
                         break;
@@ -660,7 +729,13 @@ impl Writer {
     /// Seals the active block and starts a new one whose first sequence is `base_seq`.
     /// Runs after a commit and without the state lock, except for two short sections.
     /// The old block is synced before the new file exists, so a newer block is never
-    /// found behind a torn one after a crash (unless the policy is `Never`).
+    /// found behind a torn one after a crash, and a sealed block is durable before its index
+    /// (under `Never` too: otherwise write-back may persist an index and a block length
+    /// whose data never reached the disk, and the first read would quarantine the whole
+    /// block, records that had long been durable included). The new block's
+    /// header is synced before its first record is written (under every policy: one small
+    /// sync per block): otherwise write-back may persist records of the new block without
+    /// its first page, and recovery would quarantine a block whose header reads as zeros.
     fn roll(&mut self, base_seq: u64) -> Result<()> {
         let sh = self.sh.clone();
         let (old_path, ix, ix_path) = {
@@ -674,12 +749,15 @@ impl Writer {
             )
         };
         sh.counters.rolls.fetch_add(1, Ordering::Relaxed);
-        if sh.config.sync != SyncPolicy::Never && self.file_dirty {
+        let bugs = Injected::of(&sh);
+        if self.file_dirty && !bugs.skip_sync_on_roll {
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-            self.active_file
-                .sync_data()
-                .map_err(|e| StoreError::io("fdatasync", &old_path, &e))?;
+            if let Err(e) = self.active_file.sync_data() {
+                self.sync_failed = true;
+                return Err(StoreError::io("fdatasync", &old_path, &e));
+            }
             self.file_dirty = false;
+            self.synced_len = self.active_len;
         }
         if let Err(e) = sh.vfs.write_file(&ix_path, &ix) {
             // The index is a cache of the block; a missing one is rebuilt on open.
@@ -690,11 +768,13 @@ impl Writer {
             .vfs
             .open_rw(&path, true)
             .map_err(|e| StoreError::io("create block", &path, &e))?;
-        file.write_all_at(&encode_block_header(base_seq), 0)
-            .map_err(|e| StoreError::io("write block header", &path, &e))?;
-        sh.vfs
-            .sync_dir(&sh.dir)
-            .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+        sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        crate::recovery::write_header(&*file, &path, base_seq)?;
+        if !bugs.skip_dir_sync_on_roll {
+            sh.vfs
+                .sync_dir(&sh.dir)
+                .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+        }
         let mut st = lock(&sh.state);
         st.blocks.push_back(Block::new(
             base_seq,
@@ -704,7 +784,8 @@ impl Writer {
         ));
         self.active_file = file;
         self.active_len = BLOCK_HEADER_LEN as u64;
-        self.file_dirty = true;
+        self.synced_len = self.active_len;
+        self.file_dirty = false;
         let n = st.blocks.len();
         st.evict(n - 1);
         Ok(())
@@ -738,11 +819,18 @@ impl Writer {
             SyncPolicy::Never => false,
         };
         if sync_now && self.file_dirty {
+            if Injected::of(&sh).ack_before_fsync {
+                // The injected bug: tickets complete before their data is durable.
+                lock(&sh.state).visible_seq = self.written_seq;
+                sh.publish_durable(self.written_seq);
+            }
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-            self.active_file
-                .sync_data()
-                .map_err(|e| StoreError::io("fdatasync", active_path(), &e))?;
+            if let Err(e) = self.active_file.sync_data() {
+                self.sync_failed = true;
+                return Err(StoreError::io("fdatasync", active_path(), &e));
+            }
             self.file_dirty = false;
+            self.synced_len = self.active_len;
             self.last_sync = Instant::now();
         }
         let all_durable = sync_now || sh.config.sync == SyncPolicy::Never;
@@ -762,34 +850,59 @@ impl Writer {
             }
         }
         sh.publish_durable(self.synced_seq);
-        for (tx, removed) in self.replies.drain(..) {
-            let _ = tx.try_send(Ok(removed));
+        sh.written_seq.fetch_max(self.written_seq, Ordering::SeqCst);
+        if all_durable {
+            // Not before: a removal's reply promises its marker is durable.
+            for (tx, removed) in self.replies.drain(..) {
+                let _ = tx.try_send(Ok(removed));
+            }
         }
         Ok(())
     }
 
     /// Makes the removal of emptied blocks durable at a cost per block, not per byte: each
-    /// block file is renamed into `trash/` (a metadata change) and the directory fsynced;
-    /// freeing the data, which costs the kernel time in proportion to the file size, is
-    /// left to the reaper thread. Recovery empties `trash/`.
-    fn remove_blocks(&mut self) -> Result<()> {
+    /// block file and its index are renamed into `trash/` (metadata changes) and the
+    /// directory fsynced; freeing the data, which costs the kernel time in proportion to
+    /// the file size, is left to the reaper thread, which touches nothing but `trash/` (so
+    /// the stream directory changes only in the writer's turns). Recovery empties `trash/`.
+    /// Blocks go oldest first, and a block holding delete markers only once the removals
+    /// before it are durable (one more directory fsync then).
+    pub(crate) fn remove_blocks(&mut self) -> Result<()> {
         let sh = self.sh.clone();
         let trash = sh.dir.join(TRASH_DIR);
         sh.vfs
             .create_dir_all(&trash)
             .map_err(|e| StoreError::io("create trash dir", &trash, &e))?;
-        let mut reap = Vec::with_capacity(self.unlink.len());
-        for b in self.unlink.drain(..) {
-            // A leftover index without its block is removed on open.
-            reap.push(b.index_path());
+        let mut reap = Vec::with_capacity(2 * self.unlink.len());
+        let mut blocks = std::mem::take(&mut self.unlink);
+        blocks.sort_by_key(|b| b.base_seq);
+        let mut renamed = false;
+        for b in blocks {
             let Some(name) = b.path.file_name() else {
                 continue;
             };
+            if renamed && !b.markers.is_empty() {
+                // Its delete markers may target records of the blocks renamed above (that is
+                // what lets it go): those renames must be durable before this one, since a
+                // power loss may keep any subset of a directory's unsynced changes.
+                sh.vfs
+                    .sync_dir(&sh.dir)
+                    .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+            }
+            renamed = true;
             let to = trash.join(name);
             match sh.vfs.rename(&b.path, &to) {
                 Ok(()) => reap.push(to),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(StoreError::io("rename block to trash", &b.path, &e)),
+            }
+            // A leftover index without its block is removed on open.
+            let ix = b.index_path();
+            if let Some(name) = ix.file_name() {
+                let to = trash.join(name);
+                if sh.vfs.rename(&ix, &to).is_ok() {
+                    reap.push(to);
+                }
             }
         }
         sh.vfs

@@ -260,6 +260,11 @@ fn store_is_a_leaf_crate() {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
     for line in manifest.lines() {
         let name = line.split('=').next().unwrap_or("").trim();
+        // Its own name: the package itself, and the dev-dependency on itself that turns the
+        // `sim` feature on for its tests.
+        if name == "name" || name == "tern-store" {
+            continue;
+        }
         assert!(
             !name.starts_with("tern-") && !name.starts_with("tern_"),
             "leaf crate depends on {name}"

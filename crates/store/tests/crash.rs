@@ -1,13 +1,19 @@
 //! Crash tests: damage the active block at every byte of its last records (truncation and
 //! bit flips) and check what recovery serves; kill a child process in the middle of group
-//! commits and check that every completed ticket survived.
+//! commits and check that every completed ticket survived (which, the page cache surviving
+//! SIGKILL, holds even when tickets complete before their fsync: `tests/power_loss.rs`
+//! simulates power loss for that).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use tern_store::format::{self, BLOCK_HEADER_LEN};
+use tern_store::sim::Bugs;
+use tern_store::vfs::{RealVfs, VFile, Vfs};
 use tern_store::{FilterSet, NewRecord, Store, StreamConfig};
 
 fn payload(seq: u64) -> Vec<u8> {
@@ -242,13 +248,68 @@ fn corruption_found_by_a_read_quarantines_the_block() {
 }
 
 const CHILD_ENV: &str = "TERN_STORE_CRASH_CHILD_DIR";
+/// Set in the child: the store completes tickets before their fdatasync (see below).
+const CHILD_BUG_ENV: &str = "TERN_STORE_CRASH_CHILD_ACK_BEFORE_FSYNC";
 
 /// In the child: append forever with up to 64 tickets outstanding, printing each completed
 /// sequence. In the parent: kill the child mid-run and verify every printed sequence.
 #[test]
 fn kill_during_group_commit_keeps_every_completed_ticket() {
+    kill_scenario(
+        "kill_during_group_commit_keeps_every_completed_ticket",
+        false,
+    );
+}
+
+/// Why `tests/power_loss.rs` simulates power loss: with the store told to complete tickets
+/// before their fdatasync (`tern_store::sim::Bugs::ack_before_fsync`), the `kill -9` test
+/// above still passes. SIGKILL keeps the page cache, so a record written but never synced
+/// survives it; only a power loss (or a failed fsync) tells the two apart.
+#[test]
+fn kill_9_cannot_see_acks_before_fsync() {
+    kill_scenario("kill_9_cannot_see_acks_before_fsync", true);
+}
+
+/// `RealVfs` with the ack-before-fsync bug switched on in the store.
+#[derive(Debug)]
+struct AckBeforeFsync;
+
+impl Vfs for AckBeforeFsync {
+    fn open_rw(&self, path: &Path, create_new: bool) -> std::io::Result<Arc<dyn VFile>> {
+        RealVfs.open_rw(path, create_new)
+    }
+    fn read_file(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        RealVfs.read_file(path)
+    }
+    fn write_file(&self, path: &Path, data: &[u8]) -> std::io::Result<()> {
+        RealVfs.write_file(path, data)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        RealVfs.remove_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        RealVfs.rename(from, to)
+    }
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        RealVfs.create_dir_all(dir)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        RealVfs.sync_dir(dir)
+    }
+    fn list_dir(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        RealVfs.list_dir(dir)
+    }
+    fn injected_bugs(&self) -> Bugs {
+        Bugs {
+            ack_before_fsync: true,
+            ..Bugs::NONE
+        }
+    }
+}
+
+fn kill_scenario(test: &str, bug: bool) {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
-        child(Path::new(&dir));
+        child(Path::new(&dir), std::env::var(CHILD_BUG_ENV).is_ok());
     }
     let dir = tempfile::tempdir().unwrap();
     // Kills the child even if an assertion below fails, so no process is left behind.
@@ -259,18 +320,15 @@ fn kill_during_group_commit_keeps_every_completed_ticket() {
             let _ = self.0.wait();
         }
     }
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "kill_during_group_commit_keeps_every_completed_ticket",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, dir.path())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
+    if bug {
+        cmd.env(CHILD_BUG_ENV, "1");
+    }
+    let mut child = cmd.spawn().unwrap();
     let out = BufReader::new(child.stdout.take().unwrap());
     let mut child = KillOnDrop(child);
     let mut acked = Vec::new();
@@ -311,9 +369,13 @@ fn kill_during_group_commit_keeps_every_completed_ticket() {
     }
 }
 
-fn child(dir: &Path) -> ! {
+fn child(dir: &Path, bug: bool) -> ! {
     use std::io::Write;
-    let store = Store::open(dir).unwrap();
+    let store = if bug {
+        Store::open_with_vfs(dir, Arc::new(AckBeforeFsync)).unwrap()
+    } else {
+        Store::open(dir).unwrap()
+    };
     let s = store
         .stream(
             "s",
