@@ -17,11 +17,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let hit = r.topic.starts_with(prefix.as_bytes())
                 || payloads.iter().any(|p| r.payload == p.as_bytes());
             if hit {
+                let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
                 println!(
-                    "{} {} {:?} {:?}",
+                    "{} {} {} {}",
                     r.seq,
-                    String::from_utf8_lossy(&r.topic),
-                    r.payload,
+                    hex(&r.topic),
+                    hex(&r.payload),
                     r.is_tombstone()
                 );
             }

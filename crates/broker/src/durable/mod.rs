@@ -266,12 +266,18 @@ impl DurableStore {
             .find(|(_, s)| s.filters.matches(topic.as_bytes()))
     }
 
+    /// Per message stream, the lowest sequence a cursor may not pass: the oldest message not
+    /// yet routed, and never beyond what is durable. A sequence appended but not yet durable
+    /// is lost in a crash and handed out again afterwards, to another message; a cursor
+    /// written past it would mark that new message as done (the crash test found QoS 1 and
+    /// QoS 2 replayed wrongly after cursors had moved back from such a floor).
     fn floors(&self) -> Vec<u64> {
         self.slots
             .iter()
             .map(|s| {
                 let u = s.unrouted.lock();
-                u.seqs.first().copied().unwrap_or(u.next_seq)
+                let unrouted = u.seqs.first().copied().unwrap_or(u.next_seq);
+                unrouted.min(s.stream.durable_seq() + 1)
             })
             .collect()
     }
@@ -623,6 +629,13 @@ impl MessageStore for DurableStore {
             let mut written = self.written_cursors.lock();
             if written.get(client_id) == Some(&cursor) {
                 return false;
+            }
+            if let Some(old) = written.get(client_id) {
+                // Cursor safety says a cursor never moves back: a message below it was done.
+                // One that does shows a held message below the last cursor (a bug upstream).
+                if old.iter().zip(&cursor).any(|(o, n)| n < o) {
+                    tracing::warn!(client_id, ?old, new = ?cursor, ?floors, "session cursor moved back");
+                }
             }
             written.insert(client_id.to_string(), cursor.clone());
         }

@@ -223,8 +223,16 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
-        if std::thread::panicking() {
+        let panicking = std::thread::panicking();
+        if panicking {
             eprintln!("--- tern stderr (tail) ---\n{}", self.log_tail(60));
+        }
+        // For a post-mortem of the data dir and the log (e.g. a crash test's store).
+        let keep = std::env::var_os("TERN_E2E_KEEP_ALWAYS").is_some()
+            || (panicking && std::env::var_os("TERN_E2E_KEEP_FAILED").is_some());
+        if keep {
+            self.dir.disable_cleanup(true);
+            eprintln!("data dir kept: {}", self.dir.path().display());
         }
     }
 }

@@ -154,7 +154,8 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
                     .unwrap_or(1)
             })
             .collect();
-        let client_exchanges = exchanges.remove(client).unwrap_or_default();
+        let mut client_exchanges = exchanges.remove(client).unwrap_or_default();
+        store.drop_stale(client, &mut client_exchanges, &cursor_of);
         let client_rx = rx.remove(client).unwrap_or_default();
         let qos2_received: Vec<u16> = client_rx.keys().copied().collect();
         sessions.push(sessions::rebuild(
