@@ -60,6 +60,19 @@ pub struct Limits {
     pub max_msgs_per_topic: Option<u64>,
     /// Behaviour of `max_msgs`, `max_bytes` and `max_msgs_per_topic` when reached.
     pub discard: Discard,
+    /// Topics starting with this prefix are not subject to `max_msgs_per_topic` (a caller's
+    /// control records, which the caller removes itself).
+    pub per_topic_exempt_prefix: Option<Vec<u8>>,
+}
+
+impl Limits {
+    /// The `max_msgs_per_topic` that applies to `topic`, if any.
+    pub(crate) fn per_topic_max(&self, topic: &[u8]) -> Option<u64> {
+        match &self.per_topic_exempt_prefix {
+            Some(p) if topic.starts_with(p) => None,
+            _ => self.max_msgs_per_topic,
+        }
+    }
 }
 
 /// Configuration of one stream.

@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     /// Appenders wait here for queue space.
     pub space_cv: Condvar,
     pub durable_seq: AtomicU64,
+    /// Retention limits never remove a record at or above this sequence (`u64::MAX`: no pin).
+    pub retention_floor: AtomicU64,
     pub failed: AtomicBool,
     pub failure: Mutex<Option<String>>,
     /// One waker per pending ticket that was polled, by sequence (a sequence has one ticket).
@@ -82,6 +84,7 @@ impl Shared {
             writer_cv: Condvar::new(),
             space_cv: Condvar::new(),
             durable_seq: AtomicU64::new(durable_seq),
+            retention_floor: AtomicU64::new(u64::MAX),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             wakers: Mutex::new(BTreeMap::new()),
