@@ -86,6 +86,9 @@ impl Checkpointer {
                 }
             }
         }
+        // Cursors are taken as written and removal waits for them to be durable, so this may
+        // run before this pass's writes (see `durable::reclaim`).
+        shared.store.reclaim();
         let clients = shared.store.persistent_sessions();
         if clients.is_empty() {
             self.seen.clear();

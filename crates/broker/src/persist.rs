@@ -293,6 +293,9 @@ pub trait MessageStore: Send + Sync + 'static {
     fn checkpoint_floors(&self) -> Vec<u64> {
         Vec::new()
     }
+    /// Periodic housekeeping from the checkpointer: removes what no one needs any more and
+    /// checkpoints state that would otherwise be rebuilt from history. Never waits on the disk.
+    fn reclaim(&self) {}
     /// Records how far a persistent session got: `held` lists the stored messages it still
     /// holds (queued or in flight). Called periodically. True if a write was issued.
     fn checkpoint(&self, _client_id: &str, _floors: &[u64], _held: &HeldSeqs) -> bool {

@@ -92,6 +92,9 @@ pub struct StreamConfig {
     /// Verify every record checksum of sealed blocks on open (otherwise sealed blocks are
     /// trusted through their index and verified when read).
     pub verify_on_open: bool,
+    /// Start with a retention floor of 0 (limits remove nothing) until the owner sets one with
+    /// `Stream::set_retention_floor` (e.g. once it knows what open state the stream holds).
+    pub start_pinned: bool,
 }
 
 impl Default for StreamConfig {
@@ -104,6 +107,7 @@ impl Default for StreamConfig {
             expire_interval: Duration::from_secs(1),
             verify_on_open: false,
             index_cache_blocks: DEFAULT_INDEX_CACHE_BLOCKS,
+            start_pinned: false,
         }
     }
 }

@@ -73,6 +73,7 @@ impl Shared {
         queue: Queue,
         durable_seq: u64,
     ) -> Self {
+        let retention_floor = if config.start_pinned { 0 } else { u64::MAX };
         Shared {
             counters: Counters::default(),
             name,
@@ -84,7 +85,7 @@ impl Shared {
             writer_cv: Condvar::new(),
             space_cv: Condvar::new(),
             durable_seq: AtomicU64::new(durable_seq),
-            retention_floor: AtomicU64::new(u64::MAX),
+            retention_floor: AtomicU64::new(retention_floor),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             wakers: Mutex::new(BTreeMap::new()),

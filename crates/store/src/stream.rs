@@ -470,6 +470,14 @@ impl Stream {
             .store(floor, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Lowers the retention floor to `floor` if it is above it (one atomic step), e.g. as a
+    /// record that must outlive the limits is appended.
+    pub fn lower_retention_floor(&self, floor: u64) {
+        self.sh()
+            .retention_floor
+            .fetch_min(floor, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Removes every record whose topic matches one of the filters.
     pub fn purge(&self, filters: &FilterSet) -> Result<Removed> {
         self.op(Op::Purge {

@@ -137,8 +137,10 @@ impl DurableStore {
         }
         let key = exchange_key(client_id, packet_id);
         let result = self.sent.put(&key, &self.encode_position(Some(stored)));
-        self.exchanges
-            .lock()
+        let mut exchanges = self.exchanges.lock();
+        // Under the exchanges lock (see `reclaim`): limits never remove a message in flight.
+        self.pin(stored);
+        exchanges
             .entry(client_id.to_string())
             .or_default()
             .live
@@ -164,9 +166,11 @@ impl DurableStore {
         }
         let key = exchange_key(client_id, packet_id);
         let result = self.outbound.put(&key, &self.encode_position(stored));
-        let previous = self
-            .exchanges
-            .lock()
+        let mut exchanges = self.exchanges.lock();
+        if let Some(stored) = stored {
+            self.pin(stored);
+        }
+        let previous = exchanges
             .entry(client_id.to_string())
             .or_default()
             .live

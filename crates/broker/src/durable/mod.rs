@@ -46,6 +46,7 @@ pub mod codec;
 pub mod config;
 mod exchanges;
 mod keyspace;
+mod reclaim;
 mod recover;
 
 use std::collections::{BTreeSet, HashMap};
@@ -58,7 +59,7 @@ use exchanges::ClientExchanges;
 use keyspace::Keyspace;
 use tern_wire::{Protocol, QoS, SubscriptionOptions};
 
-pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, SessionLimits, StreamSpec};
+pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, Keep, SessionLimits, StreamSpec};
 
 use crate::message::Message;
 use crate::persist::{HeldSeqs, MessageStore, PersistError, Recovered, StoreRef, Ticket};
@@ -93,6 +94,11 @@ pub struct DurableStore {
     sent: Keyspace,
     outbound: Keyspace,
     done: Keyspace,
+    /// Per message stream name: where recovery starts reading `$tern/#` (`reclaim` module).
+    rx_start: Keyspace,
+    reclaim: Mutex<reclaim::ReclaimState>,
+    /// `$tern/` records read by the last recovery (tests show the rx checkpoint at work).
+    control_records_read: std::sync::atomic::AtomicU64,
     retained: KvStream,
     /// Persistent sessions as last written to `tern.sessions`.
     mirror: Mutex<HashMap<String, SessionRecord>>,
@@ -141,7 +147,12 @@ impl DurableStore {
         let store = Store::open(dir)?;
         let mut slots = Vec::with_capacity(config.streams.len());
         for spec in &config.streams {
-            let stream = store.stream(&spec.name, spec.store.clone())?;
+            let mut stream_config = spec.store.clone();
+            // Control records are one topic per client: a per-topic limit must not count them,
+            // and no limit may remove open state before recovery has found it.
+            stream_config.limits.per_topic_exempt_prefix = Some(b"$tern/".to_vec());
+            stream_config.start_pinned = true;
+            let stream = store.stream(&spec.name, stream_config)?;
             report_damage(&stream);
             let next_seq = stream.info().last_seq.map_or(1, |s| s + 1);
             slots.push(Slot {
@@ -182,6 +193,9 @@ impl DurableStore {
             sent: Keyspace::new(&session_state, b'p'),
             outbound: Keyspace::new(&session_state, b'o'),
             done: Keyspace::new(&session_state, b'd'),
+            rx_start: Keyspace::new(&session_state, b'x'),
+            reclaim: Mutex::new(reclaim::ReclaimState::default()),
+            control_records_read: std::sync::atomic::AtomicU64::new(0),
             retained: kv("tern.retained")?,
             slots,
             mirror: Mutex::new(HashMap::new()),
@@ -196,6 +210,19 @@ impl DurableStore {
     /// The message streams, in configuration order (the appended default stream last).
     pub fn streams(&self) -> impl Iterator<Item = &Stream> {
         self.slots.iter().map(|s| &s.stream)
+    }
+
+    /// `$tern/` control records the last recovery read (with the rx checkpoint, only those
+    /// from the oldest open inbound QoS 2 exchange on).
+    pub fn control_records_read(&self) -> u64 {
+        self.control_records_read
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs the reclamation step now (tests): computes floors, and applies the previous
+    /// computation if what it rests on is durable.
+    pub fn reclaim_now(&self) {
+        self.reclaim_step(true);
     }
 
     /// The state streams: `tern.sessions`, then `tern.retained`.
@@ -336,6 +363,8 @@ impl MessageStore for DurableStore {
                     rx.insert(client_id.to_string(), HashMap::from([(packet_id, rx_ref)]));
                 }
             }
+            // Under the rx lock (see `reclaim`): limits never remove an open rx record.
+            self.pin(rx_ref);
         }
         Some(Ticket::from_store(ticket))
     }
@@ -349,18 +378,20 @@ impl MessageStore for DurableStore {
     }
 
     fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
-        let rx_ref = self.rx.lock().get_mut(client_id)?.remove(&packet_id)?;
+        // The rx lock is held across the append: the rx checkpoint relies on every released
+        // rx record's `rel` being appended before it is computed (`reclaim` module).
+        let mut rx = self.rx.lock();
+        let rx_ref = rx.get_mut(client_id)?.remove(&packet_id)?;
         let slot = self.slots.get(usize::from(rx_ref.stream))?;
         let topic = format!("{REL_PREFIX}{client_id}");
-        Some(
-            match slot
-                .stream
-                .append(topic.as_bytes(), &[], &rx_ref.seq.to_be_bytes())
-            {
-                Ok(ticket) => Ticket::from_store(ticket),
-                Err(error) => Ticket::failed(io_error(error)),
-            },
-        )
+        let result = slot
+            .stream
+            .append(topic.as_bytes(), &[], &rx_ref.seq.to_be_bytes());
+        drop(rx);
+        Some(match result {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => Ticket::failed(io_error(error)),
+        })
     }
 
     fn outbound_sent(&self, client_id: &str, packet_id: u16, stored: StoreRef) -> Option<Ticket> {
@@ -526,6 +557,10 @@ impl MessageStore for DurableStore {
 
     fn checkpoint_floors(&self) -> Vec<u64> {
         self.floors()
+    }
+
+    fn reclaim(&self) {
+        self.reclaim_step(false);
     }
 
     fn persistent_sessions(&self) -> Vec<std::sync::Arc<str>> {

@@ -91,15 +91,37 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             cursors.insert(client.to_string(), pos.into_iter().collect());
         }
     }
-    // Inbound QoS 2 received sets from the control records of every stream, in order.
+    // Inbound QoS 2 received sets from the control records of every stream, in order, from
+    // the rx checkpoint on: below it every rx record was released (`reclaim` module).
+    let mut rx_starts: HashMap<String, u64> = HashMap::new();
+    for (key, value) in store.rx_start.entries(&all)? {
+        if let (Ok(name), Some(seq)) = (
+            std::str::from_utf8(&key),
+            super::reclaim::decode_rx_start(&value),
+        ) {
+            rx_starts.insert(name.to_string(), seq);
+        }
+    }
+    let rx_start_of: Vec<u64> = store
+        .slots
+        .iter()
+        .map(|s| rx_starts.get(&s.spec.name).copied().unwrap_or(1))
+        .collect();
     let control = FilterSet::new(["$tern/#"]);
     let mut rx: HashMap<String, HashMap<u16, StoreRef>> = HashMap::new();
+    let mut control_read = 0u64;
     for (index, slot) in store.slots.iter().enumerate() {
         let stream = index as u16;
         let last_seq = slot.stream.info().last_seq.unwrap_or(0);
-        let mut from = 1;
+        let mut from = rx_start_of[index];
+        tracing::debug!(
+            stream = slot.spec.name,
+            from,
+            "reading QoS 2 control records"
+        );
         loop {
             let batch = read_damage_tolerant(&slot.stream, from, &control)?;
+            control_read += batch.records.len() as u64;
             for r in &batch.records {
                 let Ok(topic) = std::str::from_utf8(&r.topic) else {
                     continue;
@@ -173,6 +195,13 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             .lock()
             .insert(client.clone(), cursor_of);
     }
+
+    *store.reclaim.lock() = super::reclaim::ReclaimState::new(rx_start_of);
+    store
+        .control_records_read
+        .store(control_read, std::sync::atomic::Ordering::Relaxed);
+    // Sets the retention floors of the open state just rebuilt (the streams opened pinned).
+    store.reclaim_step(true);
 
     let mut retained = Vec::new();
     for (topic, value) in store.retained.entries(&all)? {
