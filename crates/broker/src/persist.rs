@@ -328,13 +328,14 @@ pub struct StoredSession {
     /// Outbound messages in flight, in send order.
     pub inflight: Vec<StoredInflight>,
     /// Messages queued beyond the window, in order, with their delivery QoS.
-    pub queued: Vec<(Message, QoS)>,
+    /// A message queued for many sessions is one shared `Arc`.
+    pub queued: Vec<(Arc<Message>, QoS)>,
 }
 
 #[derive(Debug)]
 pub struct StoredInflight {
     pub packet_id: u16,
-    pub message: Message,
+    pub message: Arc<Message>,
     pub qos: QoS,
     /// PUBREC was received: resend PUBREL, never the PUBLISH (§3).
     pub pubrel_pending: bool,

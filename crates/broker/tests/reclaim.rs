@@ -53,6 +53,19 @@ async fn reclaim(store: &DurableStore) {
     store.reclaim_now();
 }
 
+/// Reclamation steps until `done(first live sequence)` or 5 s (the state stream's fsync may
+/// be slow on a busy machine); returns the first live sequence.
+async fn reclaim_until(store: &DurableStore, done: impl Fn(u64) -> bool) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        reclaim(store).await;
+        let first = first_seq(store);
+        if done(first) || Instant::now() > deadline {
+            return first;
+        }
+    }
+}
+
 fn first_seq(store: &DurableStore) -> u64 {
     store.streams().next().unwrap().info().first_seq.unwrap()
 }
@@ -86,18 +99,14 @@ async fn blocks_go_once_the_persistent_cursor_passed_them() {
     let floors = store.checkpoint_floors();
     assert!(store.checkpoint("sub", &floors, &Vec::new()));
     store.checkpoint("pub", &floors, &Vec::new());
-    reclaim(&store).await;
-    reclaim(&store).await;
-    let first = first_seq(&store);
+    let first = reclaim_until(&store, |f| f > 50).await;
     assert!(
         first > 50 && first <= rx_seq,
         "blocks before the open exchange's rx record went, its block stayed: first {first}, rx {rx_seq}"
     );
     // PUBREL: the exchange is over, nothing pins the rest.
     durable(store.qos2_released("pub", 9)).await;
-    reclaim(&store).await;
-    reclaim(&store).await;
-    let first = first_seq(&store);
+    let first = reclaim_until(&store, |f| f > 450).await;
     assert!(
         first > 450,
         "whole blocks below the cursor went: first {first}"
@@ -132,8 +141,21 @@ async fn recovery_reads_control_records_from_the_rx_checkpoint_only() {
         // The publisher's session subscribes to nothing: its cursor follows the floors.
         let floors = store.checkpoint_floors();
         store.checkpoint("pub", &floors, &Vec::new());
-        reclaim(&store).await;
-        reclaim(&store).await;
+        // Until the rx checkpoint is written (it lies past the first block then).
+        let rx_start_written = || {
+            store.state_streams()[0]
+                .read_from(
+                    1,
+                    &tern_store::FilterSet::new(["xmessages"]),
+                    10,
+                    usize::MAX,
+                )
+                .is_ok_and(|b| !b.records.is_empty())
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !rx_start_written() && Instant::now() < deadline {
+            reclaim(&store).await;
+        }
         assert_eq!(first_seq(&store), 1, "keep = retention: the log stays");
         assert!(open_seq > 1000);
         // Let the rx checkpoint's group commit finish.

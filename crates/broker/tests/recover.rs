@@ -47,19 +47,19 @@ impl MessageStore for Recovering {
                 inflight: vec![
                     StoredInflight {
                         packet_id: 7,
-                        message: msg("live/a", b"unacked", QoS::AtLeastOnce, false),
+                        message: msg("live/a", b"unacked", QoS::AtLeastOnce, false).into(),
                         qos: QoS::AtLeastOnce,
                         pubrel_pending: false,
                     },
                     StoredInflight {
                         packet_id: 8,
-                        message: msg("live/b", b"recd", QoS::ExactlyOnce, false),
+                        message: msg("live/b", b"recd", QoS::ExactlyOnce, false).into(),
                         qos: QoS::ExactlyOnce,
                         pubrel_pending: true,
                     },
                 ],
                 queued: vec![(
-                    msg("live/c", b"queued", QoS::AtLeastOnce, false),
+                    msg("live/c", b"queued", QoS::AtLeastOnce, false).into(),
                     QoS::AtLeastOnce,
                 )],
             }],

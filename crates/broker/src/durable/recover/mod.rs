@@ -160,7 +160,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     rx.retain(|client, _| records.contains_key(client));
 
     let mut exchanges = store.load_exchanges(&|client| records.contains_key(client))?;
-    let mut sessions = Vec::with_capacity(records.len());
+    let mut inputs = Vec::with_capacity(records.len());
     for (client, record) in &records {
         let cursor_of: Vec<u64> = store
             .slots
@@ -173,27 +173,28 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
                     .unwrap_or(1)
             })
             .collect();
-        let client_exchanges = exchanges.remove(client).unwrap_or_default();
         let client_rx = rx.remove(client).unwrap_or_default();
-        let qos2_received: Vec<u16> = client_rx.keys().copied().collect();
-        sessions.push(sessions::rebuild(
-            store,
+        inputs.push(sessions::SessionInput {
             client,
             record,
-            &cursor_of,
-            &client_exchanges,
-            qos2_received,
-        )?);
+            cursor_of,
+            exchanges: exchanges.remove(client).unwrap_or_default(),
+            qos2_received: client_rx.keys().copied().collect(),
+        });
         store.rx.lock().insert(client.clone(), client_rx);
+    }
+    let sessions = sessions::rebuild_all(store, &inputs)?;
+    for input in inputs {
+        let client = input.client.to_string();
         store
             .exchanges
             .lock()
-            .insert(client.clone(), client_exchanges);
-        store.mirror.lock().insert(client.clone(), record.clone());
+            .insert(client.clone(), input.exchanges);
         store
-            .written_cursors
+            .mirror
             .lock()
-            .insert(client.clone(), cursor_of);
+            .insert(client.clone(), input.record.clone());
+        store.written_cursors.lock().insert(client, input.cursor_of);
     }
 
     *store.reclaim.lock() = super::reclaim::ReclaimState::new(rx_start_of);
