@@ -175,3 +175,64 @@ async fn recovery_reads_control_records_from_the_rx_checkpoint_only() {
         "recovery read {read} `$tern/` records: it started at the open exchange, not at 1"
     );
 }
+
+/// Offline sessions owed the same stored message share one decoded `Arc<Message>` after a
+/// restart, each in its own order and from its own cursor.
+#[tokio::test]
+async fn recovered_sessions_share_one_message_per_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = SubscriptionOptions {
+        qos: QoS::AtLeastOnce,
+        ..SubscriptionOptions::default()
+    };
+    {
+        let store = DurableStore::open(dir.path(), small_blocks()).unwrap();
+        for (client, filter) in [("s1", "t/#"), ("s2", "t/a"), ("s3", "t/+")] {
+            store.session_opened(client, Protocol::V3_1_1, u32::MAX, true);
+            durable(store.session_subscribed(client, filter, opts, None)).await;
+        }
+        // s3 also subscribes with an overlapping filter: still one copy per message.
+        durable(store.session_subscribed("s3", "t/a", opts, None)).await;
+        publish(&store, &msg("t/a", QoS::AtLeastOnce), None).await;
+        // s1 moves past the first message.
+        let floors = store.checkpoint_floors();
+        store.checkpoint("s1", &floors, &Vec::new());
+        for _ in 0..3 {
+            publish(&store, &msg("t/a", QoS::AtLeastOnce), None).await;
+        }
+        publish(&store, &msg("t/b", QoS::AtLeastOnce), None).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let store = DurableStore::open(dir.path(), small_blocks()).unwrap();
+    let recovered = store.recover();
+    let get = |c: &str| {
+        recovered
+            .sessions
+            .iter()
+            .find(|s| s.client_id == c)
+            .unwrap()
+    };
+    let seqs = |c: &str| -> Vec<u64> {
+        get(c)
+            .queued
+            .iter()
+            .map(|(m, _)| m.store_ref().unwrap().seq)
+            .collect()
+    };
+    // s3 gets every message once, in order; s2 the `t/a` ones; s1 all but the first.
+    let all = seqs("s3");
+    assert_eq!(all.len(), 5);
+    assert!(all.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(seqs("s2"), all[..4].to_vec());
+    assert_eq!(seqs("s1"), all[1..].to_vec());
+    for i in 0..4 {
+        assert!(std::sync::Arc::ptr_eq(
+            &get("s2").queued[i].0,
+            &get("s3").queued[i].0
+        ));
+    }
+    assert!(std::sync::Arc::ptr_eq(
+        &get("s1").queued[0].0,
+        &get("s2").queued[1].0
+    ));
+}
