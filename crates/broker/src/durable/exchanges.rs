@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use tern_store::{FilterSet, StoreError};
+use tern_store::StoreError;
 
 use super::{DurableStore, codec, io_error};
 use crate::persist::{StoreRef, Ticket};
@@ -271,11 +271,12 @@ impl DurableStore {
 
     /// Reads every exchange record at start-up, keeping those of sessions in `live_clients`
     /// and deleting the rest (left over from sessions that ended or expired).
+    /// `entries` is `tern.sessions` read once, by key-space prefix (`Keyspace::read_all`).
     pub(super) fn load_exchanges(
         &self,
         live_clients: &dyn Fn(&str) -> bool,
-    ) -> Result<HashMap<String, ClientExchanges>, StoreError> {
-        let all = FilterSet::all();
+        entries: &mut HashMap<u8, Vec<(bytes::Bytes, bytes::Bytes)>>,
+    ) -> HashMap<String, ClientExchanges> {
         let name_index: HashMap<&str, u16> = self
             .slots
             .iter()
@@ -297,7 +298,7 @@ impl DurableStore {
             (&self.sent, LivePhase::Sent),
             (&self.outbound, LivePhase::PubRel),
         ] {
-            for (key, value) in keyspace.entries(&all)? {
+            for (key, value) in entries.remove(&keyspace.prefix()).unwrap_or_default() {
                 let Some((client, packet_id)) = split_exchange_key(&key) else {
                     continue;
                 };
@@ -317,7 +318,7 @@ impl DurableStore {
                     .insert(packet_id, live);
             }
         }
-        for (key, _) in self.done.entries(&all)? {
+        for (key, _) in entries.remove(&self.done.prefix()).unwrap_or_default() {
             let Some((client, name, seq)) = split_done_key(&key) else {
                 continue;
             };
@@ -333,7 +334,7 @@ impl DurableStore {
                 }
             }
         }
-        Ok(out)
+        out
     }
 }
 

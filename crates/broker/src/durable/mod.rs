@@ -27,7 +27,14 @@
 //!     PUBREC arrived ("PUBREL pending"); kept after PUBCOMP until the session's cursor passes
 //!     the message (so a completed exchange is never replayed as a new PUBLISH), and cleared
 //!     only after that cursor was written, in the same stream;
+//!   - `x` ++ message stream name → u64 BE: the rx checkpoint, below which every `$tern/rx`
+//!     record of that stream was released (or voided) durably; recovery reads `$tern/#` from
+//!     there ([`reclaim`]);
 //! - `tern.retained`: topic → meta length (u32 BE) ++ meta ++ payload; cleared = deleted.
+//!
+//! Message streams with `keep = "interest"` lose their blocks once no one needs them; the
+//! retention limits never remove open state and never count `$tern/` records per topic
+//! ([`reclaim`]).
 //!
 //! A persistent session's queued messages are not copied: at start-up they are the records
 //! after its cursor that its (non-shared) filters match, minus those PUBREL-pending.

@@ -2,14 +2,16 @@
 //! checkpoint (ARCHITECTURE §5, "Reclamation").
 //!
 //! Per message stream, every [`RECLAIM_INTERVAL_MS`] (from the checkpointer):
-//! - **open-state floor**: the lowest of the unrouted floor, the oldest open inbound QoS 2
-//!   `$tern/rx` record, the oldest message of a live outbound QoS 2 exchange (sent or
-//!   PUBREL pending), and the next sequence. It is set at once as the stream's retention
-//!   floor: `max_age`, `max_msgs`, `max_bytes` and `max_msgs_per_topic` never remove at or
-//!   above it (and `$tern/` records are exempt from `max_msgs_per_topic`, their topic is one
-//!   per client).
-//! - **interest floor**: the open-state floor lowered to every persistent session's cursor as
-//!   written. Blocks wholly below it are removed (`keep = "interest"` streams only), one
+//! - **open-state floor**: the oldest open inbound QoS 2 `$tern/rx` record and the oldest
+//!   message of a live outbound QoS 2 exchange (sent or PUBREL pending). It is the stream's
+//!   retention floor: `max_age`, `max_msgs`, `max_bytes` and `max_msgs_per_topic` never
+//!   remove at or above it (and `$tern/` records are exempt from `max_msgs_per_topic`: their
+//!   topic is one per client). Set here, and lowered at once as an rx record or an exchange
+//!   is added ([`DurableStore::pin`]), under the lock of the map it is added to.
+//! - **interest floor**: the lowest of the unrouted floor, the open-state floor and every
+//!   persistent session's cursor as written (a session without one yet pins everything).
+//!   Non-persistent sessions hold their messages in memory (`Arc`) and pin nothing; retained
+//!   messages live in `tern.retained` and pin nothing either. Blocks wholly below it are removed (`keep = "interest"` streams only), one
 //!   step per block.
 //! - **rx scan start**: the lowest of the unrouted floor, the oldest open rx record and the
 //!   next sequence; written to `tern.sessions` (key space `x`, per stream) so that recovery

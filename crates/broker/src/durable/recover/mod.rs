@@ -50,9 +50,16 @@ fn read_damage_tolerant(
 
 /// Builds the broker's state from the store (see the module doc).
 pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
+    let started = std::time::Instant::now();
     let all = FilterSet::all();
+    // `tern.sessions` read once for all its key spaces.
+    let mut state = super::keyspace::Keyspace::read_all(&store.sessions.kv, &all)?;
+    let mut take = |prefix: u8| state.remove(&prefix).unwrap_or_default();
+    let session_entries = take(store.sessions.prefix());
+    let cursor_entries = take(store.cursors.prefix());
+    let rx_start_entries = take(store.rx_start.prefix());
     let mut records: HashMap<String, SessionRecord> = HashMap::new();
-    for (key, value) in store.sessions.entries(&all)? {
+    for (key, value) in session_entries {
         let Ok(client) = std::str::from_utf8(&key) else {
             continue;
         };
@@ -84,7 +91,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         true
     });
     let mut cursors: HashMap<String, HashMap<String, u64>> = HashMap::new();
-    for (key, value) in store.cursors.entries(&all)? {
+    for (key, value) in cursor_entries {
         if let (Ok(client), Some(pos)) =
             (std::str::from_utf8(&key), codec::decode_positions(&value))
         {
@@ -94,7 +101,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     // Inbound QoS 2 received sets from the control records of every stream, in order, from
     // the rx checkpoint on: below it every rx record was released (`reclaim` module).
     let mut rx_starts: HashMap<String, u64> = HashMap::new();
-    for (key, value) in store.rx_start.entries(&all)? {
+    for (key, value) in rx_start_entries {
         if let (Ok(name), Some(seq)) = (
             std::str::from_utf8(&key),
             super::reclaim::decode_rx_start(&value),
@@ -107,6 +114,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         .iter()
         .map(|s| rx_starts.get(&s.spec.name).copied().unwrap_or(1))
         .collect();
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: session records and cursors read");
     let control = FilterSet::new(["$tern/#"]);
     let mut rx: HashMap<String, HashMap<u16, StoreRef>> = HashMap::new();
     let mut control_read = 0u64;
@@ -159,7 +167,8 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     }
     rx.retain(|client, _| records.contains_key(client));
 
-    let mut exchanges = store.load_exchanges(&|client| records.contains_key(client))?;
+    tracing::debug!(elapsed = ?started.elapsed(), control_read, "recovery: QoS 2 control records read");
+    let mut exchanges = store.load_exchanges(&|client| records.contains_key(client), &mut state);
     let mut inputs = Vec::with_capacity(records.len());
     for (client, record) in &records {
         let cursor_of: Vec<u64> = store
@@ -183,7 +192,10 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         });
         store.rx.lock().insert(client.clone(), client_rx);
     }
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: exchanges read");
     let sessions = sessions::rebuild_all(store, &inputs)?;
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: sessions rebuilt");
+    drop(state);
     for input in inputs {
         let client = input.client.to_string();
         store
@@ -204,6 +216,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     // Sets the retention floors of the open state just rebuilt (the streams opened pinned).
     store.reclaim_step(true);
 
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: sessions handed over");
     let mut retained = Vec::new();
     for (topic, value) in store.retained.entries(&all)? {
         match codec::decode_retained(&topic, &value) {
