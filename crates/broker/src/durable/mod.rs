@@ -589,13 +589,16 @@ impl MessageStore for DurableStore {
             }
         }
         {
+            // The write is issued under the lock: reclamation reads the cursors and then the
+            // state stream's last sequence under it, so every cursor it sees is covered by
+            // the durability it waits for (`reclaim`).
             let mut written = self.written_cursors.lock();
             if written.get(client_id) == Some(&cursor) {
                 return false;
             }
             written.insert(client_id.to_string(), cursor.clone());
+            self.write_cursor(client_id, &cursor);
         }
-        self.write_cursor(client_id, &cursor);
         self.clear_passed(client_id, &cursor);
         true
     }

@@ -20,7 +20,8 @@
 //! # Invariants
 //! - Nothing is removed below a cursor that is not durable: floors are computed from the
 //!   cursors as written and applied only at a later pass, once `tern.sessions` is durable up
-//!   to where it was when they were computed.
+//!   to its last sequence read under the cursor map's lock (a cursor enters the map after its
+//!   append, or with its append under that lock).
 //! - An rx scan start `c` is written only once every `$tern/rel` record of an rx record
 //!   below `c` is durable: the start is computed under the rx lock, which `qos2_released`
 //!   holds across its append, with the stream's last sequence at that moment as the mark,
@@ -149,11 +150,14 @@ impl DurableStore {
         let n = self.slots.len();
         // Unrouted floors first (see the module invariants).
         let unrouted = self.floors();
-        let sessions_mark = self.sessions.kv.stream().next_seq().saturating_sub(1);
         let mut interest = unrouted.clone();
+        let sessions_mark;
         {
             let mirror = self.mirror.lock();
             let written = self.written_cursors.lock();
+            // Every cursor in the map was appended before it got there or under this lock
+            // (`checkpoint`): all of them lie at or below this mark.
+            sessions_mark = self.sessions.kv.stream().next_seq().saturating_sub(1);
             for client in mirror.keys() {
                 match written.get(client) {
                     Some(cursor) => {
