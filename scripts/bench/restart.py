@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Restart measurement (BENCHMARKS.md, "Reclamation and restart").
 
-usage: restart.py TERN DATA_DIR PORT [--kill PID]
+usage: restart.py TERN DATA_DIR PORT [--kill PID] [--config FILE]
 With --kill PID: reads that broker's VmRSS, kills it with SIGKILL and waits for it to go.
 Then starts `TERN serve --bind 127.0.0.1:PORT --data-dir DATA_DIR`, times it from spawn to
 its `tern listening on` line, and reads its VmRSS then and 2 s later. Prints one line; leaves
@@ -32,8 +32,10 @@ def cpu_s(pid: int) -> float:
 def main():
     tern, data_dir, port = sys.argv[1], sys.argv[2], sys.argv[3]
     before = None
-    if len(sys.argv) > 5 and sys.argv[4] == "--kill":
-        old = int(sys.argv[5])
+    opts = dict(zip(sys.argv[4::2], sys.argv[5::2]))
+    config = ["--config", opts["--config"]] if "--config" in opts else []
+    if "--kill" in opts:
+        old = int(opts["--kill"])
         before = rss_mib(old)
         os.kill(old, signal.SIGKILL)
         for _ in range(500):
@@ -56,7 +58,7 @@ def main():
                     time.sleep(0.01)
     t0 = time.monotonic()
     p = subprocess.Popen(
-        [tern, "serve", "--bind", f"127.0.0.1:{port}", "--data-dir", data_dir],
+        [tern, "serve", "--bind", f"127.0.0.1:{port}", "--data-dir", data_dir, *config],
         stdout=subprocess.PIPE,
         stderr=open(os.path.join(os.path.dirname(os.path.abspath(data_dir)), "restart.log"), "a"),
         text=True,
