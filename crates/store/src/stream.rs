@@ -460,6 +460,12 @@ impl Stream {
         self.op(Op::RemoveBlocksBelow { floor })
     }
 
+    /// `remove_blocks_below` without waiting for the writer: the removal is queued and made
+    /// durable with a later group commit (for callers that must not block, e.g. an async task).
+    pub fn queue_remove_blocks_below(&self, floor: u64) {
+        self.send_op(Op::RemoveBlocksBelow { floor });
+    }
+
     /// Retention limits (`max_age`, `max_msgs`, `max_bytes`, `max_msgs_per_topic`) never
     /// remove a record at or above `floor` from now on (`u64::MAX`: no such floor, the
     /// default). A limit that cannot be met without crossing it is exceeded until the floor

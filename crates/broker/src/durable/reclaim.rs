@@ -129,19 +129,9 @@ impl DurableStore {
             if slot.stream.info().first_seq.is_none_or(|f| f >= floor) {
                 continue;
             }
-            match slot.stream.remove_blocks_below(floor) {
-                Ok(removed) if removed.records > 0 => tracing::debug!(
-                    stream = slot.spec.name,
-                    records = removed.records,
-                    bytes = removed.bytes,
-                    floor,
-                    "reclaimed blocks no one needs"
-                ),
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(%error, stream = slot.spec.name, "cannot reclaim blocks")
-                }
-            }
+            // Queued, not waited for: this runs on the checkpointer's async task.
+            tracing::trace!(stream = slot.spec.name, floor, "reclaiming blocks below");
+            slot.stream.queue_remove_blocks_below(floor);
         }
     }
 
