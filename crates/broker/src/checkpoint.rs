@@ -108,6 +108,9 @@ impl Checkpointer {
             crate::session::groups::held(shared, &share, &mut held);
             shared.store.checkpoint_group(&share, &floors, &held);
         }
+        // Cursors are taken as written and removal waits for them to be durable, so this may
+        // run before this pass's writes (see `durable::reclaim`).
+        shared.store.reclaim();
         let clients = shared.store.persistent_sessions();
         if clients.is_empty() {
             self.seen.clear();

@@ -35,7 +35,7 @@ pub mod will;
 
 pub use broker::{Broker, Shared};
 pub use config::{BrokerConfig, ConfigError};
-pub use durable::{Durability, DurableConfig, DurableStore, SessionLimits, StreamSpec};
+pub use durable::{Durability, DurableConfig, DurableStore, Keep, SessionLimits, StreamSpec};
 pub use persist::{
     MemoryStore, MessageStore, PersistError, Recovered, StoreRef, StoredInflight, StoredSession,
     Ticket, TicketCompleter,

@@ -293,6 +293,9 @@ pub trait MessageStore: Send + Sync + 'static {
     fn checkpoint_floors(&self) -> Vec<u64> {
         Vec::new()
     }
+    /// Periodic housekeeping from the checkpointer: removes what no one needs any more and
+    /// checkpoints state that would otherwise be rebuilt from history. Never waits on the disk.
+    fn reclaim(&self) {}
     /// Records how far a persistent session got: `held` lists the stored messages it still
     /// holds (queued or in flight). Called periodically. True if a write was issued.
     fn checkpoint(&self, _client_id: &str, _floors: &[u64], _held: &HeldSeqs) -> bool {
@@ -389,7 +392,8 @@ pub struct StoredSession {
     /// Outbound messages in flight, in send order.
     pub inflight: Vec<StoredInflight>,
     /// Messages queued beyond the window, in order, with their delivery QoS.
-    pub queued: Vec<(Message, QoS)>,
+    /// A message queued for many sessions is one shared `Arc`.
+    pub queued: Vec<(Arc<Message>, QoS)>,
     /// Oldest stored messages recovery left out to keep `queued` within the session queue
     /// limits (counted by the broker in `messages/dropped/queue_limit`).
     pub dropped_queue_limit: u64,
@@ -398,7 +402,7 @@ pub struct StoredSession {
 #[derive(Debug)]
 pub struct StoredInflight {
     pub packet_id: u16,
-    pub message: Message,
+    pub message: Arc<Message>,
     pub qos: QoS,
     /// PUBREC was received: resend PUBREL, never the PUBLISH (§3).
     pub pubrel_pending: bool,

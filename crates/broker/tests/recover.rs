@@ -47,20 +47,20 @@ impl MessageStore for Recovering {
                 inflight: vec![
                     StoredInflight {
                         packet_id: 7,
-                        message: msg("live/a", b"unacked", QoS::AtLeastOnce, false),
+                        message: msg("live/a", b"unacked", QoS::AtLeastOnce, false).into(),
                         qos: QoS::AtLeastOnce,
                         pubrel_pending: false,
                     },
                     StoredInflight {
                         packet_id: 8,
-                        message: msg("live/b", b"recd", QoS::ExactlyOnce, false),
+                        message: msg("live/b", b"recd", QoS::ExactlyOnce, false).into(),
                         qos: QoS::ExactlyOnce,
                         pubrel_pending: true,
                     },
                 ],
                 dropped_queue_limit: 0,
                 queued: vec![(
-                    msg("live/c", b"queued", QoS::AtLeastOnce, false),
+                    msg("live/c", b"queued", QoS::AtLeastOnce, false).into(),
                     QoS::AtLeastOnce,
                 )],
             }],
@@ -133,7 +133,12 @@ impl MessageStore for OverLimit {
                 dropped_queue_limit: 2,
                 queued: payloads
                     .iter()
-                    .map(|p| (msg("q/t", p, QoS::AtLeastOnce, false), QoS::AtLeastOnce))
+                    .map(|p| {
+                        (
+                            std::sync::Arc::new(msg("q/t", p, QoS::AtLeastOnce, false)),
+                            QoS::AtLeastOnce,
+                        )
+                    })
                     .collect(),
             }],
             retained: Vec::new(),

@@ -72,6 +72,10 @@ Config file keys (TOML, all optional; defaults shown):
     sync = \"always\"                       always | interval | never (fdatasync per group commit)
     sync_interval_ms = 100                with sync = \"interval\"
     durability = \"default\"                default (QoS 1/2) | always (QoS 0 too) | never (memory only)
+    keep = \"interest\"                     interest: a block goes once no one needs it (no persistent
+                                          session's cursor below it, nothing unrouted, no open QoS 2
+                                          exchange); retention: keep everything the limits allow,
+                                          as a replay log. Limits never remove open QoS 2 state.
     block_size_bytes = 4194304
   The default stream `messages` (every topic, sync always, durability default) is the only stream
   when none is configured, and is appended after the configured ones when none of them captures

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use std::time::Duration;
 
-use tern_broker::{BrokerConfig, Durability, StreamSpec, SyncPolicy};
+use tern_broker::{BrokerConfig, Durability, Keep, StreamSpec, SyncPolicy};
 use toml::{Table, Value};
 
 /// What the file sets.
@@ -275,6 +275,10 @@ fn parse_stream(section: &Table) -> Result<StreamSpec, ConfigFileError> {
                 let d: String = get(v, k, T)?;
                 spec.durability = d.parse::<Durability>().map_err(|e| bad(k, e))?;
             }
+            "keep" => {
+                let v: String = get(v, k, T)?;
+                spec.keep = v.parse::<Keep>().map_err(|e| bad(k, e))?;
+            }
             _ => return Err(unknown(k, T)),
         }
     }
@@ -355,6 +359,11 @@ mod tests {
         assert_eq!(c.streams[0].store.sync, SyncPolicy::Never);
         assert_eq!(c.streams[0].durability, Durability::Always);
         assert_eq!(c.streams[1].store.sync, SyncPolicy::Always);
+        assert_eq!(c.streams[0].keep, Keep::Interest, "the default");
+        let k = parse("[[stream]]\nname = \"log\"\nkeep = \"retention\"\n").unwrap();
+        assert_eq!(k.streams[0].keep, Keep::Retention);
+        let e = parse("[[stream]]\nname = \"s\"\nkeep = \"forever\"\n").unwrap_err();
+        assert!(e.to_string().contains("`keep` in [stream]"), "{e}");
         let e = parse("[[stream]]\nname = \"s\"\nsyncc = 1\n").unwrap_err();
         assert_eq!(e.to_string(), "unknown field `syncc` in [stream]");
         let e = parse("[[stream]]\nname = \"s\"\ndurability = \"sometimes\"\n").unwrap_err();

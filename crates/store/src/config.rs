@@ -62,6 +62,19 @@ pub struct Limits {
     pub max_msgs_per_topic: Option<u64>,
     /// Behaviour of `max_msgs`, `max_bytes` and `max_msgs_per_topic` when reached.
     pub discard: Discard,
+    /// Topics starting with this prefix are not subject to `max_msgs_per_topic` (a caller's
+    /// control records, which the caller removes itself).
+    pub per_topic_exempt_prefix: Option<Vec<u8>>,
+}
+
+impl Limits {
+    /// The `max_msgs_per_topic` that applies to `topic`, if any.
+    pub(crate) fn per_topic_max(&self, topic: &[u8]) -> Option<u64> {
+        match &self.per_topic_exempt_prefix {
+            Some(p) if topic.starts_with(p) => None,
+            _ => self.max_msgs_per_topic,
+        }
+    }
 }
 
 /// Configuration of one stream.
@@ -81,6 +94,9 @@ pub struct StreamConfig {
     /// Verify every record checksum of sealed blocks on open (otherwise sealed blocks are
     /// trusted through their index and verified when read).
     pub verify_on_open: bool,
+    /// Start with a retention floor of 0 (limits remove nothing) until the owner sets one with
+    /// `Stream::set_retention_floor` (e.g. once it knows what open state the stream holds).
+    pub start_pinned: bool,
 }
 
 impl Default for StreamConfig {
@@ -93,6 +109,7 @@ impl Default for StreamConfig {
             expire_interval: Duration::from_secs(1),
             verify_on_open: false,
             index_cache_blocks: DEFAULT_INDEX_CACHE_BLOCKS,
+            start_pinned: false,
         }
     }
 }

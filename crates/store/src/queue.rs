@@ -62,6 +62,8 @@ pub(crate) enum Op {
     Expire { now_ns: u64 },
     /// Remove every record below `floor`.
     RemoveBelow { floor: u64 },
+    /// Remove the leading sealed blocks whose records are all below `floor`.
+    RemoveBlocksBelow { floor: u64 },
     /// Remove every record whose topic matches.
     Purge { filters: FilterSet },
     /// Remove single records.

@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     /// Highest sequence the writer has handled: written to the file (synced or not) or
     /// rejected. Only the writer thread stores it, at the end of a commit.
     pub written_seq: AtomicU64,
+    /// Retention limits never remove a record at or above this sequence (`u64::MAX`: no pin).
+    pub retention_floor: AtomicU64,
     pub failed: AtomicBool,
     pub failure: Mutex<Option<String>>,
     /// One waker per pending ticket that was polled, by sequence (a sequence has one ticket).
@@ -74,6 +76,7 @@ impl Shared {
         queue: Queue,
         durable_seq: u64,
     ) -> Self {
+        let retention_floor = if config.start_pinned { 0 } else { u64::MAX };
         Shared {
             counters: Counters::default(),
             name,
@@ -86,6 +89,7 @@ impl Shared {
             space_cv: Condvar::new(),
             durable_seq: AtomicU64::new(durable_seq),
             written_seq: AtomicU64::new(durable_seq),
+            retention_floor: AtomicU64::new(retention_floor),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             wakers: Mutex::new(BTreeMap::new()),

@@ -476,7 +476,8 @@ impl State {
     }
 
     /// Deletes the oldest live record; returns (seq, bytes).
-    pub fn delete_first_live(&mut self) -> Result<Option<(u64, u64)>> {
+    /// Only a record below `below` is deleted.
+    pub fn delete_first_live(&mut self, below: u64) -> Result<Option<(u64, u64)>> {
         for bi in 0..self.blocks.len() {
             if self.blocks[bi].live == 0 {
                 continue;
@@ -486,12 +487,29 @@ impl State {
                 continue;
             };
             let seq = self.blocks[bi].entries[ei].seq;
+            if seq >= below {
+                return Ok(None);
+            }
             let Some(bytes) = self.delete_at(bi, ei) else {
                 continue;
             };
             return Ok(Some((seq, bytes)));
         }
         Ok(None)
+    }
+
+    /// Number of leading sealed blocks whose newest record is below `floor` (judged without
+    /// loading their entries).
+    pub fn sealed_blocks_below(&self, floor: u64) -> usize {
+        let sealed = self.blocks.len().saturating_sub(1);
+        let mut n = 0;
+        while n < sealed {
+            match self.blocks[n].last_entry_summary() {
+                Some(e) if e.seq >= floor => break,
+                _ => n += 1,
+            }
+        }
+        n
     }
 
     /// Removes the `n` oldest blocks from the view, subtracting their per-topic counts in one

@@ -460,6 +460,37 @@ impl Stream {
         self.op(Op::RemoveBelow { floor })
     }
 
+    /// Removes the leading sealed blocks whose records are all below `floor`, one step per
+    /// block: the block holding `floor` and the active block stay whole, no record is walked
+    /// and no delete marker written. What is removed is not reported by `drain_removed`.
+    pub fn remove_blocks_below(&self, floor: u64) -> Result<Removed> {
+        self.op(Op::RemoveBlocksBelow { floor })
+    }
+
+    /// `remove_blocks_below` without waiting for the writer: the removal is queued and made
+    /// durable with a later group commit (for callers that must not block, e.g. an async task).
+    pub fn queue_remove_blocks_below(&self, floor: u64) {
+        self.send_op(Op::RemoveBlocksBelow { floor });
+    }
+
+    /// Retention limits (`max_age`, `max_msgs`, `max_bytes`, `max_msgs_per_topic`) never
+    /// remove a record at or above `floor` from now on (`u64::MAX`: no such floor, the
+    /// default). A limit that cannot be met without crossing it is exceeded until the floor
+    /// moves. Explicit removals (`remove_below`, `purge`, `delete`) are not affected.
+    pub fn set_retention_floor(&self, floor: u64) {
+        self.sh()
+            .retention_floor
+            .store(floor, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Lowers the retention floor to `floor` if it is above it (one atomic step), e.g. as a
+    /// record that must outlive the limits is appended.
+    pub fn lower_retention_floor(&self, floor: u64) {
+        self.sh()
+            .retention_floor
+            .fetch_min(floor, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Removes every record whose topic matches one of the filters.
     pub fn purge(&self, filters: &FilterSet) -> Result<Removed> {
         self.op(Op::Purge {

@@ -545,7 +545,7 @@ impl Writer {
                 st.on_insert(r.topic, r.seq, r.len as u64);
                 self.stage(bytes, o..o + r.len);
                 if let (Some(max), Discard::Old) =
-                    (cfg.limits.max_msgs_per_topic, cfg.limits.discard)
+                    (cfg.limits.per_topic_max(r.topic), cfg.limits.discard)
                 {
                     self.trim_topic(st, r.topic, max)?;
                 }
@@ -601,11 +601,15 @@ impl Writer {
         {
             return Some("max_bytes");
         }
-        if let Some(m) = l.max_msgs_per_topic {
+        if l.max_msgs_per_topic.is_some() {
             let mut o = 0;
             let mut seen: Vec<&[u8]> = Vec::new();
             while o < group.len() {
                 let r = parse(group, o);
+                let Some(m) = l.per_topic_max(r.topic) else {
+                    o += r.len;
+                    continue;
+                };
                 let before = st.topics.get(r.topic).map_or(0, |s| s.count);
                 let in_group = seen.iter().filter(|t| **t == r.topic).count() as u64;
                 if before + in_group + 1 > m {
@@ -618,10 +622,16 @@ impl Writer {
         None
     }
 
+    /// The retention floor: limits never remove a record at or above it.
+    fn pin(&self) -> u64 {
+        self.sh.retention_floor.load(Ordering::SeqCst)
+    }
+
     fn trim_topic(&mut self, st: &mut State, topic: &[u8], max: u64) -> Result<()> {
+        let pin = self.pin();
         loop {
             let oldest = match st.topics.get(topic) {
-                Some(s) if s.count > max => s.seqs.front().copied(),
+                Some(s) if s.count > max => s.seqs.front().copied().filter(|&s| s < pin),
                 _ => None,
             };
             let Some(seq) = oldest else { break };
@@ -640,8 +650,9 @@ impl Writer {
             l.max_msgs.unwrap_or(u64::MAX),
             l.max_bytes.unwrap_or(u64::MAX),
         );
+        let pin = self.pin();
         while st.live > max_msgs || st.live_bytes > max_bytes {
-            let Some((seq, _)) = st.delete_first_live()? else {
+            let Some((seq, _)) = st.delete_first_live(pin)? else {
                 break;
             };
             self.pending_deletes.push(seq);
@@ -660,7 +671,7 @@ impl Writer {
             let over: Vec<bytes::Bytes> = st
                 .topics
                 .iter()
-                .filter(|(_, s)| s.count > max)
+                .filter(|(t, s)| s.count > max && l.per_topic_max(t).is_some())
                 .map(|(t, _)| t.clone())
                 .collect();
             for t in over {
@@ -684,9 +695,16 @@ impl Writer {
                     return Ok(Removed::default());
                 };
                 let cutoff = now_ns.saturating_sub(age.as_nanos() as u64);
-                self.remove_prefix(st, |e| e.time_ns < cutoff)
+                let pin = self.pin();
+                self.remove_prefix(st, |e| e.time_ns < cutoff && e.seq < pin)
             }
             Op::RemoveBelow { floor } => self.remove_prefix(st, |e| e.seq < floor),
+            Op::RemoveBlocksBelow { floor } => {
+                let n = st.sealed_blocks_below(floor);
+                let (gone, removed) = st.remove_front_blocks(n);
+                self.unlink.extend(gone);
+                Ok(removed)
+            }
             Op::Purge { filters } => {
                 let (seqs, bytes) = st.purge(&filters)?;
                 Ok(self.deleted(seqs, st, bytes))

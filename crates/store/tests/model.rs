@@ -69,6 +69,7 @@ fn limits() -> impl Strategy<Value = Limits> {
             max_bytes,
             max_msgs_per_topic: per_topic,
             discard: if new { Discard::New } else { Discard::Old },
+            per_topic_exempt_prefix: None,
         })
 }
 

@@ -34,6 +34,29 @@ impl std::str::FromStr for Durability {
     }
 }
 
+/// What a message stream keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Keep {
+    /// A block goes once nothing needs anything in it: no persistent session's durable cursor
+    /// below it, nothing unrouted, no open inbound QoS 2 exchange, no outbound exchange
+    /// (`keep = "interest"`, the default). The retention limits apply on top.
+    #[default]
+    Interest,
+    /// Everything within the retention limits stays, as a replay log (`keep = "retention"`).
+    Retention,
+}
+
+impl std::str::FromStr for Keep {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "interest" => Ok(Keep::Interest),
+            "retention" => Ok(Keep::Retention),
+            other => Err(format!("`{other}` is not one of interest, retention")),
+        }
+    }
+}
+
 /// One message stream.
 #[derive(Debug, Clone)]
 pub struct StreamSpec {
@@ -45,6 +68,8 @@ pub struct StreamSpec {
     /// every topic, takes the rest.
     pub filters: Vec<String>,
     pub durability: Durability,
+    /// Whether blocks go once no one needs them, or only by the retention limits.
+    pub keep: Keep,
     /// Block size, sync policy and retention limits.
     pub store: StreamConfig,
 }
@@ -62,6 +87,7 @@ impl StreamSpec {
             name: DEFAULT_STREAM_NAME.into(),
             filters: Vec::new(),
             durability: Durability::Default,
+            keep: Keep::Interest,
             store: StreamConfig::default(),
         }
     }

@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use tern_store::{FilterSet, StoreError};
+use tern_store::StoreError;
 
 use super::{DurableStore, codec, io_error};
 use crate::persist::{StoreRef, Ticket};
@@ -137,8 +137,10 @@ impl DurableStore {
         }
         let key = exchange_key(client_id, packet_id);
         let result = self.sent.put(&key, &self.encode_position(Some(stored)));
-        self.exchanges
-            .lock()
+        let mut exchanges = self.exchanges.lock();
+        // Under the exchanges lock (see `reclaim`): limits never remove a message in flight.
+        self.pin(stored);
+        exchanges
             .entry(client_id.to_string())
             .or_default()
             .live
@@ -164,9 +166,11 @@ impl DurableStore {
         }
         let key = exchange_key(client_id, packet_id);
         let result = self.outbound.put(&key, &self.encode_position(stored));
-        let previous = self
-            .exchanges
-            .lock()
+        let mut exchanges = self.exchanges.lock();
+        if let Some(stored) = stored {
+            self.pin(stored);
+        }
+        let previous = exchanges
             .entry(client_id.to_string())
             .or_default()
             .live
@@ -309,11 +313,12 @@ impl DurableStore {
 
     /// Reads every exchange record at start-up, keeping those of sessions in `live_clients`
     /// and deleting the rest (left over from sessions that ended or expired).
+    /// `entries` is `tern.sessions` read once, by key-space prefix (`Keyspace::read_all`).
     pub(super) fn load_exchanges(
         &self,
         live_clients: &dyn Fn(&str) -> bool,
-    ) -> Result<HashMap<String, ClientExchanges>, StoreError> {
-        let all = FilterSet::all();
+        entries: &mut HashMap<u8, Vec<(bytes::Bytes, bytes::Bytes)>>,
+    ) -> HashMap<String, ClientExchanges> {
         let name_index: HashMap<&str, u16> = self
             .slots
             .iter()
@@ -335,7 +340,7 @@ impl DurableStore {
             (&self.sent, LivePhase::Sent),
             (&self.outbound, LivePhase::PubRel),
         ] {
-            for (key, value) in keyspace.entries(&all)? {
+            for (key, value) in entries.remove(&keyspace.prefix()).unwrap_or_default() {
                 let Some((client, packet_id)) = split_exchange_key(&key) else {
                     continue;
                 };
@@ -349,13 +354,26 @@ impl DurableStore {
                     continue;
                 }
                 let live = Live { stored, phase };
-                out.entry(client.to_string())
+                let previous = out
+                    .entry(client.to_string())
                     .or_default()
                     .live
                     .insert(packet_id, live);
+                if phase == LivePhase::PubRel
+                    && previous.is_some_and(|l| l.phase == LivePhase::Sent)
+                {
+                    // A crash between "PUBREL pending" and the delete of the `p` entry left
+                    // both. The `p` entry is the older (a packet id is reused only after its
+                    // exchange completed, and that delete precedes the new `p` in the same
+                    // stream). Left in place it would outlive the exchange (completion clears
+                    // the `o` entry only) and, at a later start, resend a completed message as
+                    // a new PUBLISH: a duplicate, and a cursor held back below messages whose
+                    // done markers were already cleared.
+                    let _ = self.sent.delete(&key);
+                }
             }
         }
-        for (key, _) in self.done.entries(&all)? {
+        for (key, _) in entries.remove(&self.done.prefix()).unwrap_or_default() {
             let Some((client, name, seq)) = split_done_key(&key) else {
                 continue;
             };
@@ -371,13 +389,82 @@ impl DurableStore {
                 }
             }
         }
-        Ok(out)
+        out
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::persist::MessageStore;
+
+    /// A crash after "PUBREL pending" was written but before the `p` entry's delete: both are
+    /// on disk. The exchange resumes as PUBREL pending, and once it completes no stale `p`
+    /// entry brings the message back as a new PUBLISH at the next start.
+    #[tokio::test]
+    async fn a_stale_sent_entry_beside_pubrel_pending_is_cleared_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let message = || {
+            crate::message::Message::new(
+                tern_wire::Str::from_static("t"),
+                bytes::Bytes::from_static(b"m"),
+                tern_wire::QoS::ExactlyOnce,
+                false,
+                tern_wire::Properties::default(),
+                None,
+                tokio::time::Instant::now(),
+            )
+        };
+        let open = || DurableStore::open(dir.path(), super::super::DurableConfig::default());
+        {
+            let store = open().unwrap();
+            store.session_opened("sub", tern_wire::Protocol::V5, u32::MAX, true);
+            let m = message();
+            let mut t = store.append_publish("pub", &m, None).unwrap();
+            t.wait().await.unwrap();
+            let stored = m.store_ref().unwrap();
+            store
+                .record_sent("sub", 40, stored)
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+            // "PUBREL pending" written, the `p` delete lost in the crash.
+            let key = exchange_key("sub", 40);
+            let mut t = Ticket::from_store(
+                store
+                    .outbound
+                    .put(&key, &store.encode_position(Some(stored)))
+                    .unwrap(),
+            );
+            t.wait().await.unwrap();
+        }
+        {
+            let store = open().unwrap();
+            let recovered = store.recover();
+            let sub = recovered
+                .sessions
+                .iter()
+                .find(|s| s.client_id == "sub")
+                .unwrap();
+            assert_eq!(sub.inflight.len(), 1);
+            assert!(sub.inflight[0].pubrel_pending, "resumes with PUBREL");
+            store.outbound_completed("sub", 40);
+            store.sessions.kv.stream().flush().unwrap();
+        }
+        let store = open().unwrap();
+        let recovered = store.recover();
+        let sub = recovered
+            .sessions
+            .iter()
+            .find(|s| s.client_id == "sub")
+            .unwrap();
+        assert!(
+            sub.inflight.is_empty(),
+            "the completed message is not resent as a new PUBLISH"
+        );
+        assert!(sub.queued.is_empty(), "nor queued: its done marker holds");
+    }
 
     #[test]
     fn keys_round_trip() {

@@ -33,17 +33,22 @@ impl Keyspace {
         self.kv.delete(&self.key(key))
     }
 
-    /// Every live key (prefix removed) and value of this key space.
-    pub(super) fn entries(
-        &self,
+    /// Every live key and value of every key space of `kv` in one read, by prefix (prefix
+    /// removed from the keys): recovery reads `tern.sessions` once, not once per key space.
+    pub(super) fn read_all(
+        kv: &KvStream,
         all: &FilterSet,
-    ) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, StoreError> {
-        Ok(self
-            .kv
-            .entries(all)?
-            .into_iter()
-            .filter(|(k, _)| k.first() == Some(&self.prefix))
-            .map(|(k, v)| (k.slice(1..), v))
-            .collect())
+    ) -> Result<std::collections::HashMap<u8, Vec<(bytes::Bytes, bytes::Bytes)>>, StoreError> {
+        let mut out: std::collections::HashMap<u8, Vec<_>> = std::collections::HashMap::new();
+        for (k, v) in kv.entries(all)? {
+            if let Some(&prefix) = k.first() {
+                out.entry(prefix).or_default().push((k.slice(1..), v));
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) fn prefix(&self) -> u8 {
+        self.prefix
     }
 }

@@ -28,7 +28,14 @@
 //!     completed), see the `exchanges` module;
 //!   - `g` ++ `$share/{group}/{filter}` → a share group's cursor, like `c` (`shared` module);
 //!   - `w` ++ client id → the client's will, its delay, open or closed at (`wills` module);
+//!   - `x` ++ message stream name → u64 BE: the rx checkpoint, below which every `$tern/rx`
+//!     record of that stream was released (or voided) durably; recovery reads `$tern/#` from
+//!     there ([`reclaim`]);
 //! - `tern.retained`: topic → meta length (u32 BE) ++ meta ++ payload; cleared = deleted.
+//!
+//! Message streams with `keep = "interest"` lose their blocks once no one needs them; the
+//! retention limits never remove open state and never count `$tern/` records per topic
+//! ([`reclaim`]).
 //!
 //! A persistent session's queued messages are not copied: at start-up they are the records
 //! after its cursor that its (non-shared) filters match, minus those of live or completed
@@ -51,6 +58,7 @@ pub mod codec;
 pub mod config;
 mod exchanges;
 mod keyspace;
+mod reclaim;
 mod recover;
 mod shared;
 mod wills;
@@ -66,7 +74,7 @@ use exchanges::ClientExchanges;
 use keyspace::Keyspace;
 use tern_wire::{Protocol, QoS, SubscriptionOptions};
 
-pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, SessionLimits, StreamSpec};
+pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, Keep, SessionLimits, StreamSpec};
 
 use crate::message::Message;
 use crate::persist::{HeldSeqs, MessageStore, PersistError, Recovered, StoreRef, Ticket};
@@ -101,6 +109,11 @@ pub struct DurableStore {
     sent: Keyspace,
     outbound: Keyspace,
     done: Keyspace,
+    /// Per message stream name: where recovery starts reading `$tern/#` (`reclaim` module).
+    rx_start: Keyspace,
+    reclaim: Mutex<reclaim::ReclaimState>,
+    /// `$tern/` records read by the last recovery (tests show the rx checkpoint at work).
+    control_records_read: std::sync::atomic::AtomicU64,
     retained: KvStream,
     /// Persistent sessions as last written to `tern.sessions`.
     mirror: Mutex<HashMap<String, SessionRecord>>,
@@ -165,7 +178,12 @@ impl DurableStore {
         let store = Store::open(dir)?;
         let mut slots = Vec::with_capacity(config.streams.len());
         for spec in &config.streams {
-            let stream = store.stream(&spec.name, spec.store.clone())?;
+            let mut stream_config = spec.store.clone();
+            // Control records are one topic per client: a per-topic limit must not count them,
+            // and no limit may remove open state before recovery has found it.
+            stream_config.limits.per_topic_exempt_prefix = Some(b"$tern/".to_vec());
+            stream_config.start_pinned = true;
+            let stream = store.stream(&spec.name, stream_config)?;
             report_damage(&stream);
             let next_seq = stream.info().last_seq.map_or(1, |s| s + 1);
             slots.push(Slot {
@@ -211,6 +229,9 @@ impl DurableStore {
             done: Keyspace::new(&session_state, b'd'),
             groups: Keyspace::new(&session_state, b'g'),
             wills: Keyspace::new(&session_state, b'w'),
+            rx_start: Keyspace::new(&session_state, b'x'),
+            reclaim: Mutex::new(reclaim::ReclaimState::default()),
+            control_records_read: std::sync::atomic::AtomicU64::new(0),
             retained: kv("tern.retained")?,
             slots,
             mirror: Mutex::new(HashMap::new()),
@@ -252,6 +273,19 @@ impl DurableStore {
     /// The message streams, in configuration order (the appended default stream last).
     pub fn streams(&self) -> impl Iterator<Item = &Stream> {
         self.slots.iter().map(|s| &s.stream)
+    }
+
+    /// `$tern/` control records the last recovery read (with the rx checkpoint, only those
+    /// from the oldest open inbound QoS 2 exchange on).
+    pub fn control_records_read(&self) -> u64 {
+        self.control_records_read
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs the reclamation step now (tests): computes floors, and applies the previous
+    /// computation if what it rests on is durable.
+    pub fn reclaim_now(&self) {
+        self.reclaim_step(true);
     }
 
     /// The state streams: `tern.sessions`, then `tern.retained`.
@@ -395,6 +429,8 @@ impl MessageStore for DurableStore {
                     rx.insert(client_id.to_string(), HashMap::from([(packet_id, rx_ref)]));
                 }
             }
+            // Under the rx lock (see `reclaim`): limits never remove an open rx record.
+            self.pin(rx_ref);
         }
         Some(Ticket::from_store(ticket))
     }
@@ -408,18 +444,20 @@ impl MessageStore for DurableStore {
     }
 
     fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
-        let rx_ref = self.rx.lock().get_mut(client_id)?.remove(&packet_id)?;
+        // The rx lock is held across the append: the rx checkpoint relies on every released
+        // rx record's `rel` being appended before it is computed (`reclaim` module).
+        let mut rx = self.rx.lock();
+        let rx_ref = rx.get_mut(client_id)?.remove(&packet_id)?;
         let slot = self.slots.get(usize::from(rx_ref.stream))?;
         let topic = format!("{REL_PREFIX}{client_id}");
-        Some(
-            match slot
-                .stream
-                .append(topic.as_bytes(), &[], &rx_ref.seq.to_be_bytes())
-            {
-                Ok(ticket) => Ticket::from_store(ticket),
-                Err(error) => Ticket::failed(io_error(error)),
-            },
-        )
+        let result = slot
+            .stream
+            .append(topic.as_bytes(), &[], &rx_ref.seq.to_be_bytes());
+        drop(rx);
+        Some(match result {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => Ticket::failed(io_error(error)),
+        })
     }
 
     fn outbound_sent(&self, client_id: &str, packet_id: u16, stored: StoreRef) -> Option<Ticket> {
@@ -607,6 +645,10 @@ impl MessageStore for DurableStore {
         Some((self.disk_used.load(Ordering::Relaxed), budget))
     }
 
+    fn reclaim(&self) {
+        self.reclaim_step(false);
+    }
+
     fn persistent_sessions(&self) -> Vec<std::sync::Arc<str>> {
         self.mirror
             .lock()
@@ -626,6 +668,9 @@ impl MessageStore for DurableStore {
             }
         }
         {
+            // The write is issued under the lock: reclamation reads the cursors and then the
+            // state stream's last sequence under it, so every cursor it sees is covered by
+            // the durability it waits for (`reclaim`).
             let mut written = self.written_cursors.lock();
             if written.get(client_id) == Some(&cursor) {
                 return false;
@@ -638,8 +683,8 @@ impl MessageStore for DurableStore {
                 }
             }
             written.insert(client_id.to_string(), cursor.clone());
+            self.write_cursor(client_id, &cursor);
         }
-        self.write_cursor(client_id, &cursor);
         self.clear_passed(client_id, &self.done_floor(client_id, &cursor));
         true
     }

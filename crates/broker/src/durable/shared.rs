@@ -140,6 +140,7 @@ pub(super) fn recover_groups(
     records: &HashMap<String, SessionRecord>,
     cursors: &HashMap<String, HashMap<String, u64>>,
     exchanges: &HashMap<String, ClientExchanges>,
+    entries: Vec<(bytes::Bytes, bytes::Bytes)>,
 ) -> Result<Vec<StoredGroup>, StoreError> {
     let mut members: HashMap<&str, Vec<&str>> = HashMap::new();
     for (client, record) in records {
@@ -157,7 +158,7 @@ pub(super) fn recover_groups(
             .collect()
     };
     let mut written: HashMap<String, Vec<u64>> = HashMap::new();
-    for (key, value) in store.groups.entries(&FilterSet::all())? {
+    for (key, value) in entries {
         let Ok(share) = std::str::from_utf8(&key) else {
             continue;
         };

@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tern_store::{FilterSet, StoreError};
+use tern_store::StoreError;
 
 use super::codec::{self, SessionRecord};
 use super::{DurableStore, io_error};
@@ -153,10 +153,11 @@ impl DurableStore {
 pub(super) fn recover_wills(
     store: &DurableStore,
     records: &HashMap<String, SessionRecord>,
+    entries: Vec<(bytes::Bytes, bytes::Bytes)>,
 ) -> Result<Vec<StoredWill>, StoreError> {
     let now = now_ms();
     let mut out = Vec::new();
-    for (key, value) in store.wills.entries(&FilterSet::all())? {
+    for (key, value) in entries {
         let Ok(client) = std::str::from_utf8(&key) else {
             continue;
         };

@@ -62,7 +62,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
         state.out.inflight.push_back(Inflight {
             packet_id: inflight.packet_id,
             item: Outgoing {
-                message: Arc::new(inflight.message),
+                message: inflight.message,
                 qos: inflight.qos,
                 retain: false,
                 subscription_ids: Vec::new(),
@@ -82,7 +82,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
             continue; // never kept for an offline session
         }
         let item = Outgoing {
-            message: Arc::new(message),
+            message,
             qos,
             retain: false,
             subscription_ids: Vec::new(),

@@ -51,9 +51,16 @@ pub(in crate::durable) fn read_damage_tolerant(
 
 /// Builds the broker's state from the store (see the module doc).
 pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
+    let started = std::time::Instant::now();
     let all = FilterSet::all();
+    // `tern.sessions` read once for all its key spaces.
+    let mut state = super::keyspace::Keyspace::read_all(&store.sessions.kv, &all)?;
+    let mut take = |prefix: u8| state.remove(&prefix).unwrap_or_default();
+    let session_entries = take(store.sessions.prefix());
+    let cursor_entries = take(store.cursors.prefix());
+    let rx_start_entries = take(store.rx_start.prefix());
     let mut records: HashMap<String, SessionRecord> = HashMap::new();
-    for (key, value) in store.sessions.entries(&all)? {
+    for (key, value) in session_entries {
         let Ok(client) = std::str::from_utf8(&key) else {
             continue;
         };
@@ -85,22 +92,45 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         true
     });
     let mut cursors: HashMap<String, HashMap<String, u64>> = HashMap::new();
-    for (key, value) in store.cursors.entries(&all)? {
+    for (key, value) in cursor_entries {
         if let (Ok(client), Some(pos)) =
             (std::str::from_utf8(&key), codec::decode_positions(&value))
         {
             cursors.insert(client.to_string(), pos.into_iter().collect());
         }
     }
-    // Inbound QoS 2 received sets from the control records of every stream, in order.
+    // Inbound QoS 2 received sets from the control records of every stream, in order, from
+    // the rx checkpoint on: below it every rx record was released (`reclaim` module).
+    let mut rx_starts: HashMap<String, u64> = HashMap::new();
+    for (key, value) in rx_start_entries {
+        if let (Ok(name), Some(seq)) = (
+            std::str::from_utf8(&key),
+            super::reclaim::decode_rx_start(&value),
+        ) {
+            rx_starts.insert(name.to_string(), seq);
+        }
+    }
+    let rx_start_of: Vec<u64> = store
+        .slots
+        .iter()
+        .map(|s| rx_starts.get(&s.spec.name).copied().unwrap_or(1))
+        .collect();
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: session records and cursors read");
     let control = FilterSet::new(["$tern/#"]);
     let mut rx: HashMap<String, HashMap<u16, StoreRef>> = HashMap::new();
+    let mut control_read = 0u64;
     for (index, slot) in store.slots.iter().enumerate() {
         let stream = index as u16;
         let last_seq = slot.stream.info().last_seq.unwrap_or(0);
-        let mut from = 1;
+        let mut from = rx_start_of[index];
+        tracing::debug!(
+            stream = slot.spec.name,
+            from,
+            "reading QoS 2 control records"
+        );
         loop {
             let batch = read_damage_tolerant(&slot.stream, from, &control)?;
+            control_read += batch.records.len() as u64;
             for r in &batch.records {
                 let Ok(topic) = std::str::from_utf8(&r.topic) else {
                     continue;
@@ -138,10 +168,14 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     }
     rx.retain(|client, _| records.contains_key(client));
 
-    let mut exchanges = store.load_exchanges(&|client| records.contains_key(client))?;
-    let groups = super::shared::recover_groups(store, &records, &cursors, &exchanges)?;
-    let wills = super::wills::recover_wills(store, &records)?;
-    let mut sessions = Vec::with_capacity(records.len());
+    tracing::debug!(elapsed = ?started.elapsed(), control_read, "recovery: QoS 2 control records read");
+    let mut exchanges = store.load_exchanges(&|client| records.contains_key(client), &mut state);
+    let group_entries = state.remove(&store.groups.prefix()).unwrap_or_default();
+    let groups =
+        super::shared::recover_groups(store, &records, &cursors, &exchanges, group_entries)?;
+    let will_entries = state.remove(&store.wills.prefix()).unwrap_or_default();
+    let wills = super::wills::recover_wills(store, &records, will_entries)?;
+    let mut inputs = Vec::with_capacity(records.len());
     for (client, record) in &records {
         let cursor_of: Vec<u64> = store
             .slots
@@ -157,27 +191,40 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         let mut client_exchanges = exchanges.remove(client).unwrap_or_default();
         store.drop_stale(client, &mut client_exchanges, &cursor_of);
         let client_rx = rx.remove(client).unwrap_or_default();
-        let qos2_received: Vec<u16> = client_rx.keys().copied().collect();
-        sessions.push(sessions::rebuild(
-            store,
+        inputs.push(sessions::SessionInput {
             client,
             record,
-            &cursor_of,
-            &client_exchanges,
-            qos2_received,
-        )?);
+            cursor_of,
+            exchanges: client_exchanges,
+            qos2_received: client_rx.keys().copied().collect(),
+        });
         store.rx.lock().insert(client.clone(), client_rx);
+    }
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: exchanges read");
+    let sessions = sessions::rebuild_all(store, &inputs)?;
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: sessions rebuilt");
+    drop(state);
+    for input in inputs {
+        let client = input.client.to_string();
         store
             .exchanges
             .lock()
-            .insert(client.clone(), client_exchanges);
-        store.mirror.lock().insert(client.clone(), record.clone());
+            .insert(client.clone(), input.exchanges);
         store
-            .written_cursors
+            .mirror
             .lock()
-            .insert(client.clone(), cursor_of);
+            .insert(client.clone(), input.record.clone());
+        store.written_cursors.lock().insert(client, input.cursor_of);
     }
 
+    *store.reclaim.lock() = super::reclaim::ReclaimState::new(rx_start_of);
+    store
+        .control_records_read
+        .store(control_read, std::sync::atomic::Ordering::Relaxed);
+    // Sets the retention floors of the open state just rebuilt (the streams opened pinned).
+    store.reclaim_step(true);
+
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: sessions handed over");
     let mut retained = Vec::new();
     for (topic, value) in store.retained.entries(&all)? {
         match codec::decode_retained(&topic, &value) {

@@ -1,12 +1,19 @@
-//! One persistent session at start-up: its outbound QoS 2 exchanges go back in flight under
+//! Persistent sessions at start-up: their outbound QoS 2 exchanges go back in flight under
 //! the packet ids they had (PUBLISH resent with DUP=1, or PUBREL), and the stored messages
-//! after its cursor that its filters match, minus those exchanges and the completed ones, are
-//! queued in stream order.
+//! after their cursors that their filters match, minus those exchanges and the completed ones,
+//! are queued in stream order.
+//!
+//! Each message stream is read **once** for every session together, from the lowest cursor
+//! on: each record is matched against a trie of the sessions' filters, and decoded once into
+//! one `Arc<Message>` that every session owed it shares (100,000 offline sessions holding the
+//! same 10 messages hold 10 messages, not a million copies).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tern_store::{FilterSet, StoreError};
+use tern_topic::SubscriptionTrie;
 use tern_wire::QoS;
 
 use super::super::codec::{self, SessionRecord};
@@ -16,78 +23,133 @@ use super::read_damage_tolerant;
 use crate::message::Message;
 use crate::persist::{StoreRef, StoredInflight, StoredSession};
 
-/// Rebuilds `client`'s session from its record, cursor and exchanges.
-pub(super) fn rebuild(
-    store: &DurableStore,
-    client: &str,
-    record: &SessionRecord,
-    cursor_of: &[u64],
-    exchanges: &ClientExchanges,
-    qos2_received: Vec<u16>,
-) -> Result<StoredSession, StoreError> {
-    let excluded: HashSet<StoreRef> = exchanges.excluded().collect();
-    let (pending, mut resend, dropped) =
-        replay(store, client, record, cursor_of, &excluded, exchanges)?;
-    let inflight = inflight(store, client, exchanges, &mut resend);
-    let queued = pending
-        .into_iter()
-        .filter_map(|message| delivery_qos(record, client, &message).map(|qos| (message, qos)))
-        .collect();
-    Ok(StoredSession {
-        client_id: client.to_string(),
-        protocol: record.protocol(),
-        expiry_interval_s: record.expiry_interval_s,
-        subscriptions: record
-            .subscriptions
-            .iter()
-            .map(|(f, sub)| (f.clone(), sub.options, sub.subscription_id))
-            .collect(),
-        qos2_received,
-        inflight,
-        queued,
-        dropped_queue_limit: dropped,
-    })
+/// Above this many distinct filters the stream read takes every topic and the trie alone
+/// selects (a `FilterSet` matches filter by filter).
+const MAX_READ_FILTERS: usize = 64;
+
+/// What recovery knows of one persistent session before its messages are read.
+pub(super) struct SessionInput<'a> {
+    pub client: &'a str,
+    pub record: &'a SessionRecord,
+    pub cursor_of: Vec<u64>,
+    pub exchanges: ClientExchanges,
+    pub qos2_received: Vec<u16>,
 }
 
-/// What [`replay`] found: the messages to queue, those to resend under their ids, and how
-/// many of the oldest were left out for the session queue limits.
-type Replayed = (VecDeque<Message>, HashMap<StoreRef, Message>, u64);
+/// What one session gets from the stream pass.
+#[derive(Default)]
+struct Replayed {
+    pending: VecDeque<Arc<Message>>,
+    /// Messages of exchanges in the `Sent` phase, to resend under their ids.
+    resend: HashMap<StoreRef, Arc<Message>>,
+    dropped: u64,
+    /// Bytes of `pending` (`Message::approx_len`), for `max_pending_bytes_per_session`.
+    pending_bytes: usize,
+    /// The last sequence pushed (a record matching several filters is taken once).
+    last: Option<StoreRef>,
+}
 
-/// The stored messages after the cursor that the session's (non-shared) filters match: the
-/// ones to queue, and those of exchanges in the `Sent` phase (to resend under their ids).
-fn replay(
+/// Per session: the positions it must not replay as new PUBLISHes, and those to resend.
+struct Exclusions {
+    excluded: HashSet<StoreRef>,
+    sent: HashSet<StoreRef>,
+}
+
+/// Rebuilds every session (see the module doc).
+pub(super) fn rebuild_all(
     store: &DurableStore,
-    client: &str,
-    record: &SessionRecord,
-    cursor_of: &[u64],
-    excluded: &HashSet<StoreRef>,
-    exchanges: &ClientExchanges,
-) -> Result<Replayed, StoreError> {
+    inputs: &[SessionInput<'_>],
+) -> Result<Vec<StoredSession>, StoreError> {
+    let mut replayed = replay_all(store, inputs)?;
+    let mut out = Vec::with_capacity(inputs.len());
+    for (input, r) in inputs.iter().zip(replayed.iter_mut()) {
+        let client = input.client;
+        let record = input.record;
+        if r.dropped > 0 {
+            tracing::warn!(
+                client_id = client,
+                dropped = r.dropped,
+                "session queue limit: oldest stored messages dropped at start-up"
+            );
+        }
+        let inflight = inflight(store, client, &input.exchanges, &mut r.resend);
+        let queued = std::mem::take(&mut r.pending)
+            .into_iter()
+            .filter_map(|message| delivery_qos(record, client, &message).map(|qos| (message, qos)))
+            .collect();
+        out.push(StoredSession {
+            client_id: client.to_string(),
+            protocol: record.protocol(),
+            expiry_interval_s: record.expiry_interval_s,
+            subscriptions: record
+                .subscriptions
+                .iter()
+                .map(|(f, sub)| (f.clone(), sub.options, sub.subscription_id))
+                .collect(),
+            qos2_received: input.qos2_received.clone(),
+            inflight,
+            queued,
+            dropped_queue_limit: r.dropped,
+        });
+    }
+    Ok(out)
+}
+
+/// One pass per message stream for all sessions (see the module doc).
+fn replay_all(
+    store: &DurableStore,
+    inputs: &[SessionInput<'_>],
+) -> Result<Vec<Replayed>, StoreError> {
     let max_pending = store.limits.max_pending_per_session;
     let max_pending_bytes = store.limits.max_pending_bytes_per_session;
-    let mut pending_bytes = 0usize;
-    let sent: HashSet<StoreRef> = exchanges
-        .live
-        .values()
-        .filter(|l| l.phase == LivePhase::Sent)
-        .filter_map(|l| l.stored)
-        .collect();
-    let mut pending = VecDeque::new();
-    let mut resend = HashMap::new();
-    let filters: Vec<&str> = record
-        .subscriptions
+    let mut out: Vec<Replayed> = inputs.iter().map(|_| Replayed::default()).collect();
+    let exclusions: Vec<Exclusions> = inputs
         .iter()
-        .map(|(f, _)| f.as_str())
-        .filter(|f| !f.starts_with("$share/"))
+        .map(|i| Exclusions {
+            excluded: i.exchanges.excluded().collect(),
+            sent: i
+                .exchanges
+                .live
+                .values()
+                .filter(|l| l.phase == LivePhase::Sent)
+                .filter_map(|l| l.stored)
+                .collect(),
+        })
         .collect();
-    if filters.is_empty() {
-        return Ok((pending, resend, 0));
+    // One trie of every session's non-shared filters.
+    let mut trie: SubscriptionTrie<u32, ()> =
+        SubscriptionTrie::with_limits(tern_topic::DEFAULT_MAX_FILTER_LEVELS, usize::MAX);
+    let mut distinct: HashSet<&str> = HashSet::new();
+    for (index, input) in inputs.iter().enumerate() {
+        for (filter, _) in &input.record.subscriptions {
+            if filter.starts_with("$share/") {
+                continue;
+            }
+            if trie.subscribe(filter, index as u32, ()).is_ok() {
+                distinct.insert(filter.as_str());
+            }
+        }
     }
-    let fs = FilterSet::new(filters.iter());
+    if distinct.is_empty() {
+        return Ok(out);
+    }
+    let fs = if distinct.len() <= MAX_READ_FILTERS {
+        FilterSet::new(distinct.iter())
+    } else {
+        FilterSet::all()
+    };
     let now = now_ns();
-    let mut dropped = 0u64;
+    let mut matched: Vec<u32> = Vec::new();
     for (index, slot) in store.slots.iter().enumerate() {
-        let mut from = cursor_of.get(index).copied().unwrap_or(1);
+        let stream = index as u16;
+        let cursor = |i: usize| inputs[i].cursor_of.get(index).copied().unwrap_or(1);
+        let Some(mut from) = (0..inputs.len())
+            .filter(|&i| !inputs[i].record.subscriptions.is_empty())
+            .map(cursor)
+            .min()
+        else {
+            continue;
+        };
         let last_seq = slot.stream.info().last_seq.unwrap_or(0);
         loop {
             let batch = read_damage_tolerant(&slot.stream, from, &fs)?;
@@ -95,38 +157,59 @@ fn replay(
                 if r.topic.starts_with(b"$tern/") || r.is_tombstone() {
                     continue;
                 }
-                let stored = StoreRef {
-                    stream: index as u16,
-                    seq: r.seq,
-                };
-                if excluded.contains(&stored) && !sent.contains(&stored) {
-                    continue;
-                }
-                let age = Duration::from_nanos(now.saturating_sub(r.time_ns));
-                let Some(message) = codec::decode_message(&r.topic, &r.properties, r.payload, age)
-                else {
-                    tracing::error!(
-                        seq = r.seq,
-                        stream = slot.spec.name,
-                        "undecodable message record skipped"
-                    );
+                let Ok(topic) = std::str::from_utf8(&r.topic) else {
                     continue;
                 };
-                let _ = message.stored.set(stored);
-                if sent.contains(&stored) {
-                    resend.insert(stored, message);
-                    continue;
-                }
-                pending_bytes += message.approx_len();
-                pending.push_back(message);
-                // The newest is kept even alone over the byte limit, as at run time.
-                while pending.len() > 1
-                    && (pending.len() > max_pending || pending_bytes > max_pending_bytes)
-                {
-                    if let Some(old) = pending.pop_front() {
-                        pending_bytes -= old.approx_len();
+                let stored = StoreRef { stream, seq: r.seq };
+                matched.clear();
+                trie.for_each_subscription(topic, |&i, _| matched.push(i));
+                let mut message: Option<Option<Arc<Message>>> = None;
+                for &i in &matched {
+                    let i = i as usize;
+                    if r.seq < cursor(i) || out[i].last == Some(stored) {
+                        continue;
                     }
-                    dropped += 1;
+                    let ex = &exclusions[i];
+                    let is_sent = ex.sent.contains(&stored);
+                    if ex.excluded.contains(&stored) && !is_sent {
+                        continue;
+                    }
+                    let m = message.get_or_insert_with(|| {
+                        let age = Duration::from_nanos(now.saturating_sub(r.time_ns));
+                        let decoded =
+                            codec::decode_message(&r.topic, &r.properties, r.payload.clone(), age);
+                        if decoded.is_none() {
+                            tracing::error!(
+                                seq = r.seq,
+                                stream = slot.spec.name,
+                                "undecodable message record skipped"
+                            );
+                        }
+                        decoded.map(|m| {
+                            let _ = m.stored.set(stored);
+                            Arc::new(m)
+                        })
+                    });
+                    let Some(m) = m else {
+                        break;
+                    };
+                    let o = &mut out[i];
+                    o.last = Some(stored);
+                    if is_sent {
+                        o.resend.insert(stored, m.clone());
+                        continue;
+                    }
+                    o.pending_bytes += m.approx_len();
+                    o.pending.push_back(m.clone());
+                    // The newest is kept even alone over the byte limit, as at run time.
+                    while o.pending.len() > 1
+                        && (o.pending.len() > max_pending || o.pending_bytes > max_pending_bytes)
+                    {
+                        if let Some(old) = o.pending.pop_front() {
+                            o.pending_bytes -= old.approx_len();
+                        }
+                        o.dropped += 1;
+                    }
                 }
             }
             if batch.next_seq <= from || batch.next_seq > last_seq {
@@ -135,14 +218,7 @@ fn replay(
             from = batch.next_seq;
         }
     }
-    if dropped > 0 {
-        tracing::warn!(
-            client_id = client,
-            dropped,
-            "session queue limit: oldest stored messages dropped at start-up"
-        );
-    }
-    Ok((pending, resend, dropped))
+    Ok(out)
 }
 
 /// The session's live exchanges, in stream order (the order they were sent in, per
@@ -151,7 +227,7 @@ fn inflight(
     store: &DurableStore,
     client: &str,
     exchanges: &ClientExchanges,
-    resend: &mut HashMap<StoreRef, Message>,
+    resend: &mut HashMap<StoreRef, Arc<Message>>,
 ) -> Vec<StoredInflight> {
     let mut live: Vec<(u16, Option<StoreRef>, LivePhase)> = exchanges
         .live
@@ -162,7 +238,7 @@ fn inflight(
     let mut out = Vec::with_capacity(live.len());
     for (packet_id, stored, phase) in live {
         let message = match phase {
-            LivePhase::PubRel => pubrel_placeholder(stored),
+            LivePhase::PubRel => Arc::new(pubrel_placeholder(stored)),
             LivePhase::Sent => {
                 let Some(message) =
                     stored.and_then(|r| resend.remove(&r).or_else(|| read_one(store, r)))
@@ -210,7 +286,7 @@ fn pubrel_placeholder(stored: Option<StoreRef>) -> Message {
 
 /// The message at `at`, read directly (an in-flight message the session's filters no longer
 /// match, after an unsubscribe).
-fn read_one(store: &DurableStore, at: StoreRef) -> Option<Message> {
+fn read_one(store: &DurableStore, at: StoreRef) -> Option<Arc<Message>> {
     let slot = store.slots.get(usize::from(at.stream))?;
     let batch = slot
         .stream
@@ -224,7 +300,7 @@ fn read_one(store: &DurableStore, at: StoreRef) -> Option<Message> {
     let age = Duration::from_nanos(now_ns().saturating_sub(r.time_ns));
     let message = codec::decode_message(&r.topic, &r.properties, r.payload, age)?;
     let _ = message.stored.set(at);
-    Some(message)
+    Some(Arc::new(message))
 }
 
 /// The delivery QoS of `message` for a session with these subscriptions (the highest of the
