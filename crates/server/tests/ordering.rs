@@ -29,10 +29,15 @@ async fn subscribe_takes_effect_before_a_later_publish_from_another_client() {
         let topic = format!("order/{round}");
         let packet_id = (round % 60_000) as u16 + 1;
         let level = (round % 2) as u8;
-        sub.send(&Packet::Subscribe(subscribe(packet_id, &[(&topic, opts(0))])))
-            .await;
-        publ.send(&Packet::Publish(publish(&topic, b"first", level, packet_id)))
-            .await;
+        sub.send(&Packet::Subscribe(subscribe(
+            packet_id,
+            &[(&topic, opts(0))],
+        )))
+        .await;
+        publ.send(&Packet::Publish(publish(
+            &topic, b"first", level, packet_id,
+        )))
+        .await;
         let mut got_first = false;
         loop {
             match sub.expect_packet().await {

@@ -240,6 +240,7 @@ async fn accept(
         will: connect.will.map(crate::will::keep),
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
         pipeline: AckPipeline::new(usize::from(config.receive_maximum)),
+        quota: Default::default(),
         released: Vec::new(),
         connect_expiry_zero: requested_expiry_s == 0,
         client_max_packet_size_bytes: client_max_packet_size,

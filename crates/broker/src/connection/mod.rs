@@ -15,6 +15,7 @@ mod acks;
 mod close;
 mod connect;
 mod publish;
+mod quota;
 mod subscribe;
 
 use std::io;
@@ -76,6 +77,8 @@ pub(crate) struct Conn {
     will: Option<Box<Will>>,
     aliases: InboundAliases,
     pipeline: AckPipeline<Arc<Message>>,
+    /// Exchanges counted against our Receive Maximum.
+    quota: quota::InboundQuota,
     released: Vec<Released<Arc<Message>>>,
     /// The CONNECT's Session Expiry Interval was 0 (a DISCONNECT may not raise it).
     connect_expiry_zero: bool,
@@ -315,10 +318,24 @@ impl Conn {
         let mut released = std::mem::take(&mut self.released);
         // Acks are queued before the deliveries are routed: both were released together, and
         // a publisher subscribed to its own topic then sees its PUBACK before the echo.
-        let acks = released
-            .iter()
-            .filter(|r| matches!(r, Released::Ack { kind, .. } if *kind != AckKind::None))
-            .count();
+        let mut acks = 0;
+        for item in &released {
+            if let Released::Ack {
+                kind,
+                packet_id,
+                reason,
+                counted,
+            } = *item
+            {
+                if counted {
+                    // Queued just below: from here on the client may use the slot again.
+                    self.quota.on_released(kind, packet_id, reason);
+                }
+                if kind != AckKind::None {
+                    acks += 1;
+                }
+            }
+        }
         if acks > 0 {
             // One allocation for all of them (each ack is a few bytes).
             let mut scratch = BytesMut::with_capacity(acks * MAX_ACK_BYTES);
@@ -329,6 +346,7 @@ impl Conn {
                         kind,
                         packet_id,
                         reason,
+                        ..
                     } = *item
                     else {
                         continue;
