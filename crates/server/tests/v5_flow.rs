@@ -70,11 +70,12 @@ fn pubrels(ids: std::ops::RangeInclusive<u16>) -> Vec<Packet> {
     ids.map(|id| Packet::PubRel(ack(id))).collect()
 }
 
+/// Which acknowledgement [`expect_acks`] waits for.
 #[derive(Debug, Clone, Copy)]
 enum AckOf {
-    PubAck,
-    PubRec,
-    PubComp,
+    Puback,
+    Pubrec,
+    Pubcomp,
 }
 
 /// Reads one successful acknowledgement of `kind` per id, in order (acks leave in packet order).
@@ -82,9 +83,9 @@ async fn expect_acks(c: &mut RawClient, kind: AckOf, ids: std::ops::RangeInclusi
     for id in ids {
         let p = c.expect_packet().await;
         let ok = match (&p, kind) {
-            (Packet::PubAck(a), AckOf::PubAck)
-            | (Packet::PubRec(a), AckOf::PubRec)
-            | (Packet::PubComp(a), AckOf::PubComp) => a.packet_id == id && a.reason.is_success(),
+            (Packet::PubAck(a), AckOf::Puback)
+            | (Packet::PubRec(a), AckOf::Pubrec)
+            | (Packet::PubComp(a), AckOf::Pubcomp) => a.packet_id == id && a.reason.is_success(),
             _ => false,
         };
         assert!(ok, "expected {kind:?} {id}, got {}", brief(&p));
@@ -108,7 +109,7 @@ async fn receive_maximum_qos1_exactly_at_the_limit_is_accepted() {
     for round in 0..3u16 {
         let ids = round * RM + 1..=round * RM + RM;
         c.send_all(&publishes(1, ids.clone())).await;
-        expect_acks(&mut c, AckOf::PubAck, ids).await;
+        expect_acks(&mut c, AckOf::Puback, ids).await;
     }
     assert!(c.ping().await.is_empty());
 }
@@ -137,9 +138,9 @@ async fn receive_maximum_qos2_exactly_at_the_limit_with_pubrecs_outstanding() {
     for round in 0..3u16 {
         let ids = round * RM + 1..=round * RM + RM;
         c.send_all(&publishes(2, ids.clone())).await;
-        expect_acks(&mut c, AckOf::PubRec, ids.clone()).await;
+        expect_acks(&mut c, AckOf::Pubrec, ids.clone()).await;
         c.send_all(&pubrels(ids.clone())).await;
-        expect_acks(&mut c, AckOf::PubComp, ids).await;
+        expect_acks(&mut c, AckOf::Pubcomp, ids).await;
     }
     assert!(c.ping().await.is_empty());
 }
@@ -164,7 +165,7 @@ async fn receive_maximum_qos2_with_pubrels_not_yet_sent() {
     let mut c = rm_client(&b, "rm2-rel", RM).await;
     for id in 1..=RM {
         c.send(&Packet::Publish(publish("rm/t", b"x", 2, id))).await;
-        expect_acks(&mut c, AckOf::PubRec, id..=id).await;
+        expect_acks(&mut c, AckOf::Pubrec, id..=id).await;
     }
     assert!(
         c.ping().await.is_empty(),
@@ -189,11 +190,11 @@ async fn receive_maximum_retried_qos2_publish_counts_once() {
     let mut burst = publishes(2, 1..=RM);
     burst.push(Packet::Publish(retry.clone()));
     c.send_all(&burst).await;
-    expect_acks(&mut c, AckOf::PubRec, 1..=RM).await;
-    expect_acks(&mut c, AckOf::PubRec, 2..=2).await;
+    expect_acks(&mut c, AckOf::Pubrec, 1..=RM).await;
+    expect_acks(&mut c, AckOf::Pubrec, 2..=2).await;
     // Again once its PUBREC is out (awaiting PUBREL).
     c.send(&Packet::Publish(retry)).await;
-    expect_acks(&mut c, AckOf::PubRec, 2..=2).await;
+    expect_acks(&mut c, AckOf::Pubrec, 2..=2).await;
     assert!(c.ping().await.is_empty());
     c.send(&Packet::Publish(publish("rm/t", b"x", 2, RM + 1)))
         .await;
@@ -213,15 +214,15 @@ async fn receive_maximum_starts_afresh_on_a_resumed_session() {
     connect.properties.session_expiry_interval_s = Some(60);
     let (mut c, _) = RawClient::connect_ok(b.addr, connect.clone()).await;
     c.send_all(&publishes(2, 1..=2)).await;
-    expect_acks(&mut c, AckOf::PubRec, 1..=2).await;
+    expect_acks(&mut c, AckOf::Pubrec, 1..=2).await;
     c.disconnect().await;
     connect.clean_start = false;
     let (mut c, ca) = RawClient::connect_ok(b.addr, connect).await;
     assert!(ca.session_present);
     c.send_all(&publishes(2, 3..=4)).await;
-    expect_acks(&mut c, AckOf::PubRec, 3..=4).await;
+    expect_acks(&mut c, AckOf::Pubrec, 3..=4).await;
     c.send_all(&pubrels(1..=4)).await;
-    expect_acks(&mut c, AckOf::PubComp, 1..=4).await;
+    expect_acks(&mut c, AckOf::Pubcomp, 1..=4).await;
     assert!(c.ping().await.is_empty());
 }
 
@@ -233,7 +234,7 @@ async fn receive_maximum_default_qos2_window_is_usable_to_the_limit() {
     let maximum = 1024;
     let mut c = rm_client(&b, "rm-default", maximum).await;
     c.send_all(&publishes(2, 1..=maximum)).await;
-    expect_acks(&mut c, AckOf::PubRec, 1..=maximum).await;
+    expect_acks(&mut c, AckOf::Pubrec, 1..=maximum).await;
     assert!(c.ping().await.is_empty());
     c.send(&Packet::Publish(publish("rm/t", b"x", 2, maximum + 1)))
         .await;

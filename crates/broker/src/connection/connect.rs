@@ -16,6 +16,7 @@ use crate::ack_pipeline::AckPipeline;
 use crate::broker::Shared;
 use crate::metrics::Metrics;
 use crate::outbound::{WriterState, encode_packet};
+use crate::read_order::ReadSlot;
 use crate::session::registry::{self, AttachRequest};
 use crate::topic_alias::InboundAliases;
 
@@ -214,6 +215,8 @@ async fn accept(
         properties.shared_subscription_available = Some(1);
     }
 
+    // Before the CONNACK is queued: what the client sends once it has it is ordered from here.
+    let read_slot = ReadSlot::new(shared.read_order.clone());
     let attached = registry::attach(
         shared,
         AttachRequest {
@@ -239,6 +242,7 @@ async fn accept(
         keep_alive,
         will: connect.will.map(crate::will::keep),
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
+        read_slot,
         pipeline: AckPipeline::new(usize::from(config.receive_maximum)),
         quota: Default::default(),
         released: Vec::new(),

@@ -227,8 +227,8 @@ impl RawClient {
         self.send_bytes(&out).await;
     }
 
-    /// Sends `packets` with one write (on loopback they arrive together, so the broker reads
-    /// them in one go: nothing it sends in between can reach us before all of them are read).
+    /// Sends `packets` with one write: on loopback a small write arrives as one segment, which
+    /// the broker reads at once, so it has read them all before it acts on any of them.
     pub async fn send_all(&mut self, packets: &[Packet]) {
         let mut out = BytesMut::new();
         for packet in packets {
