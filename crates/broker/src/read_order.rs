@@ -45,8 +45,9 @@
 //! - The driver reports what epoll lists, and epoll lists a connection at the place of its
 //!   first event since the driver last polled. A connection that read data before the driver
 //!   polled (its task ran late) keeps that early place for data arriving later, until the
-//!   driver polls. Only a saturated machine leaves that gap; an epoll broker on one thread
-//!   (mosquitto) orders the same way.
+//!   driver polls. Only a saturated machine leaves that gap (seen at load average 10 on the
+//!   2-core VM, in a test where A published again right after); a one-thread epoll broker such
+//!   as mosquitto acts in the same listing order.
 //! - Deliveries the ack pipeline holds back (QoS 2 until durable, and what follows it from the
 //!   same publisher) are routed when released, not when read.
 

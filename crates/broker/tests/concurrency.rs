@@ -111,9 +111,9 @@ async fn run(receive_maximum: Option<u16>) {
 /// steals). After B's SUBACK, a marker from client C on the same topic shows whether A's message
 /// came (read before the marker, it reaches B before it). The clients write from the test's
 /// thread pinned to one CPU, so that the kernel delivers B's SUBSCRIBE first (on loopback a
-/// segment goes through the sending CPU's backlog; from two CPUs a later segment can reach its
-/// socket first when one backlog's softirq is deferred). tern's `ordering.rs` has the same test
-/// against the binary.
+/// segment goes through the sending CPU's backlog; from two CPUs a later segment could reach
+/// its socket first when one backlog's softirq is deferred). tern's `ordering.rs` has the same
+/// test against the binary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribe_takes_effect_before_a_later_publish_from_another_client() {
     const ROUNDS: usize = 1000;

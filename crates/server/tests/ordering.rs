@@ -11,13 +11,13 @@ use common::raw::*;
 /// Rounds of SUBSCRIBE-then-PUBLISH in one broker process.
 const ROUNDS: usize = 1000;
 
-/// Pins the calling thread to the CPU it runs on, so that both clients write from one CPU. On
+/// Pins the calling thread to the CPU it runs on, so that all clients write from one CPU: the
+/// test's premise is that B's SUBSCRIBE reaches the broker's socket before A's PUBLISH. On
 /// loopback a segment is processed (and its socket made readable) through the sending CPU's
 /// backlog, first in first out; written from two CPUs, a segment parked in one backlog (its
-/// softirq deferred to ksoftirqd on a busy machine) can reach its socket after a later one from
-/// the other CPU, and no broker can tell which was sent first. Observed on the 2-core VM under
-/// load: the driver reported A before B about once in 4,000 rounds, mosquitto missed once in
-/// 8,000. Call it after the broker started (a child inherits the mask).
+/// softirq deferred to ksoftirqd on a busy machine) could reach its socket after a later one from
+/// the other CPU. (Not seen to matter so far: 15 runs without the pin under load average 10 had
+/// no miss either.) Call it after the broker started (a child inherits the mask).
 fn pin_to_current_cpu() {
     // SAFETY: plain syscalls on the calling thread with a zeroed, locally owned cpu_set_t.
     unsafe {
