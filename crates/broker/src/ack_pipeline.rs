@@ -22,7 +22,12 @@
 //!   whether to wait is decided by whether a write was issued, never by QoS). A ticket the
 //!   release hook returns is joined to the entry's own, so an entry with an acknowledgement is
 //!   durable only once both writes are.
-//! - `entries.len()` is bounded by the caller: it stops reading when [`AckPipeline::is_full`].
+//! - Entries that are part of an exchange counted against our Receive Maximum (`counted`) take
+//!   no capacity: the caller bounds them (it disconnects a client that exceeds the maximum,
+//!   `connection::publish`), so they must never make it stop reading before the client reaches
+//!   that limit. The other entries (QoS 0, a retried PUBLISH, a PUBREL of an exchange not
+//!   counted on this connection) are bounded by the caller too: it stops reading when
+//!   [`AckPipeline::is_full`]. Hence `entries.len() <= receive maximum + capacity`.
 
 use std::collections::VecDeque;
 
@@ -57,6 +62,9 @@ pub struct Entry<D> {
     pub deliver: Option<D>,
     /// True for QoS 2 (§3): delivering before durability could duplicate after a crash.
     pub deliver_after_durable: bool,
+    /// Part of an exchange counted against our Receive Maximum: takes no pipeline capacity,
+    /// and its released acknowledgement says so (the caller ends the count on it).
+    pub counted: bool,
 }
 
 /// What the pipeline lets go, in order.
@@ -67,6 +75,8 @@ pub enum Released<D> {
         kind: AckKind,
         packet_id: u16,
         reason: ReasonCode,
+        /// The entry's [`Entry::counted`].
+        counted: bool,
     },
 }
 
@@ -78,9 +88,10 @@ struct Slot<D> {
 pub struct AckPipeline<D> {
     slots: VecDeque<Slot<D>>,
     deliver_cursor: usize,
+    /// Room for entries that are not `counted`.
     capacity: usize,
-    /// QoS>0 PUBLISH entries (PUBACK/PUBREC) still in `slots`.
-    unacked_publishes: usize,
+    /// Entries in `slots` that are not `counted`.
+    uncounted: usize,
     /// A write failed: nothing more is released and the connection closes without
     /// acknowledging, so that the client resends (the rule for store failures).
     failed: bool,
@@ -88,13 +99,14 @@ pub struct AckPipeline<D> {
 }
 
 impl<D> AckPipeline<D> {
-    /// `capacity` = the Receive Maximum we advertise.
+    /// `capacity`: how many entries that are not `counted` may wait (the connection uses the
+    /// Receive Maximum it advertises).
     pub fn new(capacity: usize) -> Self {
         AckPipeline {
             slots: VecDeque::new(),
             deliver_cursor: 0,
             capacity: capacity.max(1),
-            unacked_publishes: 0,
+            uncounted: 0,
             failed: false,
             on_release: None,
         }
@@ -117,7 +129,7 @@ impl<D> AckPipeline<D> {
     /// did not complete in time or failed): the caller tells the store they are given up.
     pub fn abandon(&mut self) -> Vec<D> {
         self.deliver_cursor = 0;
-        self.unacked_publishes = 0;
+        self.uncounted = 0;
         self.slots
             .drain(..)
             .filter_map(|slot| slot.entry.deliver)
@@ -133,9 +145,10 @@ impl<D> AckPipeline<D> {
         }
     }
 
-    /// When true, the connection stops reading (backpressure, never drop).
+    /// When true, the connection stops reading (backpressure, never drop). Only entries that
+    /// are not `counted` fill the pipeline.
     pub fn is_full(&self) -> bool {
-        self.slots.len() >= self.capacity
+        self.uncounted >= self.capacity
     }
 
     pub fn len(&self) -> usize {
@@ -146,16 +159,11 @@ impl<D> AckPipeline<D> {
         self.slots.is_empty()
     }
 
-    /// QoS>0 PUBLISHes not yet acknowledged (for the Receive Maximum check).
-    pub fn unacked_publishes(&self) -> usize {
-        self.unacked_publishes
-    }
-
     /// Adds an entry and appends whatever can now be released to `out`.
     pub fn push(&mut self, entry: Entry<D>, out: &mut Vec<Released<D>>) {
         let durable = entry.ticket.is_none();
-        if is_publish_ack(&entry.kind) {
-            self.unacked_publishes += 1;
+        if !entry.counted {
+            self.uncounted += 1;
         }
         self.slots.push_back(Slot { entry, durable });
         self.advance(out);
@@ -233,14 +241,15 @@ impl<D> AckPipeline<D> {
                 break;
             };
             self.deliver_cursor -= 1;
-            if is_publish_ack(&slot.entry.kind) {
-                self.unacked_publishes -= 1;
+            if !slot.entry.counted {
+                self.uncounted -= 1;
             }
             if slot.entry.kind != AckKind::None {
                 out.push(Released::Ack {
                     kind: slot.entry.kind,
                     packet_id: slot.entry.packet_id,
                     reason: slot.entry.reason,
+                    counted: slot.entry.counted,
                 });
             }
         }
@@ -255,10 +264,6 @@ impl<D> AckPipeline<D> {
 /// Capacity an empty pipeline may keep.
 const IDLE_CAPACITY: usize = 16;
 
-fn is_publish_ack(kind: &AckKind) -> bool {
-    matches!(kind, AckKind::PubAck | AckKind::PubRec)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +277,7 @@ mod tests {
         after_durable: bool,
     ) -> Entry<&'static str> {
         Entry {
+            counted: counts(&kind),
             packet_id,
             kind,
             reason: ReasonCode::SUCCESS,
@@ -281,8 +287,14 @@ mod tests {
         }
     }
 
+    /// What the connection counts in these tests: every QoS>0 PUBLISH.
+    fn counts(kind: &AckKind) -> bool {
+        matches!(kind, AckKind::PubAck | AckKind::PubRec)
+    }
+
     fn ack(kind: AckKind, packet_id: u16) -> Released<&'static str> {
         Released::Ack {
+            counted: counts(&kind),
             kind,
             packet_id,
             reason: ReasonCode::SUCCESS,
@@ -347,7 +359,7 @@ mod tests {
         p.push(entry(2, AckKind::PubAck, "b", None, false), &mut out);
         assert_eq!(out, vec![Released::Deliver("a"), Released::Deliver("b")]);
         out.clear();
-        assert_eq!(p.unacked_publishes(), 2);
+        assert_eq!(p.len(), 2);
         done.complete(Ok(()));
         p.wait_front(&mut out).await;
         assert_eq!(out, vec![ack(AckKind::PubAck, 1), ack(AckKind::PubAck, 2)]);
@@ -379,7 +391,7 @@ mod tests {
             vec![Released::Deliver("sent"), ack(AckKind::PubAck, 1)]
         );
         assert_eq!(p.abandon(), vec!["held", "behind"]);
-        assert!(p.is_empty() && p.unacked_publishes() == 0);
+        assert!(p.is_empty() && !p.is_full());
     }
 
     #[tokio::test]
@@ -419,13 +431,13 @@ mod tests {
                 ticket: t,
                 deliver: None,
                 deliver_after_durable: false,
+                counted: false,
             },
             &mut out,
         );
         p.push(entry(6, AckKind::PubAck, "m", None, false), &mut out);
         assert_eq!(out, vec![Released::Deliver("m")], "delivery is not held");
         out.clear();
-        assert_eq!(p.unacked_publishes(), 1, "a SUBACK is not a PUBLISH");
         done.complete(Ok(()));
         p.wait_front(&mut out).await;
         assert_eq!(out, vec![ack(suback, 5), ack(AckKind::PubAck, 6)]);
@@ -498,15 +510,83 @@ mod tests {
     }
 
     #[test]
-    fn full_at_capacity() {
+    fn full_at_capacity_of_uncounted_entries() {
         let mut p = AckPipeline::new(2);
         let mut out = Vec::new();
         let (_d1, t1) = ticket();
-        let (_d2, t2) = ticket();
-        p.push(entry(1, AckKind::PubAck, "a", t1, false), &mut out);
+        p.push(entry(1, AckKind::PubRec, "held", t1, true), &mut out);
+        p.push(entry(0, AckKind::None, "a", None, false), &mut out);
         assert!(!p.is_full());
-        p.push(entry(2, AckKind::PubAck, "b", t2, false), &mut out);
+        p.push(entry(0, AckKind::None, "b", None, false), &mut out);
         assert!(p.is_full());
         assert!(p.has_pending_ticket());
+    }
+
+    /// Counted entries are bounded by the Receive Maximum check, not by the pipeline: however
+    /// many wait for their writes, the connection keeps reading (it must see the PUBLISH that
+    /// exceeds the maximum, and the PUBRELs that end exchanges).
+    #[test]
+    fn counted_entries_never_fill_the_pipeline() {
+        let mut p = AckPipeline::new(2);
+        let mut out = Vec::new();
+        let mut completers = Vec::new();
+        for id in 1..=10 {
+            let (done, t) = ticket();
+            completers.push(done);
+            p.push(entry(id, AckKind::PubAck, "m", t, false), &mut out);
+        }
+        let (done, t) = ticket();
+        completers.push(done);
+        p.push(
+            Entry {
+                packet_id: 1,
+                kind: AckKind::PubComp,
+                reason: ReasonCode::SUCCESS,
+                ticket: t,
+                deliver: None,
+                deliver_after_durable: false,
+                counted: true,
+            },
+            &mut out,
+        );
+        assert_eq!(p.len(), 11);
+        assert!(!p.is_full());
+    }
+
+    #[tokio::test]
+    async fn released_acks_carry_the_counted_flag() {
+        let mut p = AckPipeline::new(4);
+        let mut out = Vec::new();
+        let (done, t) = ticket();
+        p.push(entry(1, AckKind::PubAck, "a", t, false), &mut out);
+        p.push(
+            Entry {
+                packet_id: 1,
+                kind: AckKind::PubRec,
+                reason: ReasonCode::SUCCESS,
+                ticket: None,
+                deliver: None,
+                deliver_after_durable: false,
+                counted: false,
+            },
+            &mut out,
+        );
+        assert!(!p.is_full());
+        done.complete(Ok(()));
+        p.wait_front(&mut out).await;
+        assert_eq!(
+            out,
+            vec![
+                Released::Deliver("a"),
+                ack(AckKind::PubAck, 1),
+                Released::Ack {
+                    kind: AckKind::PubRec,
+                    packet_id: 1,
+                    reason: ReasonCode::SUCCESS,
+                    counted: false
+                },
+            ]
+        );
+        assert!(p.is_empty());
     }
 }

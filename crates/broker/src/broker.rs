@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::config::{BrokerConfig, ConfigError};
 use crate::metrics::Metrics;
 use crate::persist::{MemoryStore, MessageStore, StoredWill};
+use crate::read_order::ReadOrder;
 use crate::retained::Retained;
 use crate::router::Router;
 use crate::session::Registry;
@@ -42,6 +43,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub store: Arc<dyn MessageStore>,
     pub started_at: Instant,
+    /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
+    pub(crate) read_order: Arc<ReadOrder>,
     next_connection_id: AtomicU64,
 }
 
@@ -80,6 +83,7 @@ impl Broker {
                 metrics: Metrics::default(),
                 store,
                 started_at: Instant::now(),
+                read_order: Arc::default(),
                 next_connection_id: AtomicU64::new(1),
             }),
         };

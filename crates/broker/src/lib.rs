@@ -4,6 +4,8 @@
 //! - [`config`]: [`BrokerConfig`], the limits of the server contract, validated.
 //! - [`broker`]: [`Broker`] (shared state, accept loop, shutdown).
 //! - [`connection`]: one connection: CONNECT handshake, read loop, per-packet handlers, close.
+//! - [`read_order`]: read tickets, so that packets take effect across connections in the order
+//!   the I/O driver reported them (ARCHITECTURE.md §2.1).
 //! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
 //! - [`persist`]: the [`MessageStore`] seam and tickets; [`MemoryStore`] keeps nothing.
 //! - [`durable`]: [`DurableStore`], the `MessageStore` over `tern-store` (on-disk schema in
@@ -26,6 +28,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod packet_ids;
 pub mod persist;
+pub mod read_order;
 pub mod retained;
 pub mod router;
 pub mod session;

@@ -103,3 +103,102 @@ async fn run(receive_maximum: Option<u16>) {
         r.await.unwrap();
     }
 }
+
+/// ARCHITECTURE §2.1: packets take effect in the order the broker reads them, across
+/// connections. Client B sends SUBSCRIBE without waiting for SUBACK, client A publishes on B's
+/// topic right after (QoS 0 and 1 alternately): B must get the message, every round, on a
+/// runtime with two workers (the LIFO slot runs the task woken last first, and the other worker
+/// steals). After B's SUBACK, a marker from client C on the same topic shows whether A's message
+/// came (read before the marker, it reaches B before it). The clients write from the test's
+/// thread pinned to one CPU, so that the kernel delivers B's SUBSCRIBE first (on loopback a
+/// segment goes through the sending CPU's backlog; from two CPUs a later segment could reach
+/// its socket first when one backlog's softirq is deferred). tern's `ordering.rs` has the same
+/// test against the binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_takes_effect_before_a_later_publish_from_another_client() {
+    const ROUNDS: usize = 1000;
+    let b = TestBroker::start(config()).await;
+    // SAFETY: plain syscalls on the calling thread (the one that runs this test body and so
+    // writes for every client) with a zeroed, locally owned cpu_set_t.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        if cpu >= 0 {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+    let mut sub = Client::v5(b.addr, "ord-b").await;
+    let mut publ = Client::v5(b.addr, "ord-a").await;
+    let mut marker = Client::v5(b.addr, "ord-c").await;
+    for c in [&sub, &publ, &marker] {
+        // Without it Nagle holds A's PUBLISH back while A's previous one is unacknowledged.
+        c.stream.set_nodelay(true).unwrap();
+    }
+    let mut missed = Vec::new();
+    let mut late = Vec::new();
+    for round in 0..ROUNDS {
+        let topic = format!("ord/{round}");
+        let packet_id = (round % 60_000) as u16 + 1;
+        let qos = (round % 2) as u8;
+        sub.send(&Packet::Subscribe(tern_wire::Subscribe {
+            packet_id,
+            properties: Default::default(),
+            filters: vec![(s(&topic), Default::default())],
+        }))
+        .await;
+        publ.send(&Packet::Publish(publish(&topic, b"first", qos, packet_id)))
+            .await;
+        let mut got_first = false;
+        loop {
+            match sub.recv().await {
+                Some(Packet::SubAck(a)) if a.packet_id == packet_id => break,
+                Some(Packet::Publish(p))
+                    if p.topic.as_str() == topic && &p.payload[..] == b"first" =>
+                {
+                    got_first = true
+                }
+                // An earlier round's message after that round's marker: out of order.
+                Some(Packet::Publish(p)) if &p.payload[..] == b"first" => {
+                    late.push(p.topic.to_string())
+                }
+                other => panic!("round {round}: unexpected {other:?}"),
+            }
+        }
+        marker
+            .send(&Packet::Publish(publish(&topic, b"marker", 0, 0)))
+            .await;
+        loop {
+            let p = sub.expect_publish().await;
+            if p.topic.as_str() != topic {
+                late.push(p.topic.to_string());
+                continue;
+            }
+            match &p.payload[..] {
+                b"first" => got_first = true,
+                b"marker" => break,
+                other => panic!("round {round}: unexpected payload {other:?}"),
+            }
+        }
+        if qos == 1 {
+            match publ.recv().await {
+                Some(Packet::PubAck(a)) if a.packet_id == packet_id => {}
+                other => panic!("round {round}: expected PUBACK, got {other:?}"),
+            }
+        }
+        if !got_first {
+            missed.push(round);
+        }
+    }
+    eprintln!(
+        "missed {} of {ROUNDS}: {missed:?}; after the marker: {late:?}",
+        missed.len()
+    );
+    assert!(
+        missed.is_empty(),
+        "the PUBLISH read after B's SUBSCRIBE missed B in {} of {ROUNDS} rounds: {missed:?} \
+         (of those, delivered after the marker read after them: {late:?})",
+        missed.len()
+    );
+    b.shutdown().await;
+}

@@ -57,6 +57,193 @@ async fn receive_maximum_slot_is_freed_by_pubcomp() {
     assert!(c.ping().await.is_empty());
 }
 
+/// Receive Maximum of the small-window tests below.
+const RM: u16 = 4;
+const RM_CONFIG: &str = "[limits]\nreceive_maximum = 4\n";
+
+fn publishes(level: u8, ids: std::ops::RangeInclusive<u16>) -> Vec<Packet> {
+    ids.map(|id| Packet::Publish(publish("rm/t", b"x", level, id)))
+        .collect()
+}
+
+fn pubrels(ids: std::ops::RangeInclusive<u16>) -> Vec<Packet> {
+    ids.map(|id| Packet::PubRel(ack(id))).collect()
+}
+
+/// Which acknowledgement [`expect_acks`] waits for.
+#[derive(Debug, Clone, Copy)]
+enum AckOf {
+    Puback,
+    Pubrec,
+    Pubcomp,
+}
+
+/// Reads one successful acknowledgement of `kind` per id, in order (acks leave in packet order).
+async fn expect_acks(c: &mut RawClient, kind: AckOf, ids: std::ops::RangeInclusive<u16>) {
+    for id in ids {
+        let p = c.expect_packet().await;
+        let ok = match (&p, kind) {
+            (Packet::PubAck(a), AckOf::Puback)
+            | (Packet::PubRec(a), AckOf::Pubrec)
+            | (Packet::PubComp(a), AckOf::Pubcomp) => a.packet_id == id && a.reason.is_success(),
+            _ => false,
+        };
+        assert!(ok, "expected {kind:?} {id}, got {}", brief(&p));
+    }
+}
+
+/// A small-window connection: asserts the CONNACK's Receive Maximum.
+async fn rm_client(b: &Broker, id: &str, maximum: u16) -> RawClient {
+    let (c, ca) = RawClient::connect_ok(b.addr, v5_connect(id)).await;
+    assert_eq!(ca.properties.receive_maximum, Some(maximum));
+    c
+}
+
+/// (v5) MQTT-3.3.4-9, §4.9: a QoS 1 exchange counts from its PUBLISH until its PUBACK is sent.
+/// Exactly Receive Maximum QoS 1 PUBLISHes sent at once, without waiting, are all accepted;
+/// acknowledged, their slots serve again.
+#[tokio::test]
+async fn receive_maximum_qos1_exactly_at_the_limit_is_accepted() {
+    let b = Broker::start_with(RM_CONFIG);
+    let mut c = rm_client(&b, "rm1-ok", RM).await;
+    for round in 0..3u16 {
+        let ids = round * RM + 1..=round * RM + RM;
+        c.send_all(&publishes(1, ids.clone())).await;
+        expect_acks(&mut c, AckOf::Puback, ids).await;
+    }
+    assert!(c.ping().await.is_empty());
+}
+
+/// (v5) MQTT-3.3.4-9, §3.3.4: Receive Maximum + 1 QoS 1 PUBLISHes sent at once: the last one
+/// exceeds it (none is acknowledged yet when it is read), DISCONNECT 0x93. The broker must not
+/// stop reading at the limit and then take the extra PUBLISH once the first are acknowledged.
+#[tokio::test]
+async fn receive_maximum_qos1_one_over_the_limit_disconnect_0x93() {
+    let b = Broker::start_with(RM_CONFIG);
+    let mut c = rm_client(&b, "rm1-over", RM).await;
+    c.send_all(&publishes(1, 1..=RM + 1)).await;
+    assert_eq!(
+        c.expect_disconnect().await,
+        ReasonCode::RECEIVE_MAXIMUM_EXCEEDED
+    );
+}
+
+/// (v5) MQTT-3.3.4-9, §4.9: a QoS 2 exchange counts once, from its PUBLISH until its PUBCOMP
+/// is sent (not once in flight and once more awaiting PUBREL). Exactly Receive Maximum QoS 2
+/// PUBLISHes sent at once (PUBRECs outstanding) are accepted.
+#[tokio::test]
+async fn receive_maximum_qos2_exactly_at_the_limit_with_pubrecs_outstanding() {
+    let b = Broker::start_with(RM_CONFIG);
+    let mut c = rm_client(&b, "rm2-ok", RM).await;
+    for round in 0..3u16 {
+        let ids = round * RM + 1..=round * RM + RM;
+        c.send_all(&publishes(2, ids.clone())).await;
+        expect_acks(&mut c, AckOf::Pubrec, ids.clone()).await;
+        c.send_all(&pubrels(ids.clone())).await;
+        expect_acks(&mut c, AckOf::Pubcomp, ids).await;
+    }
+    assert!(c.ping().await.is_empty());
+}
+
+/// (v5) MQTT-3.3.4-9, §3.3.4: Receive Maximum + 1 QoS 2 PUBLISHes sent at once: DISCONNECT 0x93.
+#[tokio::test]
+async fn receive_maximum_qos2_one_over_the_limit_with_pubrecs_outstanding_0x93() {
+    let b = Broker::start_with(RM_CONFIG);
+    let mut c = rm_client(&b, "rm2-over", RM).await;
+    c.send_all(&publishes(2, 1..=RM + 1)).await;
+    assert_eq!(
+        c.expect_disconnect().await,
+        ReasonCode::RECEIVE_MAXIMUM_EXCEEDED
+    );
+}
+
+/// (v5) MQTT-3.3.4-9, §4.9: after the PUBRECs, exchanges whose PUBREL is not sent yet still
+/// count: Receive Maximum of them is fine, one more PUBLISH is DISCONNECT 0x93.
+#[tokio::test]
+async fn receive_maximum_qos2_with_pubrels_not_yet_sent() {
+    let b = Broker::start_with(RM_CONFIG);
+    let mut c = rm_client(&b, "rm2-rel", RM).await;
+    for id in 1..=RM {
+        c.send(&Packet::Publish(publish("rm/t", b"x", 2, id))).await;
+        expect_acks(&mut c, AckOf::Pubrec, id..=id).await;
+    }
+    assert!(
+        c.ping().await.is_empty(),
+        "exactly Receive Maximum in flight"
+    );
+    c.send(&Packet::Publish(publish("rm/t", b"x", 2, RM + 1)))
+        .await;
+    assert_eq!(
+        c.expect_disconnect().await,
+        ReasonCode::RECEIVE_MAXIMUM_EXCEEDED
+    );
+}
+
+/// (v5) MQTT-3.3.4-9, MQTT-4.3.3-10: a retried QoS 2 PUBLISH of a packet id in flight is the
+/// same exchange and counts once, at the limit too; a new packet id beyond it is 0x93.
+#[tokio::test]
+async fn receive_maximum_retried_qos2_publish_counts_once() {
+    let b = Broker::start_with(RM_CONFIG);
+    let mut c = rm_client(&b, "rm2-dup", RM).await;
+    let mut retry = publish("rm/t", b"x", 2, 2);
+    retry.dup = true;
+    let mut burst = publishes(2, 1..=RM);
+    burst.push(Packet::Publish(retry.clone()));
+    c.send_all(&burst).await;
+    expect_acks(&mut c, AckOf::Pubrec, 1..=RM).await;
+    expect_acks(&mut c, AckOf::Pubrec, 2..=2).await;
+    // Again once its PUBREC is out (awaiting PUBREL).
+    c.send(&Packet::Publish(retry)).await;
+    expect_acks(&mut c, AckOf::Pubrec, 2..=2).await;
+    assert!(c.ping().await.is_empty());
+    c.send(&Packet::Publish(publish("rm/t", b"x", 2, RM + 1)))
+        .await;
+    assert_eq!(
+        c.expect_disconnect().await,
+        ReasonCode::RECEIVE_MAXIMUM_EXCEEDED
+    );
+}
+
+/// (v5) MQTT-3.3.4-9, §4.9: the send quota starts afresh on every connection (it is not part of
+/// the session): QoS 2 exchanges left from the previous connection, still awaiting PUBREL, do
+/// not reduce the new connection's Receive Maximum.
+#[tokio::test]
+async fn receive_maximum_starts_afresh_on_a_resumed_session() {
+    let b = Broker::start_with("[limits]\nreceive_maximum = 2\n");
+    let mut connect = v5_connect("rm-resume");
+    connect.properties.session_expiry_interval_s = Some(60);
+    let (mut c, _) = RawClient::connect_ok(b.addr, connect.clone()).await;
+    c.send_all(&publishes(2, 1..=2)).await;
+    expect_acks(&mut c, AckOf::Pubrec, 1..=2).await;
+    c.disconnect().await;
+    connect.clean_start = false;
+    let (mut c, ca) = RawClient::connect_ok(b.addr, connect).await;
+    assert!(ca.session_present);
+    c.send_all(&publishes(2, 3..=4)).await;
+    expect_acks(&mut c, AckOf::Pubrec, 3..=4).await;
+    c.send_all(&pubrels(1..=4)).await;
+    expect_acks(&mut c, AckOf::Pubcomp, 1..=4).await;
+    assert!(c.ping().await.is_empty());
+}
+
+/// (v5) MQTT-3.3.4-9 at the default Receive Maximum (1024): that many QoS 2 PUBLISHes sent
+/// without waiting are all accepted (none has its PUBREL yet), the next one is 0x93.
+#[tokio::test]
+async fn receive_maximum_default_qos2_window_is_usable_to_the_limit() {
+    let b = Broker::start();
+    let maximum = 1024;
+    let mut c = rm_client(&b, "rm-default", maximum).await;
+    c.send_all(&publishes(2, 1..=maximum)).await;
+    expect_acks(&mut c, AckOf::Pubrec, 1..=maximum).await;
+    assert!(c.ping().await.is_empty());
+    c.send(&Packet::Publish(publish("rm/t", b"x", 2, maximum + 1)))
+        .await;
+    assert_eq!(
+        c.expect_disconnect().await,
+        ReasonCode::RECEIVE_MAXIMUM_EXCEEDED
+    );
+}
+
 /// (v5) MQTT-3.3.4-9, MQTT-4.9.0-2: the server sends no more than the client's Receive Maximum
 /// (2) unacknowledged QoS>0 PUBLISHes; acknowledging one releases the next. MQTT-3.3.4-10 /
 /// MQTT-4.9.0-3: other packets (PINGRESP) are not held back.

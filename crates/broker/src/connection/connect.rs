@@ -17,6 +17,7 @@ use crate::ack_pipeline::AckPipeline;
 use crate::broker::Shared;
 use crate::metrics::Metrics;
 use crate::outbound::{WriterState, encode_packet};
+use crate::read_order::ReadSlot;
 use crate::session::registry::{self, AttachRequest};
 use crate::topic_alias::InboundAliases;
 
@@ -260,6 +261,8 @@ async fn accept(
         properties.shared_subscription_available = Some(1);
     }
 
+    // Before the CONNACK is queued: what the client sends once it has it is ordered from here.
+    let read_slot = ReadSlot::new(shared.read_order.clone());
     let attached = registry::attach(
         shared,
         AttachRequest {
@@ -289,8 +292,10 @@ async fn accept(
         will,
         will_token,
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
+        read_slot,
         pipeline: AckPipeline::new(usize::from(config.receive_maximum))
             .on_release(crate::retained::release_hook(shared.clone())),
+        quota: Default::default(),
         released: Vec::new(),
         connect_expiry_zero: requested_expiry_s == 0,
         client_max_packet_size_bytes: client_max_packet_size,

@@ -10,16 +10,24 @@
 //!   writer, the loop does not read from the socket (backpressure, never unbounded queues).
 //! - Every control packet this task sends goes through the session's control queue, and only
 //!   while the session still belongs to this connection (`conn_gen`).
+//! - The loop reads through the connection's `ReadSlot` and acts on what one read returned only
+//!   once every read with a smaller ticket was handled, then completes its ticket before it
+//!   awaits anything else ([`crate::read_order`]: packets take effect across connections in the
+//!   order the I/O driver reported them). It holds no ticket while it does not read.
 
 mod acks;
 mod close;
 mod connect;
 mod publish;
+mod quota;
 mod subscribe;
 
+use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -34,6 +42,7 @@ use crate::broker::Shared;
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::outbound::encode_packet;
+use crate::read_order::{CloseOnDrop, ReadSlot};
 use crate::session::{ConnCtl, Session};
 use crate::topic_alias::InboundAliases;
 
@@ -46,6 +55,10 @@ const MAX_ACK_BYTES: usize = 8;
 
 /// Largest single socket read.
 const READ_CHUNK_BYTES: usize = 8 * 1024;
+
+/// After a read, [`settle`] reads on until the socket is empty, at most up to this much in the
+/// buffer.
+const SETTLE_MAX_BYTES: usize = 4 * READ_CHUNK_BYTES;
 
 /// Why a connection ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +90,11 @@ pub(crate) struct Conn {
     /// Names `will` in the store (`crate::will`).
     will_token: u64,
     aliases: InboundAliases,
+    /// This connection's read tickets (ARCHITECTURE §2.1).
+    read_slot: Arc<ReadSlot>,
     pipeline: AckPipeline<Arc<Message>>,
+    /// Exchanges counted against our Receive Maximum.
+    quota: quota::InboundQuota,
     released: Vec<Released<Arc<Message>>>,
     /// The CONNECT's Session Expiry Interval was 0 (a DISCONNECT may not raise it).
     connect_expiry_zero: bool,
@@ -94,7 +111,8 @@ enum Event {
     Shutdown,
     Durable,
     Drained,
-    Read(io::Result<usize>),
+    /// The socket is readable (or failed).
+    Readable(io::Result<()>),
     KeepAliveDue,
 }
 
@@ -131,7 +149,10 @@ pub async fn run(
         writer.0,
         writer.1,
     ));
+    // Whatever way the loop ends (also by abort), its tickets must not hold other readers back.
+    let tickets = CloseOnDrop(conn.read_slot.clone());
     let reason = conn.read_loop(&mut reader, &mut buf, &mut stop).await;
+    drop(tickets);
     tracing::debug!(%peer, client_id = %conn.client_id, ?reason, "client disconnected");
     Box::pin(conn.finish(reason, writer_task)).await;
 }
@@ -150,6 +171,67 @@ async fn read_some(reader: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<usi
             other => return other,
         }
     }
+}
+
+/// The socket's readiness, polled through the connection's slot: the driver's wake takes a
+/// ticket, in driver order (ARCHITECTURE §2.1). The read loop keeps one alive while it reads, so
+/// that it stays registered with the driver while it handles a batch.
+async fn ordered_readable(reader: &OwnedReadHalf, slot: &Arc<ReadSlot>) -> io::Result<()> {
+    let readable = reader.readable();
+    tokio::pin!(readable);
+    slot.readable(|cx| readable.as_mut().poll(cx)).await
+}
+
+/// What [`settle`] found after a read.
+struct Settled {
+    /// More bytes (they join the batch and its ticket).
+    more: usize,
+    /// The peer closed (or the socket failed) after the bytes read so far.
+    ended: bool,
+}
+
+/// After a read, before its packets are handled: reads what else is there and, once the socket
+/// is empty (which clears tokio's readiness), registers `readable` with the driver. Whatever
+/// arrives while the batch is handled then comes with a wake, and so with a ticket in driver
+/// order, instead of being found by the next read with a ticket taken only then. Stops reading
+/// at [`SETTLE_MAX_BYTES`] in the buffer (a connection that always has more is ordered by its
+/// reads). `fresh` makes a new `readable` when the old one completed.
+async fn settle<F: Future<Output = io::Result<()>>>(
+    reader: &OwnedReadHalf,
+    buf: &mut BytesMut,
+    mut readable: Pin<&mut F>,
+    fresh: &impl Fn() -> F,
+) -> Settled {
+    let mut settled = Settled {
+        more: 0,
+        ended: false,
+    };
+    while buf.len() < SETTLE_MAX_BYTES {
+        match try_read_chunk(reader, buf) {
+            Ok(0) => settled.ended = true,
+            Ok(n) => {
+                settled.more += n;
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await {
+                    Poll::Pending => {} // registered
+                    Poll::Ready(Ok(())) => {
+                        // Data came in between: read it too.
+                        readable.set(fresh());
+                        continue;
+                    }
+                    Poll::Ready(Err(_)) => {
+                        readable.set(fresh());
+                        settled.ended = true;
+                    }
+                }
+            }
+            Err(_) => settled.ended = true,
+        }
+        break;
+    }
+    settled
 }
 
 fn try_read_chunk(reader: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<usize> {
@@ -194,7 +276,25 @@ impl Conn {
             .unwrap_or(far_future);
         let keep_alive_timer = tokio::time::sleep_until(first_deadline);
         tokio::pin!(keep_alive_timer);
+        // Kept alive (registered with the driver) across the loop while reading is on.
+        let slot = self.read_slot.clone();
+        let reader = &*reader;
+        let fresh = || ordered_readable(reader, &slot);
+        let readable = fresh();
+        tokio::pin!(readable);
+        // Bytes the handshake read after the CONNECT go with the connection's first ticket.
+        let mut ticket = None;
+        let mut ended = false;
+        if !buf.is_empty() {
+            ticket = self.read_slot.leftovers();
+            ended = settle(reader, buf, readable.as_mut(), &fresh).await.ended;
+        }
         loop {
+            let read_ticket = ticket.take();
+            if let Some(ticket) = read_ticket {
+                // Every read the driver reported before this one takes effect first.
+                self.read_slot.order().turn(ticket).await;
+            }
             while !self.pipeline.is_full() {
                 match decode(buf, self.protocol, max_packet_size) {
                     Ok(Some(packet)) => {
@@ -210,6 +310,12 @@ impl Conn {
                     }
                 }
             }
+            if read_ticket.is_some() {
+                self.read_slot.handled();
+            }
+            if ended {
+                return Close::Lost;
+            }
             if buf.is_empty() && buf.capacity() > 0 {
                 *buf = BytesMut::new();
             }
@@ -224,12 +330,17 @@ impl Conn {
             let waiting = self.pipeline.has_pending_ticket();
             let backlogged = self.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
             let reading = !self.pipeline.is_full() && !backlogged;
+            if !reading {
+                // Not registered while not reading: no ticket may wait for this connection.
+                readable.set(fresh());
+                self.read_slot.not_reading();
+            }
             let event = tokio::select! {
                 reason = self.ctl.kicked() => Event::Kicked(reason),
                 _ = stop.changed() => Event::Shutdown,
                 _ = self.pipeline.wait_front(&mut self.released), if waiting => Event::Durable,
                 _ = self.ctl.drained.notified(), if backlogged => Event::Drained,
-                read = read_some(reader, buf), if reading => Event::Read(read),
+                ready = &mut readable, if reading => Event::Readable(ready),
                 _ = &mut keep_alive_timer, if self.keep_alive.is_some() => Event::KeepAliveDue,
             };
             match event {
@@ -243,11 +354,21 @@ impl Conn {
                     }
                 }
                 Event::Drained => {}
-                Event::Read(Ok(0)) | Event::Read(Err(_)) => return Close::Lost,
-                Event::Read(Ok(n)) => {
+                Event::Readable(Err(_)) => return Close::Lost,
+                Event::Readable(Ok(())) => {
+                    readable.set(fresh());
+                    let n = match try_read_chunk(reader, buf) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Ok(0) | Err(_) => return Close::Lost,
+                        Ok(n) => n,
+                    };
+                    ticket = Some(self.read_slot.read_done());
                     // One clock read per socket read: packets of one read arrived together.
                     self.now = Instant::now();
-                    Metrics::add(&self.shared.metrics.bytes_received, n as u64);
+                    let settled = settle(reader, buf, readable.as_mut(), &fresh).await;
+                    ended = settled.ended;
+                    let bytes = n + settled.more;
+                    Metrics::add(&self.shared.metrics.bytes_received, bytes as u64);
                 }
                 Event::KeepAliveDue => {
                     // MQTT-3.1.2-22: nothing received within 1.5 x keep alive.
@@ -322,10 +443,24 @@ impl Conn {
         let mut released = std::mem::take(&mut self.released);
         // Acks are queued before the deliveries are routed: both were released together, and
         // a publisher subscribed to its own topic then sees its PUBACK before the echo.
-        let acks = released
-            .iter()
-            .filter(|r| matches!(r, Released::Ack { kind, .. } if *kind != AckKind::None))
-            .count();
+        let mut acks = 0;
+        for item in &released {
+            if let Released::Ack {
+                kind,
+                packet_id,
+                reason,
+                counted,
+            } = item
+            {
+                if *counted {
+                    // Queued just below: from here on the client may use the slot again.
+                    self.quota.on_released(kind, *packet_id, *reason);
+                }
+                if *kind != AckKind::None {
+                    acks += 1;
+                }
+            }
+        }
         if acks > 0 {
             // One allocation for all of them (each ack is a few bytes).
             let mut scratch = BytesMut::with_capacity(acks * MAX_ACK_BYTES);
@@ -336,6 +471,7 @@ impl Conn {
                         kind,
                         packet_id,
                         reason,
+                        ..
                     } = item
                     else {
                         continue;

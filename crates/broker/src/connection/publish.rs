@@ -39,6 +39,16 @@ impl Conn {
         let packet_id = publish.packet_id;
         let qos = publish.qos;
 
+        // MQTT-3.3.4-9 (v5 §4.9): one more exchange than our Receive Maximum is refused,
+        // after reading it and before anything else happens to it. A retry of an exchange
+        // counted already counts nothing (`quota`).
+        let counted = if qos == QoS::AtMostOnce {
+            false
+        } else {
+            self.quota
+                .admit(packet_id, self.shared.config.receive_maximum)
+                .map_err(|_| Close::Protocol(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED))?
+        };
         if qos == QoS::ExactlyOnce {
             // ARCHITECTURE §3: a packet id still in the received set is a retry: PUBREC only.
             let duplicate = self.session.state.lock().qos2_received.contains(&packet_id);
@@ -50,16 +60,9 @@ impl Conn {
                     ticket: None,
                     deliver: None,
                     deliver_after_durable: false,
+                    counted,
                 });
                 return Ok(());
-            }
-        }
-        if qos != QoS::AtMostOnce {
-            let awaiting_release = self.session.state.lock().qos2_received.len();
-            let in_flight = self.pipeline.unacked_publishes() + awaiting_release;
-            if in_flight >= usize::from(self.shared.config.receive_maximum) {
-                // MQTT-3.3.4-9 (v5): more QoS>0 in flight than our Receive Maximum.
-                return Err(Close::Protocol(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED));
             }
         }
 
@@ -132,6 +135,7 @@ impl Conn {
             ticket,
             deliver: route.then_some(message),
             deliver_after_durable: qos == QoS::ExactlyOnce,
+            counted,
         });
         Ok(())
     }
@@ -145,6 +149,9 @@ impl Conn {
             }
             known
         };
+        // The PUBREL of an exchange counted here is a step of it (until its PUBCOMP is sent);
+        // any other PUBREL takes pipeline room of its own.
+        let counted = known && self.quota.is_counted(ack.packet_id);
         let (reason, ticket) = if known {
             (
                 ReasonCode::SUCCESS,
@@ -164,6 +171,7 @@ impl Conn {
             ticket,
             deliver: None,
             deliver_after_durable: false,
+            counted,
         });
         Ok(())
     }

@@ -198,6 +198,8 @@ impl Conn {
                 ticket,
                 deliver: None,
                 deliver_after_durable: false,
+                // Not part of a Receive Maximum exchange: it takes pipeline room.
+                counted: false,
             },
             &mut self.released,
         );

@@ -227,6 +227,16 @@ impl RawClient {
         self.send_bytes(&out).await;
     }
 
+    /// Sends `packets` with one write: on loopback a small write arrives as one segment, which
+    /// the broker reads at once, so it has read them all before it acts on any of them.
+    pub async fn send_all(&mut self, packets: &[Packet]) {
+        let mut out = BytesMut::new();
+        for packet in packets {
+            tern_wire::encode(packet, self.protocol, &mut out).expect("encode test packet");
+        }
+        self.send_bytes(&out).await;
+    }
+
     /// Writes bytes as they are. Errors are ignored: the broker may already have closed the
     /// connection, which the test then observes with [`RawClient::expect_closed`].
     pub async fn send_bytes(&mut self, bytes: &[u8]) {
