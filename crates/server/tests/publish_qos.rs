@@ -535,3 +535,42 @@ async fn concurrent_qos2_publishers_exactly_once_in_order() {
     }
     assert!(s.ping().await.is_empty(), "extra deliveries");
 }
+
+/// MQTT 3.1.1 has no Receive Maximum: a client with more QoS 1 and QoS 2 exchanges open than
+/// ours (here 4) is slowed down by backpressure, never disconnected (paho resends everything it
+/// holds at once after a reconnect; a disconnect there is a reconnect loop).
+#[tokio::test]
+async fn a_3_1_1_client_over_our_receive_maximum_gets_backpressure_not_a_disconnect() {
+    let b = Broker::start_with("[limits]\nreceive_maximum = 4\n");
+    let mut c = RawClient::v4(b.addr, "burst-311").await;
+    let n: u16 = 40;
+    let burst: Vec<Packet> = (1..=n)
+        .map(|i| Packet::Publish(publish("burst/1", b"x", 1, i)))
+        .collect();
+    c.send_all(&burst).await;
+    for i in 1..=n {
+        match c.expect_packet().await {
+            Packet::PubAck(a) => assert_eq!(a.packet_id, i),
+            other => panic!("expected PUBACK {i}, got {}", brief(&other)),
+        }
+    }
+    // QoS 2: every PUBLISH before any PUBREL, then every PUBREL.
+    let burst: Vec<Packet> = (1..=n)
+        .map(|i| Packet::Publish(publish("burst/2", b"y", 2, i)))
+        .collect();
+    c.send_all(&burst).await;
+    for i in 1..=n {
+        match c.expect_packet().await {
+            Packet::PubRec(a) => assert_eq!(a.packet_id, i),
+            other => panic!("expected PUBREC {i}, got {}", brief(&other)),
+        }
+    }
+    let rels: Vec<Packet> = (1..=n).map(|i| Packet::PubRel(ack(i))).collect();
+    c.send_all(&rels).await;
+    for i in 1..=n {
+        match c.expect_packet().await {
+            Packet::PubComp(a) => assert_eq!(a.packet_id, i),
+            other => panic!("expected PUBCOMP {i}, got {}", brief(&other)),
+        }
+    }
+}

@@ -42,7 +42,11 @@ impl Conn {
         // MQTT-3.3.4-9 (v5 §4.9): one more exchange than our Receive Maximum is refused,
         // after reading it and before anything else happens to it. A retry of an exchange
         // counted already counts nothing (`quota`).
-        let counted = if qos == QoS::AtMostOnce {
+        // MQTT 3.1.1 has no Receive Maximum: its exchanges take pipeline room instead, so a
+        // burst (paho resends everything it holds at once after a reconnect) is slowed down by
+        // backpressure, never disconnected. Its received set is bounded by the 65,535 packet
+        // ids.
+        let counted = if qos == QoS::AtMostOnce || !self.protocol.is_v5() {
             false
         } else {
             self.quota
