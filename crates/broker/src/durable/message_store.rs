@@ -1,0 +1,369 @@
+//! The [`MessageStore`] seam implemented over the store: each call maps to the records of the
+//! module doc's schema (inbound publishes and QoS 2 control records here; sessions, exchanges,
+//! share groups, wills, reclamation in their modules).
+
+use std::sync::atomic::Ordering;
+
+use tern_store::NewRecord;
+use tern_wire::{Protocol, QoS, SubscriptionOptions};
+
+use super::*;
+
+impl MessageStore for DurableStore {
+    fn append_publish(
+        &self,
+        client_id: &str,
+        message: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Option<Ticket> {
+        let (index, slot) = self.writes(&message.topic, message.qos)?;
+        let mut meta = Vec::with_capacity(16);
+        codec::encode_meta(message, &mut meta);
+        let record = NewRecord {
+            topic: message.topic.as_bytes(),
+            properties: &meta,
+            payload: &message.payload,
+            time_ns: None,
+        };
+        let incarnation = match qos2_packet_id {
+            Some(_) => self
+                .mirror
+                .lock()
+                .get(client_id)
+                .map_or(0, |r| r.incarnation),
+            None => 0,
+        };
+        let mut unrouted = slot.unrouted.lock();
+        let result = match qos2_packet_id {
+            Some(packet_id) => {
+                let rx_topic = format!("{RX_PREFIX}{client_id}");
+                let mut pi = [0u8; 10];
+                pi[..2].copy_from_slice(&packet_id.to_be_bytes());
+                pi[2..].copy_from_slice(&incarnation.to_be_bytes());
+                slot.stream.append_batch(&[
+                    record,
+                    NewRecord {
+                        topic: rx_topic.as_bytes(),
+                        payload: &pi,
+                        ..NewRecord::default()
+                    },
+                ])
+            }
+            None => slot.stream.append_batch(&[record]),
+        };
+        let ticket = match result {
+            Ok(ticket) => ticket,
+            Err(error) => {
+                drop(unrouted);
+                return Some(Ticket::failed(io_error(error)));
+            }
+        };
+        if self.disk_budget.is_some() {
+            let estimate = (message.topic.len() + meta.len() + message.payload.len()) as u64
+                + RECORD_OVERHEAD_ESTIMATE * (1 + u64::from(qos2_packet_id.is_some()));
+            self.disk_used.fetch_add(estimate, Ordering::Relaxed);
+        }
+        let seq = ticket.first_seq();
+        unrouted.seqs.insert(seq);
+        unrouted.next_seq = ticket.seq() + 1;
+        drop(unrouted);
+        let stream = index as u16;
+        let _ = message.stored.set(StoreRef { stream, seq });
+        if let Some(packet_id) = qos2_packet_id {
+            let rx_ref = StoreRef {
+                stream,
+                seq: ticket.seq(),
+            };
+            let mut rx = self.rx.lock();
+            match rx.get_mut(client_id) {
+                Some(m) => {
+                    m.insert(packet_id, rx_ref);
+                }
+                None => {
+                    rx.insert(client_id.to_string(), HashMap::from([(packet_id, rx_ref)]));
+                }
+            }
+            // Under the rx lock (see `reclaim`): limits never remove an open rx record.
+            self.pin(rx_ref);
+        }
+        Some(Ticket::from_store(ticket))
+    }
+
+    fn message_released(&self, message: &Message) {
+        if let Some(stored) = message.store_ref() {
+            if let Some(slot) = self.slots.get(usize::from(stored.stream)) {
+                slot.unrouted.lock().seqs.remove(&stored.seq);
+            }
+        }
+    }
+
+    fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        // The rx lock is held across the append: the rx checkpoint relies on every released
+        // rx record's `rel` being appended before it is computed (`reclaim` module).
+        let mut rx = self.rx.lock();
+        let rx_ref = rx.get_mut(client_id)?.remove(&packet_id)?;
+        let slot = self.slots.get(usize::from(rx_ref.stream))?;
+        let topic = format!("{REL_PREFIX}{client_id}");
+        let result = slot
+            .stream
+            .append(topic.as_bytes(), &[], &rx_ref.seq.to_be_bytes());
+        drop(rx);
+        Some(match result {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => Ticket::failed(io_error(error)),
+        })
+    }
+
+    fn outbound_sent(&self, client_id: &str, packet_id: u16, stored: StoreRef) -> Option<Ticket> {
+        self.record_sent(client_id, packet_id, stored)
+    }
+
+    fn outbound_pubrel_pending(
+        &self,
+        client_id: &str,
+        packet_id: u16,
+        stored: Option<StoreRef>,
+    ) -> Option<Ticket> {
+        self.record_pubrel(client_id, packet_id, stored)
+    }
+
+    fn outbound_completed(&self, client_id: &str, packet_id: u16) {
+        self.record_completed(client_id, packet_id);
+    }
+
+    fn session_opened(
+        &self,
+        client_id: &str,
+        protocol: Protocol,
+        expiry_interval_s: u32,
+        fresh: bool,
+    ) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let record = mirror.entry(client_id.to_string()).or_default();
+            if fresh {
+                record.subscriptions.clear();
+                record.incarnation = now_ns().max(record.incarnation + 1);
+            }
+            record.protocol_level = protocol.level();
+            record.expiry_interval_s = expiry_interval_s;
+            record.closed_at_unix_s = 0;
+            record.clone()
+        };
+        if fresh {
+            self.rx.lock().remove(client_id);
+            self.reset_rx(client_id);
+            let floors = self.floors();
+            self.write_cursor(client_id, &floors);
+            self.written_cursors
+                .lock()
+                .insert(client_id.to_string(), floors);
+        }
+        drop(self.put_session(client_id, &record));
+    }
+
+    fn session_closed(&self, client_id: &str, expiry_interval_s: u32) {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let Some(record) = mirror.get_mut(client_id) else {
+                return;
+            };
+            record.expiry_interval_s = expiry_interval_s;
+            record.closed_at_unix_s = now_ns() / 1_000_000_000;
+            record.clone()
+        };
+        drop(self.put_session(client_id, &record));
+    }
+
+    fn session_ended(&self, client_id: &str) {
+        let had_rx = self
+            .rx
+            .lock()
+            .remove(client_id)
+            .is_some_and(|m| !m.is_empty());
+        let persistent = self.mirror.lock().remove(client_id).is_some();
+        if !persistent {
+            return;
+        }
+        self.written_cursors.lock().remove(client_id);
+        let _ = self.sessions.delete(client_id.as_bytes());
+        let _ = self.cursors.delete(client_id.as_bytes());
+        self.forget_exchanges(client_id);
+        if had_rx {
+            self.reset_rx(client_id);
+        }
+    }
+
+    fn session_subscribed(
+        &self,
+        client_id: &str,
+        filter: &str,
+        options: SubscriptionOptions,
+        subscription_id: Option<u32>,
+    ) -> Option<Ticket> {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let record = mirror.get_mut(client_id)?;
+            let sub = SubRecord {
+                options,
+                subscription_id,
+            };
+            match record.subscriptions.iter_mut().find(|(f, _)| f == filter) {
+                Some(existing) => existing.1 = sub,
+                None => record.subscriptions.push((filter.to_string(), sub)),
+            }
+            record.clone()
+        };
+        // Before the session record, in the same stream: SUBACK's write covers both.
+        self.group_joined(filter);
+        Some(self.put_session(client_id, &record))
+    }
+
+    fn session_unsubscribed(&self, client_id: &str, filter: &str) -> Option<Ticket> {
+        let record = {
+            let mut mirror = self.mirror.lock();
+            let record = mirror.get_mut(client_id)?;
+            record.subscriptions.retain(|(f, _)| f != filter);
+            record.clone()
+        };
+        Some(self.put_session(client_id, &record))
+    }
+
+    fn retained_changed(&self, topic: &str, message: Option<&Message>) -> Option<Ticket> {
+        let result = match message {
+            Some(m) => self
+                .retained
+                .put(topic.as_bytes(), &codec::encode_retained(m)),
+            None => self.retained.delete(topic.as_bytes()),
+        };
+        Some(match result {
+            Ok(ticket) => Ticket::from_store(ticket),
+            Err(error) => {
+                tracing::error!(%error, topic, "cannot write retained message");
+                Ticket::failed(io_error(error))
+            }
+        })
+    }
+
+    fn recover(&self) -> Recovered {
+        match recover::recover(self) {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::error!(%error, "cannot read the store's state; starting without it");
+                Recovered::default()
+            }
+        }
+    }
+
+    fn removed_ranges(&self) -> Vec<(u16, std::ops::RangeInclusive<u64>)> {
+        let mut out = Vec::new();
+        for (index, slot) in self.slots.iter().enumerate() {
+            let log = slot.stream.drain_removed();
+            if log.ranges.is_empty() {
+                continue;
+            }
+            let records: u64 = log.ranges.iter().map(|r| r.end() - r.start() + 1).sum();
+            tracing::info!(
+                stream = slot.spec.name,
+                ranges = log.ranges.len(),
+                first = log.ranges.first().map(|r| *r.start()),
+                last = log.ranges.last().map(|r| *r.end()),
+                records,
+                overflowed = log.overflowed,
+                "retention removed records"
+            );
+            out.extend(log.ranges.into_iter().map(|r| (index as u16, r)));
+        }
+        out
+    }
+
+    fn checkpoint_floors(&self) -> Vec<u64> {
+        self.floors()
+    }
+
+    fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
+        let Some(budget) = self.disk_budget else {
+            return false;
+        };
+        self.disk_used.load(Ordering::Relaxed) >= budget && self.writes(topic, qos).is_some()
+    }
+
+    fn refresh_disk_usage(&self) {
+        if self.disk_budget.is_some() {
+            self.disk_used.store(self.disk_bytes(), Ordering::Relaxed);
+        }
+    }
+
+    fn disk_usage(&self) -> Option<(u64, u64)> {
+        let budget = self.disk_budget?;
+        Some((self.disk_used.load(Ordering::Relaxed), budget))
+    }
+
+    fn reclaim(&self) {
+        self.reclaim_step(false);
+    }
+
+    fn persistent_sessions(&self) -> Vec<std::sync::Arc<str>> {
+        self.mirror
+            .lock()
+            .keys()
+            .map(|k| k.as_str().into())
+            .collect()
+    }
+
+    fn checkpoint(&self, client_id: &str, floors: &[u64], held: &HeldSeqs) -> bool {
+        if !self.mirror.lock().contains_key(client_id) {
+            return false;
+        }
+        let mut cursor = floors.to_vec();
+        for &(stream, seq) in held {
+            if let Some(c) = cursor.get_mut(usize::from(stream)) {
+                *c = (*c).min(seq);
+            }
+        }
+        {
+            // The write is issued under the lock: reclamation reads the cursors and then the
+            // state stream's last sequence under it, so every cursor it sees is covered by
+            // the durability it waits for (`reclaim`).
+            let mut written = self.written_cursors.lock();
+            if written.get(client_id) == Some(&cursor) {
+                return false;
+            }
+            if let Some(old) = written.get(client_id) {
+                // Cursor safety says a cursor never moves back: a message below it was done.
+                // One that does shows a held message below the last cursor (a bug upstream).
+                if old.iter().zip(&cursor).any(|(o, n)| n < o) {
+                    tracing::warn!(client_id, ?old, new = ?cursor, ?floors, "session cursor moved back");
+                }
+            }
+            written.insert(client_id.to_string(), cursor.clone());
+            self.write_cursor(client_id, &cursor);
+        }
+        self.clear_passed(client_id, &self.done_floor(client_id, &cursor));
+        true
+    }
+
+    fn durable_groups(&self) -> Vec<std::sync::Arc<str>> {
+        self.durable_group_list()
+    }
+
+    fn checkpoint_group(&self, share: &str, floors: &[u64], held: &HeldSeqs) -> bool {
+        self.checkpoint_group_cursor(share, floors, held)
+    }
+
+    fn group_ended(&self, share: &str) {
+        self.group_gone(share);
+    }
+
+    fn will_set(&self, client_id: &str, will: Option<(&Message, u32)>) -> u64 {
+        self.set_will(client_id, will)
+    }
+
+    fn will_delayed(&self, client_id: &str, token: u64) {
+        self.delay_will(client_id, token);
+    }
+
+    fn will_cleared(&self, client_id: &str, token: u64) -> Option<Ticket> {
+        self.clear_will(client_id, token)
+    }
+}
