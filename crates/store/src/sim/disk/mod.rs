@@ -1,0 +1,546 @@
+//! [`SimDisk`]: the in-memory file system of the simulator. The model is documented on the
+//! [module](super).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{Bugs, SimRng, hash_bytes, mix};
+use crate::vfs::{VFile, Vfs};
+
+mod config;
+mod state;
+mod vfs;
+
+pub use config::*;
+
+use state::*;
+use vfs::SimFile;
+pub use vfs::SimVfs;
+
+struct Inner {
+    st: Mutex<DiskState>,
+    cv: Condvar,
+}
+
+/// The simulated disk, mounted at a directory path. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct SimDisk {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for SimDisk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.lock();
+        f.debug_struct("SimDisk")
+            .field("root", &st.root)
+            .field("seed", &st.seed)
+            .field("boot", &st.boot)
+            .finish()
+    }
+}
+
+impl SimDisk {
+    /// An empty disk whose root directory `root` exists and is durable. Paths outside it
+    /// are refused.
+    pub fn new(root: impl Into<PathBuf>, seed: u64, cfg: SimConfig) -> SimDisk {
+        let root = root.into();
+        let mut ns = BTreeMap::new();
+        ns.insert(root.clone(), Node::Dir);
+        SimDisk {
+            inner: Arc::new(Inner {
+                st: Mutex::new(DiskState {
+                    cfg,
+                    seed,
+                    root,
+                    boot: 0,
+                    inodes: BTreeMap::new(),
+                    next_ino: 1,
+                    cache_ns: ns.clone(),
+                    durable_ns: ns,
+                    pending: Vec::new(),
+                    op_counts: HashMap::new(),
+                    script_counts: Vec::new(),
+                    latency_calls: 0,
+                    stats: SimStats::default(),
+                    trace: seed,
+                    hold: None,
+                    events: VecDeque::new(),
+                    op_log: Vec::new(),
+                }),
+                cv: Condvar::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DiskState> {
+        self.inner.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The file system as the current boot (process) sees it.
+    pub fn vfs(&self) -> Arc<dyn Vfs> {
+        Arc::new(self.sim_vfs())
+    }
+
+    pub fn sim_vfs(&self) -> SimVfs {
+        SimVfs {
+            disk: self.clone(),
+            boot: self.lock().boot,
+        }
+    }
+
+    /// The power fails now: see the module docs. Handles of the old boot fail from now on.
+    pub fn power_loss(&self) {
+        self.lock().power_loss("requested");
+        self.inner.cv.notify_all();
+    }
+
+    /// The process dies (`kill -9`): nothing is lost, but its handles fail from now on.
+    pub fn crash(&self) {
+        let mut st = self.lock();
+        st.stats.crashes += 1;
+        st.boot += 1;
+        st.hold = None;
+        let b = st.boot;
+        st.event(format!("PROCESS CRASH (boot {b} starts)"));
+        drop(st);
+        self.inner.cv.notify_all();
+    }
+
+    /// Power losses so far (requested, scheduled or random): a caller compares it before and
+    /// after a step to learn that one struck inside it.
+    pub fn power_losses(&self) -> u64 {
+        self.lock().stats.power_losses
+    }
+
+    /// The current boot; it grows with every power loss and crash.
+    pub fn boot(&self) -> u64 {
+        self.lock().boot
+    }
+
+    pub fn config(&self) -> SimConfig {
+        self.lock().cfg.clone()
+    }
+
+    /// Changes the configuration (e.g. stops injecting errors for a final check).
+    pub fn update_config(&self, f: impl FnOnce(&mut SimConfig)) {
+        f(&mut self.lock().cfg);
+    }
+
+    pub fn stats(&self) -> SimStats {
+        self.lock().stats.clone()
+    }
+
+    /// A digest of every mutating call (kind, path, offsets, lengths, outcome) and of every
+    /// power loss's outcome: equal digests mean the disk saw the same history.
+    pub fn trace_digest(&self) -> u64 {
+        self.lock().trace
+    }
+
+    /// One line per traced call, if `SimConfig::record_ops` is set.
+    pub fn op_log(&self) -> Vec<String> {
+        self.lock().op_log.clone()
+    }
+
+    /// The latest faults, power losses and crashes, for a failing seed's report.
+    pub fn events(&self) -> Vec<String> {
+        self.lock().events.iter().cloned().collect()
+    }
+
+    /// The next `write_all_at` on a file under `under` blocks until [`release`](Self::release)
+    /// (or a power loss or crash). With it a test makes group commit deterministic: append,
+    /// wait until the writer thread is held in that turn's write, queue more records (they
+    /// form the next turn), release.
+    pub fn hold_next_write(&self, under: &Path) {
+        self.lock().hold = Some(Hold {
+            under: under.to_path_buf(),
+            held: false,
+        });
+    }
+
+    /// Waits until a call is held by [`hold_next_write`](Self::hold_next_write); false on timeout.
+    pub fn wait_held(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            match &st.hold {
+                Some(h) if h.held => return true,
+                Some(_) => {}
+                None => return false,
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .inner
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Lets a held call go on (and disarms a hold that caught nothing).
+    pub fn release(&self) {
+        self.lock().hold = None;
+        self.inner.cv.notify_all();
+    }
+
+    /// Every file with its cached and durable lengths, for reports and tests of the disk.
+    pub fn files(&self) -> Vec<(PathBuf, usize, usize)> {
+        let st = self.lock();
+        st.cache_ns
+            .iter()
+            .filter_map(|(p, n)| match n {
+                Node::File(i) => st
+                    .inodes
+                    .get(i)
+                    .map(|f| (p.clone(), f.cache.len(), f.durable.len())),
+                Node::Dir => None,
+            })
+            .collect()
+    }
+
+    /// Sleeps for the configured latency, outside the lock.
+    fn latency(&self) {
+        let d = {
+            let mut st = self.lock();
+            let Some(max) = st.cfg.latency else { return };
+            st.latency_calls += 1;
+            let mut r = SimRng::keyed(&[st.seed, 0x1a7e, st.latency_calls]);
+            Duration::from_nanos(r.below(max.as_nanos() as u64 + 1))
+        };
+        std::thread::sleep(d);
+    }
+
+    /// Blocks a write that an armed hold catches.
+    fn hold<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, DiskState>,
+        path: &Path,
+        boot: u64,
+    ) -> io::Result<MutexGuard<'a, DiskState>> {
+        match st.hold.as_mut() {
+            Some(h) if !h.held && path.starts_with(&h.under) => h.held = true,
+            _ => return Ok(st),
+        }
+        self.inner.cv.notify_all();
+        while st.hold.as_ref().is_some_and(|h| h.held) && st.boot == boot {
+            st = self.inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.check_boot(boot)?;
+        Ok(st)
+    }
+
+    /// Applies a fault decision that is not `Ok`: counts it, and for a power loss runs it.
+    fn fault(&self, st: &mut DiskState, d: &Decision, kind: OpKind, path: &Path) -> io::Error {
+        let rel = st.rel(path).into_owned();
+        match d {
+            Decision::PowerLoss => {
+                st.power_loss(&format!("during {kind:?} of {rel}"));
+                self.inner.cv.notify_all();
+                dead()
+            }
+            _ => {
+                match kind {
+                    OpKind::Write => st.stats.write_errors += 1,
+                    OpKind::Sync => st.stats.sync_errors += 1,
+                    OpKind::SyncDir => st.stats.dir_sync_errors += 1,
+                    _ => {}
+                }
+                let b = st.boot;
+                st.event(format!("EIO on {kind:?} of {rel} (boot {b})"));
+                st.trace_at(0xe10, path, &[kind as u64]);
+                eio(&format!("{kind:?} of {}", path.display()))
+            }
+        }
+    }
+
+    fn file_write(&self, f: &SimFile, buf: &[u8], off: u64) -> io::Result<()> {
+        self.latency();
+        let st = self.lock();
+        st.check_boot(f.boot)?;
+        let mut st = self.hold(st, &f.path, f.boot)?;
+        let off = usize::try_from(off).map_err(|_| eio("offset"))?;
+        let d = st.decide(OpKind::Write, &f.path);
+        if !matches!(d, Decision::Ok) {
+            st.partial_write(f.ino, off, buf, &f.path);
+            return Err(self.fault(&mut st, &d, OpKind::Write, &f.path));
+        }
+        st.stats.writes += 1;
+        st.write(f.ino, off, buf);
+        st.trace_at(
+            OpKind::Write as u64,
+            &f.path,
+            &[off as u64, buf.len() as u64],
+        );
+        Ok(())
+    }
+
+    fn file_read(&self, f: &SimFile, buf: &mut [u8], off: u64) -> io::Result<()> {
+        let st = self.lock();
+        st.check_boot(f.boot)?;
+        let data = &st.inodes.get(&f.ino).ok_or_else(dead)?.cache;
+        let off = usize::try_from(off).map_err(|_| eio("offset"))?;
+        match data.get(off..off + buf.len()) {
+            Some(s) => {
+                buf.copy_from_slice(s);
+                Ok(())
+            }
+            None => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end of the file",
+            )),
+        }
+    }
+
+    fn file_sync(&self, f: &SimFile) -> io::Result<()> {
+        self.latency();
+        let mut st = self.lock();
+        st.check_boot(f.boot)?;
+        let d = st.decide(OpKind::Sync, &f.path);
+        if !matches!(d, Decision::Ok) {
+            st.sync_inode(f.ino, &f.path, false);
+            return Err(self.fault(&mut st, &d, OpKind::Sync, &f.path));
+        }
+        st.stats.syncs += 1;
+        st.sync_inode(f.ino, &f.path, true);
+        st.trace_at(OpKind::Sync as u64, &f.path, &[]);
+        Ok(())
+    }
+
+    fn file_len(&self, f: &SimFile) -> io::Result<u64> {
+        let st = self.lock();
+        st.check_boot(f.boot)?;
+        Ok(st.inodes.get(&f.ino).ok_or_else(dead)?.cache.len() as u64)
+    }
+
+    fn file_set_len(&self, f: &SimFile, len: u64) -> io::Result<()> {
+        self.latency();
+        let mut st = self.lock();
+        st.check_boot(f.boot)?;
+        let d = st.decide(OpKind::SetLen, &f.path);
+        if !matches!(d, Decision::Ok) {
+            return Err(self.fault(&mut st, &d, OpKind::SetLen, &f.path));
+        }
+        let ps = st.cfg.page_size;
+        let len = usize::try_from(len).map_err(|_| eio("length"))?;
+        if let Some(i) = st.inodes.get_mut(&f.ino) {
+            i.set_len(len, ps);
+        }
+        st.trace_at(OpKind::SetLen as u64, &f.path, &[len as u64]);
+        Ok(())
+    }
+
+    fn open_rw(&self, boot: u64, path: &Path, create_new: bool) -> io::Result<Arc<dyn VFile>> {
+        self.latency();
+        let mut st = self.lock();
+        st.check_boot(boot)?;
+        st.under_root(path)?;
+        let ino = match st.node(path) {
+            Some(Node::File(_)) if create_new => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists", path.display()),
+                ));
+            }
+            Some(Node::File(i)) => i,
+            Some(Node::Dir) => return Err(io::Error::other("is a directory")),
+            None if !create_new || !st.parent_is_dir(path) => return Err(not_found(path)),
+            None => {
+                let d = st.decide(OpKind::Create, path);
+                if !matches!(d, Decision::Ok) {
+                    return Err(self.fault(&mut st, &d, OpKind::Create, path));
+                }
+                st.trace_at(OpKind::Create as u64, path, &[]);
+                st.create_file(path)
+            }
+        };
+        Ok(Arc::new(SimFile {
+            disk: self.clone(),
+            ino,
+            path: path.to_path_buf(),
+            boot,
+        }))
+    }
+
+    fn read_file(&self, boot: u64, path: &Path) -> io::Result<Vec<u8>> {
+        let st = self.lock();
+        st.check_boot(boot)?;
+        match st.node(path) {
+            Some(Node::File(i)) => Ok(st.inodes.get(&i).ok_or_else(dead)?.cache.clone()),
+            Some(Node::Dir) => Err(io::Error::other("is a directory")),
+            None => Err(not_found(path)),
+        }
+    }
+
+    fn write_file(&self, boot: u64, path: &Path, data: &[u8]) -> io::Result<()> {
+        self.latency();
+        let mut st = self.lock();
+        st.check_boot(boot)?;
+        st.under_root(path)?;
+        let ino = match st.node(path) {
+            Some(Node::File(i)) => {
+                let ps = st.cfg.page_size;
+                if let Some(f) = st.inodes.get_mut(&i) {
+                    f.set_len(0, ps);
+                }
+                i
+            }
+            Some(Node::Dir) => return Err(io::Error::other("is a directory")),
+            None if !st.parent_is_dir(path) => return Err(not_found(path)),
+            None => st.create_file(path),
+        };
+        let d = st.decide(OpKind::Write, path);
+        if !matches!(d, Decision::Ok) {
+            st.partial_write(ino, 0, data, path);
+            return Err(self.fault(&mut st, &d, OpKind::Write, path));
+        }
+        st.stats.writes += 1;
+        st.write(ino, 0, data);
+        st.trace_at(0xf11e, path, &[data.len() as u64]);
+        Ok(())
+    }
+
+    fn remove_file(&self, boot: u64, path: &Path) -> io::Result<()> {
+        self.latency();
+        let mut st = self.lock();
+        st.check_boot(boot)?;
+        match st.node(path) {
+            Some(Node::File(_)) => {}
+            Some(Node::Dir) => return Err(io::Error::other("is a directory")),
+            None => return Err(not_found(path)),
+        }
+        let d = st.decide(OpKind::Remove, path);
+        if !matches!(d, Decision::Ok) {
+            return Err(self.fault(&mut st, &d, OpKind::Remove, path));
+        }
+        st.cache_ns.remove(path);
+        let dir = path.parent().unwrap_or(path).to_path_buf();
+        st.push_ns(&dir, vec![(path.to_path_buf(), None)]);
+        if !st.untraced(path) {
+            st.trace_at(OpKind::Remove as u64, path, &[]);
+        }
+        Ok(())
+    }
+
+    fn rename(&self, boot: u64, from: &Path, to: &Path) -> io::Result<()> {
+        self.latency();
+        let mut st = self.lock();
+        st.check_boot(boot)?;
+        st.under_root(to)?;
+        let node = match st.node(from) {
+            Some(Node::File(i)) => Node::File(i),
+            Some(Node::Dir) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "the simulated disk does not rename directories",
+                ));
+            }
+            None => return Err(not_found(from)),
+        };
+        if st.node(to) == Some(Node::Dir) {
+            return Err(io::Error::other("target is a directory"));
+        }
+        if !st.parent_is_dir(to) {
+            return Err(not_found(to));
+        }
+        let d = st.decide(OpKind::Rename, from);
+        if !matches!(d, Decision::Ok) {
+            return Err(self.fault(&mut st, &d, OpKind::Rename, from));
+        }
+        st.cache_ns.remove(from);
+        st.cache_ns.insert(to.to_path_buf(), node);
+        let (fd, td) = (
+            from.parent().unwrap_or(from).to_path_buf(),
+            to.parent().unwrap_or(to).to_path_buf(),
+        );
+        if fd == td {
+            st.push_ns(
+                &fd,
+                vec![(from.to_path_buf(), None), (to.to_path_buf(), Some(node))],
+            );
+        } else {
+            st.push_ns(&fd, vec![(from.to_path_buf(), None)]);
+            st.push_ns(&td, vec![(to.to_path_buf(), Some(node))]);
+        }
+        let to_key = st.key(to);
+        st.trace_at(OpKind::Rename as u64, from, &[to_key]);
+        Ok(())
+    }
+
+    fn create_dir_all(&self, boot: u64, dir: &Path) -> io::Result<()> {
+        self.latency();
+        let mut st = self.lock();
+        st.check_boot(boot)?;
+        st.under_root(dir)?;
+        let rel = dir.strip_prefix(&st.root).unwrap_or(dir).to_path_buf();
+        let mut cur = st.root.clone();
+        for c in rel.components() {
+            let parent = cur.clone();
+            cur.push(c);
+            match st.node(&cur) {
+                Some(Node::Dir) => continue,
+                Some(Node::File(_)) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{} is a file", cur.display()),
+                    ));
+                }
+                None => {}
+            }
+            let d = st.decide(OpKind::CreateDir, &cur);
+            if !matches!(d, Decision::Ok) {
+                return Err(self.fault(&mut st, &d, OpKind::CreateDir, &cur));
+            }
+            st.cache_ns.insert(cur.clone(), Node::Dir);
+            st.push_ns(&parent, vec![(cur.clone(), Some(Node::Dir))]);
+            st.trace_at(OpKind::CreateDir as u64, &cur, &[]);
+        }
+        Ok(())
+    }
+
+    fn sync_dir(&self, boot: u64, dir: &Path) -> io::Result<()> {
+        self.latency();
+        let mut st = self.lock();
+        st.check_boot(boot)?;
+        if st.root.starts_with(dir) && st.root != dir {
+            // Above the mount point: durable by definition.
+            return Ok(());
+        }
+        if st.node(dir) != Some(Node::Dir) {
+            return Err(not_found(dir));
+        }
+        let d = st.decide(OpKind::SyncDir, dir);
+        if !matches!(d, Decision::Ok) {
+            return Err(self.fault(&mut st, &d, OpKind::SyncDir, dir));
+        }
+        st.stats.dir_syncs += 1;
+        st.sync_dir(dir);
+        st.trace_at(OpKind::SyncDir as u64, dir, &[]);
+        Ok(())
+    }
+
+    fn list_dir(&self, boot: u64, dir: &Path) -> io::Result<Vec<String>> {
+        let st = self.lock();
+        st.check_boot(boot)?;
+        if st.node(dir) != Some(Node::Dir) {
+            return Err(not_found(dir));
+        }
+        Ok(st
+            .cache_ns
+            .range(dir.to_path_buf()..)
+            .skip(1)
+            .take_while(|(p, _)| p.starts_with(dir))
+            .filter(|(p, _)| p.parent() == Some(dir))
+            .filter_map(|(p, _)| p.file_name()?.to_str().map(str::to_string))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests;
