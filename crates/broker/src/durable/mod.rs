@@ -327,16 +327,22 @@ impl DurableStore {
         }
     }
 
-    fn write_cursor(&self, client_id: &str, cursor: &[u64]) {
+    /// A cursor (one sequence per message stream) as stored: by stream name, so a reordered
+    /// configuration still finds its positions.
+    fn encode_cursor(&self, cursor: &[u64]) -> Vec<u8> {
         let positions: Vec<(&str, u64)> = self
             .slots
             .iter()
             .zip(cursor)
             .map(|(s, &c)| (s.spec.name.as_str(), c))
             .collect();
+        codec::encode_positions(&positions)
+    }
+
+    fn write_cursor(&self, client_id: &str, cursor: &[u64]) {
         if let Err(error) = self
             .cursors
-            .put(client_id.as_bytes(), &codec::encode_positions(&positions))
+            .put(client_id.as_bytes(), &self.encode_cursor(cursor))
         {
             tracing::error!(%error, client_id, "cannot write session cursor");
         }

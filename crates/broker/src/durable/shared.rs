@@ -41,15 +41,9 @@ fn is_share(filter: &str) -> bool {
 
 impl DurableStore {
     fn write_group_cursor(&self, share: &str, cursor: &[u64]) {
-        let positions: Vec<(&str, u64)> = self
-            .slots
-            .iter()
-            .zip(cursor)
-            .map(|(s, &c)| (s.spec.name.as_str(), c))
-            .collect();
         if let Err(error) = self
             .groups
-            .put(share.as_bytes(), &codec::encode_positions(&positions))
+            .put(share.as_bytes(), &self.encode_cursor(cursor))
         {
             tracing::error!(%error, share, "cannot write share group cursor");
         }
