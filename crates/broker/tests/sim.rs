@@ -42,7 +42,8 @@
 //! `TERN_SIM_INJECT` injected (`run::BUGS`), and a sensitivity test: ack-before-fsync is found
 //! within the first seeds. `scripts/sim.sh` runs the same in release; it ends with
 //! `sim: seeds=N violations=V` and names the first failing seed. `TERN_SIM_VERBOSE=1` prints
-//! every seed's plan and fault log.
+//! every seed's plan and fault log; `TERN_SIM_CRASH_ONLY=1` (`--crash-only`) turns every
+//! power loss into a process crash, which is all a `kill -9` test can do.
 
 mod sim {
     pub mod client;
@@ -60,18 +61,26 @@ fn env_u64(name: &str) -> Option<u64> {
     })
 }
 
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 /// Runs `seeds`, printing each failing seed with its log; returns (violating seeds, first).
 fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, Option<u64>) {
     let injected = bugs(bug).unwrap_or_else(|e| {
         let names: Vec<&str> = BUGS.iter().map(|b| b.0).collect();
         panic!("{e}; known: {names:?}")
     });
-    let verbose = std::env::var("TERN_SIM_VERBOSE").is_ok_and(|v| v != "0");
-    let inject = bug.map(|b| format!(" --inject {b}")).unwrap_or_default();
+    let verbose = env_flag("TERN_SIM_VERBOSE");
+    let crash_only = env_flag("TERN_SIM_CRASH_ONLY");
+    let mut inject = bug.map(|b| format!(" --inject {b}")).unwrap_or_default();
+    if crash_only {
+        inject.push_str(" --crash-only");
+    }
     let mut bad = 0;
     let mut first = None;
     for &seed in seeds {
-        let out = run_seed(seed, injected);
+        let out = run_seed(seed, injected, crash_only);
         if out.violations.is_empty() {
             println!("sim: seed {seed} ok ({:.1?})", out.elapsed);
             if verbose {
@@ -139,7 +148,10 @@ fn sim_seeds() {
 /// `sim_seeds` runs the first of them).
 #[test]
 fn sim_finds_ack_before_fsync() {
-    if std::env::var("TERN_SIM_SEED").is_ok() || std::env::var("TERN_SIM_INJECT").is_ok() {
+    if std::env::var("TERN_SIM_SEED").is_ok()
+        || std::env::var("TERN_SIM_INJECT").is_ok()
+        || env_flag("TERN_SIM_CRASH_ONLY")
+    {
         return; // A replay or a scripted run: sim_seeds does the work.
     }
     let seeds: Vec<u64> = (0..20).collect();

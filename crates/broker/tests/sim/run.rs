@@ -75,7 +75,7 @@ fn protocol(rng: &mut SimRng) -> Protocol {
     }
 }
 
-fn plan(seed: u64) -> Plan {
+fn plan(seed: u64, crash_only: bool) -> Plan {
     let mut rng = SimRng::keyed(&[seed, 0x5eed]);
     let publishers: Vec<PubSpec> = (0..rng.range(2, 3) as usize)
         .map(|index| PubSpec {
@@ -112,7 +112,7 @@ fn plan(seed: u64) -> Plan {
         .map(|k| {
             let at = total * k / (n_faults + 1);
             let jitter = rng.below(total / (2 * (n_faults + 1)) + 1);
-            let fault = if rng.chance(0.75) {
+            let fault = if rng.chance(0.75) && !crash_only {
                 Fault::PowerLoss
             } else {
                 Fault::Crash
@@ -191,9 +191,10 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
-pub fn run_seed(seed: u64, bugs: Bugs) -> Outcome {
+/// Runs one seed; with `crash_only` every fault is a process crash (the draws stay the same).
+pub fn run_seed(seed: u64, bugs: Bugs, crash_only: bool) -> Outcome {
     let started = Instant::now();
-    let plan = plan(seed);
+    let plan = plan(seed, crash_only);
     let mut log = String::new();
     let _ = writeln!(log, "plan: {plan:#?}");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -295,7 +296,7 @@ pub fn run_seed(seed: u64, bugs: Bugs) -> Outcome {
                         .all(|(p, acked)| acked.iter().all(|n| st.has(*p, *n)))
             })
         };
-        wait(Duration::from_secs(10), complete);
+        wait(Duration::from_secs(5), complete);
     }
     net.stop.store(true, Ordering::Relaxed);
     if let Some(b) = current.take() {
