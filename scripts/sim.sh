@@ -59,7 +59,7 @@ STATUS=$?
 set -e
 # The test's own lines, its summary last.
 grep -v -e '^sim: seeds=' -e '^running ' -e '^test ' -e '^$' -e '^failures:' -e '^---- ' \
-  -e '^thread ' -e '^note: ' -e '^error: test failed' -e '^    sim_seeds$' -e '^[.F]*$' \
+  -e '^thread ' -e '^note: ' -e '^error: test failed' -e '^    sim_seeds$' -e '^[.F]*$' -e ' --- FAILED$' \
   -e '^stack backtrace' -e '^ *[0-9]*: ' -e '^ *at ' -e '^  left: ' -e '^ right: ' -e '^assertion ' "$LOG" || true
 SUMMARY="$(grep '^sim: seeds=' "$LOG" | tail -n 1 || true)"
 if [ -z "$SUMMARY" ]; then
