@@ -9,7 +9,9 @@
 //! (holding the packet id until PUBREL) or at PUBREL; the message stream's block size and
 //! sync policy (`always`, or `interval` of a few ms), the disk's latency and metadata order;
 //! and 1-3 faults, each at a seeded number of acknowledged messages: a **power loss** (the
-//! sim disk's `power_loss()`: what was not durable is lost or torn, as its model says) or a
+//! sim disk's `power_loss()`: what was not durable is lost or torn, as its model says; or,
+//! for four in ten of them, inside the 1st-3rd next write or fdatasync of the message stream
+//! or of `tern.sessions`, through a scripted fault: a torn write, a partial write-back) or a
 //! **process crash** (`crash()`: the page cache survives). Either way the broker dies at
 //! once: its runtime is shut down (serve task, connections, writers, timers, checkpointer
 //! dropped; no clean shutdown, no last checkpoint), the store dropped, and a new

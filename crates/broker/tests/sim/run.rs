@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tern_broker::{Broker, BrokerConfig, DurableConfig, DurableStore, StreamSpec, SyncPolicy};
-use tern_store::sim::{Bugs, MetadataOrder, SimConfig, SimDisk, SimRng};
+use tern_store::sim::{
+    Bugs, FaultAction, MetadataOrder, OpKind, ScriptedFault, SimConfig, SimDisk, SimRng,
+};
 use tern_wire::Protocol;
 use tokio::net::TcpListener;
 
@@ -50,6 +52,9 @@ pub fn bugs(name: Option<&str>) -> Result<Bugs, String> {
 enum Fault {
     /// The power fails: the disk keeps what was durable (and what its model lets survive).
     PowerLoss,
+    /// The power fails inside the `nth` next call of this kind on a path containing the
+    /// string (a torn write, a partial write-back); the broker is killed once it happened.
+    PowerLossIn(OpKind, &'static str, u64),
     /// The process dies (`kill -9`): the page cache survives.
     Crash,
 }
@@ -113,7 +118,17 @@ fn plan(seed: u64, crash_only: bool) -> Plan {
             let at = total * k / (n_faults + 1);
             let jitter = rng.below(total / (2 * (n_faults + 1)) + 1);
             let fault = if rng.chance(0.75) && !crash_only {
-                Fault::PowerLoss
+                // Its own generator, so that the other draws of the plan stay as they were.
+                let mut inner = SimRng::keyed(&[seed, 0xfa17, k]);
+                if inner.chance(0.4) {
+                    Fault::PowerLossIn(
+                        *inner.pick(&[OpKind::Write, OpKind::Sync]),
+                        *inner.pick(&["streams/messages/", "tern.sessions"]),
+                        inner.range(1, 3),
+                    )
+                } else {
+                    Fault::PowerLoss
+                }
             } else {
                 Fault::Crash
             };
@@ -268,6 +283,22 @@ pub fn run_seed(seed: u64, bugs: Bugs, crash_only: bool) -> Outcome {
         match fault {
             Fault::PowerLoss => disk.power_loss(),
             Fault::Crash => disk.crash(),
+            Fault::PowerLossIn(op, path, nth) => {
+                let before = disk.power_losses();
+                disk.update_config(|c| {
+                    c.faults.push(ScriptedFault {
+                        op,
+                        path_contains: path.into(),
+                        nth,
+                        action: FaultAction::PowerLoss,
+                    })
+                });
+                // The workload may be over and the disk idle: then the power fails anyway.
+                if !wait(Duration::from_secs(2), || disk.power_losses() > before) {
+                    let _ = writeln!(log, "{fault:?} did not strike: power loss instead");
+                    disk.power_loss();
+                }
+            }
         }
         kill(current.take().expect("up"), &net);
         let _ = writeln!(
