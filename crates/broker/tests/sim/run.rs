@@ -123,7 +123,11 @@ fn plan(seed: u64, crash_only: bool) -> Plan {
                 if inner.chance(0.4) {
                     Fault::PowerLossIn(
                         *inner.pick(&[OpKind::Write, OpKind::Sync]),
-                        inner.pick(&["streams/messages/", "tern.sessions"]),
+                        if inner.chance(0.5) {
+                            "streams/messages/"
+                        } else {
+                            "tern.sessions"
+                        },
                         inner.range(1, 3),
                     )
                 } else {
