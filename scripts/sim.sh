@@ -3,7 +3,7 @@
 # simulated disk, with seeded workloads, power losses and process crashes, and a checker of
 # at-least-once / exactly-once / order. Built in release.
 #
-# Usage: scripts/sim.sh [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--verbose]
+# Usage: scripts/sim.sh [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--verbose]
 #   --seeds N     run N seeds (default 100), from --base (default 0)
 #   --seed S      run seed S alone (replays its plan and fault schedule; the interleaving
 #                 of threads is not fixed yet, so a failure may need a few runs)
@@ -13,6 +13,8 @@
 #                   skip-sync-on-roll      a block is sealed unsynced (sync = interval only)
 #   --crash-only  every fault a process crash (kill -9: the page cache survives), no power
 #                 loss: what the crash tests can see (the store bugs go unnoticed)
+#   --linger      let clients reconnect to a broker whose disk just died (power loss inside
+#                 a call) until it is killed: a disk that fails under a running broker
 #   --verbose     print every seed's plan and fault log, not only the failing ones'
 # Prints each failing seed (violations, plan, faults, the disk's events), then the first
 # failing seed, and ends with the line `sim: seeds=N violations=V` (V: seeds that violated
@@ -26,6 +28,7 @@ SEED=""
 INJECT=""
 VERBOSE=0
 CRASH_ONLY=0
+LINGER=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --seeds) SEEDS="${2:-}"; shift 2 ;;
@@ -34,7 +37,8 @@ while [ $# -gt 0 ]; do
     --inject) INJECT="${2:-}"; shift 2 ;;
     --verbose) VERBOSE=1; shift ;;
     --crash-only) CRASH_ONLY=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --linger) LINGER=1; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -49,7 +53,7 @@ esac
 cd "$ROOT"
 cargo test -q --release -p tern-broker --test sim --no-run 2>/dev/null \
   || cargo test --release -p tern-broker --test sim --no-run
-export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY"
+export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY" TERN_SIM_LINGER="$LINGER"
 if [ -n "$SEED" ]; then export TERN_SIM_SEED="$SEED"; else unset TERN_SIM_SEED; fi
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT

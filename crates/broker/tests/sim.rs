@@ -88,14 +88,18 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
     });
     let verbose = env_flag("TERN_SIM_VERBOSE");
     let crash_only = env_flag("TERN_SIM_CRASH_ONLY");
+    let linger = env_flag("TERN_SIM_LINGER");
     let mut inject = bug.map(|b| format!(" --inject {b}")).unwrap_or_default();
     if crash_only {
         inject.push_str(" --crash-only");
     }
+    if linger {
+        inject.push_str(" --linger");
+    }
     let mut bad = 0;
     let mut first = None;
     for &seed in seeds {
-        let out = run_seed(seed, injected, crash_only);
+        let out = run_seed(seed, injected, crash_only, linger);
         if out.violations.is_empty() {
             println!("sim: seed {seed} ok ({:.1?})", out.elapsed);
             if verbose {
@@ -166,6 +170,7 @@ fn sim_finds_ack_before_fsync() {
     if std::env::var("TERN_SIM_SEED").is_ok()
         || std::env::var("TERN_SIM_INJECT").is_ok()
         || env_flag("TERN_SIM_CRASH_ONLY")
+        || env_flag("TERN_SIM_LINGER")
     {
         return; // A replay or a scripted run: sim_seeds does the work.
     }

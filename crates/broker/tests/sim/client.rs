@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
+use tern_store::sim::SimDisk;
 use tern_wire::{
     Ack, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str, Subscribe,
     SubscriptionOptions,
@@ -32,6 +33,21 @@ pub struct Net {
     pub addr: Mutex<Option<SocketAddr>>,
     pub stop: AtomicBool,
     pub acks: AtomicU64,
+    /// The broker's boot (0 = first), as the controller last started it.
+    pub boot: AtomicU64,
+    /// The disk: once its boot moved on (a power loss or crash struck), the broker that
+    /// still runs until the controller kills it is dead, and no client connects to it.
+    pub disk: SimDisk,
+    /// Let clients connect to such a broker all the same: a broker whose disk failed under
+    /// it (`--linger`; how seed 9 found the bug described in the module doc of sim.rs).
+    pub linger: bool,
+}
+
+impl Net {
+    /// Whether the broker at the advertised address still has its disk.
+    fn alive(&self, boot: u64) -> bool {
+        self.linger || u64::from(self.disk.boot()) == boot
+    }
 }
 
 fn s(text: &str) -> Str {
@@ -68,12 +84,17 @@ struct Conn {
     buf: BytesMut,
     protocol: Protocol,
     session_present: bool,
+    boot: u64,
 }
 
 impl Conn {
     /// Connects to the broker's current address; `None` if it is down or refuses.
     async fn connect(net: &Net, connect: Connect) -> Option<Conn> {
         let addr = (*net.addr.lock())?;
+        let boot = net.boot.load(Ordering::Relaxed);
+        if !net.alive(boot) {
+            return None;
+        }
         let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr))
             .await
             .ok()?
@@ -84,12 +105,15 @@ impl Conn {
             buf: BytesMut::with_capacity(16 * 1024),
             protocol: connect.protocol,
             session_present: false,
+            boot,
         };
         if !c.send(&Packet::Connect(Box::new(connect))).await {
             return None;
         }
         match c.recv(Duration::from_secs(3)).await {
-            Ok(Some(Packet::ConnAck(ca))) if ca.reason == ReasonCode::SUCCESS => {
+            Ok(Some(Packet::ConnAck(ca)))
+                if ca.reason == ReasonCode::SUCCESS && net.alive(boot) =>
+            {
                 c.session_present = ca.session_present;
                 Some(c)
             }
@@ -179,6 +203,10 @@ pub struct PubState {
     next_packet_id: u16,
     /// Numbers whose PUBACK (QoS 1) or PUBREC (QoS 2) arrived: the broker owes them.
     pub acked: BTreeSet<u64>,
+    /// Number → (connection, broker boot) its PUBACK / PUBREC came on.
+    pub acked_on: BTreeMap<u64, (u64, u64)>,
+    /// Connection → the broker boot it was made to.
+    pub boots: Vec<u64>,
     pub connections: u64,
     /// Reconnects answered with Session Present = 0 (noted, not a violation: the CONNACK
     /// does not wait for the session record).
@@ -226,6 +254,7 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
         let resend: Vec<Packet> = {
             let mut st = state.lock();
             st.connections += 1;
+            st.boots.push(c.boot);
             if st.connections > 1 && !c.session_present {
                 st.sessions_lost += 1;
             }
@@ -283,6 +312,8 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                             st.inflight.remove(&n);
                             if st.acked.insert(n) {
                                 net.acks.fetch_add(1, Ordering::Relaxed);
+                                let c = (st.connections, st.boots.last().copied().unwrap_or(0));
+                                st.acked_on.insert(n, c);
                             }
                         }
                         None
@@ -291,6 +322,8 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                         Some(&n) if a.reason.is_success() => {
                             if st.acked.insert(n) {
                                 net.acks.fetch_add(1, Ordering::Relaxed);
+                                let c = (st.connections, st.boots.last().copied().unwrap_or(0));
+                                st.acked_on.insert(n, c);
                             }
                             if let Some(e) = st.inflight.get_mut(&n) {
                                 e.1 = true;

@@ -192,6 +192,7 @@ fn boot(disk: &SimDisk, dir: &Path, config: &DurableConfig, net: &Net) -> Result
     rt.spawn(async move {
         let _ = broker.serve(listener, std::future::pending::<()>()).await;
     });
+    net.boot.store(u64::from(disk.boot()), Ordering::Relaxed);
     *net.addr.lock() = Some(addr);
     Ok(Boot { rt })
 }
@@ -210,8 +211,9 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
-/// Runs one seed; with `crash_only` every fault is a process crash (the draws stay the same).
-pub fn run_seed(seed: u64, bugs: Bugs, crash_only: bool) -> Outcome {
+/// Runs one seed; with `crash_only` every fault is a process crash (the draws stay the same);
+/// with `linger` clients may reconnect to a broker whose disk died until it is killed.
+pub fn run_seed(seed: u64, bugs: Bugs, crash_only: bool, linger: bool) -> Outcome {
     let started = Instant::now();
     let plan = plan(seed, crash_only);
     let mut log = String::new();
@@ -239,6 +241,9 @@ pub fn run_seed(seed: u64, bugs: Bugs, crash_only: bool) -> Outcome {
         addr: Mutex::new(None),
         stop: AtomicBool::new(false),
         acks: AtomicU64::new(0),
+        boot: AtomicU64::new(0),
+        disk: disk.clone(),
+        linger,
     });
     let clients = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -344,6 +349,14 @@ pub fn run_seed(seed: u64, bugs: Bugs, crash_only: bool) -> Outcome {
     // What was acknowledged may have grown while the workload finished.
     let expected = self::expected(&pubs, &subs);
     check(&pubs, &subs, &expected, &mut violations);
+    for (p, st) in &pubs {
+        let _ = writeln!(
+            log,
+            "{}: connections to boots {:?}",
+            p.client_id(),
+            st.lock().boots
+        );
+    }
     for e in disk.events() {
         let _ = writeln!(log, "disk: {e}");
     }
@@ -478,10 +491,12 @@ fn check(
                 .filter(|n| !count.contains_key(n))
                 .collect();
             if !lost.is_empty() {
+                let on: Vec<(u64, (u64, u64))> =
+                    lost.iter().map(|n| (*n, pst.acked_on[n])).collect();
                 violations.push(format!(
-                    "{pair}: {} acknowledged messages lost: {}",
+                    "{pair}: {} acknowledged messages lost (number, (publisher's connection, broker boot) it was acknowledged on): {}",
                     lost.len(),
-                    examples(&lost)
+                    examples(&on)
                 ));
             }
             let invented: Vec<u64> = count.keys().copied().filter(|&n| n >= pst.next).collect();
