@@ -46,7 +46,7 @@ pub struct Net {
 impl Net {
     /// Whether the broker at the advertised address still has its disk.
     fn alive(&self, boot: u64) -> bool {
-        self.linger || u64::from(self.disk.boot()) == boot
+        self.linger || self.disk.boot() == boot
     }
 }
 

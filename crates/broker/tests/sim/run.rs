@@ -192,7 +192,7 @@ fn boot(disk: &SimDisk, dir: &Path, config: &DurableConfig, net: &Net) -> Result
     rt.spawn(async move {
         let _ = broker.serve(listener, std::future::pending::<()>()).await;
     });
-    net.boot.store(u64::from(disk.boot()), Ordering::Relaxed);
+    net.boot.store(disk.boot(), Ordering::Relaxed);
     *net.addr.lock() = Some(addr);
     Ok(Boot { rt })
 }
