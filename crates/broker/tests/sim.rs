@@ -45,20 +45,36 @@
 //! within the first 20 seeds (it stops at the first failing one). About 10 s in debug. `scripts/sim.sh` runs the same in release; it ends with
 //! `sim: seeds=N violations=V` and names the first failing seed. `TERN_SIM_VERBOSE=1` prints
 //! every seed's plan and fault log; `TERN_SIM_CRASH_ONLY=1` (`--crash-only`) turns every
-//! power loss into a process crash, which is all a `kill -9` test can do.
-
+//! power loss into a process crash, which is all a `kill -9` test can do;
+//! `TERN_SIM_LINGER=1` (`--linger`) lets clients reconnect to a broker whose disk has just
+//! died, until the controller kills it (a disk failing under a running broker).
 //!
 //! # What it found (2026-12-01)
 //! - Sensitivity, release, seeds 0-39 (`scripts/sim.sh --seeds 40 --inject BUG`):
-//!   `ack-before-fsync` fails 14 of 40 seeds, the first at seed 1 (acknowledged QoS 1 and 2
-//!   messages lost, QoS 2 delivered twice); `skip-dir-sync-on-roll` 20 of 40 in debug, the
-//!   first at seed 0; `skip-sync-on-roll` 2 of 40 (seeds 13 and 30: it needs `sync =
-//!   interval`, a quarter of the plans). The same 40 seeds pass without a bug, and with
-//!   `--crash-only` (every fault a `kill -9`) none of the three bugs is found in them: the
-//!   crash tests could not have seen them. Which seeds fail varies a little from run to run
-//!   (the interleaving is not seeded yet).
+//!   `ack-before-fsync` fails 12 of 40 seeds, the first at seed 2 (acknowledged QoS 1 and 2
+//!   messages lost, QoS 2 delivered twice); `skip-dir-sync-on-roll` 17 of 40, the first at
+//!   seed 0; `skip-sync-on-roll` 2 of 40 (seeds 13 and 30: it needs `sync = interval`, a
+//!   quarter of the plans). The same 40 seeds pass without a bug, and with `--crash-only`
+//!   (every fault a `kill -9`) none of the three bugs is found in them: the crash tests
+//!   could not have seen them. Which seeds fail varies a little from run to run (the
+//!   interleaving is not seeded yet).
 //! - Without a bug: seeds 0-299 (release, 54 s), 1000-1999 (release, 172 s) and 0-199
-//!   (debug, 41 s) pass: no broker bug found yet by this workload.
+//!   (debug, 41 s) passed before power losses inside calls were added; since then seeds
+//!   0-999 pass in release (189 s).
+//! - **A broker bug, not fixed** (seed 9 with `--linger`, 10 of 30 runs in debug): a QoS 2
+//!   PUBLISH whose store write fails leaves its packet id in the session's received set
+//!   (`connection/publish.rs` inserts it before `append_publish`). The connection is closed
+//!   without PUBREC, as §5 says; the client resends on a new connection to the same process,
+//!   the PUBLISH is taken for a retry (§3) and PUBREC'd at once (`ticket: None`):
+//!   acknowledged, but never stored nor delivered. The seed shows it when a power loss
+//!   strikes inside an fdatasync and clients reconnect to the broker before it is killed,
+//!   which is what any write error does to a running broker. Probably also reachable
+//!   without an error: a connection that drops while its QoS 2 write is pending, and a
+//!   resend on a new connection PUBREC'd before that write is durable (not checked). A fix:
+//!   keep the write's ticket with the packet id and let a retry's PUBREC wait for it (and
+//!   take the retry as a new message if it failed); removing the id on failure alone races
+//!   with a quick resend. Without `--linger` no client reaches a broker whose disk died,
+//!   as with a real power loss.
 
 mod sim {
     pub mod client;
