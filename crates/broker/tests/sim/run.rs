@@ -305,6 +305,12 @@ pub fn run_seed(seed: u64, bugs: Bugs, crash_only: bool, linger: bool) -> Outcom
                 // The workload may be over and the disk idle: then the power fails anyway.
                 if !wait(Duration::from_secs(2), || disk.power_losses() > before) {
                     let _ = writeln!(log, "{fault:?} did not strike: power loss instead");
+                    // Disarmed, so that it cannot strike a later boot unnoticed.
+                    disk.update_config(|c| {
+                        if let Some(f) = c.faults.last_mut() {
+                            f.nth = u64::MAX;
+                        }
+                    });
                     disk.power_loss();
                 }
             }
