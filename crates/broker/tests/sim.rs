@@ -68,9 +68,12 @@
 //!   the PUBLISH is taken for a retry (§3) and PUBREC'd at once (`ticket: None`):
 //!   acknowledged, but never stored nor delivered. The seed shows it when a power loss
 //!   strikes inside an fdatasync and clients reconnect to the broker before it is killed,
-//!   which is what any write error does to a running broker. Probably also reachable
-//!   without an error: a connection that drops while its QoS 2 write is pending, and a
-//!   resend on a new connection PUBREC'd before that write is durable (not checked). A fix:
+//!   which is what any write error does to a running broker. It is also reachable without
+//!   any error: `qos2_retry_is_not_acknowledged_before_its_write_is_durable` (ignored until
+//!   fixed) holds the first write pending in the sim disk, drops the connection and resends
+//!   on a new one: the PUBREC comes before the write is durable, so a power loss then loses
+//!   an acknowledged QoS 2 message (sim v0 has no network faults, so its reconnects all
+//!   follow a broker death and the seeds do not reach this without `--linger`). A fix:
 //!   keep the write's ticket with the packet id and let a retry's PUBREC wait for it (and
 //!   take the retry as a new message if it failed); removing the id on failure alone races
 //!   with a quick resend. Without `--linger` no client reaches a broker whose disk died,
@@ -198,4 +201,16 @@ fn sim_finds_ack_before_fsync() {
         seeds.len()
     );
     println!("sim: ack-before-fsync found at seed {}", first.unwrap());
+}
+
+/// The QoS 2 received-set bug (module doc) without any disk error: a retry on a new
+/// connection is PUBREC'd while the original write is still pending. Ignored: it fails until
+/// the bug is fixed (`cargo test -p tern-broker --test sim -- --ignored` shows it).
+#[test]
+#[ignore = "known broker bug, see the module doc"]
+fn qos2_retry_is_not_acknowledged_before_its_write_is_durable() {
+    assert!(
+        !sim::run::probe_retry_while_write_pending(),
+        "PUBREC for a QoS 2 retry while the original write was not durable"
+    );
 }

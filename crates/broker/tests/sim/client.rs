@@ -50,7 +50,7 @@ impl Net {
     }
 }
 
-fn s(text: &str) -> Str {
+pub fn s(text: &str) -> Str {
     Str::copy_from(text).expect("no U+0000")
 }
 
@@ -62,7 +62,7 @@ fn ack(packet_id: u16) -> Ack {
     }
 }
 
-fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
+pub fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
     let mut properties = Properties::default();
     if protocol.is_v5() {
         properties.session_expiry_interval_s = Some(u32::MAX);
@@ -79,7 +79,7 @@ fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
     }
 }
 
-struct Conn {
+pub struct Conn {
     stream: TcpStream,
     buf: BytesMut,
     protocol: Protocol,
@@ -89,7 +89,7 @@ struct Conn {
 
 impl Conn {
     /// Connects to the broker's current address; `None` if it is down or refuses.
-    async fn connect(net: &Net, connect: Connect) -> Option<Conn> {
+    pub async fn connect(net: &Net, connect: Connect) -> Option<Conn> {
         let addr = (*net.addr.lock())?;
         let boot = net.boot.load(Ordering::Relaxed);
         if !net.alive(boot) {
@@ -121,7 +121,7 @@ impl Conn {
         }
     }
 
-    async fn send(&mut self, packet: &Packet) -> bool {
+    pub async fn send(&mut self, packet: &Packet) -> bool {
         let mut out = BytesMut::new();
         if tern_wire::encode(packet, self.protocol, &mut out).is_err() {
             return false;
@@ -130,7 +130,7 @@ impl Conn {
     }
 
     /// `Ok(None)` on timeout, `Err(())` once the connection is gone.
-    async fn recv(&mut self, timeout: Duration) -> Result<Option<Packet>, ()> {
+    pub async fn recv(&mut self, timeout: Duration) -> Result<Option<Packet>, ()> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             match tern_wire::decode(&mut self.buf, self.protocol, u32::MAX) {

@@ -557,3 +557,64 @@ fn check(
         }
     }
 }
+
+/// Probe for the QoS 2 received-set bug without any disk error (see the module doc of
+/// sim.rs): a QoS 2 PUBLISH whose write is held pending in the disk, its connection lost,
+/// and the same PUBLISH resent (DUP) on a new connection. Returns whether the broker sent
+/// PUBREC for the resend while the first write was still pending (not durable).
+pub fn probe_retry_while_write_pending() -> bool {
+    use super::client::{Conn, persistent_connect, s};
+    use tern_wire::{Packet, Properties, Publish, QoS};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = SimDisk::new(dir.path(), 1, SimConfig::default());
+    let net = Net {
+        addr: Mutex::new(None),
+        stop: AtomicBool::new(false),
+        acks: AtomicU64::new(0),
+        boot: AtomicU64::new(0),
+        disk: disk.clone(),
+        linger: false,
+    };
+    let b = boot(&disk, dir.path(), &DurableConfig::default(), &net).expect("boot");
+    let clients = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let publish = |dup| {
+        Packet::Publish(Publish {
+            dup,
+            qos: QoS::ExactlyOnce,
+            retain: false,
+            topic: s("probe/t"),
+            packet_id: 7,
+            properties: Properties::default(),
+            payload: bytes::Bytes::from_static(b"0:0:"),
+        })
+    };
+    let pubrec_while_pending = clients.block_on(async {
+        let connect = || persistent_connect(Protocol::V5, "probe");
+        let mut c = Conn::connect(&net, connect()).await.expect("connect");
+        disk.hold_next_write(&dir.path().join("streams").join("messages"));
+        assert!(c.send(&publish(false)).await);
+        assert!(
+            // Blocking is fine here: the broker runs on its own runtime.
+            disk.wait_held(Duration::from_secs(2)),
+            "the write was not held"
+        );
+        drop(c);
+        let mut c = Conn::connect(&net, connect()).await.expect("reconnect");
+        assert!(c.send(&publish(true)).await);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+        loop {
+            match c.recv(Duration::from_millis(50)).await {
+                Ok(Some(Packet::PubRec(a))) if a.packet_id == 7 => break true,
+                Err(()) => break false,
+                _ if tokio::time::Instant::now() > deadline => break false,
+                _ => {}
+            }
+        }
+    });
+    disk.release();
+    kill(b, &net);
+    pubrec_while_pending
+}
