@@ -174,9 +174,20 @@ impl DurableStore {
     /// default stream when none captures every topic, [`DurableConfig::with_default_stream`]),
     /// reporting any damage found by recovery in the log.
     pub fn open(dir: &Path, config: DurableConfig) -> Result<DurableStore, StoreError> {
+        DurableStore::open_with_vfs(dir, config, std::sync::Arc::new(tern_store::vfs::RealVfs))
+    }
+
+    /// [`DurableStore::open`] doing every stream I/O through `vfs`
+    /// ([`Store::open_with_vfs`]): the broker-level simulator opens the store on a simulated
+    /// disk through this, the one path production takes too.
+    pub fn open_with_vfs(
+        dir: &Path,
+        config: DurableConfig,
+        vfs: std::sync::Arc<dyn tern_store::vfs::Vfs>,
+    ) -> Result<DurableStore, StoreError> {
         config.validate().map_err(StoreError::InvalidConfig)?;
         let config = config.with_default_stream();
-        let store = Store::open(dir)?;
+        let store = Store::open_with_vfs(dir, vfs)?;
         let mut slots = Vec::with_capacity(config.streams.len());
         for spec in &config.streams {
             let mut stream_config = spec.store.clone();

@@ -1,0 +1,526 @@
+//! The simulator's clients: raw tern-wire connections (adapted from
+//! crates/server/tests/common/durable.rs) and publishers / subscribers with persistent
+//! sessions whose MQTT session state (packet ids in flight, the QoS 2 received set) lives in
+//! the client, outside the broker, and so survives every fault. Each runs as a task that
+//! reconnects whenever its connection dies and resends what the spec says it must.
+//!
+//! Their state sits behind a mutex the controller reads (progress, completion, the checker),
+//! locked only between awaits.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use tern_store::sim::SimDisk;
+use tern_wire::{
+    Ack, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str, Subscribe,
+    SubscriptionOptions,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const POLL: Duration = Duration::from_millis(20);
+
+/// What the clients share with the controller: where the broker listens (`None` while it is
+/// down), a stop flag, and the number of messages acknowledged so far (faults strike at
+/// seeded values of it).
+pub struct Net {
+    pub addr: Mutex<Option<SocketAddr>>,
+    pub stop: AtomicBool,
+    pub acks: AtomicU64,
+    /// The broker's boot (0 = first), as the controller last started it.
+    pub boot: AtomicU64,
+    /// The disk: once its boot moved on (a power loss or crash struck), the broker that
+    /// still runs until the controller kills it is dead, and no client connects to it.
+    pub disk: SimDisk,
+    /// Let clients connect to such a broker all the same: a broker whose disk failed under
+    /// it (`--linger`; how seed 9 found the bug described in the module doc of sim.rs).
+    pub linger: bool,
+}
+
+impl Net {
+    /// Whether the broker at the advertised address still has its disk.
+    fn alive(&self, boot: u64) -> bool {
+        self.linger || self.disk.boot() == boot
+    }
+}
+
+pub fn s(text: &str) -> Str {
+    Str::copy_from(text).expect("no U+0000")
+}
+
+fn ack(packet_id: u16) -> Ack {
+    Ack {
+        packet_id,
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::default(),
+    }
+}
+
+pub fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
+    let mut properties = Properties::default();
+    if protocol.is_v5() {
+        properties.session_expiry_interval_s = Some(u32::MAX);
+    }
+    Connect {
+        protocol,
+        clean_start: false,
+        keep_alive_s: 0,
+        properties,
+        client_id: s(client_id),
+        will: None,
+        username: None,
+        password: None,
+    }
+}
+
+pub struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
+    protocol: Protocol,
+    session_present: bool,
+    boot: u64,
+}
+
+impl Conn {
+    /// Connects to the broker's current address; `None` if it is down or refuses.
+    pub async fn connect(net: &Net, connect: Connect) -> Option<Conn> {
+        let addr = (*net.addr.lock())?;
+        let boot = net.boot.load(Ordering::Relaxed);
+        if !net.alive(boot) {
+            return None;
+        }
+        let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr))
+            .await
+            .ok()?
+            .ok()?;
+        let _ = stream.set_nodelay(true);
+        let mut c = Conn {
+            stream,
+            buf: BytesMut::with_capacity(16 * 1024),
+            protocol: connect.protocol,
+            session_present: false,
+            boot,
+        };
+        if !c.send(&Packet::Connect(Box::new(connect))).await {
+            return None;
+        }
+        match c.recv(Duration::from_secs(3)).await {
+            Ok(Some(Packet::ConnAck(ca)))
+                if ca.reason == ReasonCode::SUCCESS && net.alive(boot) =>
+            {
+                c.session_present = ca.session_present;
+                Some(c)
+            }
+            _ => None,
+        }
+    }
+
+    pub async fn send(&mut self, packet: &Packet) -> bool {
+        let mut out = BytesMut::new();
+        if tern_wire::encode(packet, self.protocol, &mut out).is_err() {
+            return false;
+        }
+        self.stream.write_all(&out).await.is_ok()
+    }
+
+    /// `Ok(None)` on timeout, `Err(())` once the connection is gone.
+    pub async fn recv(&mut self, timeout: Duration) -> Result<Option<Packet>, ()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tern_wire::decode(&mut self.buf, self.protocol, u32::MAX) {
+                Ok(Some(p)) => return Ok(Some(p)),
+                Ok(None) => {}
+                Err(_) => return Err(()),
+            }
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
+                Err(_) => return Ok(None),
+                Ok(Ok(0)) | Ok(Err(_)) => return Err(()),
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+}
+
+/// Waits for a connection, backing off while the broker is down; `None` once stopped.
+async fn reconnect(net: &Net, protocol: Protocol, client_id: &str) -> Option<Conn> {
+    loop {
+        if net.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        if let Some(c) = Conn::connect(net, persistent_connect(protocol, client_id)).await {
+            return Some(c);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Payload of message `n` of publisher `p`: `p:n:` and padding.
+pub fn payload(p: usize, n: u64, pad: usize) -> Bytes {
+    let mut v = format!("{p}:{n}:").into_bytes();
+    v.resize(v.len() + pad, b'.');
+    Bytes::from(v)
+}
+
+/// `(publisher, number)` of a payload, if it is one of ours.
+pub fn parse(payload: &[u8]) -> Option<(usize, u64)> {
+    let t = std::str::from_utf8(payload).ok()?;
+    let mut it = t.splitn(3, ':');
+    let p = it.next()?.parse().ok()?;
+    let n = it.next()?.parse().ok()?;
+    Some((p, n))
+}
+
+#[derive(Debug, Clone)]
+pub struct PubSpec {
+    pub index: usize,
+    pub protocol: Protocol,
+    pub qos: u8,
+    pub topic: String,
+    pub limit: u64,
+    pub window: usize,
+    pub pad: usize,
+}
+
+impl PubSpec {
+    pub fn client_id(&self) -> String {
+        format!("sim-pub-{}", self.index)
+    }
+}
+
+#[derive(Default)]
+pub struct PubState {
+    /// Next number to publish.
+    pub next: u64,
+    /// In flight: number → (packet id, PUBREC received).
+    pub inflight: BTreeMap<u64, (u16, bool)>,
+    by_packet_id: HashMap<u16, u64>,
+    next_packet_id: u16,
+    /// Numbers whose PUBACK (QoS 1) or PUBREC (QoS 2) arrived: the broker owes them.
+    pub acked: BTreeSet<u64>,
+    /// Number → (connection, broker boot) its PUBACK / PUBREC came on.
+    pub acked_on: BTreeMap<u64, (u64, u64)>,
+    /// Connection → the broker boot it was made to.
+    pub boots: Vec<u64>,
+    pub connections: u64,
+    /// Reconnects answered with Session Present = 0 (noted, not a violation: the CONNACK
+    /// does not wait for the session record).
+    pub sessions_lost: u64,
+}
+
+impl PubState {
+    pub fn done(&self, limit: u64) -> bool {
+        self.next >= limit && self.inflight.is_empty()
+    }
+
+    fn allocate(&mut self) -> u16 {
+        loop {
+            self.next_packet_id = self.next_packet_id.wrapping_add(1);
+            if self.next_packet_id != 0 && !self.by_packet_id.contains_key(&self.next_packet_id) {
+                return self.next_packet_id;
+            }
+        }
+    }
+}
+
+fn publish_packet(spec: &PubSpec, number: u64, packet_id: u16, dup: bool) -> Packet {
+    Packet::Publish(Publish {
+        dup,
+        qos: QoS::from_u8(spec.qos).expect("qos"),
+        retain: false,
+        topic: s(&spec.topic),
+        packet_id,
+        properties: Properties::default(),
+        payload: payload(spec.index, number, spec.pad),
+    })
+}
+
+/// A publisher of `limit` numbered messages on one topic, `window` in flight at most.
+pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<Net>) {
+    'connection: loop {
+        if state.lock().done(spec.limit) {
+            return;
+        }
+        let Some(mut c) = reconnect(&net, spec.protocol, &spec.client_id()).await else {
+            return;
+        };
+        // Session resumed: everything in flight is resent in order (PUBLISH with DUP, or
+        // PUBREL once its PUBREC came).
+        let resend: Vec<Packet> = {
+            let mut st = state.lock();
+            st.connections += 1;
+            st.boots.push(c.boot);
+            if st.connections > 1 && !c.session_present {
+                st.sessions_lost += 1;
+            }
+            st.inflight
+                .iter()
+                .map(|(&n, &(pi, rel))| {
+                    if rel {
+                        Packet::PubRel(ack(pi))
+                    } else {
+                        publish_packet(&spec, n, pi, true)
+                    }
+                })
+                .collect()
+        };
+        for p in resend {
+            if !c.send(&p).await {
+                continue 'connection;
+            }
+        }
+        loop {
+            if net.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let fresh: Vec<Packet> = {
+                let mut st = state.lock();
+                if st.done(spec.limit) {
+                    return;
+                }
+                let mut v = Vec::new();
+                while st.inflight.len() < spec.window && st.next < spec.limit {
+                    let number = st.next;
+                    let pi = st.allocate();
+                    st.next += 1;
+                    st.inflight.insert(number, (pi, false));
+                    st.by_packet_id.insert(pi, number);
+                    v.push(publish_packet(&spec, number, pi, false));
+                }
+                v
+            };
+            for p in fresh {
+                if !c.send(&p).await {
+                    continue 'connection;
+                }
+            }
+            let packet = match c.recv(POLL).await {
+                Err(()) => continue 'connection,
+                Ok(None) => continue,
+                Ok(Some(p)) => p,
+            };
+            let reply = {
+                let mut st = state.lock();
+                match packet {
+                    Packet::PubAck(a) if spec.qos == 1 => {
+                        if let Some(n) = st.by_packet_id.remove(&a.packet_id) {
+                            st.inflight.remove(&n);
+                            if st.acked.insert(n) {
+                                net.acks.fetch_add(1, Ordering::Relaxed);
+                                let c = (st.connections, st.boots.last().copied().unwrap_or(0));
+                                st.acked_on.insert(n, c);
+                            }
+                        }
+                        None
+                    }
+                    Packet::PubRec(a) if spec.qos == 2 => match st.by_packet_id.get(&a.packet_id) {
+                        Some(&n) if a.reason.is_success() => {
+                            if st.acked.insert(n) {
+                                net.acks.fetch_add(1, Ordering::Relaxed);
+                                let c = (st.connections, st.boots.last().copied().unwrap_or(0));
+                                st.acked_on.insert(n, c);
+                            }
+                            if let Some(e) = st.inflight.get_mut(&n) {
+                                e.1 = true;
+                            }
+                            Some(Packet::PubRel(ack(a.packet_id)))
+                        }
+                        // Refused (e.g. a failed write): sent again on the next connection.
+                        Some(_) => continue 'connection,
+                        None => None,
+                    },
+                    Packet::PubComp(a) if spec.qos == 2 => {
+                        let released = st
+                            .by_packet_id
+                            .get(&a.packet_id)
+                            .and_then(|n| st.inflight.get(n))
+                            .is_some_and(|e| e.1);
+                        if released {
+                            if let Some(n) = st.by_packet_id.remove(&a.packet_id) {
+                                st.inflight.remove(&n);
+                            }
+                        }
+                        None
+                    }
+                    Packet::Disconnect(_) => continue 'connection,
+                    _ => None,
+                }
+            };
+            if let Some(p) = reply {
+                if !c.send(&p).await {
+                    continue 'connection;
+                }
+            }
+        }
+    }
+}
+
+/// When a subscriber hands a QoS 2 message to its application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deliver {
+    /// At the first PUBLISH of a packet id, which is then held until PUBREL (Method B).
+    AtPublish,
+    /// At PUBREL: the message is kept under its packet id until then (paho's way).
+    AtPubrel,
+}
+
+#[derive(Debug, Clone)]
+pub struct SubSpec {
+    pub index: usize,
+    pub protocol: Protocol,
+    pub qos: u8,
+    pub filter: String,
+    pub deliver: Deliver,
+}
+
+impl SubSpec {
+    pub fn client_id(&self) -> String {
+        format!("sim-sub-{}", self.index)
+    }
+}
+
+/// One message handed to the application.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery {
+    pub publisher: usize,
+    pub number: u64,
+    /// The QoS of the PUBLISH that carried it.
+    pub qos: u8,
+    /// Which connection of the subscriber (1 = first).
+    pub connection: u64,
+}
+
+#[derive(Default)]
+pub struct SubState {
+    /// The SUBACK came (the subscription is durable).
+    pub subscribed: bool,
+    /// QoS 2 packet ids received and not yet released, with the held message (AtPubrel).
+    pub received: HashMap<u16, Option<(usize, u64)>>,
+    pub got: Vec<Delivery>,
+    /// Payloads that are none of ours.
+    pub foreign: Vec<String>,
+    /// Reconnects after the SUBACK answered with Session Present = 0.
+    pub sessions_lost: u64,
+    pub connections: u64,
+    /// Refused or unexpected SUBACKs.
+    pub bad_subacks: Vec<String>,
+}
+
+impl SubState {
+    fn deliver(&mut self, m: (usize, u64), qos: u8) {
+        let connection = self.connections;
+        self.got.push(Delivery {
+            publisher: m.0,
+            number: m.1,
+            qos,
+            connection,
+        });
+    }
+}
+
+pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc<Net>) {
+    'connection: loop {
+        let Some(mut c) = reconnect(&net, spec.protocol, &spec.client_id()).await else {
+            return;
+        };
+        let subscribe = {
+            let mut st = state.lock();
+            st.connections += 1;
+            if st.subscribed && !c.session_present {
+                // The subscription was acknowledged: the session must have survived.
+                st.sessions_lost += 1;
+                st.subscribed = false;
+            }
+            !st.subscribed
+        };
+        if subscribe {
+            let sub = Subscribe {
+                packet_id: 1,
+                properties: Properties::default(),
+                filters: vec![(
+                    s(&spec.filter),
+                    SubscriptionOptions {
+                        qos: QoS::from_u8(spec.qos).expect("qos"),
+                        ..SubscriptionOptions::default()
+                    },
+                )],
+            };
+            if !c.send(&Packet::Subscribe(sub)).await {
+                continue 'connection;
+            }
+        }
+        loop {
+            if net.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let packet = match c.recv(POLL).await {
+                Err(()) => continue 'connection,
+                Ok(None) => continue,
+                Ok(Some(p)) => p,
+            };
+            let reply = {
+                let mut st = state.lock();
+                match packet {
+                    Packet::SubAck(sa) => {
+                        if sa.reasons == vec![ReasonCode(spec.qos)] {
+                            st.subscribed = true;
+                        } else {
+                            st.bad_subacks.push(format!("{:?}", sa.reasons));
+                        }
+                        None
+                    }
+                    Packet::Publish(p) => {
+                        let Some(m) = parse(&p.payload) else {
+                            st.foreign
+                                .push(String::from_utf8_lossy(&p.payload).into_owned());
+                            continue;
+                        };
+                        match p.qos {
+                            QoS::AtMostOnce => {
+                                st.deliver(m, 0);
+                                None
+                            }
+                            QoS::AtLeastOnce => {
+                                st.deliver(m, 1);
+                                Some(Packet::PubAck(ack(p.packet_id)))
+                            }
+                            QoS::ExactlyOnce => {
+                                // A packet id already held: the same message again.
+                                if let Entry::Vacant(e) = st.received.entry(p.packet_id) {
+                                    match spec.deliver {
+                                        Deliver::AtPublish => {
+                                            e.insert(None);
+                                            st.deliver(m, 2);
+                                        }
+                                        Deliver::AtPubrel => {
+                                            e.insert(Some(m));
+                                        }
+                                    }
+                                }
+                                Some(Packet::PubRec(ack(p.packet_id)))
+                            }
+                        }
+                    }
+                    Packet::PubRel(a) => {
+                        if let Some(Some(m)) = st.received.remove(&a.packet_id) {
+                            st.deliver(m, 2);
+                        }
+                        Some(Packet::PubComp(ack(a.packet_id)))
+                    }
+                    Packet::Disconnect(_) => continue 'connection,
+                    _ => None,
+                }
+            };
+            if let Some(p) = reply {
+                if !c.send(&p).await {
+                    continue 'connection;
+                }
+            }
+        }
+    }
+}
