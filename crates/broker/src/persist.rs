@@ -212,6 +212,12 @@ pub trait MessageStore: Send + Sync + 'static {
     ) -> Option<Ticket> {
         None
     }
+    /// A QoS 2 PUBLISH on a packet id still in the session's received set: a retry, answered
+    /// with PUBREC only. The PUBREC must still wait for the original's write (the original
+    /// may be in flight on a connection that died): its ticket, if one is pending.
+    fn qos2_retry(&self, _client_id: &str, _packet_id: u16) -> Option<Ticket> {
+        None
+    }
     /// The message left the publisher's pipeline (routed, or given up).
     fn message_released(&self, _message: &Message) {}
     /// PUBREL from the client: "(session, pi) released". PUBCOMP leaves once durable.

@@ -61,7 +61,7 @@
 //! - Without a bug: seeds 0-299 (release, 54 s), 1000-1999 (release, 172 s) and 0-199
 //!   (debug, 41 s) passed before power losses inside calls were added; since then seeds
 //!   0-999 pass in release (189 s).
-//! - **A broker bug, not fixed** (seed 9 with `--linger`, 10 of 30 runs in debug): a QoS 2
+//! - **A broker bug, fixed** (seed 9 with `--linger`, 10 of 30 runs in debug): a QoS 2
 //!   PUBLISH whose store write fails leaves its packet id in the session's received set
 //!   (`connection/publish.rs` inserts it before `append_publish`). The connection is closed
 //!   without PUBREC, as §5 says; the client resends on a new connection to the same process,
@@ -69,14 +69,13 @@
 //!   acknowledged, but never stored nor delivered. The seed shows it when a power loss
 //!   strikes inside an fdatasync and clients reconnect to the broker before it is killed,
 //!   which is what any write error does to a running broker. It is also reachable without
-//!   any error: `qos2_retry_is_not_acknowledged_before_its_write_is_durable` (ignored until
-//!   fixed) holds the first write pending in the sim disk, drops the connection and resends
+//!   any error: `qos2_retry_is_not_acknowledged_before_its_write_is_durable` holds the first write pending in the sim disk, drops the connection and resends
 //!   on a new one: the PUBREC comes before the write is durable, so a power loss then loses
 //!   an acknowledged QoS 2 message (sim v0 has no network faults, so its reconnects all
-//!   follow a broker death and the seeds do not reach this without `--linger`). A fix:
-//!   keep the write's ticket with the packet id and let a retry's PUBREC wait for it (and
-//!   take the retry as a new message if it failed); removing the id on failure alone races
-//!   with a quick resend. Without `--linger` no client reaches a broker whose disk died,
+//!   follow a broker death and the seeds do not reach this without `--linger`). **Fixed**:
+//!   a retry's PUBREC waits for the original's write (`MessageStore::qos2_retry`: a second
+//!   ticket for the rx record's sequence), and fails with it, so a failed write is never
+//!   acknowledged; the received set and the write change together under the session lock. Without `--linger` no client reaches a broker whose disk died,
 //!   as with a real power loss.
 
 mod sim {
@@ -204,10 +203,9 @@ fn sim_finds_ack_before_fsync() {
 }
 
 /// The QoS 2 received-set bug (module doc) without any disk error: a retry on a new
-/// connection is PUBREC'd while the original write is still pending. Ignored: it fails until
-/// the bug is fixed (`cargo test -p tern-broker --test sim -- --ignored` shows it).
+/// connection was PUBREC'd while the original write was still pending. Fixed: the retry's
+/// PUBREC waits for the original's write (`MessageStore::qos2_retry`).
 #[test]
-#[ignore = "known broker bug, see the module doc"]
 fn qos2_retry_is_not_acknowledged_before_its_write_is_durable() {
     assert!(
         !sim::run::probe_retry_while_write_pending(),

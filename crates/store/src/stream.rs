@@ -422,6 +422,15 @@ impl Stream {
         rx.recv().map_err(|_| StoreError::Closed(sh.name.clone()))?
     }
 
+    /// A second ticket for a record already appended (`seq` from an earlier ticket): it
+    /// completes when that record is durable, or fails if the stream failed first. For a
+    /// waiter that did not issue the write (a retried QoS 2 PUBLISH answered as a duplicate
+    /// waits for the original's write). A record refused by a `Discard::New` limit reports
+    /// its refusal to whichever of its tickets reads it first.
+    pub fn ticket_for(&self, seq: u64) -> Ticket {
+        Ticket::new(self.sh().clone(), seq, seq)
+    }
+
     /// Highest sequence whose ticket has completed (one atomic load).
     pub fn durable_seq(&self) -> u64 {
         self.sh()

@@ -55,13 +55,18 @@ impl Conn {
         };
         if qos == QoS::ExactlyOnce {
             // ARCHITECTURE §3: a packet id still in the received set is a retry: PUBREC only.
+            // Its PUBREC waits for the original's write, which may still be pending on a
+            // connection that died (found by the simulator: PUBREC before the message was
+            // durable). The original's insert and append are one step under the session lock
+            // (below), so the store knows the write of any id found here.
             let duplicate = self.session.state.lock().qos2_received.contains(&packet_id);
             if duplicate {
+                let ticket = self.shared.store.qos2_retry(&self.client_id, packet_id);
                 self.push_entry(Entry {
                     packet_id,
                     kind: AckKind::PubRec,
                     reason: ReasonCode::SUCCESS,
-                    ticket: None,
+                    ticket,
                     deliver: None,
                     deliver_after_durable: false,
                     counted,
@@ -113,8 +118,12 @@ impl Conn {
             self.now,
         ));
         let exactly_once = qos == QoS::ExactlyOnce && reason.is_success();
-        if exactly_once {
-            self.session.state.lock().qos2_received.insert(packet_id);
+        // The received set and the write change together under the session lock: a retry
+        // on another connection that finds the id also finds its write (`qos2_retry`).
+        let session = self.session.clone();
+        let mut state = exactly_once.then(|| session.state.lock());
+        if let Some(state) = state.as_mut() {
+            state.qos2_received.insert(packet_id);
         }
         // The store decides by the stream's durability policy whether to write; the pipeline
         // waits only if it did (ARCHITECTURE §4.3).
@@ -127,6 +136,7 @@ impl Conn {
         } else {
             None
         };
+        drop(state);
         let kind = match qos {
             QoS::AtMostOnce => AckKind::None,
             QoS::AtLeastOnce => AckKind::PubAck,

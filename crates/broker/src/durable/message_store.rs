@@ -97,6 +97,13 @@ impl MessageStore for DurableStore {
         }
     }
 
+    fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        let rx_ref = *self.rx.lock().get(client_id)?.get(&packet_id)?;
+        let slot = self.slots.get(usize::from(rx_ref.stream))?;
+        (slot.stream.durable_seq() < rx_ref.seq)
+            .then(|| Ticket::from_store(slot.stream.ticket_for(rx_ref.seq)))
+    }
+
     fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         // The rx lock is held across the append: the rx checkpoint relies on every released
         // rx record's `rel` being appended before it is computed (`reclaim` module).
