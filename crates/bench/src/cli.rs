@@ -81,6 +81,10 @@ pub struct Common {
     /// Give up on the whole run after this many seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout_s: u64,
+    /// Connect with clean start 0 (v5: a session expiry of 1 h): the broker keeps the sessions
+    /// and takes its persistent-session paths (cursors, recorded QoS 2 exchanges).
+    #[arg(long)]
+    pub persistent: bool,
     /// After the last publish is acknowledged, wait at most this long for deliveries still on
     /// their way (QoS 0 losses only show up as this wait).
     #[arg(long, default_value_t = 3000)]

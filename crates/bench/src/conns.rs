@@ -56,6 +56,7 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
         let client_id = format!("{}-{tag}-c{index}", common.prefix);
         let source = IpAddr::V4(source_for(args.first_source, args.per_source, index));
         let keep_alive_s = args.keep_alive_s;
+        let persistent = common.persistent;
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await;
             let options = ConnectOptions {
@@ -64,6 +65,7 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
                 protocol,
                 client_id: &client_id,
                 keep_alive_s,
+                persistent,
             };
             let result = connect(&options).await;
             done.fetch_add(1, Ordering::Relaxed);

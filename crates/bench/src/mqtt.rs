@@ -126,9 +126,14 @@ pub struct ConnectOptions<'a> {
     pub protocol: Protocol,
     pub client_id: &'a str,
     pub keep_alive_s: u16,
+    /// Clean start 0 (v5: session expiry 1 h) instead of a clean session.
+    pub persistent: bool,
 }
 
-/// Opens TCP, sends CONNECT (clean start), waits for a successful CONNACK.
+/// Session Expiry Interval a persistent bench client asks for (v5).
+const PERSISTENT_SESSION_EXPIRY_S: u32 = 3600;
+
+/// Opens TCP, sends CONNECT, waits for a successful CONNACK.
 pub async fn connect(options: &ConnectOptions<'_>) -> Result<Conn, MqttError> {
     let socket = match options.addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
@@ -144,10 +149,13 @@ pub async fn connect(options: &ConnectOptions<'_>) -> Result<Conn, MqttError> {
         // Let the broker send as much as it wants: the load loops ack everything at once.
         properties.receive_maximum = Some(u16::MAX);
         properties.maximum_packet_size = Some(MAX_PACKET_BYTES);
+        if options.persistent {
+            properties.session_expiry_interval_s = Some(PERSISTENT_SESSION_EXPIRY_S);
+        }
     }
     let connect = Packet::Connect(Box::new(Connect {
         protocol: options.protocol,
-        clean_start: true,
+        clean_start: !options.persistent,
         keep_alive_s: options.keep_alive_s,
         properties,
         client_id: mqtt_str(options.client_id)?,

@@ -101,6 +101,7 @@ async fn connect_many(
 ) -> anyhow::Result<Vec<Conn>> {
     let limit = Arc::new(Semaphore::new(common.connect_concurrency.max(1)));
     let protocol = common.protocol.wire();
+    let persistent = common.persistent;
     let subscribe_to = Arc::new(subscribe_to);
     let mut tasks = JoinSet::new();
     for (index, client_id) in ids.into_iter().enumerate() {
@@ -114,6 +115,7 @@ async fn connect_many(
                 protocol,
                 client_id: &client_id,
                 keep_alive_s: TRAFFIC_KEEP_ALIVE_S,
+                persistent,
             };
             let mut conn = connect(&options)
                 .await
