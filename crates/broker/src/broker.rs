@@ -4,14 +4,15 @@
 //! - Every connection task gets a clone of the shutdown receiver; `serve` returns only after
 //!   every connection task ended (or the drain timeout passed and they were aborted).
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -24,6 +25,7 @@ use crate::retained::Retained;
 use crate::router::Router;
 use crate::session::Registry;
 use crate::session::groups::Groups;
+use crate::transport::{ConnectionInfo, Listener, ListenerContext, Transport, poll_accept_any};
 
 /// How long shutdown waits for connections to send their DISCONNECT and close.
 pub const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 3_000;
@@ -95,12 +97,27 @@ impl Broker {
         &self.shared
     }
 
-    /// Accepts connections until `shutdown` resolves; then stops accepting, tells every
-    /// client the server is shutting down (v5 DISCONNECT 0x8B) and waits for the connections
-    /// to close.
+    /// Accepts connections on one plain TCP listener until `shutdown` resolves; see
+    /// [`Broker::serve_listeners`].
     pub async fn serve(
         &self,
         listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> io::Result<()> {
+        let name = listener
+            .local_addr()
+            .map(|addr| addr.to_string())
+            .unwrap_or_default();
+        let listener = Listener::tcp(listener, ListenerContext::plain_tcp(name));
+        self.serve_listeners(vec![listener], shutdown).await
+    }
+
+    /// Accepts connections on every listener until `shutdown` resolves; then stops accepting,
+    /// tells every client the server is shutting down (v5 DISCONNECT 0x8B) and waits for the
+    /// connections to close.
+    pub async fn serve_listeners(
+        &self,
+        listeners: Vec<Listener>,
         shutdown: impl Future<Output = ()>,
     ) -> io::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -110,14 +127,14 @@ impl Broker {
         crate::will::arm_recovered(&self.shared);
         let checkpoints = tokio::spawn(crate::checkpoint::run_checkpoints(self.shared.clone()));
         tokio::pin!(shutdown);
+        let mut next_listener = 0;
         loop {
+            let accept = poll_fn(|cx| poll_accept_any(&listeners, &mut next_listener, cx));
             tokio::select! {
                 _ = &mut shutdown => break,
-                accepted = listener.accept() => match accepted {
+                (index, accepted) = accept => match accepted {
                     Ok((stream, peer)) => {
-                        let shared = self.shared.clone();
-                        let stop = stop_rx.clone();
-                        connections.spawn(crate::connection::run(shared, stream, peer, stop));
+                        self.spawn_connection(&mut connections, &listeners[index], stream, peer, &stop_rx);
                     }
                     Err(error) => {
                         tracing::warn!(%error, "accept failed");
@@ -127,7 +144,7 @@ impl Broker {
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }
-        drop(listener);
+        drop(listeners);
         tracing::info!(connections = connections.len(), "shutting down");
         let _ = stop_tx.send(true);
         let drained =
@@ -147,5 +164,73 @@ impl Broker {
         // A clean stop leaves exact cursors: nothing is replayed at the next start.
         crate::checkpoint::checkpoint_once(&self.shared);
         Ok(())
+    }
+
+    /// Serves one connection on any transport to its end, outside of a listener: the
+    /// in-memory [`crate::transport::duplex`] of tests and the simulator. `stop` turning true
+    /// closes it as a shutdown does.
+    pub async fn run_connection<T: Transport>(
+        &self,
+        transport: T,
+        info: ConnectionInfo,
+        stop: watch::Receiver<bool>,
+    ) {
+        crate::connection::run(self.shared.clone(), transport, info, stop).await;
+    }
+
+    /// Starts the task of one accepted socket, unless its listener is full.
+    fn spawn_connection(
+        &self,
+        connections: &mut JoinSet<()>,
+        listener: &Listener,
+        socket: TcpStream,
+        peer: SocketAddr,
+        stop: &watch::Receiver<bool>,
+    ) {
+        let Some(slot) = listener.context.admit() else {
+            let refused = Metrics::add_get(&self.shared.metrics.connections_refused_listener, 1);
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    listener = %listener.context.name,
+                    limit = listener.context.max_connections,
+                    %peer,
+                    refused,
+                    "listener max_connections reached; connection closed"
+                );
+            }
+            return; // dropping the socket closes it
+        };
+        let shared = self.shared.clone();
+        let mut info = ConnectionInfo::new(listener.context.clone(), peer);
+        let mut stop = stop.clone();
+        let Some(upgrade) = listener.upgrade.clone() else {
+            connections.spawn(async move {
+                let _slot = slot;
+                crate::connection::run(shared, socket, info, stop).await;
+            });
+            return;
+        };
+        connections.spawn(async move {
+            let _slot = slot;
+            let deadline = Instant::now() + shared.config.connect_timeout();
+            let upgraded = tokio::select! {
+                upgraded = tokio::time::timeout_at(deadline, upgrade.upgrade(socket)) => upgraded,
+                _ = stop.changed() => return,
+            };
+            let upgraded = match upgraded {
+                Ok(Ok(upgraded)) => upgraded,
+                outcome => {
+                    let failed = Metrics::add_get(&shared.metrics.transport_handshakes_failed, 1);
+                    let error = match outcome {
+                        Ok(Err(error)) => error.to_string(),
+                        _ => "timed out".to_string(),
+                    };
+                    tracing::debug!(listener = %info.listener.name, %peer, %error, failed, "handshake failed");
+                    return;
+                }
+            };
+            info.peer_cn = upgraded.peer_cn;
+            crate::connection::run(shared, upgraded.stream, info, stop).await;
+        });
     }
 }

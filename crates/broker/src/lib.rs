@@ -13,6 +13,8 @@
 //! - [`session`]: session state, the registry (takeover, resume), share-group queues, expiry
 //!   and will timers.
 //! - [`router`]: trie lookups, per-session merging, share-group member choice, delivery.
+//! - [`transport`]: the seam between a connection and its byte stream: plain TCP, or any
+//!   `AsyncRead + AsyncWrite` (TLS, WebSocket, in memory); listener and peer context.
 //! - [`outbound`]: per-session queue, in-flight window and the vectored writer task.
 //! - [`retained`], [`will`], [`sys`] (`$SYS/broker/...`), [`topic_alias`], [`packet_ids`],
 //!   [`message`] (a routed message, encoded once per protocol), [`metrics`].
@@ -34,6 +36,7 @@ pub mod router;
 pub mod session;
 pub mod sys;
 pub mod topic_alias;
+pub mod transport;
 pub mod will;
 
 pub use broker::{Broker, Shared};

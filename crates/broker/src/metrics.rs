@@ -36,6 +36,10 @@ pub struct Metrics {
     pub queued_bytes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Live connections (past CONNECT, not yet closed), the measure of `max_connections`.
     pub connections: std::sync::atomic::AtomicUsize,
+    /// Sockets closed at accept because their listener held its `max_connections`.
+    pub connections_refused_listener: AtomicU64,
+    /// TLS handshakes and WebSocket upgrades that failed or timed out.
+    pub transport_handshakes_failed: AtomicU64,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub subscriptions: AtomicU64,

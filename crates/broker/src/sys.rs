@@ -92,6 +92,14 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
             Metrics::get(&m.connections_refused).to_string(),
         ),
         (
+            "$SYS/broker/clients/refused/listener_max_connections",
+            Metrics::get(&m.connections_refused_listener).to_string(),
+        ),
+        (
+            "$SYS/broker/clients/handshakes/failed",
+            Metrics::get(&m.transport_handshakes_failed).to_string(),
+        ),
+        (
             "$SYS/broker/bytes/received",
             Metrics::get(&m.bytes_received).to_string(),
         ),

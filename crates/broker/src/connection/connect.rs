@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tern_wire::{ConnAck, Connect, Packet, Properties, Protocol, ReasonCode, Str, decode};
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -20,17 +18,19 @@ use crate::outbound::{WriterState, encode_packet};
 use crate::read_order::ReadSlot;
 use crate::session::registry::{self, AttachRequest};
 use crate::topic_alias::InboundAliases;
+use crate::transport::{ConnectionInfo, TransportRead, TransportWrite};
 
 /// Receive Maximum assumed when a v5 client sends none, and for 3.x clients.
 const DEFAULT_CLIENT_RECEIVE_MAXIMUM: u16 = u16::MAX;
 
-pub(super) async fn handshake(
+pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
     shared: &Arc<Shared>,
-    reader: &mut OwnedReadHalf,
-    mut writer: OwnedWriteHalf,
+    reader: &mut R,
+    mut writer: W,
     buf: &mut BytesMut,
     stop: &mut watch::Receiver<bool>,
-) -> Option<(Conn, (OwnedWriteHalf, WriterState))> {
+    info: ConnectionInfo,
+) -> Option<(Conn, (W, WriterState))> {
     let config = &shared.config;
     let deadline = Instant::now() + config.connect_timeout();
     let connect = loop {
@@ -60,7 +60,27 @@ pub(super) async fn handshake(
             _ = stop.changed() => return None,
         }
     };
-    accept(shared, *connect, writer).await
+    let mut connect = *connect;
+    if let Err(reason) = use_identity(&info, &mut connect) {
+        reject(&mut writer, connect.protocol, reason).await;
+        return None;
+    }
+    accept(shared, connect, writer).await
+}
+
+/// `use_identity_as_username` on a TLS listener: the client certificate's CN replaces the
+/// CONNECT's username and its password is dropped, as mosquitto does. No certificate (or no
+/// CN) is a bad username or password (3.1.1 rc 4, v5 0x86).
+fn use_identity(info: &ConnectionInfo, connect: &mut Connect) -> Result<(), ReasonCode> {
+    if !(info.listener.use_identity_as_username && info.listener.tls) {
+        return Ok(());
+    }
+    let Some(cn) = &info.peer_cn else {
+        return Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+    };
+    connect.username = Some(Str::copy_from(cn).map_err(|_| ReasonCode::BAD_USER_NAME_OR_PASSWORD)?);
+    connect.password = None;
+    Ok(())
 }
 
 /// One of the `max_connections` places, held by a connection from its accepted CONNECT until
@@ -117,7 +137,7 @@ fn peek_connect_level(buf: &[u8]) -> Option<u8> {
     buf.get(offset + 2 + name_len).copied()
 }
 
-async fn reject(writer: &mut OwnedWriteHalf, protocol: Protocol, reason: ReasonCode) {
+async fn reject<W: TransportWrite>(writer: &mut W, protocol: Protocol, reason: ReasonCode) {
     let connack = Packet::ConnAck(ConnAck {
         session_present: false,
         reason,
@@ -125,7 +145,7 @@ async fn reject(writer: &mut OwnedWriteHalf, protocol: Protocol, reason: ReasonC
     });
     let mut scratch = BytesMut::new();
     if let Some(bytes) = encode_packet(&connack, protocol, &mut scratch) {
-        let _ = writer.write_all(&bytes).await;
+        let _ = writer.write_parts(&mut vec![bytes]).await;
     }
     let _ = writer.shutdown().await;
 }
@@ -166,11 +186,11 @@ fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
     Ok(())
 }
 
-async fn accept(
+async fn accept<W: TransportWrite>(
     shared: &Arc<Shared>,
     connect: Connect,
-    mut writer: OwnedWriteHalf,
-) -> Option<(Conn, (OwnedWriteHalf, WriterState))> {
+    mut writer: W,
+) -> Option<(Conn, (W, WriterState))> {
     let config = &shared.config;
     let protocol = connect.protocol;
     let v5 = protocol.is_v5();

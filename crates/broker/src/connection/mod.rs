@@ -24,7 +24,6 @@ mod subscribe;
 
 use std::future::{Future, poll_fn};
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -32,8 +31,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tern_wire::{DecodeError, Packet, Protocol, ReasonCode, Will, decode};
-use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -45,6 +42,7 @@ use crate::outbound::encode_packet;
 use crate::read_order::{CloseOnDrop, ReadSlot};
 use crate::session::{ConnCtl, Session};
 use crate::topic_alias::InboundAliases;
+use crate::transport::{ConnectionInfo, Transport, TransportRead};
 
 /// Control packets (acks, SUBACK, PINGRESP) queued for the writer beyond which the reader
 /// stops reading: a client that sends without reading cannot grow the queue without bound.
@@ -116,15 +114,16 @@ enum Event {
     KeepAliveDue,
 }
 
-/// Serves one accepted socket to the end.
-pub async fn run(
+/// Serves one accepted connection to the end. `info` says where it came from (listener,
+/// peer, client certificate).
+pub async fn run<T: Transport>(
     shared: Arc<Shared>,
-    stream: TcpStream,
-    peer: SocketAddr,
+    transport: T,
+    info: ConnectionInfo,
     mut stop: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
-    let (mut reader, writer) = stream.into_split();
+    let peer = info.peer;
+    let (mut reader, writer) = transport.split();
     let mut buf = BytesMut::new();
     // Boxed: the handshake and close states are large and short-lived; kept out of line they
     // do not inflate the future every idle connection keeps for its whole life.
@@ -134,6 +133,7 @@ pub async fn run(
         writer,
         &mut buf,
         &mut stop,
+        info,
     ))
     .await
     else {
@@ -163,7 +163,7 @@ pub async fn run(
 /// packets decoded from it are zero-copy slices that may outlive the read (queued and
 /// retained messages), and a fixed-size reservation per read would pin a whole chunk for a
 /// few bytes (measured: ~6 KiB of RSS per idle connection with 8 KiB reservations).
-async fn read_some(reader: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<usize> {
+async fn read_some<R: TransportRead>(reader: &R, buf: &mut BytesMut) -> io::Result<usize> {
     loop {
         reader.readable().await?;
         match try_read_chunk(reader, buf) {
@@ -176,7 +176,7 @@ async fn read_some(reader: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<usi
 /// The socket's readiness, polled through the connection's slot: the driver's wake takes a
 /// ticket, in driver order (ARCHITECTURE §2.1). The read loop keeps one alive while it reads, so
 /// that it stays registered with the driver while it handles a batch.
-async fn ordered_readable(reader: &OwnedReadHalf, slot: &Arc<ReadSlot>) -> io::Result<()> {
+async fn ordered_readable<R: TransportRead>(reader: &R, slot: &Arc<ReadSlot>) -> io::Result<()> {
     let readable = reader.readable();
     tokio::pin!(readable);
     slot.readable(|cx| readable.as_mut().poll(cx)).await
@@ -196,8 +196,8 @@ struct Settled {
 /// order, instead of being found by the next read with a ticket taken only then. Stops reading
 /// at [`SETTLE_MAX_BYTES`] in the buffer (a connection that always has more is ordered by its
 /// reads). `fresh` makes a new `readable` when the old one completed.
-async fn settle<F: Future<Output = io::Result<()>>>(
-    reader: &OwnedReadHalf,
+async fn settle<R: TransportRead, F: Future<Output = io::Result<()>>>(
+    reader: &R,
     buf: &mut BytesMut,
     mut readable: Pin<&mut F>,
     fresh: &impl Fn() -> F,
@@ -234,7 +234,7 @@ async fn settle<F: Future<Output = io::Result<()>>>(
     settled
 }
 
-fn try_read_chunk(reader: &OwnedReadHalf, buf: &mut BytesMut) -> io::Result<usize> {
+fn try_read_chunk<R: TransportRead>(reader: &R, buf: &mut BytesMut) -> io::Result<usize> {
     let mut chunk = [0u8; READ_CHUNK_BYTES];
     let n = reader.try_read(&mut chunk)?;
     buf.extend_from_slice(&chunk[..n]);
@@ -256,9 +256,9 @@ fn decode_error_reason(error: &DecodeError) -> ReasonCode {
 const TOPIC_ALIAS_PROPERTY_ID: u8 = 0x23;
 
 impl Conn {
-    async fn read_loop(
+    async fn read_loop<R: TransportRead>(
         &mut self,
-        reader: &mut OwnedReadHalf,
+        reader: &mut R,
         buf: &mut BytesMut,
         stop: &mut watch::Receiver<bool>,
     ) -> Close {
@@ -524,7 +524,11 @@ mod tests {
         let (server, peer) = listener.accept().await.unwrap();
         let broker = crate::Broker::new(crate::BrokerConfig::default()).unwrap();
         let (_tx, rx) = tokio::sync::watch::channel(false);
-        let reader = super::run(broker.shared().clone(), server, peer, rx);
+        let info = crate::transport::ConnectionInfo::new(
+            crate::transport::ListenerContext::plain_tcp("test"),
+            peer,
+        );
+        let reader = super::run(broker.shared().clone(), server, info, rx);
         let (_r, w) = client.into_split();
         let session = crate::session::Session::new("x".into(), tern_wire::Protocol::V5, 0);
         let writer = crate::outbound::run_writer(

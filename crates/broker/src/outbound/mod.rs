@@ -70,8 +70,6 @@ const HEAD_SCRATCH_BYTES: usize = 4096;
 /// Bytes taken per batch: with large payloads the packet count alone would let one batch (which
 /// is written to the end even when the connection is closing) grow to megabytes.
 pub const MAX_BATCH_BYTES: usize = 256 * 1024;
-/// Slices per `write_vectored` call (IOV_MAX is far above this everywhere we run).
-const MAX_IO_SLICES: usize = 512;
 
 /// One message on its way to one subscriber.
 #[derive(Debug, Clone)]

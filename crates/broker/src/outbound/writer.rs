@@ -1,20 +1,19 @@
 //! The writer task of a connection and its per-connection encoder state.
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use tern_wire::{Ack, Delivery, Packet, Properties, Protocol, QoS, ReasonCode, encode};
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::time::Instant;
 
+use super::Outgoing;
 use super::batch::BatchEnv;
-use super::{MAX_IO_SLICES, Outgoing};
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::session::{ConnCtl, Session};
 use crate::topic_alias::OutboundAliases;
+use crate::transport::TransportWrite;
 
 /// Per-connection encoder state of the writer.
 #[derive(Debug)]
@@ -134,12 +133,12 @@ pub fn encode_packet(packet: &Packet, protocol: Protocol, scratch: &mut BytesMut
 /// The writer task of one connection. Ends when the connection closes (after sending the
 /// final packet, if any), when the socket fails, or when the session moved to another
 /// connection and this one is closing.
-pub async fn run_writer(
+pub async fn run_writer<W: TransportWrite>(
     shared: Arc<crate::broker::Shared>,
     session: Arc<Session>,
     ctl: Arc<ConnCtl>,
     conn_gen: u64,
-    mut socket: OwnedWriteHalf,
+    mut socket: W,
     mut writer: WriterState,
 ) {
     let mut parts: Vec<Bytes> = Vec::new();
@@ -201,37 +200,15 @@ pub async fn run_writer(
     }
 }
 
-async fn write_all(
-    socket: &mut OwnedWriteHalf,
-    parts: &mut Vec<Bytes>,
+/// Writes the batch. Its bytes are counted before the write, which keeps the count out of the
+/// writer's future (every idle connection holds that future at its largest); a failed write
+/// ends the connection anyway.
+fn write_all<'a, W: TransportWrite>(
+    socket: &'a mut W,
+    parts: &'a mut Vec<Bytes>,
     metrics: &Metrics,
-) -> io::Result<()> {
-    let mut first = 0;
-    while first < parts.len() {
-        let end = parts.len().min(first + MAX_IO_SLICES);
-        let slices: Vec<IoSlice<'_>> = parts[first..end].iter().map(|b| IoSlice::new(b)).collect();
-        let mut written = socket.write_vectored(&slices).await?;
-        drop(slices);
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        Metrics::add(&metrics.bytes_sent, written as u64);
-        while written > 0 {
-            let Some(part) = parts.get_mut(first) else {
-                break;
-            };
-            if written >= part.len() {
-                written -= part.len();
-                first += 1;
-            } else {
-                part.advance(written);
-                written = 0;
-            }
-        }
-        while parts.get(first).is_some_and(|p| p.is_empty()) {
-            first += 1;
-        }
-    }
-    parts.clear();
-    Ok(())
+) -> impl std::future::Future<Output = io::Result<()>> + Send + 'a {
+    let bytes: usize = parts.iter().map(Bytes::len).sum();
+    Metrics::add(&metrics.bytes_sent, bytes as u64);
+    socket.write_parts(parts)
 }

@@ -1,0 +1,65 @@
+//! A listening socket and what turns its accepted sockets into MQTT byte streams.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{ListenerContext, StreamTransport};
+
+/// What an [`Upgrade`] made of an accepted socket.
+pub struct Upgraded {
+    pub stream: StreamTransport,
+    /// The CN of the verified client certificate, if the client sent one.
+    pub peer_cn: Option<Arc<str>>,
+}
+
+/// The future of one [`Upgrade::upgrade`].
+pub type UpgradeFuture = Pin<Box<dyn Future<Output = io::Result<Upgraded>> + Send>>;
+
+/// Turns an accepted TCP socket into the listener's stream: a TLS handshake, a WebSocket
+/// upgrade, or both. Runs in the connection's own task, within `connect_timeout_ms`.
+pub trait Upgrade: Send + Sync + 'static {
+    fn upgrade(&self, socket: TcpStream) -> UpgradeFuture;
+}
+
+/// One listening socket served by [`crate::Broker::serve_listeners`].
+pub struct Listener {
+    pub socket: TcpListener,
+    pub context: Arc<ListenerContext>,
+    /// `None`: plain TCP, served on the zero-overhead path.
+    pub upgrade: Option<Arc<dyn Upgrade>>,
+}
+
+impl Listener {
+    /// A plain TCP listener.
+    pub fn tcp(socket: TcpListener, context: Arc<ListenerContext>) -> Listener {
+        Listener {
+            socket,
+            context,
+            upgrade: None,
+        }
+    }
+}
+
+/// Polls every listener, starting after the one that accepted last (no listener starves the
+/// others): `(index, accepted)`.
+pub(crate) fn poll_accept_any(
+    listeners: &[Listener],
+    start: &mut usize,
+    cx: &mut Context<'_>,
+) -> Poll<(usize, io::Result<(TcpStream, SocketAddr)>)> {
+    let n = listeners.len();
+    for offset in 0..n {
+        let index = (*start + offset) % n;
+        if let Poll::Ready(accepted) = listeners[index].socket.poll_accept(cx) {
+            *start = (index + 1) % n;
+            return Poll::Ready((index, accepted));
+        }
+    }
+    Poll::Pending
+}
