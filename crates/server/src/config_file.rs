@@ -15,6 +15,8 @@ use toml::{Table, Value};
 #[derive(Debug, Clone)]
 pub struct FileConfig {
     pub bind: Option<String>,
+    /// `[[listener]]` tables in order (empty: the one `[listener] bind` / `--bind` listener).
+    pub listeners: Vec<crate::listeners::ListenerConfig>,
     pub broker: BrokerConfig,
     /// `[[stream]]` tables in order; empty means the default stream. When none captures
     /// every topic, the store appends the default stream after them.
@@ -30,6 +32,7 @@ impl Default for FileConfig {
     fn default() -> Self {
         FileConfig {
             bind: None,
+            listeners: Vec::new(),
             broker: BrokerConfig::default(),
             streams: Vec::new(),
             state_sync: SyncPolicy::Always,
@@ -79,6 +82,33 @@ pub fn load(path: &Path) -> Result<FileConfig, ConfigFileError> {
     parse(&text)
 }
 
+/// `[[listener]]`: each table by serde (`crate::listeners`), its problems named by position.
+fn parse_listeners(
+    items: &[Value],
+) -> Result<Vec<crate::listeners::ListenerConfig>, ConfigFileError> {
+    let mut listeners = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let position = || format!("listener #{}", index + 1);
+        let listener: crate::listeners::ListenerConfig =
+            item.clone()
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigFileError::BadValue {
+                    key: position(),
+                    table: "[listener]",
+                    reason: e.message().trim().to_string(),
+                })?;
+        listener
+            .check()
+            .map_err(|(key, reason)| ConfigFileError::BadValue {
+                key: format!("{key}` of `{}", position()),
+                table: "[listener]",
+                reason,
+            })?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
 fn get<T: DeserializeOwned>(
     value: &Value,
     key: &str,
@@ -110,6 +140,10 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
                 };
                 config.streams.push(parse_stream(table)?);
             }
+            continue;
+        }
+        if let ("listener", Value::Array(items)) = (name.as_str(), section) {
+            config.listeners = parse_listeners(items)?;
             continue;
         }
         let Value::Table(section) = section else {

@@ -1,10 +1,15 @@
-//! The `tern` binary: `tern serve` runs the broker (crate tern-broker) on a TCP listener.
+//! The `tern` binary: `tern serve` runs the broker (crate tern-broker) on its listeners.
 //! `tern bench` runs the load generator (crate tern-bench).
 //! - `cli`: the command line; `config_file`: the TOML file; `signals`: SIGINT/SIGTERM.
+//! - `listeners`: `[[listener]]` tables (TCP or WebSocket, TLS or not); `tls`: rustls configs
+//!   and their reload; `ws`: the WebSocket upgrade and byte-stream adapter.
 
 mod cli;
 mod config_file;
+mod listeners;
 mod signals;
+mod tls;
+mod ws;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -15,7 +20,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tern_broker::{Broker, DurableConfig, DurableStore, SessionLimits};
-use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command, ServeArgs};
@@ -58,11 +62,25 @@ fn serve(args: ServeArgs) -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let bind = args
-        .bind
-        .clone()
-        .or(file.bind.clone())
-        .unwrap_or_else(|| DEFAULT_BIND.to_string());
+    let mut listener_configs = file.listeners.clone();
+    if listener_configs.is_empty() {
+        let bind = file
+            .bind
+            .clone()
+            .unwrap_or_else(|| DEFAULT_BIND.to_string());
+        listener_configs.push(listeners::ListenerConfig::plain(bind));
+    }
+    if let Some(bind) = &args.bind {
+        // `--bind` replaces the first listener's address.
+        listener_configs[0].bind = bind.clone();
+    }
+    let prepared = match listeners::prepare(&listener_configs) {
+        Ok(prepared) => prepared,
+        Err((listener, error)) => {
+            eprintln!("error: listener {listener}: {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let mut file = file;
     if file.streams.is_empty() {
         file.streams.push(tern_broker::StreamSpec::default_stream());
@@ -76,7 +94,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     }
-    match run(&bind, &args.data_dir, file) {
+    match run(prepared, &args.data_dir, file) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
@@ -85,7 +103,11 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-fn run(bind: &str, data_dir: &Path, file: config_file::FileConfig) -> anyhow::Result<()> {
+fn run(
+    prepared: Vec<listeners::Prepared>,
+    data_dir: &Path,
+    file: config_file::FileConfig,
+) -> anyhow::Result<()> {
     let store = DurableStore::open(
         data_dir,
         DurableConfig {
@@ -108,17 +130,22 @@ fn run(bind: &str, data_dir: &Path, file: config_file::FileConfig) -> anyhow::Re
     runtime.block_on(async {
         let broker = Broker::with_store(file.broker, store).context("invalid limits")?;
         let shutdown = signals::install().context("cannot install signal handlers")?;
-        let listener = TcpListener::bind(bind)
-            .await
-            .with_context(|| format!("cannot listen on {bind}"))?;
-        let local = listener.local_addr().context("listener has no address")?;
+        listeners::reload_on_sighup(listeners::CertReloader::new(&prepared))
+            .context("cannot install the SIGHUP handler")?;
+        let max_packet_size = broker.shared().config.max_packet_size_bytes;
+        let listeners = listeners::bind(prepared, max_packet_size).await?;
         {
+            // One line per listener, in config order: the first line is the first listener.
             let mut stdout = std::io::stdout().lock();
-            writeln!(stdout, "tern listening on {local}").context("stdout")?;
+            for listener in &listeners {
+                let local = listener.socket.local_addr().context("listener has no address")?;
+                writeln!(stdout, "tern listening on {local}").context("stdout")?;
+                let context = &listener.context;
+                tracing::info!(%local, transport = ?context.transport, tls = context.tls, "listening");
+            }
             stdout.flush().context("stdout")?;
         }
-        tracing::info!(%local, "listening");
-        broker.serve(listener, shutdown).await?;
+        broker.serve_listeners(listeners, shutdown).await?;
         tracing::info!("stopped");
         Ok(())
     })

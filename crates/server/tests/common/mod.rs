@@ -12,9 +12,11 @@
 //!   Its stderr (the broker's logs) goes to a file that is printed when a test fails.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod durable;
 pub mod raw;
 pub mod rumq;
+pub mod tools;
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -45,6 +47,8 @@ pub struct Broker {
     config_toml: String,
     /// Extra arguments after `serve` instead of the default `--bind 127.0.0.1:0`.
     bind_args: Vec<String>,
+    /// The `tern listening on` lines after the first (one per further listener).
+    more_listeners: Option<mpsc::Receiver<String>>,
 }
 
 impl Broker {
@@ -68,6 +72,7 @@ impl Broker {
             dir,
             config_toml: config_toml.to_owned(),
             bind_args: args.iter().map(|a| a.to_string()).collect(),
+            more_listeners: None,
         };
         broker.spawn();
         broker
@@ -125,14 +130,10 @@ impl Broker {
         std::thread::spawn(move || {
             let mut reader = BufReader::new(stdout);
             let mut line = String::new();
-            let mut sent = false;
-            // Keep draining after the first line so the broker never blocks on a full pipe.
+            // Keep draining so the broker never blocks on a full pipe.
             while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-                if !sent {
-                    if let Some(rest) = line.trim().strip_prefix("tern listening on ") {
-                        let _ = tx.send(rest.to_owned());
-                        sent = true;
-                    }
+                if let Some(rest) = line.trim().strip_prefix("tern listening on ") {
+                    let _ = tx.send(rest.to_owned());
                 }
                 line.clear();
             }
@@ -142,7 +143,8 @@ impl Broker {
             Ok(addr) => {
                 self.addr = addr.parse().unwrap_or_else(|e| {
                     panic!("`tern listening on {addr}`: not a socket address: {e}")
-                })
+                });
+                self.more_listeners = Some(rx);
             }
             Err(_) => {
                 let status = self
@@ -155,6 +157,20 @@ impl Broker {
                 );
             }
         }
+    }
+
+    /// The addresses of the first `n` listeners, in config order (one `tern listening on`
+    /// line each; the first is [`Broker::addr`]).
+    pub fn listener_addrs(&mut self, n: usize) -> Vec<SocketAddr> {
+        let mut addrs = vec![self.addr];
+        let rx = self.more_listeners.as_ref().expect("started");
+        while addrs.len() < n {
+            let line = rx
+                .recv_timeout(START_TIMEOUT)
+                .unwrap_or_else(|_| panic!("only {} listener line(s)", addrs.len()));
+            addrs.push(line.parse().expect("a socket address"));
+        }
+        addrs
     }
 
     pub fn port(&self) -> u16 {

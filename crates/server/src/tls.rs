@@ -1,0 +1,218 @@
+//! TLS for listeners (rustls): certificates and keys from PEM files, optional client
+//! certificates, and the reload that swaps a listener's config while it serves.
+//!
+//! # Invariants
+//! - A reload either replaces a listener's whole config (certificate, key and client CA read
+//!   and checked together) or leaves it as it was: a bad file never takes TLS down.
+//! - Handshakes take the config current when they start; connections already up keep theirs.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rustls::RootCertStore;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ServerConfig, WebPkiClientVerifier};
+
+/// A TLS setup that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: no PEM certificate found")]
+    NoCertificate { path: PathBuf },
+    #[error("{path}: no PEM private key found (PKCS#8, PKCS#1 or SEC1)")]
+    NoKey { path: PathBuf },
+    #[error("{path}: bad client CA certificate: {reason}")]
+    BadCa { path: PathBuf, reason: String },
+    #[error("certificate {cert} and key {key} do not make a TLS config: {reason}")]
+    Config {
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+}
+
+/// The files of one TLS listener.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+    pub require_client_cert: bool,
+}
+
+/// One listener's TLS config, replaceable while it serves.
+pub struct TlsState {
+    files: TlsFiles,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+impl TlsState {
+    pub fn load(files: TlsFiles) -> Result<TlsState, TlsError> {
+        let config = build(&files)?;
+        Ok(TlsState {
+            files,
+            current: RwLock::new(config),
+        })
+    }
+
+    /// The config for a handshake starting now.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        self.current.read().clone()
+    }
+
+    /// Re-reads the files and swaps the config in; on error the old one stays.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let config = build(&self.files)?;
+        *self.current.write() = config;
+        Ok(())
+    }
+}
+
+fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let certs = read_certs(&files.cert)?;
+    let key = read_key(&files.key)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config_error = |reason: String| TlsError::Config {
+        cert: files.cert.clone(),
+        key: files.key.clone(),
+        reason,
+    };
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| config_error(e.to_string()))?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for cert in read_certs(path)? {
+                roots.add(cert).map_err(|e| TlsError::BadCa {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if files.require_client_cert {
+                verifier
+            } else {
+                verifier.allow_unauthenticated()
+            };
+            let verifier = verifier.build().map_err(|e| TlsError::BadCa {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| config_error(e.to_string()))?;
+    Ok(Arc::new(config))
+}
+
+fn open(path: &Path) -> Result<BufReader<File>, TlsError> {
+    File::open(path)
+        .map(BufReader::new)
+        .map_err(|source| TlsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = rustls_pemfile::certs(&mut open(path)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| TlsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    rustls_pemfile::private_key(&mut open(path)?)
+        .map_err(|source| TlsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .ok_or_else(|| TlsError::NoKey {
+            path: path.to_path_buf(),
+        })
+}
+
+/// The Common Name of a (verified) client certificate, for `use_identity_as_username`.
+pub fn common_name(cert: &CertificateDer<'_>) -> Option<Arc<str>> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let cn = parsed.subject().iter_common_name().next()?.as_str().ok()?;
+    Some(cn.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn bad_files_are_named_and_a_failed_reload_keeps_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let cert_path = write(dir.path(), "c.pem", &cert.pem());
+        let key_path = write(dir.path(), "k.pem", &key.serialize_pem());
+        let files = TlsFiles {
+            cert: cert_path.clone(),
+            key: key_path.clone(),
+            client_ca: None,
+            require_client_cert: false,
+        };
+        let state = TlsState::load(files.clone()).unwrap();
+        let before = state.current();
+        std::fs::write(&key_path, "not a key").unwrap();
+        let error = state.reload().unwrap_err();
+        assert!(matches!(error, TlsError::NoKey { .. }), "{error}");
+        assert!(
+            Arc::ptr_eq(&before, &state.current()),
+            "kept the old config"
+        );
+
+        let missing = TlsFiles {
+            key: dir.path().join("missing.pem"),
+            ..files.clone()
+        };
+        let error = TlsState::load(missing).err().unwrap();
+        assert!(error.to_string().contains("missing.pem"), "{error}");
+        let garbage = TlsFiles {
+            cert: write(dir.path(), "g.pem", "-----BEGIN CERTIFICATE-----\nnope\n"),
+            ..files
+        };
+        assert!(TlsState::load(garbage).is_err());
+    }
+
+    #[test]
+    fn common_name_of_a_certificate() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "sensor-7");
+        let cert = params.self_signed(&key).unwrap();
+        assert_eq!(common_name(cert.der()).as_deref(), Some("sensor-7"));
+    }
+}

@@ -1,0 +1,60 @@
+//! Test PKI made at test time (rcgen): a CA, a server certificate for 127.0.0.1 and
+//! localhost, and a client certificate with a CN. No private key is committed.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+/// The files of one test PKI, in the directory it was made in.
+pub struct Pki {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+/// Makes a CA (named `name`), a server certificate and a client certificate whose CN is
+/// `client_cn`, as PEM files under `dir` (file names start with `name`).
+pub fn make(dir: &Path, name: &str, client_cn: &str) -> Pki {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, format!("{name} test CA"));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+
+    let mut server_params =
+        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+    server_params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server_key = KeyPair::generate().unwrap();
+    let server = server_params.signed_by(&server_key, &ca).unwrap();
+
+    let mut client_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client_params
+        .distinguished_name
+        .push(DnType::CommonName, client_cn);
+    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_key = KeyPair::generate().unwrap();
+    let client = client_params.signed_by(&client_key, &ca).unwrap();
+
+    let write = |suffix: &str, text: String| {
+        let path = dir.join(format!("{name}-{suffix}.pem"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    Pki {
+        ca: write("ca", ca.pem()),
+        server_cert: write("server", server.pem()),
+        server_key: write("server-key", server_key.serialize_pem()),
+        client_cert: write("client", client.pem()),
+        client_key: write("client-key", client_key.serialize_pem()),
+    }
+}
