@@ -126,3 +126,81 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsStream<S> {
             .map_err(io::Error::other)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    const UPGRADE: &str = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\nHost: x\r\n\r\n";
+
+    /// A client binary frame (masked with a zero key, which leaves the payload as it is).
+    fn frame(payload: &[u8]) -> Vec<u8> {
+        assert!(payload.len() < 126);
+        let mut out = vec![0x82, 0x80 | payload.len() as u8, 0, 0, 0, 0];
+        out.extend_from_slice(payload);
+        out
+    }
+
+    async fn read_response(client: &mut DuplexStream) -> String {
+        let mut response = Vec::new();
+        while !response.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            client.read_exact(&mut byte).await.unwrap();
+            response.push(byte[0]);
+        }
+        String::from_utf8(response).unwrap()
+    }
+
+    #[tokio::test]
+    async fn packets_span_frames_and_frames_hold_several_packets() {
+        let (server, mut client) = tokio::io::duplex(4096);
+        let accepting = tokio::spawn(accept(server, 1024));
+        client
+            .write_all(format!("GET /mqtt HTTP/1.1\r\n{UPGRADE}").as_bytes())
+            .await
+            .unwrap();
+        let response = read_response(&mut client).await;
+        assert!(response.starts_with("HTTP/1.1 101"), "{response}");
+        assert!(
+            response
+                .to_lowercase()
+                .contains("sec-websocket-protocol: mqtt"),
+            "{response}"
+        );
+        let mut stream = accepting.await.unwrap().unwrap();
+        // MQTT-6.0.0-2: a PINGREQ split over two frames, then one frame with two PINGREQs.
+        let bytes = [0xc0, 0x00, 0xc0, 0x00, 0xc0, 0x00];
+        client.write_all(&frame(&bytes[..1])).await.unwrap();
+        client.write_all(&frame(&bytes[1..2])).await.unwrap();
+        client.write_all(&frame(&bytes[2..])).await.unwrap();
+        let mut read = [0u8; 6];
+        stream.read_exact(&mut read).await.unwrap();
+        assert_eq!(read, bytes);
+        // A write leaves as one binary frame.
+        stream.write_all(&[0xd0, 0x00]).await.unwrap();
+        stream.flush().await.unwrap();
+        let mut header = [0u8; 4];
+        client.read_exact(&mut header).await.unwrap();
+        assert_eq!(header, [0x82, 0x02, 0xd0, 0x00]);
+        // MQTT-6.0.0-1: a text frame ends the connection.
+        client
+            .write_all(&[0x81, 0x81, 0, 0, 0, 0, b'x'])
+            .await
+            .unwrap();
+        assert!(stream.read(&mut read).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn other_paths_are_refused() {
+        let (server, mut client) = tokio::io::duplex(4096);
+        let accepting = tokio::spawn(accept(server, 1024));
+        client
+            .write_all(format!("GET /other HTTP/1.1\r\n{UPGRADE}").as_bytes())
+            .await
+            .unwrap();
+        let _ = read_response(&mut client).await;
+        let error = accepting.await.unwrap().err().unwrap();
+        assert!(error.to_string().contains("/other"), "{error}");
+    }
+}
