@@ -11,7 +11,9 @@
 #   REPEATS=3                          repetitions of the whole matrix (median is reported)
 #   RETRIES=2                          extra attempts for a cell that could not run (exit 2)
 #   BROKERS="tern mosquitto nats rumqttd"
-#   CELLS="q0 q1w1 q1w256 q2w1 q2w256 fanout conns"
+#   CELLS="q0 q1w1 q1w256 q2w1 q2w256 fanout conns tls_q1w256 tls_conns"
+#                                      tls_*: tern and mosquitto over TLS (certificates made by
+#                                      openssl for the run, in the work directory)
 #   NO_INSTALL=1                       fail instead of installing missing brokers
 #   NO_REPORT=1                        only collect bench/results/*.jsonl
 #   NO_BUILD=1                         use the tern and tern-bench already in CARGO_TARGET_DIR
@@ -25,7 +27,7 @@ RESULTS="$BENCH/results"
 REPEATS=${REPEATS:-3}
 RETRIES=${RETRIES:-2}
 BROKERS=${BROKERS:-"tern mosquitto nats rumqttd"}
-CELLS=${CELLS:-"q0 q1w1 q1w256 q2w1 q2w256 fanout conns"}
+CELLS=${CELLS:-"q0 q1w1 q1w256 q2w1 q2w256 fanout conns tls_q1w256 tls_conns"}
 RUMQTTD_VERSION=0.20.0
 
 need_nofile "$(ulimit -Hn)"
@@ -61,11 +63,38 @@ fi
 
 # ---- brokers ---------------------------------------------------------------------------------
 init_work
+make_tls
 
+# port_of NAME [CELL]: the broker's plain port, or its TLS port for a tls_* cell.
 port_of() {
-  case $1 in
-    tern) echo 18832 ;; mosquitto) echo 18831 ;; rumqttd) echo 18833 ;; nats) echo 18835 ;;
+  case "$1:${2:-}" in
+    tern:tls_*) echo 18842 ;; mosquitto:tls_*) echo 18841 ;;
+    tern:*) echo 18832 ;; mosquitto:*) echo 18831 ;; rumqttd:*) echo 18833 ;; nats:*) echo 18835 ;;
   esac
+}
+
+# A throwaway CA and server certificate for 127.0.0.1, made for this run (never committed).
+# The key is world-readable because mosquitto, started as root, drops to its own user.
+make_tls() {
+  local d="$WORK/tls"
+  mkdir -p "$d" && chmod 755 "$WORK" "$d"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -keyout "$d/ca.key" -out "$d/ca.pem" -subj "/CN=tern bench CA" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$d/server.key" -out "$d/server.csr" -subj "/CN=localhost" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$d/ext.cnf"
+  openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+    -out "$d/server.pem" -days 2 -extfile "$d/ext.cnf" 2>/dev/null
+  chmod 644 "$d/server.key"
+  # The brokers' configs plus a TLS listener each.
+  { cat "$CONFIGS/tern.toml"
+    printf '\n[[listener]]\nbind = "127.0.0.1:%s"\ntls_cert = "%s"\ntls_key = "%s"\n' \
+      "$(port_of tern tls_)" "$d/server.pem" "$d/server.key"
+  } >"$WORK/tern.toml"
+  { cat "$CONFIGS/mosquitto.conf"
+    printf '\nlistener %s 127.0.0.1\ncafile %s\ncertfile %s\nkeyfile %s\n' \
+      "$(port_of mosquitto tls_)" "$d/ca.pem" "$d/server.pem" "$d/server.key"
+  } >"$WORK/mosquitto.conf"
 }
 
 version_of() {
@@ -89,10 +118,10 @@ launch_broker() {
   case $name in
     tern)
       rm -rf "$WORK/tern-data"
-      "$TERN" serve --config "$CONFIGS/tern.toml" --data-dir "$WORK/tern-data" --log warn >"$logf" 2>&1 &
+      "$TERN" serve --config "$WORK/tern.toml" --data-dir "$WORK/tern-data" --log warn >"$logf" 2>&1 &
       ;;
     mosquitto)
-      mosquitto -c "$CONFIGS/mosquitto.conf" >"$logf" 2>&1 &
+      mosquitto -c "$WORK/mosquitto.conf" >"$logf" 2>&1 &
       ;;
     nats)
       rm -rf "$WORK/nats-store" && mkdir -p "$WORK/nats-store"
@@ -117,12 +146,15 @@ cell_args() {
     q2w256) echo "pubsub --qos 2 --window 256 -n 150000" ;;
     fanout) echo "fanout --qos 0 --subscribers 1000 -n 500" ;;
     conns) echo "conns -n 10000 --first-source 127.0.1.1 --per-source 2500 --hold-s 2 --connect-concurrency 128" ;;
+    # TLS (tern and mosquitto): QoS 1 window 256; connect rate and memory per idle connection.
+    tls_q1w256) echo "pubsub --qos 1 --window 256 -n 300000 --tls-ca $WORK/tls/ca.pem" ;;
+    tls_conns) echo "conns -n 5000 --first-source 127.0.1.1 --per-source 2500 --hold-s 2 --connect-concurrency 128 --tls-ca $WORK/tls/ca.pem" ;;
   esac
 }
 
 supports() {
-  # nats-server's MQTT has no QoS 2.
-  case "$1:$2" in nats:q2*) return 1 ;; esac
+  # nats-server's MQTT has no QoS 2; the TLS cells compare tern and mosquitto only.
+  case "$1:$2" in nats:q2* | nats:tls_* | rumqttd:tls_*) return 1 ;; esac
   return 0
 }
 

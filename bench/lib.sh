@@ -93,7 +93,7 @@ start_broker() {
 run_cell() {
   set +e
   # shellcheck disable=SC2046
-  report=$("$TB" $(cell_args "$2") --port "$(port_of "$1")" --broker-pid "$BROKER_PID" \
+  report=$("$TB" $(cell_args "$2") --port "$(port_of "$1" "$2")" --broker-pid "$BROKER_PID" \
     --json --quiet --timeout-s "$3" 2>"$WORK/err")
   code=$?
   set -e

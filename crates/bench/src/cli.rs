@@ -92,6 +92,13 @@ pub struct Common {
     /// Prefix of client ids and topics (a random suffix per run keeps runs apart).
     #[arg(long, default_value = "tern-bench")]
     pub prefix: String,
+    /// Connect with TLS (mqtts), trusting the CA certificates in this PEM file. The server
+    /// name checked is --tls-server-name, or --host.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The name the server certificate must carry (default: --host; an IP address works).
+    #[arg(long, requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, clap::Args)]

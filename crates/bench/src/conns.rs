@@ -44,6 +44,7 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
         .broker_pid
         .and_then(|pid| rss_bytes(Target::Pid(pid)));
     let cpu = CpuMark::now(common.broker_pid);
+    let tls = crate::tls::TlsClient::from_args(common)?;
     let limit = Arc::new(Semaphore::new(common.connect_concurrency.max(1)));
     let done = Arc::new(AtomicU64::new(0));
     progress.counter("connected", u64::from(args.connections), done.clone());
@@ -52,6 +53,7 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
     let mut tasks = JoinSet::new();
     for index in 0..args.connections {
         let limit = limit.clone();
+        let tls = tls.clone();
         let done = done.clone();
         let client_id = format!("{}-{tag}-c{index}", common.prefix);
         let source = IpAddr::V4(source_for(args.first_source, args.per_source, index));
@@ -66,6 +68,7 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
                 client_id: &client_id,
                 keep_alive_s,
                 persistent,
+                tls,
             };
             let result = connect(&options).await;
             done.fetch_add(1, Ordering::Relaxed);

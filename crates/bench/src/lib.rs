@@ -23,6 +23,7 @@ pub mod procfs;
 pub mod progress;
 pub mod report;
 pub mod stats;
+pub mod tls;
 pub mod traffic;
 
 use std::process::ExitCode;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use tern_wire::{Packet, QoS};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::checker::{Counts, StreamCheck};
@@ -30,6 +30,7 @@ use crate::mqtt::{
 };
 use crate::payload::Header;
 use crate::stats::Latency;
+use crate::tls::BenchStream;
 
 /// A publisher stops filling its write buffer at this size and waits for the socket.
 pub const OUT_HIGH_WATER_BYTES: usize = 64 * 1024;
@@ -135,7 +136,6 @@ pub async fn run_publisher(
     clock: Clock,
     shared: Arc<Shared>,
 ) -> Result<PublisherResult, MqttError> {
-    let qos = plan.qos;
     let window = match conn.limits.receive_maximum {
         Some(max) => plan.window.min(u32::from(max)),
         None => plan.window,
@@ -143,12 +143,59 @@ pub async fn run_publisher(
     .max(1);
     let pubrel = AckTemplate::new(conn.protocol, AckKind::PubRel)?;
     let Conn {
-        mut stream,
-        mut inbuf,
+        stream,
+        inbuf,
         protocol,
         ..
     } = conn;
-    let (mut reader, mut writer) = stream.split();
+    let env = PublisherEnv {
+        window,
+        pubrel,
+        protocol,
+        plan,
+        clock,
+        shared,
+    };
+    match stream {
+        BenchStream::Tcp(mut tcp) => {
+            let (reader, writer) = tcp.split();
+            publish_on(reader, writer, inbuf, env).await
+        }
+        BenchStream::Tls(tls) => {
+            let (reader, writer) = tokio::io::split(*tls);
+            publish_on(reader, writer, inbuf, env).await
+        }
+    }
+}
+
+/// What [`publish_on`] needs besides the socket halves.
+struct PublisherEnv {
+    window: u32,
+    pubrel: AckTemplate,
+    protocol: tern_wire::Protocol,
+    plan: PublisherPlan,
+    clock: Clock,
+    shared: Arc<Shared>,
+}
+
+/// The publisher's loop on either transport (plain TCP keeps its borrowed split halves).
+async fn publish_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    mut reader: R,
+    mut writer: W,
+    mut inbuf: BytesMut,
+    env: PublisherEnv,
+) -> Result<PublisherResult, MqttError> {
+    let PublisherEnv {
+        window,
+        pubrel,
+        protocol,
+        plan,
+        clock,
+        shared,
+    } = env;
+    let qos = plan.qos;
+    // TLS buffers what a write could not send yet: flushed once `out` is empty.
+    let mut unflushed = false;
     let template = &plan.template;
     let mut since_ns = if qos == Qos::AtMostOnce {
         Vec::new()
@@ -231,8 +278,12 @@ pub async fn run_publisher(
         };
         let event = tokio::select! {
             read = reader.read_buf(&mut inbuf) => Event::Read(read?),
-            written = writer.write(&out), if !out.is_empty() => Event::Wrote(written?),
-            _ = wake, if out.is_empty() => Event::Wake,
+            // One arm for both: they borrow the writer. A flush is a no-op on plain TCP.
+            io = write_or_flush(&mut writer, &out), if !out.is_empty() || unflushed => match io? {
+                Some(written) => Event::Wrote(written),
+                None => Event::Flushed(()),
+            },
+            _ = wake, if out.is_empty() && !unflushed => Event::Wake,
         };
         match event {
             Event::Read(0) => return Err(MqttError::Closed),
@@ -277,7 +328,11 @@ pub async fn run_publisher(
                         .fetch_add(result.acked - acked_before, Ordering::Relaxed);
                 }
             }
-            Event::Wrote(written) => consume(&mut out, written),
+            Event::Wrote(written) => {
+                consume(&mut out, written);
+                unflushed = true;
+            }
+            Event::Flushed(()) => unflushed = false,
             Event::Wake => {}
         }
     }
@@ -300,7 +355,20 @@ fn make_read_room(inbuf: &mut BytesMut) {
 enum Event {
     Read(usize),
     Wrote(usize),
+    Flushed(()),
     Wake,
+}
+
+/// Writes from `out` (`Some(bytes written)`), or flushes when it is empty (`None`).
+async fn write_or_flush<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    out: &[u8],
+) -> std::io::Result<Option<usize>> {
+    if out.is_empty() {
+        writer.flush().await.map(|()| None)
+    } else {
+        writer.write(out).await.map(Some)
+    }
 }
 
 fn consume(out: &mut BytesMut, written: usize) {
@@ -333,18 +401,65 @@ pub async fn run_subscriber(
     qos: Qos,
     clock: Clock,
     shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<SubscriberResult, MqttError> {
     let puback = AckTemplate::new(conn.protocol, AckKind::PubAck)?;
     let pubrec = AckTemplate::new(conn.protocol, AckKind::PubRec)?;
     let pubcomp = AckTemplate::new(conn.protocol, AckKind::PubComp)?;
     let Conn {
-        mut stream,
-        mut inbuf,
+        stream,
+        inbuf,
         protocol,
         ..
     } = conn;
-    let (mut reader, mut writer) = stream.split();
+    let env = SubscriberEnv {
+        acks: [puback, pubrec, pubcomp],
+        protocol,
+        plan,
+        qos,
+        clock,
+        shared,
+    };
+    match stream {
+        BenchStream::Tcp(mut tcp) => {
+            let (reader, writer) = tcp.split();
+            subscribe_on(reader, writer, inbuf, env, stop).await
+        }
+        BenchStream::Tls(tls) => {
+            let (reader, writer) = tokio::io::split(*tls);
+            subscribe_on(reader, writer, inbuf, env, stop).await
+        }
+    }
+}
+
+/// What [`subscribe_on`] needs besides the socket halves.
+struct SubscriberEnv {
+    /// PUBACK, PUBREC, PUBCOMP.
+    acks: [AckTemplate; 3],
+    protocol: tern_wire::Protocol,
+    plan: SubscriberPlan,
+    qos: Qos,
+    clock: Clock,
+    shared: Arc<Shared>,
+}
+
+/// The subscriber's loop on either transport.
+async fn subscribe_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    mut reader: R,
+    mut writer: W,
+    mut inbuf: BytesMut,
+    env: SubscriberEnv,
+    mut stop: watch::Receiver<bool>,
+) -> Result<SubscriberResult, MqttError> {
+    let SubscriberEnv {
+        acks: [puback, pubrec, pubcomp],
+        protocol,
+        plan,
+        qos,
+        clock,
+        shared,
+    } = env;
+    let mut unflushed = false;
     let mut checks: Vec<StreamCheck> = (0..plan.publishers)
         .map(|_| StreamCheck::new(plan.messages_per_publisher))
         .collect();
@@ -361,7 +476,11 @@ pub async fn run_subscriber(
         make_read_room(&mut inbuf);
         let event = tokio::select! {
             read = reader.read_buf(&mut inbuf) => Event::Read(read?),
-            written = writer.write(&out), if !out.is_empty() => Event::Wrote(written?),
+            // One arm for both: they borrow the writer. A flush is a no-op on plain TCP.
+            io = write_or_flush(&mut writer, &out), if !out.is_empty() || unflushed => match io? {
+                Some(written) => Event::Wrote(written),
+                None => Event::Flushed(()),
+            },
             _ = stop.changed() => break,
         };
         match event {
@@ -412,7 +531,11 @@ pub async fn run_subscriber(
                         .fetch_add(result.deliveries - deliveries_before, Ordering::Relaxed);
                 }
             }
-            Event::Wrote(written) => consume(&mut out, written),
+            Event::Wrote(written) => {
+                consume(&mut out, written);
+                unflushed = true;
+            }
+            Event::Flushed(()) => unflushed = false,
             Event::Wake => {}
         }
     }

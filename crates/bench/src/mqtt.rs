@@ -18,9 +18,10 @@ use tern_wire::{
 };
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpSocket;
 
 use crate::cli::{ProtocolArg, Qos};
+use crate::tls::{BenchStream, TlsClient};
 
 /// Largest packet we accept from a broker.
 pub const MAX_PACKET_BYTES: u32 = 256 * 1024 * 1024;
@@ -113,7 +114,7 @@ pub struct ServerLimits {
 
 /// A connected client.
 pub struct Conn {
-    pub stream: TcpStream,
+    pub stream: BenchStream,
     pub inbuf: BytesMut,
     pub protocol: Protocol,
     pub limits: ServerLimits,
@@ -128,12 +129,14 @@ pub struct ConnectOptions<'a> {
     pub keep_alive_s: u16,
     /// Clean start 0 (v5: session expiry 1 h) instead of a clean session.
     pub persistent: bool,
+    /// TLS (`--tls-ca`), or plain TCP.
+    pub tls: Option<TlsClient>,
 }
 
 /// Session Expiry Interval a persistent bench client asks for (v5).
 const PERSISTENT_SESSION_EXPIRY_S: u32 = 3600;
 
-/// Opens TCP, sends CONNECT, waits for a successful CONNACK.
+/// Opens TCP (and TLS), sends CONNECT, waits for a successful CONNACK.
 pub async fn connect(options: &ConnectOptions<'_>) -> Result<Conn, MqttError> {
     let socket = match options.addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
@@ -144,6 +147,16 @@ pub async fn connect(options: &ConnectOptions<'_>) -> Result<Conn, MqttError> {
     }
     let stream = socket.connect(options.addr).await?;
     stream.set_nodelay(true)?;
+    let stream = match &options.tls {
+        None => BenchStream::Tcp(stream),
+        Some(tls) => {
+            let handshake = tls.handshake(stream);
+            let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+                .await
+                .map_err(|_| MqttError::Timeout("TLS handshake"))??;
+            BenchStream::Tls(Box::new(tls))
+        }
+    };
     let mut properties = Properties::default();
     if options.protocol.is_v5() {
         // Let the broker send as much as it wants: the load loops ack everything at once.
@@ -191,6 +204,7 @@ impl Conn {
         let mut out = BytesMut::new();
         tern_wire::encode(packet, self.protocol, &mut out)?;
         self.stream.write_all(&out).await?;
+        self.stream.flush().await?;
         Ok(())
     }
 

@@ -99,6 +99,7 @@ async fn connect_many(
     ids: Vec<String>,
     subscribe_to: Option<(Vec<String>, Qos)>,
 ) -> anyhow::Result<Vec<Conn>> {
+    let tls = crate::tls::TlsClient::from_args(common)?;
     let limit = Arc::new(Semaphore::new(common.connect_concurrency.max(1)));
     let protocol = common.protocol.wire();
     let persistent = common.persistent;
@@ -106,6 +107,7 @@ async fn connect_many(
     let mut tasks = JoinSet::new();
     for (index, client_id) in ids.into_iter().enumerate() {
         let limit = limit.clone();
+        let tls = tls.clone();
         let subscribe_to = subscribe_to.clone();
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await;
@@ -116,6 +118,7 @@ async fn connect_many(
                 client_id: &client_id,
                 keep_alive_s: TRAFFIC_KEEP_ALIVE_S,
                 persistent,
+                tls,
             };
             let mut conn = connect(&options)
                 .await

@@ -187,7 +187,7 @@ impl Broker {
         peer: SocketAddr,
         stop: &watch::Receiver<bool>,
     ) {
-        let Some(slot) = listener.context.admit() else {
+        let Ok(slot) = listener.context.admit() else {
             let refused = Metrics::add_get(&self.shared.metrics.connections_refused_listener, 1);
             if refused.is_power_of_two() {
                 tracing::warn!(
@@ -204,10 +204,14 @@ impl Broker {
         let mut info = ConnectionInfo::new(listener.context.clone(), peer);
         let mut stop = stop.clone();
         let Some(upgrade) = listener.upgrade.clone() else {
-            connections.spawn(async move {
-                let _slot = slot;
-                crate::connection::run(shared, socket, info, stop).await;
-            });
+            match slot {
+                // The plain path: the task is the connection's future, nothing around it.
+                None => connections.spawn(crate::connection::run(shared, socket, info, stop)),
+                Some(slot) => connections.spawn(async move {
+                    let _slot = slot;
+                    crate::connection::run(shared, socket, info, stop).await;
+                }),
+            };
             return;
         };
         connections.spawn(async move {

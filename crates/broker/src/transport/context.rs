@@ -55,21 +55,31 @@ impl ListenerContext {
         Arc::new(ListenerContext::new(0, name, TransportKind::Tcp))
     }
 
-    /// Connections open on this listener now.
+    /// Connections open on this listener now (counted only when it has `max_connections`).
     pub fn open_connections(&self) -> usize {
         self.open.load(Ordering::Relaxed)
     }
 
-    /// Takes one of the listener's places; `None` when `max_connections` are open.
-    pub(crate) fn admit(self: &Arc<Self>) -> Option<ListenerSlot> {
+    /// Takes one of the listener's places: `Err` when `max_connections` are open, `Ok(None)`
+    /// when the listener has no limit (nothing is counted, and the connection's task carries
+    /// no slot: an idle plain TCP connection stays as small as it was before listeners had
+    /// limits).
+    pub(crate) fn admit(self: &Arc<Self>) -> Result<Option<ListenerSlot>, Full> {
+        let Some(max) = self.max_connections else {
+            return Ok(None);
+        };
         let n = self.open.fetch_add(1, Ordering::Relaxed) + 1;
         let slot = ListenerSlot(self.clone());
-        match self.max_connections {
-            Some(max) if n > max => None, // the slot's drop gives the place back
-            _ => Some(slot),
+        if n > max {
+            return Err(Full); // the slot's drop gives the place back
         }
+        Ok(Some(slot))
     }
 }
+
+/// The listener holds its `max_connections`.
+#[derive(Debug)]
+pub(crate) struct Full;
 
 /// A place on a listener, held from accept until the connection ends.
 pub(crate) struct ListenerSlot(Arc<ListenerContext>);
