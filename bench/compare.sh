@@ -63,7 +63,6 @@ fi
 
 # ---- brokers ---------------------------------------------------------------------------------
 init_work
-make_tls
 
 # port_of NAME [CELL]: the broker's plain port, or its TLS port for a tls_* cell.
 port_of() {
@@ -96,6 +95,7 @@ make_tls() {
       "$(port_of mosquitto tls_)" "$d/ca.pem" "$d/server.pem" "$d/server.key"
   } >"$WORK/mosquitto.conf"
 }
+make_tls
 
 version_of() {
   case $1 in

@@ -26,6 +26,8 @@ CELLS = {
     "q2w256": "QoS 2, window 256",
     "fanout": "fan-out 1 → 1,000 subs, QoS 0",
     "conns": "10,000 idle connections",
+    "tls_q1w256": "TLS, QoS 1, window 256",
+    "tls_conns": "TLS, 5,000 idle connections",
 }
 TRAFFIC = ["q0", "q1w1", "q1w256", "q2w1", "q2w256", "fanout"]
 
@@ -150,6 +152,13 @@ def build(brokers, machine, runs):
     lines.append(row("broker memory per connection, bytes", "conns", lambda r: r["broker_bytes_per_connection"], fmt_int, False))
     lines.append(row("broker RSS with 10,000 connections, MiB", "conns",
                      lambda r: r["broker_rss_after_bytes"] / 1048576, lambda v: "—" if v is None else f"{v:.1f}", False))
+    if any(cell.startswith("tls_") for (_, cell) in runs):
+        lines += ["", "**TLS** (Tern and mosquitto; TLS 1.3, ECDSA P-256 server certificate made for the run; "
+                  "the other brokers are n/a)", "", header, rule]
+        lines.append(row(CELLS["tls_q1w256"], "tls_q1w256", lambda r: r["delivered_per_s"], fmt_int))
+        lines.append(row("TLS connects per second", "tls_conns", lambda r: r["connects_per_s"], fmt_int))
+        lines.append(row("broker memory per idle TLS connection, bytes", "tls_conns",
+                         lambda r: r["broker_bytes_per_connection"], fmt_int, False))
     lines += ["", "**End-to-end latency at window 1** (p50 / p99; closed loop, one message in flight)", "", header, rule]
     for cell in ["q1w1", "q2w1"]:
         def latency_text(broker, cell=cell):

@@ -25,14 +25,30 @@ pub enum Command {
 /// The config file keys, shown by `tern serve --help`.
 const CONFIG_HELP: &str = "\
 Config file keys (TOML, all optional; defaults shown):
-  [listener]
+  [listener]                              one plain TCP listener (or use [[listener]] tables)
     bind = \"127.0.0.1:1883\"
+  [[listener]]                            as many as needed; `tern listening on ADDR` is printed
+                                          for each, in this order (--bind replaces the first's bind)
+    bind = \"127.0.0.1:8883\"               required
+    transport = \"tcp\"                     tcp | ws (MQTT over WebSocket: path /mqtt, subprotocol mqtt)
+    tls_cert = \"server.pem\"               PEM certificate chain; with tls_key, TLS is on (mqtts/wss)
+    tls_key = \"server.key\"                PEM private key (PKCS#8, PKCS#1 or SEC1)
+    tls_client_ca = \"ca.pem\"              ask for client certificates, verified against these CAs
+    require_client_cert = false           refuse a TLS handshake without a client certificate
+    use_identity_as_username = false      the client certificate's CN is the username (password
+                                          dropped); no certificate: CONNACK 4 / 0x86, as mosquitto
+    allow_anonymous                       per listener; overrides [auth] allow_anonymous
+    max_connections                       open sockets on this listener (unset: no limit); more are
+                                          closed at accept ($SYS/broker/clients/refused/
+                                          listener_max_connections). Failed TLS handshakes and
+                                          WebSocket upgrades: $SYS/broker/clients/handshakes/failed
   [limits]
     max_packet_size_bytes = 1048576       largest packet accepted (v5 CONNACK Maximum Packet Size)
     receive_maximum = 1024                unacknowledged QoS>0 PUBLISHes a client may send
     topic_alias_maximum = 64              client-to-server topic aliases (0 disables)
     max_keep_alive_s = 3600               longest keep alive (v5: Server Keep Alive)
-    connect_timeout_ms = 10000            close sockets that send no CONNECT in time
+    connect_timeout_ms = 10000            close sockets that send no CONNECT in time (a TLS
+                                          handshake or WebSocket upgrade gets as long again)
     max_inflight_messages = 1024          outbound QoS>0 in flight per session
     max_queued_messages = 100000          per session beyond the window; oldest dropped
     max_queued_bytes = 67108864           per session, bytes of those (topic + payload + 64 B each);
@@ -82,16 +98,19 @@ Config file keys (TOML, all optional; defaults shown):
   every topic (has no `filters`): a topic is kept in memory only if its stream says
   durability = \"never\". A filtered stream may not be called `messages` then.
 
-SIGINT/SIGTERM: stop accepting, send v5 clients DISCONNECT 0x8B, close, exit 0.";
+SIGINT/SIGTERM: stop accepting, send v5 clients DISCONNECT 0x8B, close, exit 0.
+SIGHUP: re-read every TLS listener's certificate, key and client CA; connections stay up, new
+handshakes use the new files (a listener whose files are bad keeps its old ones, logged).";
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on (overrides [listener] bind of the config file).
-    /// Default 127.0.0.1:1883; port 0 picks a free port.
+    /// Address to listen on (overrides [listener] bind, or the first [[listener]]'s bind, of the
+    /// config file). Default 127.0.0.1:1883; port 0 picks a free port.
     #[arg(long, value_name = "ADDR")]
     pub bind: Option<String>,
 
-    /// TOML config file with [listener], [limits], [sys], [state], [store] and [[stream]] tables.
+    /// TOML config file with [listener] or [[listener]], [limits], [sys], [state], [store] and
+    /// [[stream]] tables.
     /// Unknown keys and bad values are errors (exit code 2).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
