@@ -82,33 +82,6 @@ pub fn load(path: &Path) -> Result<FileConfig, ConfigFileError> {
     parse(&text)
 }
 
-/// `[[listener]]`: each table by serde (`crate::listeners`), its problems named by position.
-fn parse_listeners(
-    items: &[Value],
-) -> Result<Vec<crate::listeners::ListenerConfig>, ConfigFileError> {
-    let mut listeners = Vec::with_capacity(items.len());
-    for (index, item) in items.iter().enumerate() {
-        let position = || format!("listener #{}", index + 1);
-        let listener: crate::listeners::ListenerConfig =
-            item.clone()
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigFileError::BadValue {
-                    key: position(),
-                    table: "[listener]",
-                    reason: e.message().trim().to_string(),
-                })?;
-        listener
-            .check()
-            .map_err(|(key, reason)| ConfigFileError::BadValue {
-                key: format!("{key}` of `{}", position()),
-                table: "[listener]",
-                reason,
-            })?;
-        listeners.push(listener);
-    }
-    Ok(listeners)
-}
-
 fn get<T: DeserializeOwned>(
     value: &Value,
     key: &str,
@@ -143,7 +116,7 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
             continue;
         }
         if let ("listener", Value::Array(items)) = (name.as_str(), section) {
-            config.listeners = parse_listeners(items)?;
+            config.listeners = crate::listeners::parse_tables(items)?;
             continue;
         }
         let Value::Table(section) = section else {
