@@ -6,6 +6,7 @@
 //! - [`connection`]: one connection: CONNECT handshake, read loop, per-packet handlers, close.
 //! - [`read_order`]: read tickets, so that packets take effect across connections in the order
 //!   the I/O driver reported them (ARCHITECTURE.md §2.1).
+//! - [`auth`]: password file and ACL (mosquitto formats), replaced whole on reload.
 //! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
 //! - [`persist`]: the [`MessageStore`] seam and tickets; [`MemoryStore`] keeps nothing.
 //! - [`durable`]: [`DurableStore`], the `MessageStore` over `tern-store` (on-disk schema in
@@ -18,6 +19,7 @@
 //!   [`message`] (a routed message, encoded once per protocol), [`metrics`].
 
 pub mod ack_pipeline;
+pub mod auth;
 pub mod broker;
 pub mod checkpoint;
 pub mod config;
@@ -36,6 +38,7 @@ pub mod sys;
 pub mod topic_alias;
 pub mod will;
 
+pub use auth::{Auth, AuthRules};
 pub use broker::{Broker, Shared};
 pub use config::{BrokerConfig, ConfigError};
 pub use durable::{Durability, DurableConfig, DurableStore, Keep, SessionLimits, StreamSpec};

@@ -31,6 +31,17 @@ pub struct Metrics {
     pub publishes_refused_memory_limit: AtomicU64,
     /// CONNECTs refused at `max_connections` (v5 CONNACK 0x97, 3.1.1 return code 3).
     pub connections_refused: AtomicU64,
+    /// CONNECTs refused for a wrong or unknown username/password (v5 CONNACK 0x86, 3.1.1
+    /// return code 4) or for no credentials where they are required (0x87 / 5).
+    pub auth_failures: AtomicU64,
+    /// PUBLISHes the ACL did not let the client write (v5 PUBACK/PUBREC 0x87; QoS 0 and
+    /// 3.1.1: dropped without a word, as mosquitto does).
+    pub acl_denied_publish: AtomicU64,
+    /// SUBSCRIBE filters the ACL refused (SUBACK 0x80 in 3.1.1, 0x87 in v5).
+    pub acl_denied_subscribe: AtomicU64,
+    /// Deliveries not made because the subscriber may not read the message's topic (checked
+    /// per message on its concrete topic, as mosquitto does).
+    pub acl_denied_deliver: AtomicU64,
     /// Bytes queued in every session's outbound queue (the measure of `max_queued_bytes_total`;
     /// shared with each session's `Outbound`).
     pub queued_bytes: std::sync::Arc<std::sync::atomic::AtomicUsize>,

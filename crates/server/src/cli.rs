@@ -20,6 +20,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Load generator against any MQTT broker: pubsub, fanout, conns, latency.
     Bench(tern_bench::Args),
+    /// Add, change (-b: password on the command line) or delete (-D) a user of a password
+    /// file; -c creates it. Hashes are argon2id; mosquitto_passwd's lines are kept as they are.
+    Passwd(crate::passwd::PasswdArgs),
 }
 
 /// The config file keys, shown by `tern serve --help`.
@@ -51,6 +54,18 @@ Config file keys (TOML, all optional; defaults shown):
     outbound_queue_max_bytes = 8388608    per connection; QoS 0 dropped beyond it
     outbound_queue_max_messages = 100000
     slow_subscriber_timeout_ms = 30000    full queue this long: disconnect (v5 0x97)
+  [auth]                                  (users and ACL; mosquitto's file formats, README \"Authentication\")
+    allow_anonymous = (see text)          let clients without a username in. Default: true when
+                                          every listener binds a loopback address; otherwise false
+                                          if password_file is set, and without it tern refuses to
+                                          start until one of the two is set
+    password_file = \"passwd\"              users (`tern passwd`; mosquitto_passwd $6$/$7$ lines work
+                                          as they are). Wrong password: CONNACK 0x86 / 4; no
+                                          username where one is needed: 0x87 / 5
+    acl_file = \"acl\"                      mosquitto ACL file (user, topic, pattern %c %u, deny).
+                                          Denied SUBSCRIBE: SUBACK 0x87 / 0x80; denied PUBLISH:
+                                          v5 PUBACK/PUBREC 0x87, 3.1.1 dropped; denied topics are
+                                          not delivered. SIGHUP re-reads both files.
   [sys]
     interval_s = 10                       $SYS/broker/... publish interval (0 disables)
   [state]                                 state streams: sessions, subscriptions, retained messages
@@ -82,7 +97,8 @@ Config file keys (TOML, all optional; defaults shown):
   every topic (has no `filters`): a topic is kept in memory only if its stream says
   durability = \"never\". A filtered stream may not be called `messages` then.
 
-SIGINT/SIGTERM: stop accepting, send v5 clients DISCONNECT 0x8B, close, exit 0.";
+SIGINT/SIGTERM: stop accepting, send v5 clients DISCONNECT 0x8B, close, exit 0.
+SIGHUP: re-read password_file and acl_file; a bad file keeps the old rules (logged).";
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {

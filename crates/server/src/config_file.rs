@@ -24,6 +24,8 @@ pub struct FileConfig {
     /// `[store] max_disk_bytes`: the data directory's disk budget; `None` (the default, or 0
     /// in the file) means none.
     pub max_disk_bytes: Option<u64>,
+    /// `[auth]` (crate::auth_config).
+    pub auth: crate::auth_config::AuthConfig,
 }
 
 impl Default for FileConfig {
@@ -34,6 +36,7 @@ impl Default for FileConfig {
             streams: Vec::new(),
             state_sync: SyncPolicy::Always,
             max_disk_bytes: None,
+            auth: Default::default(),
         }
     }
 }
@@ -147,6 +150,16 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
             }
             "state" => config.state_sync = parse_state(section)?,
             "store" => config.max_disk_bytes = parse_store(section)?,
+            "auth" => {
+                config.auth =
+                    Value::Table(section.clone())
+                        .try_into()
+                        .map_err(|e: toml::de::Error| ConfigFileError::BadValue {
+                            key: "auth".into(),
+                            table: "auth",
+                            reason: e.message().trim().to_string(),
+                        })?
+            }
             other => return Err(ConfigFileError::UnknownTable(other.to_string())),
         }
     }

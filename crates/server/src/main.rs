@@ -1,9 +1,13 @@
 //! The `tern` binary: `tern serve` runs the broker (crate tern-broker) on a TCP listener.
 //! `tern bench` runs the load generator (crate tern-bench).
-//! - `cli`: the command line; `config_file`: the TOML file; `signals`: SIGINT/SIGTERM.
+//! `tern passwd` manages a password file (`passwd`).
+//! - `cli`: the command line; `config_file`: the TOML file (`auth_config`: its `[auth]`);
+//!   `signals`: SIGINT/SIGTERM, SIGHUP reloads.
 
+mod auth_config;
 mod cli;
 mod config_file;
+mod passwd;
 mod signals;
 
 use std::io::Write;
@@ -29,6 +33,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Bench(args) => tern_bench::run(args),
+        Command::Passwd(args) => passwd::run(args),
     }
 }
 
@@ -76,7 +81,23 @@ fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     }
-    match run(&bind, &args.data_dir, file) {
+    // Today one listener; the rule is over every listener's address.
+    let allow_anonymous =
+        match auth_config::allow_anonymous_default(&file.auth, std::slice::from_ref(&bind)) {
+            Ok(allow) => allow,
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        };
+    let rules = match auth_config::load_rules(&file.auth, allow_anonymous) {
+        Ok(rules) => rules,
+        Err(error) => {
+            eprintln!("error: [auth] {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match run(&bind, &args.data_dir, file, rules, allow_anonymous) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
@@ -85,7 +106,13 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-fn run(bind: &str, data_dir: &Path, file: config_file::FileConfig) -> anyhow::Result<()> {
+fn run(
+    bind: &str,
+    data_dir: &Path,
+    file: config_file::FileConfig,
+    rules: tern_broker::AuthRules,
+    allow_anonymous: bool,
+) -> anyhow::Result<()> {
     let store = DurableStore::open(
         data_dir,
         DurableConfig {
@@ -107,7 +134,14 @@ fn run(bind: &str, data_dir: &Path, file: config_file::FileConfig) -> anyhow::Re
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let broker = Broker::with_store(file.broker, store).context("invalid limits")?;
+        broker.shared().auth.replace(rules);
         let shutdown = signals::install().context("cannot install signal handlers")?;
+        signals::on_hangup(vec![auth_reload(
+            &broker,
+            file.auth.clone(),
+            allow_anonymous,
+        )])
+        .context("cannot install the SIGHUP handler")?;
         let listener = TcpListener::bind(bind)
             .await
             .with_context(|| format!("cannot listen on {bind}"))?;
@@ -122,4 +156,21 @@ fn run(bind: &str, data_dir: &Path, file: config_file::FileConfig) -> anyhow::Re
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// SIGHUP: re-read the password file and the ACL; both apply together, or neither.
+fn auth_reload(
+    broker: &Broker,
+    auth: auth_config::AuthConfig,
+    allow_anonymous: bool,
+) -> signals::Reload {
+    let shared = broker.shared().clone();
+    signals::Reload {
+        name: "password_file and acl_file",
+        apply: Box::new(move || {
+            let rules = auth_config::load_rules(&auth, allow_anonymous)?;
+            shared.auth.replace(rules);
+            Ok(())
+        }),
+    }
 }

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::{Conn, read_some};
 use crate::ack_pipeline::AckPipeline;
+use crate::auth::{Access, AclView, Verdict, Who};
 use crate::broker::Shared;
 use crate::metrics::Metrics;
 use crate::outbound::{WriterState, encode_packet};
@@ -30,6 +31,7 @@ pub(super) async fn handshake(
     mut writer: OwnedWriteHalf,
     buf: &mut BytesMut,
     stop: &mut watch::Receiver<bool>,
+    allow_anonymous: Option<bool>,
 ) -> Option<(Conn, (OwnedWriteHalf, WriterState))> {
     let config = &shared.config;
     let deadline = Instant::now() + config.connect_timeout();
@@ -60,7 +62,7 @@ pub(super) async fn handshake(
             _ = stop.changed() => return None,
         }
     };
-    accept(shared, *connect, writer).await
+    accept(shared, *connect, writer, allow_anonymous).await
 }
 
 /// One of the `max_connections` places, held by a connection from its accepted CONNECT until
@@ -166,15 +168,61 @@ fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
     Ok(())
 }
 
+/// The credentials (password file) and the will's topic (ACL, write access), checked before
+/// anything else is taken for the connection. Refusals are counted and logged (rate-limited).
+async fn authorize(
+    shared: &Shared,
+    connect: &Connect,
+    username: Option<&str>,
+    allow_anonymous: Option<bool>,
+) -> Result<(), ReasonCode> {
+    let verdict = shared
+        .auth
+        .authenticate(username, connect.password.as_deref(), allow_anonymous)
+        .await;
+    let reason = match verdict {
+        Verdict::Allowed => None,
+        // MQTT-3.1.4-2 / §3.2.2.2: v5 0x86, 3.1.1 return code 4.
+        Verdict::BadCredentials => Some(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
+        // v5 0x87, 3.1.1 return code 5.
+        Verdict::NotAuthorized => Some(ReasonCode::NOT_AUTHORIZED),
+    };
+    if let Some(reason) = reason {
+        let n = Metrics::add_get(&shared.metrics.auth_failures, 1);
+        if n.is_power_of_two() {
+            tracing::warn!(client_id = %connect.client_id, username, ?verdict, count = n, "CONNECT refused");
+        }
+        return Err(reason);
+    }
+    if let (Some(will), Some(acl)) = (&connect.will, shared.auth.acl()) {
+        let who = Who {
+            username,
+            client_id: &connect.client_id,
+        };
+        if !acl.allows(who, &will.topic, Access::Write) {
+            // mosquitto refuses the CONNECT of a will it would not let the client publish.
+            Metrics::add(&shared.metrics.acl_denied_publish, 1);
+            return Err(ReasonCode::NOT_AUTHORIZED);
+        }
+    }
+    Ok(())
+}
+
 async fn accept(
     shared: &Arc<Shared>,
     connect: Connect,
     mut writer: OwnedWriteHalf,
+    allow_anonymous: Option<bool>,
 ) -> Option<(Conn, (OwnedWriteHalf, WriterState))> {
     let config = &shared.config;
     let protocol = connect.protocol;
     let v5 = protocol.is_v5();
     if let Err(reason) = check(shared, &connect) {
+        reject(&mut writer, protocol, reason).await;
+        return None;
+    }
+    let username: Option<Arc<str>> = connect.username.as_deref().map(Arc::from);
+    if let Err(reason) = authorize(shared, &connect, username.as_deref(), allow_anonymous).await {
         reject(&mut writer, protocol, reason).await;
         return None;
     }
@@ -267,6 +315,7 @@ async fn accept(
         shared,
         AttachRequest {
             client_id: &client_id,
+            username: username.clone(),
             protocol,
             clean_start: connect.clean_start,
             expiry_interval_s,
@@ -287,6 +336,8 @@ async fn accept(
         ctl: attached.ctl,
         conn_gen: attached.conn_gen,
         client_id,
+        username,
+        acl: AclView::default(),
         protocol,
         keep_alive,
         will,

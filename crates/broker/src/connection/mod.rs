@@ -83,6 +83,10 @@ pub(crate) struct Conn {
     ctl: Arc<ConnCtl>,
     conn_gen: u64,
     client_id: Arc<str>,
+    /// The CONNECT's username (checked against the password file, if there is one).
+    username: Option<Arc<str>>,
+    /// The ACL as this connection last saw it (`crate::auth`).
+    acl: crate::auth::AclView,
     protocol: Protocol,
     /// 1.5 × the keep alive in force; `None` when keep alive is off.
     keep_alive: Option<Duration>,
@@ -134,6 +138,8 @@ pub async fn run(
         writer,
         &mut buf,
         &mut stop,
+        // The listener's `allow_anonymous` override; `None` = the `[auth]` setting.
+        None,
     ))
     .await
     else {

@@ -8,6 +8,7 @@ use tern_wire::{Ack, Publish, QoS, ReasonCode};
 
 use super::{Close, Conn};
 use crate::ack_pipeline::{AckKind, Entry};
+use crate::auth::{Access, Who};
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::topic_alias::AliasError;
@@ -91,6 +92,15 @@ impl Conn {
         if sys_topic || topic.starts_with("$tern/") {
             // Clients may not publish into the broker's own statistics, nor into the topic
             // space of the store's control records.
+            route = false;
+        }
+        if route && reason.is_success() && !self.may_write(topic_str) {
+            if qos == QoS::AtMostOnce {
+                return Ok(());
+            }
+            // As mosquitto: v5 PUBACK / PUBREC 0x87 (a PUBREC >= 0x80 ends the exchange);
+            // 3.1.1 acks carry no reason, so the message is acknowledged and dropped.
+            reason = ReasonCode::NOT_AUTHORIZED;
             route = false;
         }
         if route && reason.is_success() && self.limit_reached(topic_str, qos) {
@@ -224,6 +234,26 @@ impl Conn {
             );
         }
         true
+    }
+
+    /// The ACL's write check (always true without an ACL); a denial is counted and logged
+    /// (rate-limited).
+    fn may_write(&mut self, topic: &str) -> bool {
+        let Some(acl) = self.acl.current(&self.shared.auth) else {
+            return true;
+        };
+        let who = Who {
+            username: self.username.as_deref(),
+            client_id: &self.client_id,
+        };
+        if acl.allows(who, topic, Access::Write) {
+            return true;
+        }
+        let n = Metrics::add_get(&self.shared.metrics.acl_denied_publish, 1);
+        if n.is_power_of_two() {
+            tracing::info!(client_id = %self.client_id, topic, count = n, "ACL: PUBLISH denied");
+        }
+        false
     }
 
     fn push_entry(&mut self, entry: Entry<Arc<Message>>) {
