@@ -337,8 +337,10 @@ mod tests {
         assert!(e.to_string().starts_with("line 2:"), "{e}");
         assert!(PasswordFile::parse("u:plaintext\n").is_err());
         assert!(PasswordFile::parse("u:$7$0$RWFyuDNO2qrYK//5$W1jP\n").is_err());
-        let e =
-            PasswordFile::parse("u:$argon2i$v=19$m=16,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA\n").unwrap_err();
+        let e = PasswordFile::parse(
+            "u:$argon2i$v=19$m=16,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA\n",
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("argon2id"), "{e}");
     }
 }
