@@ -101,6 +101,54 @@ async fn mosquitto_and_argon2_passwords_work_and_wrong_ones_are_refused() {
     }
 }
 
+/// The venv python with paho-mqtt 2.x (`scripts/pydeps.sh` makes it when missing; a failure
+/// fails the test, naming why).
+fn paho_python() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("timeout")
+        .args(["420", "bash"])
+        .arg(root.join("scripts/pydeps.sh"))
+        .output()
+        .expect("run scripts/pydeps.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pydeps: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(stdout.lines().last().unwrap_or("").trim())
+}
+
+#[test]
+fn paho_is_refused_with_a_wrong_password_v3_and_v5() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let passwd = password_file(dir.path());
+    let b = Broker::start_with(&format!(
+        "[auth]\nallow_anonymous = false\npassword_file = \"{}\"\n",
+        passwd.display()
+    ));
+    let python = paho_python();
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/interop/paho_connect.py");
+    let port = b.addr.port().to_string();
+    for version in ["3", "5"] {
+        for (password, expected) in [
+            ("secret", "0 Success"),
+            ("wrong", "134 Bad user name or password"),
+        ] {
+            let out = Command::new("timeout")
+                .arg("20")
+                .arg(&python)
+                .arg(&script)
+                .args([port.as_str(), "alice", password, version])
+                .output()
+                .expect("paho_connect.py");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(stdout.trim(), expected, "v{version} {password}: {out:?}");
+        }
+    }
+}
+
 fn unique_id(prefix: &str) -> String {
     common::unique(prefix)
 }
