@@ -43,6 +43,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Passwords and ACL in force; a reload replaces them ([`crate::auth`]).
     pub auth: crate::auth::Auth,
+    /// CONNECTs per source address (`max_connect_rate_per_ip`).
+    pub connect_rate: crate::connect_rate::ConnectRate,
     pub store: Arc<dyn MessageStore>,
     pub started_at: Instant,
     /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
@@ -84,6 +86,7 @@ impl Broker {
                 recovered_wills: Mutex::new(Vec::new()),
                 metrics: Metrics::default(),
                 auth: crate::auth::Auth::default(),
+                connect_rate: Default::default(),
                 store,
                 started_at: Instant::now(),
                 read_order: Arc::default(),

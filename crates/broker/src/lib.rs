@@ -7,6 +7,7 @@
 //! - [`read_order`]: read tickets, so that packets take effect across connections in the order
 //!   the I/O driver reported them (ARCHITECTURE.md §2.1).
 //! - [`auth`]: password file and ACL (mosquitto formats), replaced whole on reload.
+//! - [`connect_rate`]: the token bucket per source address behind `max_connect_rate_per_ip`.
 //! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
 //! - [`persist`]: the [`MessageStore`] seam and tickets; [`MemoryStore`] keeps nothing.
 //! - [`durable`]: [`DurableStore`], the `MessageStore` over `tern-store` (on-disk schema in
@@ -23,6 +24,7 @@ pub mod auth;
 pub mod broker;
 pub mod checkpoint;
 pub mod config;
+pub mod connect_rate;
 pub mod connection;
 pub mod durable;
 pub mod message;

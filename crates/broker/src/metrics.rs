@@ -42,6 +42,14 @@ pub struct Metrics {
     /// Deliveries not made because the subscriber may not read the message's topic (checked
     /// per message on its concrete topic, as mosquitto does).
     pub acl_denied_deliver: AtomicU64,
+    /// CONNECTs refused by `max_connect_rate_per_ip` (v5 CONNACK 0x9F, 3.1.1 return code 3).
+    pub connections_refused_rate: AtomicU64,
+    /// Topic names and filters over `max_topic_levels` / `max_topic_length_bytes` (PUBLISH:
+    /// connection closed, v5 DISCONNECT 0x90; SUBSCRIBE: SUBACK 0x8F / 0x80; will: CONNACK).
+    pub topics_refused_limit: AtomicU64,
+    /// Packets refused for a control character (U+0001..U+001F, U+007F..U+009F) in a topic,
+    /// filter, client id or username while `reject_control_chars` is on (connection closed).
+    pub control_chars_refused: AtomicU64,
     /// Bytes queued in every session's outbound queue (the measure of `max_queued_bytes_total`;
     /// shared with each session's `Outbound`).
     pub queued_bytes: std::sync::Arc<std::sync::atomic::AtomicUsize>,

@@ -54,6 +54,14 @@ Config file keys (TOML, all optional; defaults shown):
     outbound_queue_max_bytes = 8388608    per connection; QoS 0 dropped beyond it
     outbound_queue_max_messages = 100000
     slow_subscriber_timeout_ms = 30000    full queue this long: disconnect (v5 0x97)
+    max_topic_levels = 128                levels of a topic name or filter; beyond: PUBLISH closes
+                                          the connection (v5 0x90), SUBSCRIBE gets 0x8F / 0x80
+    max_topic_length_bytes = 4096         bytes of a topic name or filter, same refusals
+    max_connect_rate_per_ip = 0           CONNECTs per second per source address (token bucket;
+                                          0: no limit); beyond: CONNACK 0x9F / 3
+    connect_rate_burst = 10               CONNECTs an address may make at once before the rate applies
+    reject_control_chars = true           U+0001-U+001F, U+007F-U+009F in topics, filters, client
+                                          ids, usernames are malformed: closed (v5 0x81)
   [auth]                                  (users and ACL; mosquitto's file formats, README \"Authentication\")
     allow_anonymous = (see text)          let clients without a username in. Default: true when
                                           every listener binds a loopback address; otherwise false

@@ -332,6 +332,11 @@ fn parse_limits(section: &Table, b: &mut BrokerConfig) -> Result<(), ConfigFileE
             "outbound_queue_max_bytes" => b.outbound_queue_max_bytes = get(v, k, T)?,
             "outbound_queue_max_messages" => b.outbound_queue_max_messages = get(v, k, T)?,
             "slow_subscriber_timeout_ms" => b.slow_subscriber_timeout_ms = get(v, k, T)?,
+            "max_topic_levels" => b.max_topic_levels = get(v, k, T)?,
+            "max_topic_length_bytes" => b.max_topic_length_bytes = get(v, k, T)?,
+            "max_connect_rate_per_ip" => b.max_connect_rate_per_ip = get(v, k, T)?,
+            "connect_rate_burst" => b.connect_rate_burst = get(v, k, T)?,
+            "reject_control_chars" => b.reject_control_chars = get(v, k, T)?,
             _ => return Err(unknown(k, T)),
         }
     }

@@ -1,17 +1,21 @@
 //! The CONNECT handshake: read the first packet within `connect_timeout_ms`, validate it,
 //! answer with CONNACK (both versions), attach the session.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tern_wire::{ConnAck, Connect, Packet, Properties, Protocol, ReasonCode, Str, decode};
+use tern_wire::{
+    ConnAck, Connect, DecodeError, Packet, Properties, Protocol, ReasonCode, Str, decode,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::strict::{self, TopicRefusal};
 use super::{Conn, read_some};
 use crate::ack_pipeline::AckPipeline;
 use crate::auth::{Access, AclView, Verdict, Who};
@@ -31,6 +35,7 @@ pub(super) async fn handshake(
     mut writer: OwnedWriteHalf,
     buf: &mut BytesMut,
     stop: &mut watch::Receiver<bool>,
+    peer: IpAddr,
     allow_anonymous: Option<bool>,
 ) -> Option<(Conn, (OwnedWriteHalf, WriterState))> {
     let config = &shared.config;
@@ -43,9 +48,17 @@ pub(super) async fn handshake(
             Ok(None) => {}
             Err(error) => {
                 tracing::debug!(%error, "bad CONNECT");
-                if error.reason_code() == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
-                    // MQTT-3.1.2-2: return code 1 in the 3.1.1 format, then close.
-                    reject(&mut writer, Protocol::V3_1_1, error.reason_code()).await;
+                if error == DecodeError::InvalidProtocolName {
+                    // MQTT-3.1.2-1: not MQTT at all: closed without a CONNACK.
+                } else if let DecodeError::UnsupportedProtocolVersion { level } = error {
+                    // MQTT-3.1.2-2: return code 1 in the 3.1.1 format, then close; a later
+                    // version than 5 is answered in the v5 form (0x84), which it reads.
+                    let form = if level > Protocol::V5.level() {
+                        Protocol::V5
+                    } else {
+                        Protocol::V3_1_1
+                    };
+                    reject(&mut writer, form, error.reason_code()).await;
                 } else if peek_connect_level(buf) == Some(Protocol::V5.level()) {
                     // MQTT 5 §3.2.2.2: a v5 CONNECT that is malformed or breaks the protocol
                     // may be answered with a CONNACK carrying the reason before closing.
@@ -62,7 +75,7 @@ pub(super) async fn handshake(
             _ = stop.changed() => return None,
         }
     };
-    accept(shared, *connect, writer, allow_anonymous).await
+    accept(shared, *connect, writer, peer, allow_anonymous).await
 }
 
 /// One of the `max_connections` places, held by a connection from its accepted CONNECT until
@@ -154,9 +167,40 @@ fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
     if connect.client_id.len() > shared.config.max_client_id_len {
         return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
     }
+    if connect.protocol == Protocol::V3_1 && !(1..=23).contains(&connect.client_id.chars().count())
+    {
+        // MQTT 3.1 §3.1: a client identifier of 1 to 23 characters, else return code 2.
+        return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+    }
+    let config = &shared.config;
+    let username_ok = connect
+        .username
+        .as_deref()
+        .is_none_or(|u| strict::string_ok(config, u));
+    if !strict::string_ok(config, &connect.client_id) || !username_ok {
+        Metrics::add(&shared.metrics.control_chars_refused, 1);
+        return Err(ReasonCode::MALFORMED_PACKET);
+    }
     if let Some(will) = &connect.will {
         if tern_topic::validate_topic_name(&will.topic).is_err() {
             return Err(ReasonCode::TOPIC_NAME_INVALID);
+        }
+        match strict::check_topic(config, &will.topic) {
+            Ok(()) => {}
+            Err(TopicRefusal::ControlChar) => {
+                Metrics::add(&shared.metrics.control_chars_refused, 1);
+                return Err(ReasonCode::MALFORMED_PACKET);
+            }
+            Err(TopicRefusal::Limit) => {
+                Metrics::add(&shared.metrics.topics_refused_limit, 1);
+                return Err(ReasonCode::TOPIC_NAME_INVALID);
+            }
+        }
+        if let Some(response) = &will.properties.response_topic
+            && tern_topic::validate_topic_name(response).is_err()
+        {
+            // MQTT-3.1.3-… : the will's Response Topic is a Topic Name (no wildcards).
+            return Err(ReasonCode::PROTOCOL_ERROR);
         }
         if v5
             && will.properties.payload_format_indicator == Some(1)
@@ -166,6 +210,24 @@ fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
         }
     }
     Ok(())
+}
+
+/// `max_connect_rate_per_ip`: takes a token of `peer`'s bucket, or counts and logs the refusal.
+fn admit_rate(shared: &Shared, peer: IpAddr, client_id: &str) -> bool {
+    let config = &shared.config;
+    let now = Instant::now();
+    let rate = config.max_connect_rate_per_ip;
+    if shared
+        .connect_rate
+        .admit(peer, rate, config.connect_rate_burst, now)
+    {
+        return true;
+    }
+    let n = Metrics::add_get(&shared.metrics.connections_refused_rate, 1);
+    if n.is_power_of_two() {
+        tracing::warn!(%peer, client_id, limit = rate, count = n, "max_connect_rate_per_ip: CONNECT refused");
+    }
+    false
 }
 
 /// The credentials (password file) and the will's topic (ACL, write access), checked before
@@ -212,13 +274,24 @@ async fn accept(
     shared: &Arc<Shared>,
     connect: Connect,
     mut writer: OwnedWriteHalf,
+    peer: IpAddr,
     allow_anonymous: Option<bool>,
 ) -> Option<(Conn, (OwnedWriteHalf, WriterState))> {
     let config = &shared.config;
     let protocol = connect.protocol;
     let v5 = protocol.is_v5();
     if let Err(reason) = check(shared, &connect) {
-        reject(&mut writer, protocol, reason).await;
+        if reason == ReasonCode::MALFORMED_PACKET && !v5 {
+            // 3.1.1 has no return code for a malformed CONNECT: closed without a CONNACK.
+            let _ = writer.shutdown().await;
+        } else {
+            reject(&mut writer, protocol, reason).await;
+        }
+        return None;
+    }
+    if !admit_rate(shared, peer, &connect.client_id) {
+        // 0x9F Connection rate exceeded; 3.1.1: return code 3, Server unavailable.
+        reject(&mut writer, protocol, ReasonCode::CONNECTION_RATE_EXCEEDED).await;
         return None;
     }
     let username: Option<Arc<str>> = connect.username.as_deref().map(Arc::from);

@@ -36,6 +36,13 @@ impl Conn {
         if tern_topic::validate_topic_name(topic_str).is_err() {
             return Err(Close::Protocol(ReasonCode::TOPIC_NAME_INVALID));
         }
+        self.check_strict(topic_str, ReasonCode::TOPIC_NAME_INVALID)?;
+        if let Some(response) = &publish.properties.response_topic
+            && tern_topic::validate_topic_name(response).is_err()
+        {
+            // MQTT-3.3.2-14: the Response Topic is a Topic Name: no wildcards.
+            return Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR));
+        }
         let sys_topic = topic_str.starts_with("$SYS/") || topic_str == "$SYS";
         let packet_id = publish.packet_id;
         let qos = publish.qos;

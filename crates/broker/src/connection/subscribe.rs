@@ -49,6 +49,13 @@ impl Conn {
         // (filter, record) whose retained messages are due (Retain Handling 0, or 1 when new).
         let mut retained_due = Vec::new();
         for (raw, options) in &subscribe.filters {
+            if let Err(close) = self.check_strict(raw, ReasonCode::TOPIC_FILTER_INVALID) {
+                if close == Close::Protocol(ReasonCode::TOPIC_FILTER_INVALID) {
+                    reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
+                    continue;
+                }
+                return Err(close);
+            }
             let Ok(kind) = tern_topic::classify_filter(raw) else {
                 reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
                 continue;
@@ -156,6 +163,13 @@ impl Conn {
         let mut reasons = Vec::with_capacity(unsubscribe.filters.len());
         let mut ticket = None;
         for raw in &unsubscribe.filters {
+            if let Err(close) = self.check_strict(raw, ReasonCode::TOPIC_FILTER_INVALID) {
+                if close == Close::Protocol(ReasonCode::TOPIC_FILTER_INVALID) {
+                    reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
+                    continue;
+                }
+                return Err(close);
+            }
             let Ok(kind) = tern_topic::classify_filter(raw) else {
                 reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
                 continue;
