@@ -8,6 +8,7 @@
 //!   the I/O driver reported them (ARCHITECTURE.md §2.1).
 //! - [`auth`]: password file and ACL (mosquitto formats), replaced whole on reload.
 //! - [`connect_rate`]: the token bucket per source address behind `max_connect_rate_per_ip`.
+//! - [`fuzz`]: one input through a whole in-process connection (the fuzz target's core).
 //! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
 //! - [`persist`]: the [`MessageStore`] seam and tickets; [`MemoryStore`] keeps nothing.
 //! - [`durable`]: [`DurableStore`], the `MessageStore` over `tern-store` (on-disk schema in
@@ -27,6 +28,7 @@ pub mod config;
 pub mod connect_rate;
 pub mod connection;
 pub mod durable;
+pub mod fuzz;
 pub mod message;
 pub mod metrics;
 pub mod outbound;
