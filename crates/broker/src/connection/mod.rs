@@ -416,31 +416,6 @@ impl Conn {
         }
     }
 
-    /// The strict rules on a topic name or filter from the client: empty (filters; MQTT-4.7.3-1)
-    /// or holding a control character: malformed, the connection closes (0x81); over a topic
-    /// limit: `Close::Protocol(over_limit)` (the caller closes, or refuses the one filter).
-    /// Refusals are counted.
-    fn check_strict(&self, topic: &str, over_limit: ReasonCode) -> Result<(), Close> {
-        if topic.is_empty() {
-            return Err(Close::Protocol(ReasonCode::MALFORMED_PACKET));
-        }
-        let metrics = &self.shared.metrics;
-        match strict::check_topic(&self.shared.config, topic) {
-            Ok(()) => Ok(()),
-            Err(strict::TopicRefusal::ControlChar) => {
-                Metrics::add(&metrics.control_chars_refused, 1);
-                Err(Close::Protocol(ReasonCode::MALFORMED_PACKET))
-            }
-            Err(strict::TopicRefusal::Limit) => {
-                let n = Metrics::add_get(&metrics.topics_refused_limit, 1);
-                if n.is_power_of_two() {
-                    tracing::info!(client_id = %self.client_id, count = n, "topic over max_topic_levels / max_topic_length_bytes");
-                }
-                Err(Close::Protocol(over_limit))
-            }
-        }
-    }
-
     /// Queues one control packet for the writer.
     fn send(&mut self, packet: &Packet) {
         if let Some(bytes) = self.encode(packet) {

@@ -6,7 +6,11 @@
 //! the bytes 0x01..0x1F and 0x7F, and U+0080..U+009F are 0xC2 followed by 0x80..0x9F (a 0xC2
 //! byte is always a lead byte in valid UTF-8).
 
+use tern_wire::ReasonCode;
+
+use super::{Close, Conn};
 use crate::config::BrokerConfig;
+use crate::metrics::Metrics;
 
 /// Why a topic name or filter is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +47,33 @@ pub(crate) fn check_topic(config: &BrokerConfig, topic: &str) -> Result<(), Topi
 /// A client id or username under the strict rule.
 pub(crate) fn string_ok(config: &BrokerConfig, s: &str) -> bool {
     !(config.reject_control_chars && has_control_chars(s))
+}
+
+impl Conn {
+    /// The strict rules on a topic name or filter from the client: empty (filters; MQTT-4.7.3-1)
+    /// or holding a control character: malformed, the connection closes (0x81); over a topic
+    /// limit: `Close::Protocol(over_limit)` (the caller closes, or refuses the one filter).
+    /// Refusals are counted.
+    pub(super) fn check_strict(&self, topic: &str, over_limit: ReasonCode) -> Result<(), Close> {
+        if topic.is_empty() {
+            return Err(Close::Protocol(ReasonCode::MALFORMED_PACKET));
+        }
+        let metrics = &self.shared.metrics;
+        match check_topic(&self.shared.config, topic) {
+            Ok(()) => Ok(()),
+            Err(TopicRefusal::ControlChar) => {
+                Metrics::add(&metrics.control_chars_refused, 1);
+                Err(Close::Protocol(ReasonCode::MALFORMED_PACKET))
+            }
+            Err(TopicRefusal::Limit) => {
+                let n = Metrics::add_get(&metrics.topics_refused_limit, 1);
+                if n.is_power_of_two() {
+                    tracing::info!(client_id = %self.client_id, count = n, "topic over max_topic_levels / max_topic_length_bytes");
+                }
+                Err(Close::Protocol(over_limit))
+            }
+        }
+    }
 }
 
 #[cfg(test)]
