@@ -1,6 +1,6 @@
 //! The ACL file (mosquitto's syntax), with a password file made by mosquitto_passwd: every
 //! path, with mosquitto_sub/mosquitto_pub and raw clients for the exact codes. Denials:
-//! SUBACK 0x87 (v5) / 0x80 (3.1.1, MQTT-3.9.3-…: a failure return code); PUBLISH: v5
+//! SUBACK 0x87 (v5) / 0x80 (3.1.1 §3.9.3: the failure return code); PUBLISH: v5
 //! PUBACK/PUBREC 0x87, 3.1.1 acknowledged and dropped; delivery checked per topic. Plus SIGHUP:
 //! new rules apply to connected clients, a bad file keeps the old ones.
 

@@ -76,8 +76,8 @@ async fn wrong_protocol_name_closes_without_connack() {
     }
 }
 
-/// MQTT-3.1.2-2: an unsupported level gets return code 1 in the 3.1.1 form; a later
-/// (v5-shaped, level above 5) CONNECT gets the v5 form, 0x84.
+/// MQTT-3.1.2-2: an unsupported level gets return code 1 in the 3.1.1 form; a CONNECT of a
+/// later level laid out as a v5 one (properties before the client id) gets the v5 form, 0x84.
 #[tokio::test]
 async fn unsupported_level_rc_1_in_v3_form_or_0x84_in_v5_form() {
     let b = Broker::start();
@@ -86,7 +86,22 @@ async fn unsupported_level_rc_1_in_v3_form_or_0x84_in_v5_form() {
     assert_eq!(c.expect_closed_raw().await, [0x20, 0x02, 0x00, 0x01]);
     let mut c = RawClient::open(b.addr, Protocol::V3_1_1).await;
     c.send_bytes(&connect_bytes(6, 0x02, 0, "lvl6", &[])).await;
-    assert_eq!(c.expect_closed_raw().await, [0x20, 0x03, 0x00, 0x84, 0x00]);
+    assert_eq!(
+        c.expect_closed_raw().await,
+        [0x20, 0x02, 0x00, 0x01],
+        "3.x layout"
+    );
+    // Level 6 laid out as v5: a property block (empty) before the client id.
+    let mut body = string(b"MQTT");
+    body.extend_from_slice(&[6, 0x02, 0x00, 0x00, 0x00]);
+    body.extend_from_slice(&string(b"lvl6"));
+    let mut c = RawClient::open(b.addr, Protocol::V5).await;
+    c.send_bytes(&packet(0x10, &body)).await;
+    assert_eq!(
+        c.expect_closed_raw().await,
+        [0x20, 0x03, 0x00, 0x84, 0x00],
+        "v5 layout"
+    );
 }
 
 /// MQTT 3.1 (MQIsdp): a client identifier of 1 to 23 characters; outside that, return code 2

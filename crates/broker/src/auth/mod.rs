@@ -60,7 +60,7 @@ impl Default for AuthRules {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Allowed,
-    /// Unknown user or wrong password: v3 return code 4, v5 0x86 (MQTT-3.2.2-… / §3.2.2.2).
+    /// Unknown user or wrong password: v3 return code 4, v5 0x86 (v5 §3.2.2.2; 3.1.1 §3.2.2.3), then close (MQTT-3.1.4-2).
     BadCredentials,
     /// No credentials where they are required: v3 return code 5, v5 0x87.
     NotAuthorized,

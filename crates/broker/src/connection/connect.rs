@@ -51,9 +51,9 @@ pub(super) async fn handshake(
                 if error == DecodeError::InvalidProtocolName {
                     // MQTT-3.1.2-1: not MQTT at all: closed without a CONNACK.
                 } else if let DecodeError::UnsupportedProtocolVersion { level } = error {
-                    // MQTT-3.1.2-2: return code 1 in the 3.1.1 format, then close; a later
-                    // version than 5 is answered in the v5 form (0x84), which it reads.
-                    let form = if level > Protocol::V5.level() {
+                    // MQTT-3.1.2-2: return code 1 in the 3.1.1 format, then close; a CONNECT
+                    // laid out as a v5 one (of a later level) gets the v5 form, 0x84.
+                    let form = if level > Protocol::V5.level() && connect_is_v5_shaped(buf) {
                         Protocol::V5
                     } else {
                         Protocol::V3_1_1
@@ -132,6 +132,60 @@ fn peek_connect_level(buf: &[u8]) -> Option<u8> {
     buf.get(offset + 2 + name_len).copied()
 }
 
+/// Whether the CONNECT at the front of `buf` reads as a v5 one (a property block before the
+/// client id) and not as a 3.x one, whatever its level says: only such a client can read a v5
+/// CONNACK. Without will, username and password flags the client id must end the packet.
+fn connect_is_v5_shaped(buf: &[u8]) -> bool {
+    let Some(body) = connect_body(buf) else {
+        return false;
+    };
+    let Some(name_len) = read_u16(body, 0) else {
+        return false;
+    };
+    // Protocol name, level, flags, keep alive.
+    let fixed = 2 + usize::from(name_len) + 4;
+    let (Some(flags), Some(rest)) = (body.get(fixed - 3), body.get(fixed..)) else {
+        return false;
+    };
+    let exact = flags & 0xC4 == 0;
+    let string_end = |at: usize| {
+        read_u16(rest, at)
+            .map(|n| at + 2 + usize::from(n))
+            .filter(|&end| {
+                if exact {
+                    end == rest.len()
+                } else {
+                    end <= rest.len()
+                }
+            })
+    };
+    let v5 = read_varint(rest).and_then(|(props_len, used)| string_end(used + props_len));
+    v5.is_some() && string_end(0).is_none()
+}
+
+/// The body of the packet at the front of `buf` (as much of it as is there).
+fn connect_body(buf: &[u8]) -> Option<&[u8]> {
+    let (len, used) = read_varint(buf.get(1..)?)?;
+    let start = 1 + used;
+    buf.get(start..(start + len).min(buf.len()))
+}
+
+fn read_u16(data: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*data.get(at)?, *data.get(at + 1)?]))
+}
+
+/// An MQTT variable byte integer: (value, bytes used).
+fn read_varint(data: &[u8]) -> Option<(usize, usize)> {
+    let mut value = 0usize;
+    for (i, byte) in data.iter().take(4).enumerate() {
+        value |= usize::from(byte & 0x7F) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((value, i + 1));
+        }
+    }
+    None
+}
+
 async fn reject(writer: &mut OwnedWriteHalf, protocol: Protocol, reason: ReasonCode) {
     let connack = Packet::ConnAck(ConnAck {
         session_present: false,
@@ -199,7 +253,7 @@ fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
         if let Some(response) = &will.properties.response_topic
             && tern_topic::validate_topic_name(response).is_err()
         {
-            // MQTT-3.1.3-… : the will's Response Topic is a Topic Name (no wildcards).
+            // v5 §3.1.3.2: the will's Response Topic is a Topic Name (no wildcards).
             return Err(ReasonCode::PROTOCOL_ERROR);
         }
         if v5
@@ -442,5 +496,20 @@ mod tests {
         assert_eq!(peek_connect_level(&v31), Some(3));
         assert_eq!(peek_connect_level(&[0x10, 0x10, 0]), None);
         assert_eq!(peek_connect_level(&[0x30, 0x10, 0, 4]), None);
+    }
+
+    #[test]
+    fn tells_v5_shaped_connects_from_3x_ones() {
+        use super::connect_is_v5_shaped;
+        // Level 6, then keep alive, then: v3 layout (client id "x") / v5 layout (no properties).
+        let v3 = [
+            0x10, 0x0d, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 0, 0, 1, b'x',
+        ];
+        let v5 = [
+            0x10, 0x0e, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 0, 0, 0, 1, b'x',
+        ];
+        assert!(!connect_is_v5_shaped(&v3));
+        assert!(connect_is_v5_shaped(&v5));
+        assert!(!connect_is_v5_shaped(&v5[..5]));
     }
 }
