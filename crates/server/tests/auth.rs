@@ -247,3 +247,50 @@ fn tern_passwd_creates_changes_and_deletes_users() {
         assert_eq!(mode & 0o077, 0, "not readable by others: {mode:o}");
     }
 }
+
+/// Runs `tern passwd ARGS` on a pseudo-terminal (util-linux `script`), typing `input`.
+fn passwd_on_a_terminal(args: &str, input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new("timeout")
+        .args(["20", "script", "-qec"])
+        .arg(format!("{} passwd {args}", common::bin()))
+        .arg("/dev/null")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("script (util-linux)");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input.as_bytes()).expect("type");
+    drop(stdin);
+    child.wait_with_output().expect("wait")
+}
+
+#[tokio::test]
+async fn tern_passwd_asks_twice_on_the_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("pw");
+    let f = file.to_str().expect("utf-8");
+    let out = passwd_on_a_terminal(&format!("-c {f} dave"), "typed1\ntyped1\n");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Password:") && text.contains("Reenter password:"),
+        "{text}"
+    );
+    let out = passwd_on_a_terminal(&format!("{f} erin"), "one\ntwo\n");
+    assert!(!out.status.success(), "different passwords accepted");
+    let b = Broker::start_with(&format!("[auth]\npassword_file = \"{f}\"\n"));
+    let reason = connack(
+        &b,
+        with_login(Protocol::V5, "d", Some("dave"), Some("typed1")),
+    )
+    .await;
+    assert_eq!(reason, ReasonCode::SUCCESS);
+    let reason = connack(&b, with_login(Protocol::V5, "e", Some("erin"), Some("one"))).await;
+    assert_eq!(
+        reason,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+        "erin was not added"
+    );
+}
