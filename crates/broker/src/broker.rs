@@ -43,6 +43,10 @@ pub struct Shared {
     /// Wills recovered from the store, armed when the broker starts serving.
     pub recovered_wills: Mutex<Vec<StoredWill>>,
     pub metrics: Metrics,
+    /// Passwords and ACL in force; a reload replaces them ([`crate::auth`]).
+    pub auth: crate::auth::Auth,
+    /// CONNECTs per source address (`max_connect_rate_per_ip`).
+    pub connect_rate: crate::connect_rate::ConnectRate,
     pub store: Arc<dyn MessageStore>,
     pub started_at: Instant,
     /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
@@ -83,6 +87,8 @@ impl Broker {
                 groups: Groups::default(),
                 recovered_wills: Mutex::new(Vec::new()),
                 metrics: Metrics::default(),
+                auth: crate::auth::Auth::default(),
+                connect_rate: Default::default(),
                 store,
                 started_at: Instant::now(),
                 read_order: Arc::default(),

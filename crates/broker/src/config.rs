@@ -53,6 +53,19 @@ pub struct BrokerConfig {
     pub slow_subscriber_timeout_ms: u64,
     /// `$SYS/broker/...` publish interval; 0 disables.
     pub sys_interval_s: u64,
+    /// Topic levels (`/`-separated) of a topic name or filter at most; beyond: PUBLISH closes
+    /// the connection (v5 0x90), SUBSCRIBE gets 0x8F / 0x80.
+    pub max_topic_levels: usize,
+    /// Bytes of a topic name or filter at most, same refusals.
+    pub max_topic_length_bytes: usize,
+    /// CONNECTs per second per source IP address (token bucket); 0: no limit. Beyond: v5
+    /// CONNACK 0x9F, 3.1.1 return code 3.
+    pub max_connect_rate_per_ip: u32,
+    /// CONNECTs a source address may make at once before `max_connect_rate_per_ip` applies.
+    pub connect_rate_burst: u32,
+    /// U+0001..U+001F and U+007F..U+009F in topics, filters, client ids and usernames are
+    /// malformed (connection closed), as in mosquitto. MQTT 5 §1.5.4 allows either.
+    pub reject_control_chars: bool,
 }
 
 impl Default for BrokerConfig {
@@ -77,6 +90,11 @@ impl Default for BrokerConfig {
             outbound_queue_max_messages: 100_000,
             slow_subscriber_timeout_ms: 30_000,
             sys_interval_s: 10,
+            max_topic_levels: 128,
+            max_topic_length_bytes: 4096,
+            max_connect_rate_per_ip: 0,
+            connect_rate_burst: 10,
+            reject_control_chars: true,
         }
     }
 }
@@ -146,6 +164,15 @@ impl BrokerConfig {
         }
         if self.outbound_queue_max_messages == 0 {
             return err("outbound_queue_max_messages", "must be at least 1");
+        }
+        if self.max_topic_levels == 0 {
+            return err("max_topic_levels", "must be at least 1");
+        }
+        if self.max_topic_length_bytes == 0 {
+            return err("max_topic_length_bytes", "must be at least 1");
+        }
+        if self.connect_rate_burst == 0 {
+            return err("connect_rate_burst", "must be at least 1");
         }
         if self.slow_subscriber_timeout_ms == 0 {
             return err("slow_subscriber_timeout_ms", "must be at least 1");

@@ -6,6 +6,9 @@
 //! - [`connection`]: one connection: CONNECT handshake, read loop, per-packet handlers, close.
 //! - [`read_order`]: read tickets, so that packets take effect across connections in the order
 //!   the I/O driver reported them (ARCHITECTURE.md §2.1).
+//! - [`auth`]: password file and ACL (mosquitto formats), replaced whole on reload.
+//! - [`connect_rate`]: the token bucket per source address behind `max_connect_rate_per_ip`.
+//! - [`fuzz`]: one input through a whole in-process connection (the fuzz target's core).
 //! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
 //! - [`persist`]: the [`MessageStore`] seam and tickets; [`MemoryStore`] keeps nothing.
 //! - [`durable`]: [`DurableStore`], the `MessageStore` over `tern-store` (on-disk schema in
@@ -20,11 +23,14 @@
 //!   [`message`] (a routed message, encoded once per protocol), [`metrics`].
 
 pub mod ack_pipeline;
+pub mod auth;
 pub mod broker;
 pub mod checkpoint;
 pub mod config;
+pub mod connect_rate;
 pub mod connection;
 pub mod durable;
+pub mod fuzz;
 pub mod message;
 pub mod metrics;
 pub mod outbound;
@@ -39,6 +45,7 @@ pub mod topic_alias;
 pub mod transport;
 pub mod will;
 
+pub use auth::{Auth, AuthRules};
 pub use broker::{Broker, Shared};
 pub use config::{BrokerConfig, ConfigError};
 pub use durable::{Durability, DurableConfig, DurableStore, Keep, SessionLimits, StreamSpec};

@@ -31,6 +31,25 @@ pub struct Metrics {
     pub publishes_refused_memory_limit: AtomicU64,
     /// CONNECTs refused at `max_connections` (v5 CONNACK 0x97, 3.1.1 return code 3).
     pub connections_refused: AtomicU64,
+    /// CONNECTs refused for a wrong or unknown username/password (v5 CONNACK 0x86, 3.1.1
+    /// return code 4) or for no credentials where they are required (0x87 / 5).
+    pub auth_failures: AtomicU64,
+    /// PUBLISHes the ACL did not let the client write (v5 PUBACK/PUBREC 0x87; QoS 0 and
+    /// 3.1.1: dropped without a word, as mosquitto does).
+    pub acl_denied_publish: AtomicU64,
+    /// SUBSCRIBE filters the ACL refused (SUBACK 0x80 in 3.1.1, 0x87 in v5).
+    pub acl_denied_subscribe: AtomicU64,
+    /// Deliveries not made because the subscriber may not read the message's topic (checked
+    /// per message on its concrete topic, as mosquitto does).
+    pub acl_denied_deliver: AtomicU64,
+    /// CONNECTs refused by `max_connect_rate_per_ip` (v5 CONNACK 0x9F, 3.1.1 return code 3).
+    pub connections_refused_rate: AtomicU64,
+    /// Topic names and filters over `max_topic_levels` / `max_topic_length_bytes` (PUBLISH:
+    /// connection closed, v5 DISCONNECT 0x90; SUBSCRIBE: SUBACK 0x8F / 0x80; will: CONNACK).
+    pub topics_refused_limit: AtomicU64,
+    /// Packets refused for a control character (U+0001..U+001F, U+007F..U+009F) in a topic,
+    /// filter, client id or username while `reject_control_chars` is on (connection closed).
+    pub control_chars_refused: AtomicU64,
     /// Bytes queued in every session's outbound queue (the measure of `max_queued_bytes_total`;
     /// shared with each session's `Outbound`).
     pub queued_bytes: std::sync::Arc<std::sync::atomic::AtomicUsize>,

@@ -219,10 +219,25 @@ pub fn route(shared: &Shared, message: Arc<Message>) {
 /// Pushes one delivery into a session's queue and wakes its writer.
 pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
     let qos = item.qos;
+    // `None` (no ACL file) costs one atomic load.
+    let acl = shared.auth.acl();
     let (result, dropped_oldest, dropped_now, online, first_kick) = {
         let mut state = session.state.lock();
         if state.ended {
             return;
+        }
+        if let Some(acl) = &acl {
+            let who = crate::auth::Who {
+                username: state.username.as_deref(),
+                client_id: &session.client_id,
+            };
+            // As mosquitto: read access is checked per message, on its concrete topic, so a
+            // wide subscription never carries a topic the ACL keeps from this client.
+            if !acl.allows(who, &item.message.topic, crate::auth::Access::Read) {
+                drop(state);
+                Metrics::add(&shared.metrics.acl_denied_deliver, 1);
+                return;
+            }
         }
         let online = state.conn.is_some();
         let before = state.out.dropped_oldest;

@@ -20,6 +20,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Load generator against any MQTT broker: pubsub, fanout, conns, latency.
     Bench(tern_bench::Args),
+    /// Add, change (-b: password on the command line) or delete (-D) a user of a password
+    /// file; -c creates it. Hashes are argon2id; mosquitto_passwd's lines are kept as they are.
+    Passwd(crate::passwd::PasswdArgs),
 }
 
 /// The config file keys, shown by `tern serve --help`.
@@ -67,6 +70,26 @@ Config file keys (TOML, all optional; defaults shown):
     outbound_queue_max_bytes = 8388608    per connection; QoS 0 dropped beyond it
     outbound_queue_max_messages = 100000
     slow_subscriber_timeout_ms = 30000    full queue this long: disconnect (v5 0x97)
+    max_topic_levels = 128                levels of a topic name or filter; beyond: PUBLISH closes
+                                          the connection (v5 0x90), SUBSCRIBE gets 0x8F / 0x80
+    max_topic_length_bytes = 4096         bytes of a topic name or filter, same refusals
+    max_connect_rate_per_ip = 0           CONNECTs per second per source address (token bucket;
+                                          0: no limit); beyond: CONNACK 0x9F / 3
+    connect_rate_burst = 10               CONNECTs an address may make at once before the rate applies
+    reject_control_chars = true           U+0001-U+001F, U+007F-U+009F in topics, filters, client
+                                          ids, usernames are malformed: closed (v5 0x81)
+  [auth]                                  (users and ACL; mosquitto's file formats, README \"Authentication\")
+    allow_anonymous = (see text)          let clients without a username in. Default: true when
+                                          every listener binds a loopback address; otherwise false
+                                          if password_file is set, and without it tern refuses to
+                                          start until one of the two is set
+    password_file = \"passwd\"              users (`tern passwd`; mosquitto_passwd $6$/$7$ lines work
+                                          as they are). Wrong password: CONNACK 0x86 / 4; no
+                                          username where one is needed: 0x87 / 5
+    acl_file = \"acl\"                      mosquitto ACL file (user, topic, pattern %c %u, deny).
+                                          Denied SUBSCRIBE: SUBACK 0x87 / 0x80; denied PUBLISH:
+                                          v5 PUBACK/PUBREC 0x87, 3.1.1 dropped; denied topics are
+                                          not delivered. SIGHUP re-reads both files.
   [sys]
     interval_s = 10                       $SYS/broker/... publish interval (0 disables)
   [state]                                 state streams: sessions, subscriptions, retained messages
@@ -99,8 +122,9 @@ Config file keys (TOML, all optional; defaults shown):
   durability = \"never\". A filtered stream may not be called `messages` then.
 
 SIGINT/SIGTERM: stop accepting, send v5 clients DISCONNECT 0x8B, close, exit 0.
-SIGHUP: re-read every TLS listener's certificate, key and client CA; connections stay up, new
-handshakes use the new files (a listener whose files are bad keeps its old ones, logged).";
+SIGHUP: re-read password_file and acl_file, and every TLS listener's certificate, key and
+client CA; connections stay up, new CONNECTs and handshakes use the new files (a bad file keeps
+the old rules or certificates, logged).";
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {

@@ -26,6 +26,8 @@ pub struct FileConfig {
     /// `[store] max_disk_bytes`: the data directory's disk budget; `None` (the default, or 0
     /// in the file) means none.
     pub max_disk_bytes: Option<u64>,
+    /// `[auth]` (crate::auth_config).
+    pub auth: crate::auth_config::AuthConfig,
 }
 
 impl Default for FileConfig {
@@ -37,6 +39,7 @@ impl Default for FileConfig {
             streams: Vec::new(),
             state_sync: SyncPolicy::Always,
             max_disk_bytes: None,
+            auth: Default::default(),
         }
     }
 }
@@ -154,6 +157,16 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
             }
             "state" => config.state_sync = parse_state(section)?,
             "store" => config.max_disk_bytes = parse_store(section)?,
+            "auth" => {
+                config.auth =
+                    Value::Table(section.clone())
+                        .try_into()
+                        .map_err(|e: toml::de::Error| ConfigFileError::BadValue {
+                            key: "auth".into(),
+                            table: "auth",
+                            reason: e.message().trim().to_string(),
+                        })?
+            }
             other => return Err(ConfigFileError::UnknownTable(other.to_string())),
         }
     }
@@ -326,6 +339,11 @@ fn parse_limits(section: &Table, b: &mut BrokerConfig) -> Result<(), ConfigFileE
             "outbound_queue_max_bytes" => b.outbound_queue_max_bytes = get(v, k, T)?,
             "outbound_queue_max_messages" => b.outbound_queue_max_messages = get(v, k, T)?,
             "slow_subscriber_timeout_ms" => b.slow_subscriber_timeout_ms = get(v, k, T)?,
+            "max_topic_levels" => b.max_topic_levels = get(v, k, T)?,
+            "max_topic_length_bytes" => b.max_topic_length_bytes = get(v, k, T)?,
+            "max_connect_rate_per_ip" => b.max_connect_rate_per_ip = get(v, k, T)?,
+            "connect_rate_burst" => b.connect_rate_burst = get(v, k, T)?,
+            "reject_control_chars" => b.reject_control_chars = get(v, k, T)?,
             _ => return Err(unknown(k, T)),
         }
     }

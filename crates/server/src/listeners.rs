@@ -211,27 +211,6 @@ impl CertReloader {
     }
 }
 
-/// Reloads the certificates on every SIGHUP. Installed before the listeners are announced,
-/// so that a SIGHUP right after start-up never meets the default action (terminate).
-/// The `[auth]` layer's SIGHUP handler (password file, ACL) can run beside it: tokio delivers
-/// a signal to every listener of it.
-pub fn reload_on_sighup(reloader: CertReloader) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hangup = signal(SignalKind::hangup())?;
-        tokio::spawn(async move {
-            while hangup.recv().await.is_some() {
-                tracing::info!("SIGHUP received");
-                reloader.reload();
-            }
-        });
-    }
-    #[cfg(not(unix))]
-    drop(reloader);
-    Ok(())
-}
-
 /// Binds every listener (in the runtime).
 pub async fn bind(
     prepared: Vec<Prepared>,

@@ -1,12 +1,16 @@
 //! The `tern` binary: `tern serve` runs the broker (crate tern-broker) on its listeners.
 //! `tern bench` runs the load generator (crate tern-bench).
-//! - `cli`: the command line; `config_file`: the TOML file; `signals`: SIGINT/SIGTERM.
+//! `tern passwd` manages a password file (`passwd`).
+//! - `cli`: the command line; `config_file`: the TOML file (`auth_config`: its `[auth]`);
+//!   `signals`: SIGINT/SIGTERM, SIGHUP reloads.
 //! - `listeners`: `[[listener]]` tables (TCP or WebSocket, TLS or not); `tls`: rustls configs
 //!   and their reload; `ws`: the WebSocket upgrade and byte-stream adapter.
 
+mod auth_config;
 mod cli;
 mod config_file;
 mod listeners;
+mod passwd;
 mod signals;
 mod tls;
 mod ws;
@@ -33,6 +37,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Bench(args) => tern_bench::run(args),
+        Command::Passwd(args) => passwd::run(args),
     }
 }
 
@@ -94,7 +99,28 @@ fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     }
-    match run(prepared, &args.data_dir, file) {
+    // The rule is over every listener's address, but a listener that sets `allow_anonymous`
+    // itself has decided for its own address.
+    let binds: Vec<String> = listener_configs
+        .iter()
+        .filter(|l| l.allow_anonymous.is_none())
+        .map(|l| l.bind.clone())
+        .collect();
+    let allow_anonymous = match auth_config::allow_anonymous_default(&file.auth, &binds) {
+        Ok(allow) => allow,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let rules = match auth_config::load_rules(&file.auth, allow_anonymous) {
+        Ok(rules) => rules,
+        Err(error) => {
+            eprintln!("error: [auth] {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match run(prepared, &args.data_dir, file, rules, allow_anonymous) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
@@ -107,6 +133,8 @@ fn run(
     prepared: Vec<listeners::Prepared>,
     data_dir: &Path,
     file: config_file::FileConfig,
+    rules: tern_broker::AuthRules,
+    allow_anonymous: bool,
 ) -> anyhow::Result<()> {
     let store = DurableStore::open(
         data_dir,
@@ -129,9 +157,13 @@ fn run(
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let broker = Broker::with_store(file.broker, store).context("invalid limits")?;
+        broker.shared().auth.replace(rules);
         let shutdown = signals::install().context("cannot install signal handlers")?;
-        listeners::reload_on_sighup(listeners::CertReloader::new(&prepared))
-            .context("cannot install the SIGHUP handler")?;
+        signals::on_hangup(vec![
+            auth_reload(&broker, file.auth.clone(), allow_anonymous),
+            cert_reload(listeners::CertReloader::new(&prepared)),
+        ])
+        .context("cannot install the SIGHUP handler")?;
         let max_packet_size = broker.shared().config.max_packet_size_bytes;
         let listeners = listeners::bind(prepared, max_packet_size).await?;
         {
@@ -149,4 +181,41 @@ fn run(
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// SIGHUP: re-read the password file and the ACL; both apply together, or neither.
+/// SIGHUP: every TLS listener's certificate, key and client CA (a listener whose files are bad
+/// keeps its old ones).
+fn cert_reload(reloader: listeners::CertReloader) -> signals::Reload {
+    signals::Reload {
+        name: "TLS certificates",
+        apply: Box::new(move || {
+            let failed = reloader.reload();
+            if failed.is_empty() {
+                Ok(())
+            } else {
+                let names: Vec<String> = failed
+                    .iter()
+                    .map(|(listener, error)| format!("{listener}: {error}"))
+                    .collect();
+                Err(names.join("; "))
+            }
+        }),
+    }
+}
+
+fn auth_reload(
+    broker: &Broker,
+    auth: auth_config::AuthConfig,
+    allow_anonymous: bool,
+) -> signals::Reload {
+    let shared = broker.shared().clone();
+    signals::Reload {
+        name: "password_file and acl_file",
+        apply: Box::new(move || {
+            let rules = auth_config::load_rules(&auth, allow_anonymous)?;
+            shared.auth.replace(rules);
+            Ok(())
+        }),
+    }
 }

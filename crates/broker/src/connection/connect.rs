@@ -1,17 +1,22 @@
 //! The CONNECT handshake: read the first packet within `connect_timeout_ms`, validate it,
 //! answer with CONNACK (both versions), attach the session.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tern_wire::{ConnAck, Connect, Packet, Properties, Protocol, ReasonCode, Str, decode};
+use tern_wire::{
+    ConnAck, Connect, DecodeError, Packet, Properties, Protocol, ReasonCode, Str, decode,
+};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::strict::{self, TopicRefusal};
 use super::{Conn, read_some};
 use crate::ack_pipeline::AckPipeline;
+use crate::auth::{Access, AclView, Verdict, Who};
 use crate::broker::Shared;
 use crate::metrics::Metrics;
 use crate::outbound::{WriterState, encode_packet};
@@ -33,6 +38,8 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
 ) -> Option<(Conn, (W, WriterState))> {
     let config = &shared.config;
     // Only what the CONNECT needs of `info` is kept across the reads below.
+    let info_peer = info.peer.ip();
+    let allow_anonymous = info.listener.allow_anonymous;
     let identity = identity_username(info);
     let deadline = Instant::now() + config.connect_timeout();
     let mut connect = loop {
@@ -43,9 +50,17 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
             Ok(None) => {}
             Err(error) => {
                 tracing::debug!(%error, "bad CONNECT");
-                if error.reason_code() == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
-                    // MQTT-3.1.2-2: return code 1 in the 3.1.1 format, then close.
-                    Box::pin(reject(&mut writer, Protocol::V3_1_1, error.reason_code())).await;
+                if error == DecodeError::InvalidProtocolName {
+                    // MQTT-3.1.2-1: not MQTT at all: closed without a CONNACK.
+                } else if let DecodeError::UnsupportedProtocolVersion { level } = error {
+                    // MQTT-3.1.2-2: return code 1 in the 3.1.1 format, then close; a CONNECT
+                    // laid out as a v5 one (of a later level) gets the v5 form, 0x84.
+                    let form = if level > Protocol::V5.level() && connect_is_v5_shaped(buf) {
+                        Protocol::V5
+                    } else {
+                        Protocol::V3_1_1
+                    };
+                    Box::pin(reject(&mut writer, form, error.reason_code())).await;
                 } else if peek_connect_level(buf) == Some(Protocol::V5.level()) {
                     // MQTT 5 §3.2.2.2: a v5 CONNECT that is malformed or breaks the protocol
                     // may be answered with a CONNACK carrying the reason before closing.
@@ -64,6 +79,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
     };
     // The CONNECT stays boxed until `accept` takes it: inline it would grow this future, which
     // every connection allocates (measured in release: +1.1 KiB).
+    let by_certificate = identity.is_some();
     if let Some(username) = identity {
         if let Err(reason) = use_identity(username, &mut connect) {
             let protocol = connect.protocol;
@@ -72,7 +88,12 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
             return None;
         }
     }
-    accept(shared, *connect, writer).await
+    let client = Client {
+        peer: info_peer,
+        allow_anonymous,
+        by_certificate,
+    };
+    accept(shared, *connect, writer, client).await
 }
 
 /// `Some` when the listener has `use_identity_as_username` and TLS: the client certificate's
@@ -146,6 +167,60 @@ fn peek_connect_level(buf: &[u8]) -> Option<u8> {
     buf.get(offset + 2 + name_len).copied()
 }
 
+/// Whether the CONNECT at the front of `buf` reads as a v5 one (a property block before the
+/// client id) and not as a 3.x one, whatever its level says: only such a client can read a v5
+/// CONNACK. Without will, username and password flags the client id must end the packet.
+fn connect_is_v5_shaped(buf: &[u8]) -> bool {
+    let Some(body) = connect_body(buf) else {
+        return false;
+    };
+    let Some(name_len) = read_u16(body, 0) else {
+        return false;
+    };
+    // Protocol name, level, flags, keep alive.
+    let fixed = 2 + usize::from(name_len) + 4;
+    let (Some(flags), Some(rest)) = (body.get(fixed - 3), body.get(fixed..)) else {
+        return false;
+    };
+    let exact = flags & 0xC4 == 0;
+    let string_end = |at: usize| {
+        read_u16(rest, at)
+            .map(|n| at + 2 + usize::from(n))
+            .filter(|&end| {
+                if exact {
+                    end == rest.len()
+                } else {
+                    end <= rest.len()
+                }
+            })
+    };
+    let v5 = read_varint(rest).and_then(|(props_len, used)| string_end(used + props_len));
+    v5.is_some() && string_end(0).is_none()
+}
+
+/// The body of the packet at the front of `buf` (as much of it as is there).
+fn connect_body(buf: &[u8]) -> Option<&[u8]> {
+    let (len, used) = read_varint(buf.get(1..)?)?;
+    let start = 1 + used;
+    buf.get(start..(start + len).min(buf.len()))
+}
+
+fn read_u16(data: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*data.get(at)?, *data.get(at + 1)?]))
+}
+
+/// An MQTT variable byte integer: (value, bytes used).
+fn read_varint(data: &[u8]) -> Option<(usize, usize)> {
+    let mut value = 0usize;
+    for (i, byte) in data.iter().take(4).enumerate() {
+        value |= usize::from(byte & 0x7F) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((value, i + 1));
+        }
+    }
+    None
+}
+
 /// Boxed by its callers: rare, and inline it would grow the handshake every connection makes.
 async fn reject<W: TransportWrite>(writer: &mut W, protocol: Protocol, reason: ReasonCode) {
     let connack = Packet::ConnAck(ConnAck {
@@ -182,9 +257,40 @@ fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
     if connect.client_id.len() > shared.config.max_client_id_len {
         return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
     }
+    if connect.protocol == Protocol::V3_1 && !(1..=23).contains(&connect.client_id.chars().count())
+    {
+        // MQTT 3.1 §3.1: a client identifier of 1 to 23 characters, else return code 2.
+        return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+    }
+    let config = &shared.config;
+    let username_ok = connect
+        .username
+        .as_deref()
+        .is_none_or(|u| strict::string_ok(config, u));
+    if !strict::string_ok(config, &connect.client_id) || !username_ok {
+        Metrics::add(&shared.metrics.control_chars_refused, 1);
+        return Err(ReasonCode::MALFORMED_PACKET);
+    }
     if let Some(will) = &connect.will {
         if tern_topic::validate_topic_name(&will.topic).is_err() {
             return Err(ReasonCode::TOPIC_NAME_INVALID);
+        }
+        match strict::check_topic(config, &will.topic) {
+            Ok(()) => {}
+            Err(TopicRefusal::ControlChar) => {
+                Metrics::add(&shared.metrics.control_chars_refused, 1);
+                return Err(ReasonCode::MALFORMED_PACKET);
+            }
+            Err(TopicRefusal::Limit) => {
+                Metrics::add(&shared.metrics.topics_refused_limit, 1);
+                return Err(ReasonCode::TOPIC_NAME_INVALID);
+            }
+        }
+        if let Some(response) = &will.properties.response_topic
+            && tern_topic::validate_topic_name(response).is_err()
+        {
+            // v5 §3.1.3.2: the will's Response Topic is a Topic Name (no wildcards).
+            return Err(ReasonCode::PROTOCOL_ERROR);
         }
         if v5
             && will.properties.payload_format_indicator == Some(1)
@@ -196,15 +302,113 @@ fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
     Ok(())
 }
 
+/// Who is connecting, as far as the checks before the session need it.
+struct Client {
+    peer: IpAddr,
+    /// The listener's `allow_anonymous`; `None` = the `[auth]` setting.
+    allow_anonymous: Option<bool>,
+    /// The username is the client certificate's CN (`use_identity_as_username`).
+    by_certificate: bool,
+}
+
+/// `max_connect_rate_per_ip`: takes a token of `peer`'s bucket, or counts and logs the refusal.
+fn admit_rate(shared: &Shared, peer: IpAddr, client_id: &str) -> bool {
+    let config = &shared.config;
+    let now = Instant::now();
+    let rate = config.max_connect_rate_per_ip;
+    if shared
+        .connect_rate
+        .admit(peer, rate, config.connect_rate_burst, now)
+    {
+        return true;
+    }
+    let n = Metrics::add_get(&shared.metrics.connections_refused_rate, 1);
+    if n.is_power_of_two() {
+        tracing::warn!(%peer, client_id, limit = rate, count = n, "max_connect_rate_per_ip: CONNECT refused");
+    }
+    false
+}
+
+/// The credentials (password file) and the will's topic (ACL, write access), checked before
+/// anything else is taken for the connection. Refusals are counted and logged (rate-limited).
+async fn authorize(
+    shared: &Shared,
+    connect: &Connect,
+    username: Option<&str>,
+    client: &Client,
+) -> Result<(), ReasonCode> {
+    // A username taken from the client certificate (`use_identity_as_username`) is the
+    // authentication: the password file is not consulted, as in mosquitto.
+    let verdict = if client.by_certificate {
+        Verdict::Allowed
+    } else {
+        shared
+            .auth
+            .authenticate(
+                username,
+                connect.password.as_deref(),
+                client.allow_anonymous,
+            )
+            .await
+    };
+    let reason = match verdict {
+        Verdict::Allowed => None,
+        // MQTT-3.1.4-2 / §3.2.2.2: v5 0x86, 3.1.1 return code 4.
+        Verdict::BadCredentials => Some(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
+        // v5 0x87, 3.1.1 return code 5.
+        Verdict::NotAuthorized => Some(ReasonCode::NOT_AUTHORIZED),
+    };
+    if let Some(reason) = reason {
+        let n = Metrics::add_get(&shared.metrics.auth_failures, 1);
+        if n.is_power_of_two() {
+            tracing::warn!(client_id = %connect.client_id, username, ?verdict, count = n, "CONNECT refused");
+        }
+        return Err(reason);
+    }
+    if let (Some(will), Some(acl)) = (&connect.will, shared.auth.acl()) {
+        let who = Who {
+            username,
+            client_id: &connect.client_id,
+        };
+        if !acl.allows(who, &will.topic, Access::Write) {
+            // mosquitto refuses the CONNECT of a will it would not let the client publish.
+            Metrics::add(&shared.metrics.acl_denied_publish, 1);
+            return Err(ReasonCode::NOT_AUTHORIZED);
+        }
+    }
+    Ok(())
+}
+
 async fn accept<W: TransportWrite>(
     shared: &Arc<Shared>,
     connect: Connect,
     mut writer: W,
+    client: Client,
 ) -> Option<(Conn, (W, WriterState))> {
     let config = &shared.config;
     let protocol = connect.protocol;
     let v5 = protocol.is_v5();
     if let Err(reason) = check(shared, &connect) {
+        if reason == ReasonCode::MALFORMED_PACKET && !v5 {
+            // 3.1.1 has no return code for a malformed CONNECT: closed without a CONNACK.
+            let _ = writer.shutdown().await;
+        } else {
+            Box::pin(reject(&mut writer, protocol, reason)).await;
+        }
+        return None;
+    }
+    if !admit_rate(shared, client.peer, &connect.client_id) {
+        // 0x9F Connection rate exceeded; 3.1.1: return code 3, Server unavailable.
+        Box::pin(reject(
+            &mut writer,
+            protocol,
+            ReasonCode::CONNECTION_RATE_EXCEEDED,
+        ))
+        .await;
+        return None;
+    }
+    let username: Option<Arc<str>> = connect.username.as_deref().map(Arc::from);
+    if let Err(reason) = authorize(shared, &connect, username.as_deref(), &client).await {
         Box::pin(reject(&mut writer, protocol, reason)).await;
         return None;
     }
@@ -297,6 +501,7 @@ async fn accept<W: TransportWrite>(
         shared,
         AttachRequest {
             client_id: &client_id,
+            username: username.clone(),
             protocol,
             clean_start: connect.clean_start,
             expiry_interval_s,
@@ -317,6 +522,8 @@ async fn accept<W: TransportWrite>(
         ctl: attached.ctl,
         conn_gen: attached.conn_gen,
         client_id,
+        username,
+        acl: AclView::default(),
         protocol,
         keep_alive,
         will,
@@ -348,5 +555,20 @@ mod tests {
         assert_eq!(peek_connect_level(&v31), Some(3));
         assert_eq!(peek_connect_level(&[0x10, 0x10, 0]), None);
         assert_eq!(peek_connect_level(&[0x30, 0x10, 0, 4]), None);
+    }
+
+    #[test]
+    fn tells_v5_shaped_connects_from_3x_ones() {
+        use super::connect_is_v5_shaped;
+        // Level 6, then keep alive, then: v3 layout (client id "x") / v5 layout (no properties).
+        let v3 = [
+            0x10, 0x0d, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 0, 0, 1, b'x',
+        ];
+        let v5 = [
+            0x10, 0x0e, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 0, 0, 0, 1, b'x',
+        ];
+        assert!(!connect_is_v5_shaped(&v3));
+        assert!(connect_is_v5_shaped(&v5));
+        assert!(!connect_is_v5_shaped(&v5[..5]));
     }
 }

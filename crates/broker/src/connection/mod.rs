@@ -20,6 +20,7 @@ mod close;
 mod connect;
 mod publish;
 mod quota;
+mod strict;
 mod subscribe;
 
 use std::future::{Future, poll_fn};
@@ -81,6 +82,10 @@ pub(crate) struct Conn {
     ctl: Arc<ConnCtl>,
     conn_gen: u64,
     client_id: Arc<str>,
+    /// The CONNECT's username (checked against the password file, if there is one).
+    username: Option<Arc<str>>,
+    /// The ACL as this connection last saw it (`crate::auth`).
+    acl: crate::auth::AclView,
     protocol: Protocol,
     /// 1.5 × the keep alive in force; `None` when keep alive is off.
     keep_alive: Option<Duration>,

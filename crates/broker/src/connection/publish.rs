@@ -8,6 +8,7 @@ use tern_wire::{Ack, Publish, QoS, ReasonCode};
 
 use super::{Close, Conn};
 use crate::ack_pipeline::{AckKind, Entry};
+use crate::auth::{Access, Who};
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::topic_alias::AliasError;
@@ -34,6 +35,13 @@ impl Conn {
         let topic_str: &str = &topic;
         if tern_topic::validate_topic_name(topic_str).is_err() {
             return Err(Close::Protocol(ReasonCode::TOPIC_NAME_INVALID));
+        }
+        self.check_strict(topic_str, ReasonCode::TOPIC_NAME_INVALID)?;
+        if let Some(response) = &publish.properties.response_topic
+            && tern_topic::validate_topic_name(response).is_err()
+        {
+            // MQTT-3.3.2-14: the Response Topic is a Topic Name: no wildcards.
+            return Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR));
         }
         let sys_topic = topic_str.starts_with("$SYS/") || topic_str == "$SYS";
         let packet_id = publish.packet_id;
@@ -91,6 +99,15 @@ impl Conn {
         if sys_topic || topic.starts_with("$tern/") {
             // Clients may not publish into the broker's own statistics, nor into the topic
             // space of the store's control records.
+            route = false;
+        }
+        if route && reason.is_success() && !self.may_write(topic_str) {
+            if qos == QoS::AtMostOnce {
+                return Ok(());
+            }
+            // As mosquitto: v5 PUBACK / PUBREC 0x87 (a PUBREC >= 0x80 ends the exchange);
+            // 3.1.1 acks carry no reason, so the message is acknowledged and dropped.
+            reason = ReasonCode::NOT_AUTHORIZED;
             route = false;
         }
         if route && reason.is_success() && self.limit_reached(topic_str, qos) {
@@ -224,6 +241,26 @@ impl Conn {
             );
         }
         true
+    }
+
+    /// The ACL's write check (always true without an ACL); a denial is counted and logged
+    /// (rate-limited).
+    fn may_write(&mut self, topic: &str) -> bool {
+        let Some(acl) = self.acl.current(&self.shared.auth) else {
+            return true;
+        };
+        let who = Who {
+            username: self.username.as_deref(),
+            client_id: &self.client_id,
+        };
+        if acl.allows(who, topic, Access::Write) {
+            return true;
+        }
+        let n = Metrics::add_get(&self.shared.metrics.acl_denied_publish, 1);
+        if n.is_power_of_two() {
+            tracing::info!(client_id = %self.client_id, topic, count = n, "ACL: PUBLISH denied");
+        }
+        false
     }
 
     fn push_entry(&mut self, entry: Entry<Arc<Message>>) {

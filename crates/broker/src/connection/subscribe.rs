@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::{Close, Conn};
 use crate::ack_pipeline::{AckKind, Entry};
+use crate::auth::Who;
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::outbound::Outgoing;
@@ -48,6 +49,13 @@ impl Conn {
         // (filter, record) whose retained messages are due (Retain Handling 0, or 1 when new).
         let mut retained_due = Vec::new();
         for (raw, options) in &subscribe.filters {
+            if let Err(close) = self.check_strict(raw, ReasonCode::TOPIC_FILTER_INVALID) {
+                if close == Close::Protocol(ReasonCode::TOPIC_FILTER_INVALID) {
+                    reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
+                    continue;
+                }
+                return Err(close);
+            }
             let Ok(kind) = tern_topic::classify_filter(raw) else {
                 reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
                 continue;
@@ -56,6 +64,15 @@ impl Conn {
             if shared_sub && options.no_local && v5 {
                 // MQTT-3.8.3-4: No Local on a shared subscription is a protocol error.
                 return Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR));
+            }
+            if !self.may_subscribe(kind) {
+                // 3.1.1: 0x80 Failure (MQTT-3.9.3); v5: 0x87 Not authorized.
+                reasons.push(if v5 {
+                    ReasonCode::NOT_AUTHORIZED
+                } else {
+                    ReasonCode::UNSPECIFIED_ERROR
+                });
+                continue;
             }
             let record = SubRecord {
                 options: *options,
@@ -146,6 +163,13 @@ impl Conn {
         let mut reasons = Vec::with_capacity(unsubscribe.filters.len());
         let mut ticket = None;
         for raw in &unsubscribe.filters {
+            if let Err(close) = self.check_strict(raw, ReasonCode::TOPIC_FILTER_INVALID) {
+                if close == Close::Protocol(ReasonCode::TOPIC_FILTER_INVALID) {
+                    reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
+                    continue;
+                }
+                return Err(close);
+            }
             let Ok(kind) = tern_topic::classify_filter(raw) else {
                 reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
                 continue;
@@ -182,6 +206,30 @@ impl Conn {
         });
         self.push_control_ack(unsubscribe.packet_id, &unsuback, ticket);
         Ok(())
+    }
+
+    /// The ACL's check of a filter (a shared subscription's filter without its
+    /// `$share/{group}/`); always true without an ACL. Denials are counted.
+    fn may_subscribe(&mut self, kind: FilterKind<'_>) -> bool {
+        let Some(acl) = self.acl.current(&self.shared.auth) else {
+            return true;
+        };
+        let filter = match kind {
+            FilterKind::Shared { filter, .. } => filter,
+            FilterKind::Normal(filter) => filter,
+        };
+        let who = Who {
+            username: self.username.as_deref(),
+            client_id: &self.client_id,
+        };
+        if acl.allows_subscribe(who, filter) {
+            return true;
+        }
+        let n = Metrics::add_get(&self.shared.metrics.acl_denied_subscribe, 1);
+        if n.is_power_of_two() {
+            tracing::info!(client_id = %self.client_id, filter, count = n, "ACL: SUBSCRIBE denied");
+        }
+        false
     }
 
     /// Queues SUBACK / UNSUBACK behind the acknowledgements before it; it leaves once

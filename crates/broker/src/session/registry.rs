@@ -56,6 +56,8 @@ pub struct Attached {
 /// What the new connection asks for.
 pub struct AttachRequest<'a> {
     pub client_id: &'a Arc<str>,
+    /// The connection's username (the ACL's `user` and `%u` for deliveries).
+    pub username: Option<Arc<str>>,
     pub protocol: Protocol,
     pub clean_start: bool,
     pub expiry_interval_s: u32,
@@ -116,6 +118,7 @@ pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
         conn_gen = state.conn_gen;
         state.conn = Some(ctl.clone());
         state.protocol = request.protocol;
+        state.username = request.username;
         state.expiry_interval_s = request.expiry_interval_s;
         // A reconnect within the will delay cancels the will (MQTT-3.1.3-9).
         state.pending_will = None;

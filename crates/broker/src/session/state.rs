@@ -91,6 +91,8 @@ pub struct SessionState {
     pub conn: Option<Arc<ConnCtl>>,
     pub conn_gen: u64,
     pub protocol: Protocol,
+    /// The username of the last connection (ACL checks on delivery).
+    pub username: Option<Arc<str>>,
     /// By the filter as subscribed (with any `$share/{group}/` prefix).
     pub subscriptions: HashMap<Box<str>, SubRecord>,
     /// QoS 2 packet ids received and not yet released (ARCHITECTURE §3). Bounded by our
@@ -114,6 +116,7 @@ impl Session {
                 conn: None,
                 conn_gen: 0,
                 protocol,
+                username: None,
                 subscriptions: HashMap::new(),
                 qos2_received: HashSet::new(),
                 expiry_interval_s,
