@@ -547,6 +547,15 @@ impl Stream {
         }
     }
 
+    /// The writer's fsync latency and group-commit batch size histograms (lock-free reads).
+    pub fn histograms(&self) -> crate::histogram::StreamHistograms {
+        let c = &self.sh().counters;
+        crate::histogram::StreamHistograms {
+            fsync_us: c.fsync_us.snapshot(),
+            batch_records: c.batch_records.snapshot(),
+        }
+    }
+
     pub fn info(&self) -> StreamInfo {
         let sh = self.sh();
         let mut st = lock(&sh.state);

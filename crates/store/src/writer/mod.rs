@@ -318,6 +318,8 @@ impl Writer {
         }
         let has_ops = !ops.is_empty() || !internal.is_empty();
         self.sh.counters.turns.fetch_add(1, Ordering::Relaxed);
+        // Only this thread adds to `records`: the difference is this turn's batch.
+        let records_before = self.sh.counters.records.load(Ordering::Relaxed);
         let mut ops: VecDeque<(usize, QueuedOp)> = ops.into();
         let mut internal = internal;
         let mut pos = 0;
@@ -341,6 +343,10 @@ impl Writer {
         };
         let res = res.and_then(|()| self.commit(&buf, has_ops || force_sync));
         self.inbox = buf;
+        let batch = self.sh.counters.records.load(Ordering::Relaxed) - records_before;
+        if batch > 0 {
+            self.sh.counters.batch_records.observe(batch);
+        }
         if let Err(e) = res {
             self.fail(e);
             return;
