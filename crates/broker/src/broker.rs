@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -46,11 +46,18 @@ pub struct Shared {
     /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
     pub(crate) read_order: Arc<ReadOrder>,
     next_connection_id: AtomicU64,
+    /// Set while [`Broker::serve`] accepts connections (recovery is done by then).
+    ready: AtomicBool,
 }
 
 impl Shared {
     pub fn next_connection_id(&self) -> u64 {
         self.next_connection_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// True while the broker accepts connections (recovery done, listener open).
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 }
 
@@ -85,6 +92,7 @@ impl Broker {
                 started_at: Instant::now(),
                 read_order: Arc::default(),
                 next_connection_id: AtomicU64::new(1),
+                ready: AtomicBool::new(false),
             }),
         };
         crate::session::restore::restore(&broker.shared, recovered);
@@ -110,6 +118,7 @@ impl Broker {
         crate::will::arm_recovered(&self.shared);
         let checkpoints = tokio::spawn(crate::checkpoint::run_checkpoints(self.shared.clone()));
         tokio::pin!(shutdown);
+        self.shared.ready.store(true, Ordering::Release);
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -128,6 +137,7 @@ impl Broker {
             }
         }
         drop(listener);
+        self.shared.ready.store(false, Ordering::Release);
         tracing::info!(connections = connections.len(), "shutting down");
         let _ = stop_tx.send(true);
         let drained =

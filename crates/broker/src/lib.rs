@@ -16,13 +16,17 @@
 //! - [`outbound`]: per-session queue, in-flight window and the vectored writer task.
 //! - [`retained`], [`will`], [`sys`] (`$SYS/broker/...`), [`topic_alias`], [`packet_ids`],
 //!   [`message`] (a routed message, encoded once per protocol), [`metrics`].
+//! - [`admin`]: paged lists and actions for operators; [`exposition`]: `/metrics` (Prometheus
+//!   text format) over the same counters as `$SYS`.
 
 pub mod ack_pipeline;
+pub mod admin;
 pub mod broker;
 pub mod checkpoint;
 pub mod config;
 pub mod connection;
 pub mod durable;
+pub mod exposition;
 pub mod message;
 pub mod metrics;
 pub mod outbound;

@@ -6,9 +6,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub clients_connected: AtomicU64,
-    pub messages_received: AtomicU64,
-    pub messages_sent: AtomicU64,
+    /// PUBLISHes received from clients, by QoS (index 0, 1, 2); one add per PUBLISH.
+    pub messages_received_by_qos: [AtomicU64; 3],
+    /// Deliveries taken from session queues to be sent, by QoS (resends not counted); added
+    /// once per writer batch.
+    pub messages_sent_by_qos: [AtomicU64; 3],
     pub messages_dropped: AtomicU64,
+    /// Of `messages_dropped`: deliveries whose Message Expiry Interval passed while queued.
+    pub messages_dropped_expired: AtomicU64,
+    /// Of `messages_dropped`: queued deliveries whose stored records retention removed.
+    pub messages_dropped_retention: AtomicU64,
+    /// Deliveries and PUBLISHes refused by an access rule. Incremented by the ACL checks
+    /// (added with authentication); not part of `messages_dropped`.
+    pub messages_dropped_acl: AtomicU64,
     /// Of `messages_dropped`: QoS 0 refused because an online subscriber's outbound queue was
     /// at its byte or message limit (a slow subscriber).
     pub messages_dropped_queue_full: AtomicU64,
@@ -36,6 +46,9 @@ pub struct Metrics {
     pub queued_bytes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Live connections (past CONNECT, not yet closed), the measure of `max_connections`.
     pub connections: std::sync::atomic::AtomicUsize,
+    /// Deliveries in every session's outbound queue (beyond the in-flight window), kept with
+    /// `queued_bytes` by each `Outbound`.
+    pub queued_messages: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub subscriptions: AtomicU64,
@@ -57,5 +70,15 @@ impl Metrics {
 
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
+    }
+
+    /// PUBLISHes received, all QoS.
+    pub fn messages_received(&self) -> u64 {
+        self.messages_received_by_qos.iter().map(Metrics::get).sum()
+    }
+
+    /// Deliveries sent, all QoS.
+    pub fn messages_sent(&self) -> u64 {
+        self.messages_sent_by_qos.iter().map(Metrics::get).sum()
     }
 }

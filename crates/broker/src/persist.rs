@@ -350,6 +350,23 @@ pub trait MessageStore: Send + Sync + 'static {
     fn disk_usage(&self) -> Option<(u64, u64)> {
         None
     }
+    /// Every stream with its numbers, for `/metrics` and the admin API (none in memory).
+    fn stream_stats(&self) -> Vec<crate::admin::StreamStats> {
+        Vec::new()
+    }
+    /// Removes every message (not `$`-topics) of the message stream `name`; the number of
+    /// records removed.
+    fn purge_stream(&self, name: &str) -> Result<u64, crate::admin::ActionError> {
+        Err(crate::admin::ActionError::NotFound {
+            what: "stream",
+            name: name.to_string(),
+        })
+    }
+    /// A ticket that completes once every state-stream write issued so far is durable
+    /// (`None`: nothing to wait for).
+    fn state_barrier(&self) -> Option<Ticket> {
+        None
+    }
 }
 
 /// State handed back by [`MessageStore::recover`].

@@ -53,11 +53,11 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
         ),
         (
             "$SYS/broker/messages/received",
-            Metrics::get(&m.messages_received).to_string(),
+            m.messages_received().to_string(),
         ),
         (
             "$SYS/broker/messages/sent",
-            Metrics::get(&m.messages_sent).to_string(),
+            m.messages_sent().to_string(),
         ),
         (
             "$SYS/broker/messages/dropped",

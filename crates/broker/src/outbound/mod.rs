@@ -144,12 +144,19 @@ pub struct Outbound {
     total: Option<Arc<AtomicUsize>>,
     /// What this queue's share of `total` is (`queued_bytes` as of the last sync).
     reported: usize,
+    /// The broker-wide queued deliveries (`Metrics::queued_messages`), kept like `total`.
+    total_messages: Option<Arc<AtomicUsize>>,
+    /// This queue's share of `total_messages` (`queue.len()` as of the last sync).
+    reported_messages: usize,
 }
 
 impl Drop for Outbound {
     fn drop(&mut self) {
         if let Some(total) = &self.total {
             total.fetch_sub(self.reported, Ordering::Relaxed);
+        }
+        if let Some(total) = &self.total_messages {
+            total.fetch_sub(self.reported_messages, Ordering::Relaxed);
         }
     }
 }
@@ -165,11 +172,30 @@ impl Outbound {
         }
     }
 
+    /// Counts this queue's length into `total` (the broker-wide queued deliveries) from now
+    /// on, brought up to date with the bytes total. Set once.
+    pub fn count_messages_into(&mut self, total: Arc<AtomicUsize>) {
+        if self.total_messages.is_none() {
+            total.fetch_add(self.queue.len(), Ordering::Relaxed);
+            self.reported_messages = self.queue.len();
+            self.total_messages = Some(total);
+        }
+    }
+
     /// Brings the broker-wide total up to date with `queued_bytes` (one atomic operation per
     /// call, and none when nothing changed: the writer calls it once per batch).
     pub(crate) fn sync_total(&mut self) {
-        if self.reported == self.queued_bytes {
+        if self.reported == self.queued_bytes && self.reported_messages == self.queue.len() {
             return;
+        }
+        if let Some(total) = &self.total_messages {
+            let len = self.queue.len();
+            if len > self.reported_messages {
+                total.fetch_add(len - self.reported_messages, Ordering::Relaxed);
+            } else if len < self.reported_messages {
+                total.fetch_sub(self.reported_messages - len, Ordering::Relaxed);
+            }
+            self.reported_messages = len;
         }
         if let Some(total) = &self.total {
             if self.queued_bytes > self.reported {
