@@ -1,4 +1,4 @@
-//! The TOML config file: `[listener]`, `[limits]`, `[sys]`, `[state]`, `[store]` and any number of
+//! The TOML config file: `[listener]`, `[limits]`, `[sys]`, `[state]`, `[store]`, `[http]` and any number of
 //! `[[stream]]`.
 //! Every key is optional; an unknown key or a value of the wrong type or range is an error that
 //! names the key and its table.
@@ -24,6 +24,8 @@ pub struct FileConfig {
     /// `[store] max_disk_bytes`: the data directory's disk budget; `None` (the default, or 0
     /// in the file) means none.
     pub max_disk_bytes: Option<u64>,
+    /// `[http]`: the admin HTTP listener (`crate::http::config`).
+    pub http: Option<crate::http::HttpSection>,
 }
 
 impl Default for FileConfig {
@@ -34,6 +36,7 @@ impl Default for FileConfig {
             streams: Vec::new(),
             state_sync: SyncPolicy::Always,
             max_disk_bytes: None,
+            http: None,
         }
     }
 }
@@ -147,6 +150,7 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
             }
             "state" => config.state_sync = parse_state(section)?,
             "store" => config.max_disk_bytes = parse_store(section)?,
+            "http" => config.http = Some(get(&Value::Table(section.clone()), "http", "http")?),
             other => return Err(ConfigFileError::UnknownTable(other.to_string())),
         }
     }

@@ -1,0 +1,223 @@
+//! `/api/v1`: JSON lists (paged by `?limit=&after=`, `after` being the previous page's
+//! `next_after`) and the actions (token required, see the module doc of `http`).
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tern_broker::admin::{ActionError, Page, StreamStats, page_limit};
+
+use super::{HttpState, error};
+
+/// Page size when `limit` is not given.
+const DEFAULT_PAGE_LIMIT: usize = 100;
+
+pub fn routes() -> Router<Arc<HttpState>> {
+    Router::new()
+        .route("/api/v1/clients", get(clients))
+        .route("/api/v1/clients/:id", delete(disconnect))
+        .route("/api/v1/sessions", get(sessions))
+        .route("/api/v1/sessions/:id", delete(remove_session))
+        .route("/api/v1/subscriptions", get(subscriptions))
+        .route("/api/v1/streams", get(streams))
+        .route("/api/v1/streams/:name/purge", post(purge))
+        .route("/api/v1/retained", get(retained))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<usize>,
+    after: Option<String>,
+    /// Only for `retained`: a topic filter.
+    filter: Option<String>,
+}
+
+type Query_ = Result<Query<ListQuery>, QueryRejection>;
+
+fn list_query(query: Query_) -> Result<ListQuery, Response> {
+    query
+        .map(|Query(q)| q)
+        .map_err(|rejection| error(StatusCode::BAD_REQUEST, &rejection.body_text()))
+}
+
+fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn page_json<T>(page: Page<T>, item: impl Fn(&T) -> Value) -> Value {
+    json!({
+        "items": page.items.iter().map(item).collect::<Vec<_>>(),
+        "next_after": page.next_after,
+    })
+}
+
+async fn clients(State(state): State<Arc<HttpState>>, query: Query_) -> Response {
+    let (broker, q) = match (state.broker(), list_query(query)) {
+        (Ok(b), Ok(q)) => (b, q),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    let page = broker.clients(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
+    Json(page_json(page, |c| {
+        json!({
+            "client_id": c.client_id,
+            "peer": c.peer.map(|p| p.to_string()),
+            "protocol": c.protocol,
+            "keep_alive_s": c.keep_alive_s,
+            "inflight": c.inflight,
+            "queued": c.queued,
+            "connected_since_unix_ms": c.connected_since.map(unix_ms),
+        })
+    }))
+    .into_response()
+}
+
+async fn sessions(State(state): State<Arc<HttpState>>, query: Query_) -> Response {
+    let (broker, q) = match (state.broker(), list_query(query)) {
+        (Ok(b), Ok(q)) => (b, q),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    let page = broker.sessions(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
+    Json(page_json(page, |s| {
+        json!({
+            "client_id": s.client_id,
+            "online": s.online,
+            "protocol": s.protocol,
+            "expiry_interval_s": s.expiry_interval_s,
+            "subscriptions": s.subscriptions,
+            "inflight": s.inflight,
+            "queued": s.queued,
+        })
+    }))
+    .into_response()
+}
+
+async fn subscriptions(State(state): State<Arc<HttpState>>, query: Query_) -> Response {
+    let (broker, q) = match (state.broker(), list_query(query)) {
+        (Ok(b), Ok(q)) => (b, q),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    let page = broker.subscriptions(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
+    Json(page_json(page, |s| {
+        json!({
+            "client_id": s.client_id,
+            "filter": s.filter,
+            "qos": s.qos,
+            "subscription_id": s.subscription_id,
+        })
+    }))
+    .into_response()
+}
+
+fn stream_json(s: &StreamStats) -> Value {
+    json!({
+        "name": s.name,
+        "kind": s.kind,
+        "filters": s.filters,
+        "records": s.info.msgs,
+        "bytes": s.info.bytes,
+        "disk_bytes": s.info.disk_bytes,
+        "first_seq": s.info.first_seq,
+        "last_seq": s.info.last_seq,
+        "blocks": s.info.blocks,
+        "failed": s.info.failed,
+        "appends": s.metrics.records,
+        "retention": {
+            "max_age_s": s.max_age_s,
+            "max_msgs": s.max_msgs,
+            "max_bytes": s.max_bytes,
+            "keep": s.keep,
+        },
+    })
+}
+
+async fn streams(State(state): State<Arc<HttpState>>) -> Response {
+    match state.broker() {
+        Ok(broker) => {
+            let items: Vec<Value> = broker.streams().iter().map(stream_json).collect();
+            Json(json!({ "items": items, "next_after": null })).into_response()
+        }
+        Err(r) => r,
+    }
+}
+
+async fn retained(State(state): State<Arc<HttpState>>, query: Query_) -> Response {
+    let (broker, q) = match (state.broker(), list_query(query)) {
+        (Ok(b), Ok(q)) => (b, q),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    let limit = page_limit(q.limit, DEFAULT_PAGE_LIMIT);
+    match broker.retained(q.filter.as_deref(), q.after.as_deref(), limit) {
+        Ok((count, page)) => {
+            let mut body = page_json(page, |r| {
+                json!({ "topic": r.topic, "payload_bytes": r.payload_bytes, "qos": r.qos })
+            });
+            body["count"] = json!(count);
+            Json(body).into_response()
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, &format!("filter: {e}")),
+    }
+}
+
+async fn disconnect(State(state): State<Arc<HttpState>>, Path(id): Path<String>) -> Response {
+    match state.broker() {
+        Ok(broker) if broker.disconnect_client(&id) => {
+            Json(json!({ "disconnected": id })).into_response()
+        }
+        Ok(_) => error(StatusCode::NOT_FOUND, &format!("no connected client {id}")),
+        Err(r) => r,
+    }
+}
+
+async fn remove_session(State(state): State<Arc<HttpState>>, Path(id): Path<String>) -> Response {
+    let broker = match state.broker() {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match broker.remove_session(&id) {
+        Ok(ticket) => {
+            if let Some(mut ticket) = ticket {
+                if let Err(e) = ticket.wait().await {
+                    return error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &format!("the session is removed, but its deletion is not durable: {e}"),
+                    );
+                }
+            }
+            Json(json!({ "removed": id })).into_response()
+        }
+        Err(e) => action_error(e),
+    }
+}
+
+async fn purge(State(state): State<Arc<HttpState>>, Path(name): Path<String>) -> Response {
+    let broker = match state.broker() {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    // The purge waits for the stream's writer (a removal and a directory fsync).
+    let worker = broker.clone();
+    let result = tokio::task::spawn_blocking(move || worker.purge_stream(&name)).await;
+    match result {
+        Ok(Ok(removed)) => Json(json!({ "removed": removed })).into_response(),
+        Ok(Err(e)) => action_error(e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+fn action_error(e: ActionError) -> Response {
+    let status = match e {
+        ActionError::NotFound { .. } => StatusCode::NOT_FOUND,
+        ActionError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, &e.to_string())
+}
