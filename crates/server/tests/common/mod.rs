@@ -13,6 +13,8 @@
 #![allow(dead_code)]
 
 pub mod durable;
+pub mod http;
+pub mod prom;
 pub mod raw;
 pub mod rumq;
 
@@ -41,6 +43,8 @@ pub fn bin() -> String {
 pub struct Broker {
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// The admin HTTP listener, when one was asked for (`tern http on ADDR`).
+    pub http: Option<SocketAddr>,
     dir: tempfile::TempDir,
     config_toml: String,
     /// Extra arguments after `serve` instead of the default `--bind 127.0.0.1:0`.
@@ -65,6 +69,7 @@ impl Broker {
         let mut broker = Broker {
             child: None,
             addr: "127.0.0.1:0".parse().expect("addr"),
+            http: None,
             dir,
             config_toml: config_toml.to_owned(),
             bind_args: args.iter().map(|a| a.to_string()).collect(),
@@ -129,6 +134,10 @@ impl Broker {
             // Keep draining after the first line so the broker never blocks on a full pipe.
             while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
                 if !sent {
+                    // `tern http on ADDR` comes first when there is an HTTP listener.
+                    if let Some(rest) = line.trim().strip_prefix("tern http on ") {
+                        let _ = tx.send(format!("http {rest}"));
+                    }
                     if let Some(rest) = line.trim().strip_prefix("tern listening on ") {
                         let _ = tx.send(rest.to_owned());
                         sent = true;
@@ -138,7 +147,12 @@ impl Broker {
             }
         });
         self.child = Some(child);
-        match rx.recv_timeout(START_TIMEOUT) {
+        let mut first = rx.recv_timeout(START_TIMEOUT);
+        if let Ok(Some(http)) = first.as_deref().map(|l| l.strip_prefix("http ")) {
+            self.http = Some(http.parse().expect("`tern http on ADDR`: an address"));
+            first = rx.recv_timeout(START_TIMEOUT);
+        }
+        match first {
             Ok(addr) => {
                 self.addr = addr.parse().unwrap_or_else(|e| {
                     panic!("`tern listening on {addr}`: not a socket address: {e}")
