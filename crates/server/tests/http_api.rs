@@ -324,6 +324,10 @@ fn check_config_validates_and_exits() {
     let f = run_to_exit(&["serve", "--check-config", good.to_str().unwrap()], dir.path(), WAIT);
     assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
     assert!(f.stdout.contains("ok"));
+    // The commented example with every key is a valid config.
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib/tern.toml");
+    let f = run_to_exit(&["serve", "--check-config", example], dir.path(), WAIT);
+    assert_eq!(f.status.code(), Some(0), "contrib/tern.toml: {}", f.stderr);
     for (text, says) in [
         ("[limits]\nmax_connections = \"x\"\n", "max_connections"),
         ("[http]\nbind = \"10.1.2.3:80\"\n", "not a loopback address"),

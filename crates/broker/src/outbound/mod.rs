@@ -182,20 +182,19 @@ impl Outbound {
         }
     }
 
-    /// Brings the broker-wide total up to date with `queued_bytes` (one atomic operation per
-    /// call, and none when nothing changed: the writer calls it once per batch).
+    /// Brings the broker-wide totals up to date with `queued_bytes` and the queue's length
+    /// (one atomic operation each, none when nothing changed: the writer calls it once per
+    /// batch).
     pub(crate) fn sync_total(&mut self) {
-        if self.reported == self.queued_bytes && self.reported_messages == self.queue.len() {
+        self.sync_bytes_total();
+        self.sync_messages_total();
+    }
+
+    /// The bytes total alone: a push must keep it exact (it is the `max_queued_bytes_total`
+    /// limit), the message count is only reported.
+    fn sync_bytes_total(&mut self) {
+        if self.reported == self.queued_bytes {
             return;
-        }
-        if let Some(total) = &self.total_messages {
-            let len = self.queue.len();
-            if len > self.reported_messages {
-                total.fetch_add(len - self.reported_messages, Ordering::Relaxed);
-            } else if len < self.reported_messages {
-                total.fetch_sub(self.reported_messages - len, Ordering::Relaxed);
-            }
-            self.reported_messages = len;
         }
         if let Some(total) = &self.total {
             if self.queued_bytes > self.reported {
@@ -205,6 +204,21 @@ impl Outbound {
             }
         }
         self.reported = self.queued_bytes;
+    }
+
+    fn sync_messages_total(&mut self) {
+        let len = self.queue.len();
+        if self.reported_messages == len {
+            return;
+        }
+        if let Some(total) = &self.total_messages {
+            if len > self.reported_messages {
+                total.fetch_add(len - self.reported_messages, Ordering::Relaxed);
+            } else {
+                total.fetch_sub(self.reported_messages - len, Ordering::Relaxed);
+            }
+        }
+        self.reported_messages = len;
     }
 
     /// True while every session's queues together hold `max_queued_bytes_total` or more.
@@ -264,7 +278,13 @@ impl Outbound {
         }
         self.pushed_total += 1;
         self.queue.push_back(item);
-        self.sync_total();
+        self.sync_bytes_total();
+        // The queued-messages gauge of an online session is brought up to date by its
+        // writer's next batch, which this push wakes: no second broker-wide atomic per
+        // delivery on the hot path.
+        if !online {
+            self.sync_messages_total();
+        }
         result
     }
 

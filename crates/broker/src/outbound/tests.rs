@@ -580,3 +580,35 @@ async fn queues_count_into_the_broker_wide_total_and_qos0_is_dropped_at_the_cap(
     drop(b);
     assert_eq!(total.load(Ordering::Relaxed), 0);
 }
+
+/// The queued-messages gauge: an offline session's pushes count at once; an online one's at
+/// its writer's next batch (no second broker-wide atomic per delivery); dropping the queue
+/// takes its share back. Deliveries taken by a batch count as sent, by QoS.
+#[tokio::test]
+async fn queued_messages_are_counted_broker_wide_and_sent_by_qos() {
+    let total = Arc::new(AtomicUsize::new(0));
+    let mut online = Fixture::new(10);
+    online.out.count_messages_into(total.clone());
+    let mut offline = Fixture::new(10);
+    offline.out.count_messages_into(total.clone());
+    offline.out.detach();
+    let now = Instant::now();
+    let config = offline.config.clone();
+    offline.out.push(item(b"1", QoS::AtLeastOnce), false, &config, now);
+    assert_eq!(total.load(Ordering::Relaxed), 1, "offline: at once");
+    online.push(item(b"2", QoS::AtMostOnce));
+    online.push(item(b"3", QoS::AtLeastOnce));
+    online.out.sync_total();
+    assert_eq!(total.load(Ordering::Relaxed), 3, "online: at the writer's sync");
+    assert_eq!(online.drain().len(), 2);
+    assert_eq!(total.load(Ordering::Relaxed), 1, "the batch took both");
+    let sent: Vec<u64> = online
+        .metrics
+        .messages_sent_by_qos
+        .iter()
+        .map(Metrics::get)
+        .collect();
+    assert_eq!(sent, vec![1, 1, 0]);
+    drop(offline);
+    assert_eq!(total.load(Ordering::Relaxed), 0);
+}
