@@ -55,10 +55,7 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
             "$SYS/broker/messages/received",
             m.messages_received().to_string(),
         ),
-        (
-            "$SYS/broker/messages/sent",
-            m.messages_sent().to_string(),
-        ),
+        ("$SYS/broker/messages/sent", m.messages_sent().to_string()),
         (
             "$SYS/broker/messages/dropped",
             Metrics::get(&m.messages_dropped).to_string(),

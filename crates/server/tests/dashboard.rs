@@ -41,7 +41,12 @@ fn start_load(b: &Broker) -> Load {
 /// Loads `url` in headless chromium and returns the DOM after the virtual time budget.
 fn dump_dom(url: &str) -> String {
     let out = Command::new("chromium")
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
         .arg(format!("--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}"))
         .args(["--dump-dom", url])
         .stdin(Stdio::null())
@@ -74,7 +79,10 @@ fn the_dashboard_shows_live_numbers_in_a_browser() {
     let http = b.http.expect("http listener");
     let page = get(http, "/");
     assert_eq!(page.status, 200);
-    assert!(page.header("content-type").is_some_and(|t| t.starts_with("text/html")));
+    assert!(
+        page.header("content-type")
+            .is_some_and(|t| t.starts_with("text/html"))
+    );
     // Nothing is loaded from outside: no URL with a scheme or protocol-relative source.
     for outside in ["http://", "https://", "src=\"//", "href=\"//", "@import"] {
         assert!(!page.body.contains(outside), "the page loads {outside}...");
@@ -84,18 +92,43 @@ fn the_dashboard_shows_live_numbers_in_a_browser() {
     let first = dump_dom(&url);
     let second = dump_dom(&url);
     for dom in [&first, &second] {
-        assert!(data_attr(dom, "c-rate", "samples") >= Some(2.0), "rate chart: {dom}");
-        assert!(data_attr(dom, "c-fsync", "samples") >= Some(2.0), "fsync chart");
-        assert!(data_attr(dom, "c-conn", "samples") >= Some(2.0), "connections chart");
-        assert!(data_attr(dom, "c-disk", "samples") >= Some(2.0), "disk chart");
-        assert_eq!(data_attr(dom, "v-connections", "value"), Some(4.0), "4 bench clients");
-        assert!(data_attr(dom, "c-disk-now", "value") > Some(0.0), "disk use");
-        assert!(dom.contains("tern-bench-"), "clients table lists the load's clients");
+        assert!(
+            data_attr(dom, "c-rate", "samples") >= Some(2.0),
+            "rate chart: {dom}"
+        );
+        assert!(
+            data_attr(dom, "c-fsync", "samples") >= Some(2.0),
+            "fsync chart"
+        );
+        assert!(
+            data_attr(dom, "c-conn", "samples") >= Some(2.0),
+            "connections chart"
+        );
+        assert!(
+            data_attr(dom, "c-disk", "samples") >= Some(2.0),
+            "disk chart"
+        );
+        assert_eq!(
+            data_attr(dom, "v-connections", "value"),
+            Some(4.0),
+            "4 bench clients"
+        );
+        assert!(
+            data_attr(dom, "c-disk-now", "value") > Some(0.0),
+            "disk use"
+        );
+        assert!(
+            dom.contains("tern-bench-"),
+            "clients table lists the load's clients"
+        );
         assert!(dom.contains(">disconnect<"), "disconnect buttons");
     }
     let received = |dom: &str| data_attr(dom, "v-received", "value").expect("messages in");
     let sent = |dom: &str| data_attr(dom, "v-sent", "value").expect("messages out");
     assert!(received(&first) > 0.0);
-    assert!(received(&second) > received(&first), "messages in did not move");
+    assert!(
+        received(&second) > received(&first),
+        "messages in did not move"
+    );
     assert!(sent(&second) > sent(&first), "messages out did not move");
 }

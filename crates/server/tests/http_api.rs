@@ -15,10 +15,7 @@ const TOKEN: &str = "test-token-0123456789";
 
 fn with_http(extra_toml: &str) -> Broker {
     let config = format!("[http]\ntoken = \"{TOKEN}\"\n{extra_toml}");
-    Broker::start_with_args(
-        &config,
-        &["--bind", "127.0.0.1:0", "--http", "127.0.0.1:0"],
-    )
+    Broker::start_with_args(&config, &["--bind", "127.0.0.1:0", "--http", "127.0.0.1:0"])
 }
 
 fn http(b: &Broker) -> std::net::SocketAddr {
@@ -29,7 +26,8 @@ fn scrape(b: &Broker) -> prom::Exposition {
     let r = get(http(b), "/metrics");
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(
-        r.header("content-type").is_some_and(|t| t.starts_with("text/plain; version=0.0.4")),
+        r.header("content-type")
+            .is_some_and(|t| t.starts_with("text/plain; version=0.0.4")),
         "{:?}",
         r.headers
     );
@@ -39,7 +37,10 @@ fn scrape(b: &Broker) -> prom::Exposition {
 #[test]
 fn the_test_parser_rejects_what_the_format_forbids() {
     let ok = "# HELP a_total x\n# TYPE a_total counter\na_total{l=\"q\\\"\"} 1\n";
-    assert_eq!(prom::parse(ok).unwrap().value("a_total", &[("l", "q\"")]), Some(1.0));
+    assert_eq!(
+        prom::parse(ok).unwrap().value("a_total", &[("l", "q\"")]),
+        Some(1.0)
+    );
     for bad in [
         "a 1\n",
         "# TYPE a gauge\na{l=\"x} 1\n",
@@ -70,18 +71,41 @@ async fn metrics_page_is_valid_prometheus_text_and_counts_traffic() {
     }
     let m = scrape(&b);
     for qos in ["0", "1", "2"] {
-        assert!(m.value("tern_messages_received_total", &[("qos", qos)]) >= Some(1.0), "qos {qos}");
-        assert!(m.value("tern_messages_sent_total", &[("qos", qos)]).is_some());
+        assert!(
+            m.value("tern_messages_received_total", &[("qos", qos)]) >= Some(1.0),
+            "qos {qos}"
+        );
+        assert!(
+            m.value("tern_messages_sent_total", &[("qos", qos)])
+                .is_some()
+        );
     }
     let listener = b.addr.to_string();
-    assert_eq!(m.value("tern_connections", &[("listener", &listener)]), Some(2.0));
+    assert_eq!(
+        m.value("tern_connections", &[("listener", &listener)]),
+        Some(2.0)
+    );
     assert_eq!(m.value("tern_sessions", &[("state", "online")]), Some(2.0));
     assert_eq!(m.value("tern_sessions", &[("state", "offline")]), Some(0.0));
     assert_eq!(m.value("tern_subscriptions", &[]), Some(1.0));
-    for cause in ["queue_full", "queue_limit", "memory_limit", "disk_budget", "expired", "retention", "acl"] {
-        assert!(m.value("tern_dropped_total", &[("cause", cause)]).is_some(), "cause {cause}");
+    for cause in [
+        "queue_full",
+        "queue_limit",
+        "memory_limit",
+        "disk_budget",
+        "expired",
+        "retention",
+        "acl",
+    ] {
+        assert!(
+            m.value("tern_dropped_total", &[("cause", cause)]).is_some(),
+            "cause {cause}"
+        );
     }
-    assert!(m.value("tern_slow_subscribers_disconnected_total", &[]).is_some());
+    assert!(
+        m.value("tern_slow_subscribers_disconnected_total", &[])
+            .is_some()
+    );
     assert!(m.value("tern_queued_messages", &[]).is_some());
     assert!(m.value("tern_bytes_received_total", &[]) > Some(0.0));
     // QoS 1 and 2 were written to the default stream, each with its fsync.
@@ -91,7 +115,7 @@ async fn metrics_page_is_valid_prometheus_text_and_counts_traffic() {
     assert!(m.value("tern_store_fsync_seconds_count", &stream) >= Some(1.0));
     assert!(m.value("tern_store_batch_records_count", &stream) >= Some(1.0));
     assert_eq!(m.types["tern_store_fsync_seconds"], "histogram");
-    for (family, _) in &m.types {
+    for family in m.types.keys() {
         assert!(family.starts_with("tern_"), "{family}");
         assert!(m.help.contains_key(family), "{family} has no HELP");
     }
@@ -159,11 +183,19 @@ async fn lists_page_with_a_cursor() {
         clients.push(c);
     }
     let listed = walk(&b, "/api/v1/clients", 2);
-    let ids: Vec<&str> = listed.iter().map(|c| c["client_id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = listed
+        .iter()
+        .map(|c| c["client_id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["list-0", "list-1", "list-2", "list-3", "list-4"]);
     assert_eq!(listed[0]["protocol"], "5.0");
     assert_eq!(listed[1]["protocol"], "3.1.1");
-    assert!(listed[0]["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert!(
+        listed[0]["peer"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:")
+    );
     assert!(listed[0]["connected_since_unix_ms"].as_u64().unwrap() > 0);
     assert!(listed[0]["inflight"].is_u64() && listed[0]["queued"].is_u64());
     assert!(listed[0]["keep_alive_s"].is_u64());
@@ -189,6 +221,11 @@ async fn lists_page_with_a_cursor() {
     assert!(messages["first_seq"].as_u64() >= Some(1));
     assert!(messages["disk_bytes"].as_u64() > Some(0));
     assert!(messages["retention"].is_object());
+    let names: Vec<String> = walk(&b, "/api/v1/streams", 1)
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["messages", "tern.retained", "tern.sessions"]);
     // Bad input: 400 with a JSON body; limits are clamped, not refused.
     for bad in [
         "/api/v1/clients?limit=abc",
@@ -229,7 +266,12 @@ async fn actions_need_the_token() {
 #[test]
 fn without_a_token_actions_are_disabled() {
     let b = Broker::start_with_args("", &["--bind", "127.0.0.1:0", "--http", "127.0.0.1:0"]);
-    let r = request(http(&b), "DELETE", "/api/v1/clients/x", Some("anything-0123456789"));
+    let r = request(
+        http(&b),
+        "DELETE",
+        "/api/v1/clients/x",
+        Some("anything-0123456789"),
+    );
     assert_eq!(r.status, 403);
     assert!(r.json()["error"].as_str().unwrap().contains("token"));
 }
@@ -248,7 +290,10 @@ async fn disconnect_sends_v5_administrative_action_and_closes_v3() {
     }
     let r = request(http(&b), "DELETE", "/api/v1/clients/kick-4", Some(TOKEN));
     assert_eq!(r.status, 200, "{}", r.body);
-    assert!(v4.expect_closed().await.is_empty(), "3.1.1 has no DISCONNECT from the server");
+    assert!(
+        v4.expect_closed().await.is_empty(),
+        "3.1.1 has no DISCONNECT from the server"
+    );
     let r = request(http(&b), "DELETE", "/api/v1/clients/kick-4", Some(TOKEN));
     assert_eq!(r.status, 404);
     assert!(r.json()["error"].is_string());
@@ -275,7 +320,10 @@ async fn a_removed_session_is_gone_after_a_restart() {
     // The answer came once the deletion was durable: a kill -9 now keeps it deleted.
     b.restart_after_kill();
     let (_c, ack) = RawClient::connect_ok(b.addr, persistent()).await;
-    assert!(!ack.session_present, "the removed session came back after a restart");
+    assert!(
+        !ack.session_present,
+        "the removed session came back after a restart"
+    );
 }
 
 #[tokio::test]
@@ -285,7 +333,12 @@ async fn purge_empties_a_message_stream() {
     for i in 1..=5u16 {
         p.publish_acked(publish("p/x", b"data", 1, i)).await;
     }
-    let r = request(http(&b), "POST", "/api/v1/streams/messages/purge", Some(TOKEN));
+    let r = request(
+        http(&b),
+        "POST",
+        "/api/v1/streams/messages/purge",
+        Some(TOKEN),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.json()["removed"].as_u64() >= Some(5), "{}", r.body);
     let streams = get(http(&b), "/api/v1/streams").json();
@@ -307,7 +360,15 @@ fn a_non_loopback_bind_without_a_token_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     // Refused before anything binds, so nothing is exposed.
     let f = run_to_exit(
-        &["serve", "--bind", "127.0.0.1:0", "--http", "0.0.0.0:0", "--data-dir", "./d"],
+        &[
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--http",
+            "0.0.0.0:0",
+            "--data-dir",
+            "./d",
+        ],
         dir.path(),
         WAIT,
     );
@@ -320,8 +381,16 @@ fn a_non_loopback_bind_without_a_token_refuses_to_start() {
 fn check_config_validates_and_exits() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.toml");
-    std::fs::write(&good, "[http]\nbind = \"127.0.0.1:8080\"\n[limits]\nmax_connections = 10\n").unwrap();
-    let f = run_to_exit(&["serve", "--check-config", good.to_str().unwrap()], dir.path(), WAIT);
+    std::fs::write(
+        &good,
+        "[http]\nbind = \"127.0.0.1:8080\"\n[limits]\nmax_connections = 10\n",
+    )
+    .unwrap();
+    let f = run_to_exit(
+        &["serve", "--check-config", good.to_str().unwrap()],
+        dir.path(),
+        WAIT,
+    );
     assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
     assert!(f.stdout.contains("ok"));
     // The commented example with every key is a valid config.
@@ -336,7 +405,11 @@ fn check_config_validates_and_exits() {
     ] {
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, text).unwrap();
-        let f = run_to_exit(&["serve", "--check-config", bad.to_str().unwrap()], dir.path(), WAIT);
+        let f = run_to_exit(
+            &["serve", "--check-config", bad.to_str().unwrap()],
+            dir.path(),
+            WAIT,
+        );
         assert_eq!(f.status.code(), Some(2), "{text}: {}", f.stderr);
         assert!(f.stderr.contains(says), "{text}: {}", f.stderr);
     }
@@ -359,9 +432,16 @@ async fn json_logs_carry_client_id_and_peer() {
                 e["fields"]["message"] == message && e["fields"]["client_id"] == "json-logger"
             })
         };
-        if let (Some(connected), Some(gone)) = (find("client connected"), find("client disconnected")) {
+        if let (Some(connected), Some(gone)) =
+            (find("client connected"), find("client disconnected"))
+        {
             assert_eq!(connected["level"], "INFO");
-            assert!(connected["fields"]["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
+            assert!(
+                connected["fields"]["peer"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("127.0.0.1:")
+            );
             assert_eq!(gone["fields"]["reason"], "connection lost");
             return;
         }

@@ -14,8 +14,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::Waker;
 
 use crate::config::StreamConfig;
-use crate::histogram::{BATCH_BOUNDS_RECORDS, FSYNC_BOUNDS_US, Histogram};
 use crate::error::StoreError;
+use crate::histogram::{BATCH_BOUNDS_RECORDS, FSYNC_BOUNDS_US, Histogram};
 use crate::queue::Queue;
 use crate::state::State;
 use crate::vfs::Vfs;

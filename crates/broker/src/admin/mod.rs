@@ -139,7 +139,7 @@ pub fn page_limit(requested: Option<usize>, default: usize) -> usize {
 }
 
 /// Sorted page of `items` (by `key`) after `after`, at most `limit` long.
-pub(crate) fn page<T>(
+pub fn page<T>(
     mut items: Vec<T>,
     key: impl Fn(&T) -> &str,
     after: Option<&str>,
@@ -159,7 +159,14 @@ pub(crate) fn page<T>(
 
 /// Sessions in the registry, cloned out under its lock.
 pub(crate) fn all_sessions(broker: &Broker) -> Vec<Arc<crate::session::Session>> {
-    broker.shared().sessions.map.lock().values().cloned().collect()
+    broker
+        .shared()
+        .sessions
+        .map
+        .lock()
+        .values()
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]

@@ -161,9 +161,9 @@ pub async fn run(
     else {
         return;
     };
-    let keep_alive_s = conn
-        .keep_alive
-        .map_or(0, |d| u16::try_from(d.as_millis() / 1500).unwrap_or(u16::MAX));
+    let keep_alive_s = conn.keep_alive.map_or(0, |d| {
+        u16::try_from(d.as_millis() / 1500).unwrap_or(u16::MAX)
+    });
     conn.ctl.set_info(crate::session::ConnInfo {
         peer,
         keep_alive_s,

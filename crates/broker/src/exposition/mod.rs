@@ -34,7 +34,12 @@ fn clients(e: &mut TextEncoder, shared: &Shared, listener: &str) {
     let uptime_s = Instant::now()
         .saturating_duration_since(shared.started_at)
         .as_secs();
-    e.single("uptime_seconds", Kind::Gauge, "Seconds since the broker started.", uptime_s);
+    e.single(
+        "uptime_seconds",
+        Kind::Gauge,
+        "Seconds since the broker started.",
+        uptime_s,
+    );
     e.family(
         "connections",
         Kind::Gauge,
@@ -50,9 +55,17 @@ fn clients(e: &mut TextEncoder, shared: &Shared, listener: &str) {
     );
     let online = Metrics::get(&m.clients_connected);
     let sessions = shared.sessions.len() as u64;
-    e.family("sessions", Kind::Gauge, "Sessions by state: online (connected) or offline.");
+    e.family(
+        "sessions",
+        Kind::Gauge,
+        "Sessions by state: online (connected) or offline.",
+    );
     e.sample("sessions", &[("state", "online")], online);
-    e.sample("sessions", &[("state", "offline")], sessions.saturating_sub(online));
+    e.sample(
+        "sessions",
+        &[("state", "offline")],
+        sessions.saturating_sub(online),
+    );
     e.single(
         "subscriptions",
         Kind::Gauge,
@@ -74,7 +87,11 @@ fn messages(e: &mut TextEncoder, m: &Metrics) {
         "PUBLISH packets received from clients, by QoS.",
     );
     for (qos, counter) in QOS_LABELS.iter().zip(&m.messages_received_by_qos) {
-        e.sample("messages_received_total", &[("qos", qos)], Metrics::get(counter));
+        e.sample(
+            "messages_received_total",
+            &[("qos", qos)],
+            Metrics::get(counter),
+        );
     }
     e.family(
         "messages_sent_total",
@@ -82,7 +99,11 @@ fn messages(e: &mut TextEncoder, m: &Metrics) {
         "Deliveries sent to subscribers (first sends, resends not counted), by QoS.",
     );
     for (qos, counter) in QOS_LABELS.iter().zip(&m.messages_sent_by_qos) {
-        e.sample("messages_sent_total", &[("qos", qos)], Metrics::get(counter));
+        e.sample(
+            "messages_sent_total",
+            &[("qos", qos)],
+            Metrics::get(counter),
+        );
     }
     e.single(
         "bytes_received_total",
@@ -161,8 +182,11 @@ fn drops(e: &mut TextEncoder, m: &Metrics) {
     );
 }
 
+/// A per-stream family: name, type, help, and how to read its value.
+type PerStream = (&'static str, Kind, &'static str, fn(&StreamStats) -> u64);
+
 fn store(e: &mut TextEncoder, shared: &Shared, streams: &[StreamStats]) {
-    let gauges: [(&str, Kind, &str, fn(&StreamStats) -> u64); 6] = [
+    let gauges: [PerStream; 6] = [
         (
             "store_disk_bytes",
             Kind::Gauge,
@@ -212,7 +236,12 @@ fn store(e: &mut TextEncoder, shared: &Shared, streams: &[StreamStats]) {
         "Duration of each fdatasync of a block file.",
     );
     for s in streams {
-        e.histogram("store_fsync_seconds", &[("stream", &s.name)], &s.fsync_us, 1e6);
+        e.histogram(
+            "store_fsync_seconds",
+            &[("stream", &s.name)],
+            &s.fsync_us,
+            1e6,
+        );
     }
     e.family(
         "store_batch_records",
@@ -220,7 +249,12 @@ fn store(e: &mut TextEncoder, shared: &Shared, streams: &[StreamStats]) {
         "Records made durable by one group commit of the stream's writer.",
     );
     for s in streams {
-        e.histogram("store_batch_records", &[("stream", &s.name)], &s.batch_records, 1.0);
+        e.histogram(
+            "store_batch_records",
+            &[("stream", &s.name)],
+            &s.batch_records,
+            1.0,
+        );
     }
     if let Some((used, budget)) = shared.store.disk_usage() {
         e.single(

@@ -594,12 +594,18 @@ async fn queued_messages_are_counted_broker_wide_and_sent_by_qos() {
     offline.out.detach();
     let now = Instant::now();
     let config = offline.config.clone();
-    offline.out.push(item(b"1", QoS::AtLeastOnce), false, &config, now);
+    offline
+        .out
+        .push(item(b"1", QoS::AtLeastOnce), false, &config, now);
     assert_eq!(total.load(Ordering::Relaxed), 1, "offline: at once");
     online.push(item(b"2", QoS::AtMostOnce));
     online.push(item(b"3", QoS::AtLeastOnce));
     online.out.sync_total();
-    assert_eq!(total.load(Ordering::Relaxed), 3, "online: at the writer's sync");
+    assert_eq!(
+        total.load(Ordering::Relaxed),
+        3,
+        "online: at the writer's sync"
+    );
     assert_eq!(online.drain().len(), 2);
     assert_eq!(total.load(Ordering::Relaxed), 1, "the batch took both");
     let sent: Vec<u64> = online

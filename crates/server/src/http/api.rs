@@ -13,9 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tern_broker::admin::{ActionError, Page, StreamStats, page_limit};
+use tern_broker::admin::{ActionError, Page, StreamStats, page, page_limit};
 
-use super::{HttpState, error};
+use super::{ApiError, HttpState};
 
 /// Page size when `limit` is not given.
 const DEFAULT_PAGE_LIMIT: usize = 100;
@@ -43,10 +43,10 @@ struct ListQuery {
 
 type Query_ = Result<Query<ListQuery>, QueryRejection>;
 
-fn list_query(query: Query_) -> Result<ListQuery, Response> {
+fn list_query(query: Query_) -> Result<ListQuery, ApiError> {
     query
         .map(|Query(q)| q)
-        .map_err(|rejection| error(StatusCode::BAD_REQUEST, &rejection.body_text()))
+        .map_err(|rejection| ApiError::new(StatusCode::BAD_REQUEST, rejection.body_text()))
 }
 
 fn unix_ms(time: SystemTime) -> u64 {
@@ -61,13 +61,11 @@ fn page_json<T>(page: Page<T>, item: impl Fn(&T) -> Value) -> Value {
     })
 }
 
-async fn clients(State(state): State<Arc<HttpState>>, query: Query_) -> Response {
-    let (broker, q) = match (state.broker(), list_query(query)) {
-        (Ok(b), Ok(q)) => (b, q),
-        (Err(r), _) | (_, Err(r)) => return r,
-    };
+async fn clients(State(state): State<Arc<HttpState>>, query: Query_) -> Result<Response, ApiError> {
+    let broker = state.broker()?;
+    let q = list_query(query)?;
     let page = broker.clients(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
-    Json(page_json(page, |c| {
+    Ok(Json(page_json(page, |c| {
         json!({
             "client_id": c.client_id,
             "peer": c.peer.map(|p| p.to_string()),
@@ -78,16 +76,17 @@ async fn clients(State(state): State<Arc<HttpState>>, query: Query_) -> Response
             "connected_since_unix_ms": c.connected_since.map(unix_ms),
         })
     }))
-    .into_response()
+    .into_response())
 }
 
-async fn sessions(State(state): State<Arc<HttpState>>, query: Query_) -> Response {
-    let (broker, q) = match (state.broker(), list_query(query)) {
-        (Ok(b), Ok(q)) => (b, q),
-        (Err(r), _) | (_, Err(r)) => return r,
-    };
+async fn sessions(
+    State(state): State<Arc<HttpState>>,
+    query: Query_,
+) -> Result<Response, ApiError> {
+    let broker = state.broker()?;
+    let q = list_query(query)?;
     let page = broker.sessions(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
-    Json(page_json(page, |s| {
+    Ok(Json(page_json(page, |s| {
         json!({
             "client_id": s.client_id,
             "online": s.online,
@@ -98,16 +97,17 @@ async fn sessions(State(state): State<Arc<HttpState>>, query: Query_) -> Respons
             "queued": s.queued,
         })
     }))
-    .into_response()
+    .into_response())
 }
 
-async fn subscriptions(State(state): State<Arc<HttpState>>, query: Query_) -> Response {
-    let (broker, q) = match (state.broker(), list_query(query)) {
-        (Ok(b), Ok(q)) => (b, q),
-        (Err(r), _) | (_, Err(r)) => return r,
-    };
+async fn subscriptions(
+    State(state): State<Arc<HttpState>>,
+    query: Query_,
+) -> Result<Response, ApiError> {
+    let broker = state.broker()?;
+    let q = list_query(query)?;
     let page = broker.subscriptions(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
-    Json(page_json(page, |s| {
+    Ok(Json(page_json(page, |s| {
         json!({
             "client_id": s.client_id,
             "filter": s.filter,
@@ -115,7 +115,7 @@ async fn subscriptions(State(state): State<Arc<HttpState>>, query: Query_) -> Re
             "subscription_id": s.subscription_id,
         })
     }))
-    .into_response()
+    .into_response())
 }
 
 fn stream_json(s: &StreamStats) -> Value {
@@ -140,84 +140,79 @@ fn stream_json(s: &StreamStats) -> Value {
     })
 }
 
-async fn streams(State(state): State<Arc<HttpState>>) -> Response {
-    match state.broker() {
-        Ok(broker) => {
-            let items: Vec<Value> = broker.streams().iter().map(stream_json).collect();
-            Json(json!({ "items": items, "next_after": null })).into_response()
-        }
-        Err(r) => r,
-    }
-}
-
-async fn retained(State(state): State<Arc<HttpState>>, query: Query_) -> Response {
-    let (broker, q) = match (state.broker(), list_query(query)) {
-        (Ok(b), Ok(q)) => (b, q),
-        (Err(r), _) | (_, Err(r)) => return r,
-    };
+async fn streams(State(state): State<Arc<HttpState>>, query: Query_) -> Result<Response, ApiError> {
+    let broker = state.broker()?;
+    let q = list_query(query)?;
     let limit = page_limit(q.limit, DEFAULT_PAGE_LIMIT);
-    match broker.retained(q.filter.as_deref(), q.after.as_deref(), limit) {
-        Ok((count, page)) => {
-            let mut body = page_json(page, |r| {
-                json!({ "topic": r.topic, "payload_bytes": r.payload_bytes, "qos": r.qos })
-            });
-            body["count"] = json!(count);
-            Json(body).into_response()
-        }
-        Err(e) => error(StatusCode::BAD_REQUEST, &format!("filter: {e}")),
-    }
+    let page = page(
+        broker.streams(),
+        |s| s.name.as_str(),
+        q.after.as_deref(),
+        limit,
+    );
+    Ok(Json(page_json(page, stream_json)).into_response())
 }
 
-async fn disconnect(State(state): State<Arc<HttpState>>, Path(id): Path<String>) -> Response {
-    match state.broker() {
-        Ok(broker) if broker.disconnect_client(&id) => {
-            Json(json!({ "disconnected": id })).into_response()
-        }
-        Ok(_) => error(StatusCode::NOT_FOUND, &format!("no connected client {id}")),
-        Err(r) => r,
-    }
+async fn retained(
+    State(state): State<Arc<HttpState>>,
+    query: Query_,
+) -> Result<Response, ApiError> {
+    let broker = state.broker()?;
+    let q = list_query(query)?;
+    let limit = page_limit(q.limit, DEFAULT_PAGE_LIMIT);
+    let (count, page) = broker
+        .retained(q.filter.as_deref(), q.after.as_deref(), limit)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("filter: {e}")))?;
+    let mut body = page_json(
+        page,
+        |r| json!({ "topic": r.topic, "payload_bytes": r.payload_bytes, "qos": r.qos }),
+    );
+    body["count"] = json!(count);
+    Ok(Json(body).into_response())
 }
 
-async fn remove_session(State(state): State<Arc<HttpState>>, Path(id): Path<String>) -> Response {
-    let broker = match state.broker() {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    match broker.remove_session(&id) {
-        Ok(ticket) => {
-            if let Some(mut ticket) = ticket {
-                if let Err(e) = ticket.wait().await {
-                    return error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        &format!("the session is removed, but its deletion is not durable: {e}"),
-                    );
-                }
-            }
-            Json(json!({ "removed": id })).into_response()
-        }
-        Err(e) => action_error(e),
+async fn disconnect(
+    State(state): State<Arc<HttpState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if !state.broker()?.disconnect_client(&id) {
+        let message = format!("no connected client {id}");
+        return Err(ApiError::new(StatusCode::NOT_FOUND, message));
     }
+    Ok(Json(json!({ "disconnected": id })).into_response())
 }
 
-async fn purge(State(state): State<Arc<HttpState>>, Path(name): Path<String>) -> Response {
-    let broker = match state.broker() {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+async fn remove_session(
+    State(state): State<Arc<HttpState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let ticket = state.broker()?.remove_session(&id).map_err(action_error)?;
+    if let Some(mut ticket) = ticket {
+        ticket.wait().await.map_err(|e| {
+            let message = format!("the session is removed, but its deletion is not durable: {e}");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+        })?;
+    }
+    Ok(Json(json!({ "removed": id })).into_response())
+}
+
+async fn purge(
+    State(state): State<Arc<HttpState>>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     // The purge waits for the stream's writer (a removal and a directory fsync).
-    let worker = broker.clone();
-    let result = tokio::task::spawn_blocking(move || worker.purge_stream(&name)).await;
-    match result {
-        Ok(Ok(removed)) => Json(json!({ "removed": removed })).into_response(),
-        Ok(Err(e)) => action_error(e),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    }
+    let worker = state.broker()?.clone();
+    let removed = tokio::task::spawn_blocking(move || worker.purge_stream(&name))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(action_error)?;
+    Ok(Json(json!({ "removed": removed })).into_response())
 }
 
-fn action_error(e: ActionError) -> Response {
+fn action_error(e: ActionError) -> ApiError {
     let status = match e {
         ActionError::NotFound { .. } => StatusCode::NOT_FOUND,
         ActionError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    error(status, &e.to_string())
+    ApiError::new(status, e.to_string())
 }

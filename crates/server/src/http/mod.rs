@@ -52,11 +52,33 @@ impl HttpState {
         let _ = self.served.set(Served { broker, listener });
     }
 
-    fn broker(&self) -> Result<&Broker, Response> {
+    fn broker(&self) -> Result<&Broker, ApiError> {
         self.served
             .get()
             .map(|s| &s.broker)
-            .ok_or_else(|| error(StatusCode::SERVICE_UNAVAILABLE, "the broker is starting"))
+            .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the broker is starting"))
+    }
+}
+
+/// An error answer: its status and a JSON body `{"error": message}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.status, &self.message)
     }
 }
 
@@ -74,7 +96,9 @@ pub async fn start(
     let listener = TcpListener::bind(settings.bind)
         .await
         .with_context(|| format!("cannot listen on {} (http)", settings.bind))?;
-    let local = listener.local_addr().context("http listener has no address")?;
+    let local = listener
+        .local_addr()
+        .context("http listener has no address")?;
     let state = Arc::new(HttpState {
         settings,
         served: OnceLock::new(),
@@ -142,7 +166,11 @@ async fn dashboard() -> Html<&'static str> {
 }
 
 async fn healthz() -> Response {
-    (StatusCode::OK, axum::Json(serde_json::json!({ "status": "ok" }))).into_response()
+    (
+        StatusCode::OK,
+        axum::Json(serde_json::json!({ "status": "ok" })),
+    )
+        .into_response()
 }
 
 async fn readyz(State(state): State<Arc<HttpState>>) -> Response {
@@ -161,7 +189,10 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
     };
     let text = served.broker.metrics_text(&served.listener);
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response()

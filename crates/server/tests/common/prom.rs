@@ -51,7 +51,10 @@ fn valid_label_name(name: &str) -> bool {
 fn family_of<'a>(name: &'a str, types: &HashMap<String, String>) -> &'a str {
     for suffix in ["_bucket", "_sum", "_count"] {
         if let Some(base) = name.strip_suffix(suffix) {
-            if types.get(base).is_some_and(|t| t == "histogram" || t == "summary") {
+            if types
+                .get(base)
+                .is_some_and(|t| t == "histogram" || t == "summary")
+            {
                 return base;
             }
         }
@@ -81,7 +84,9 @@ fn parse_labels(rest: &str) -> Result<(BTreeMap<String, String>, &str), String> 
         if !valid_label_name(name) {
             return Err(format!("bad label name {name:?}"));
         }
-        s = s[eq + 1..].strip_prefix('"').ok_or("label value not quoted")?;
+        s = s[eq + 1..]
+            .strip_prefix('"')
+            .ok_or("label value not quoted")?;
         let mut value = String::new();
         let mut chars = s.char_indices();
         let end = loop {
@@ -167,9 +172,15 @@ pub fn parse(text: &str) -> Result<Exposition, String> {
         }
         let family = family_of(name, &exp.types);
         if current.as_deref() != Some(family) {
-            return Err(at(format!("sample outside its family {family} (TYPE first)")));
+            return Err(at(format!(
+                "sample outside its family {family} (TYPE first)"
+            )));
         }
-        if exp.samples.insert((name.to_string(), labels), value).is_some() {
+        if exp
+            .samples
+            .insert((name.to_string(), labels), value)
+            .is_some()
+        {
             return Err(at("duplicate series".into()));
         }
     }
@@ -191,14 +202,19 @@ fn check_histograms(exp: &Exposition) -> Result<(), String> {
             }
             let mut key = labels.clone();
             let le = key.remove("le").ok_or(format!("{bucket} without le"))?;
-            groups.entry(key).or_default().push((parse_value(&le)?, *value));
+            groups
+                .entry(key)
+                .or_default()
+                .push((parse_value(&le)?, *value));
         }
         for (labels, mut buckets) in groups {
             buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
             if buckets.windows(2).any(|w| w[1].1 < w[0].1) {
                 return Err(format!("{family}{labels:?}: buckets not cumulative"));
             }
-            let Some(&(le, inf)) = buckets.last() else { continue };
+            let Some(&(le, inf)) = buckets.last() else {
+                continue;
+            };
             if le != f64::INFINITY {
                 return Err(format!("{family}{labels:?}: no +Inf bucket"));
             }
@@ -209,11 +225,13 @@ fn check_histograms(exp: &Exposition) -> Result<(), String> {
             if *count != inf {
                 return Err(format!("{family}{labels:?}: +Inf {inf} != count {count}"));
             }
-            if !exp.samples.contains_key(&(format!("{family}_sum"), labels.clone())) {
+            if !exp
+                .samples
+                .contains_key(&(format!("{family}_sum"), labels.clone()))
+            {
                 return Err(format!("{family}{labels:?}: no _sum"));
             }
         }
     }
     Ok(())
 }
-
