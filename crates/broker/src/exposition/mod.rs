@@ -31,15 +31,17 @@ pub fn render(shared: &Shared, listener: &str) -> String {
 
 fn clients(e: &mut TextEncoder, shared: &Shared, listener: &str) {
     let m = &shared.metrics;
-    let uptime_s = Instant::now()
+    // Millisecond precision: the dashboard takes its rates' time base from it (the broker's
+    // clock, not the browser's).
+    let uptime_ms = Instant::now()
         .saturating_duration_since(shared.started_at)
-        .as_secs();
-    e.single(
+        .as_millis();
+    e.family(
         "uptime_seconds",
         Kind::Gauge,
         "Seconds since the broker started.",
-        uptime_s,
     );
+    e.sample_f64("uptime_seconds", &[], uptime_ms as f64 / 1e3);
     e.family(
         "connections",
         Kind::Gauge,

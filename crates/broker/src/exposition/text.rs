@@ -51,6 +51,13 @@ impl TextEncoder {
         let _ = writeln!(self.out, " {value}");
     }
 
+    /// One sample with a fractional value.
+    pub fn sample_f64(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        let _ = write!(self.out, "{PREFIX}{name}");
+        self.labels(labels, None);
+        let _ = writeln!(self.out, " {}", format_float(value));
+    }
+
     /// A family with one unlabelled sample.
     pub fn single(&mut self, name: &str, kind: Kind, help: &str, value: u64) {
         self.family(name, kind, help);
