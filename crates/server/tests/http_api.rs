@@ -449,3 +449,33 @@ async fn json_logs_carry_client_id_and_peer() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `tern_dropped_total{cause="expired"}`: a message whose Message Expiry Interval passes while
+/// it waits in an offline session's queue is dropped when the session comes back
+/// (MQTT-3.3.2-5), and counted under its cause.
+#[tokio::test]
+async fn an_expired_queued_message_is_counted_as_dropped_expired() {
+    let b = with_http("");
+    let mut persistent = connect_packet(Protocol::V5, "expiring", false, 0);
+    persistent.properties.session_expiry_interval_s = Some(600);
+    let (mut s, _) = RawClient::connect_ok(b.addr, persistent.clone()).await;
+    s.sub("e/#", 1).await;
+    drop(s);
+    let mut p = RawClient::v5(b.addr, "expirer").await;
+    let mut short = publish("e/short", b"gone", 1, 1);
+    short.properties.message_expiry_interval_s = Some(1);
+    p.publish_acked(short).await;
+    p.publish_acked(publish("e/marker", b"kept", 1, 2)).await;
+    // Let the first one expire in the queue (a wait, not a timing assertion).
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let (mut s, ack) = RawClient::connect_ok(b.addr, persistent).await;
+    assert!(ack.session_present);
+    let m = s.expect_publish().await;
+    assert_eq!(&*m.topic, "e/marker", "the expired message was delivered");
+    let m = scrape(&b);
+    assert_eq!(
+        m.value("tern_dropped_total", &[("cause", "expired")]),
+        Some(1.0)
+    );
+    assert!(m.value("tern_messages_dropped_total", &[]) >= Some(1.0));
+}

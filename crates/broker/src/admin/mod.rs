@@ -191,6 +191,35 @@ mod tests {
         assert_eq!(seen, expected);
     }
 
+    /// `/readyz` is this flag: false before `serve` accepts and again once it stopped.
+    #[tokio::test]
+    async fn ready_only_while_serving() {
+        let broker = Broker::new(crate::BrokerConfig::default()).unwrap();
+        assert!(!broker.is_ready(), "recovered but not accepting yet");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let serving = broker.clone();
+        let task = tokio::spawn(async move {
+            serving
+                .serve(listener, async {
+                    let _ = stop_rx.await;
+                })
+                .await
+        });
+        let mut ready = false;
+        for _ in 0..500 {
+            ready = broker.is_ready();
+            if ready {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(ready, "serving but not ready");
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
+        assert!(!broker.is_ready(), "stopped but still ready");
+    }
+
     #[test]
     fn limits_are_clamped() {
         assert_eq!(page_limit(Some(0), 100), 1);
