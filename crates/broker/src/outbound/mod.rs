@@ -525,3 +525,5 @@ impl Outbound {
 mod gate_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod totals_tests;
