@@ -131,6 +131,9 @@ fn health_and_readiness() {
     let n = get(http(&b), "/nope");
     assert_eq!(n.status, 404);
     assert!(n.json()["error"].is_string());
+    let m = request(http(&b), "PUT", "/api/v1/clients/x", Some(TOKEN));
+    assert_eq!(m.status, 405);
+    assert!(m.json()["error"].is_string());
 }
 
 /// Walks a list with `limit` and `after`, returning every item.

@@ -41,9 +41,10 @@ struct ListQuery {
     filter: Option<String>,
 }
 
-type Query_ = Result<Query<ListQuery>, QueryRejection>;
+/// The query of a list, or why it could not be parsed.
+type ListParams = Result<Query<ListQuery>, QueryRejection>;
 
-fn list_query(query: Query_) -> Result<ListQuery, ApiError> {
+fn list_query(query: ListParams) -> Result<ListQuery, ApiError> {
     query
         .map(|Query(q)| q)
         .map_err(|rejection| ApiError::new(StatusCode::BAD_REQUEST, rejection.body_text()))
@@ -61,7 +62,10 @@ fn page_json<T>(page: Page<T>, item: impl Fn(&T) -> Value) -> Value {
     })
 }
 
-async fn clients(State(state): State<Arc<HttpState>>, query: Query_) -> Result<Response, ApiError> {
+async fn clients(
+    State(state): State<Arc<HttpState>>,
+    query: ListParams,
+) -> Result<Response, ApiError> {
     let broker = state.broker()?;
     let q = list_query(query)?;
     let page = broker.clients(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
@@ -81,7 +85,7 @@ async fn clients(State(state): State<Arc<HttpState>>, query: Query_) -> Result<R
 
 async fn sessions(
     State(state): State<Arc<HttpState>>,
-    query: Query_,
+    query: ListParams,
 ) -> Result<Response, ApiError> {
     let broker = state.broker()?;
     let q = list_query(query)?;
@@ -102,7 +106,7 @@ async fn sessions(
 
 async fn subscriptions(
     State(state): State<Arc<HttpState>>,
-    query: Query_,
+    query: ListParams,
 ) -> Result<Response, ApiError> {
     let broker = state.broker()?;
     let q = list_query(query)?;
@@ -140,7 +144,10 @@ fn stream_json(s: &StreamStats) -> Value {
     })
 }
 
-async fn streams(State(state): State<Arc<HttpState>>, query: Query_) -> Result<Response, ApiError> {
+async fn streams(
+    State(state): State<Arc<HttpState>>,
+    query: ListParams,
+) -> Result<Response, ApiError> {
     let broker = state.broker()?;
     let q = list_query(query)?;
     let limit = page_limit(q.limit, DEFAULT_PAGE_LIMIT);
@@ -155,7 +162,7 @@ async fn streams(State(state): State<Arc<HttpState>>, query: Query_) -> Result<R
 
 async fn retained(
     State(state): State<Arc<HttpState>>,
-    query: Query_,
+    query: ListParams,
 ) -> Result<Response, ApiError> {
     let broker = state.broker()?;
     let q = list_query(query)?;

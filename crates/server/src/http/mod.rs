@@ -120,6 +120,7 @@ fn router(state: Arc<HttpState>) -> Router {
         .route("/metrics", get(metrics))
         .merge(api::routes())
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
 }
@@ -200,6 +201,13 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
 
 async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "no such route")
+}
+
+async fn method_not_allowed() -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this route",
+    )
 }
 
 #[cfg(test)]
