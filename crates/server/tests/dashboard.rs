@@ -88,6 +88,22 @@ fn the_dashboard_shows_live_numbers_in_a_browser() {
         assert!(!page.body.contains(outside), "the page loads {outside}...");
     }
     let _load = start_load(&b);
+    // The load's 2 publishers and 2 subscribers are connected and messages flow before the
+    // page is loaded (bounded wait).
+    let deadline = std::time::Instant::now() + common::WAIT * 4;
+    loop {
+        let clients = get(http, "/api/v1/clients").json();
+        let metrics = common::prom::parse(&get(http, "/metrics").body).expect("metrics");
+        let flowing = metrics.sum("tern_messages_received_total") > 0.0;
+        if clients["items"].as_array().map(Vec::len) == Some(4) && flowing {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the load never started: {clients}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let url = format!("http://{http}/");
     let first = dump_dom(&url);
     let second = dump_dom(&url);
