@@ -40,6 +40,7 @@ impl Writer {
             .compact_replies
             .drain(..)
             .chain(self.seal_replies.drain(..))
+            .chain(self.snapshots.drain(..).map(|(_, tx)| tx))
         {
             let _ = tx.try_send(Err(self.sh.failed_error()));
         }
