@@ -362,6 +362,12 @@ pub trait MessageStore: Send + Sync + 'static {
             name: name.to_string(),
         })
     }
+    /// A consistent copy of the data directory under the label `label`; its path.
+    fn backup(&self, _label: &str) -> Result<std::path::PathBuf, crate::admin::ActionError> {
+        Err(crate::admin::ActionError::Invalid(
+            "the in-memory store has nothing to back up".into(),
+        ))
+    }
     /// A ticket that completes once every state-stream write issued so far is durable
     /// (`None`: nothing to wait for).
     fn state_barrier(&self) -> Option<Ticket> {

@@ -482,3 +482,70 @@ async fn an_expired_queued_message_is_counted_as_dropped_expired() {
     );
     assert!(m.value("tern_messages_dropped_total", &[]) >= Some(1.0));
 }
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// `POST /api/v1/backup`: a copy of the running broker's data directory that a new broker
+/// opens as the state at that moment: the offline session, its queue (messages published
+/// before the backup, none after), retained messages.
+#[tokio::test]
+async fn an_online_backup_restores_sessions_queues_and_retained_messages() {
+    let b = with_http("");
+    let mut persistent = connect_packet(Protocol::V5, "keeper", false, 0);
+    persistent.properties.session_expiry_interval_s = Some(600);
+    let (mut s, _) = RawClient::connect_ok(b.addr, persistent.clone()).await;
+    s.sub("k/#", 1).await;
+    drop(s);
+    let mut p = RawClient::v5(b.addr, "backup-pub").await;
+    for i in 1..=5u16 {
+        p.publish_acked(publish(&format!("k/{i}"), b"before", 1, i))
+            .await;
+    }
+    let mut retained = publish("r/kept", b"retained", 1, 6);
+    retained.retain = true;
+    p.publish_acked(retained).await;
+    let path = "/api/v1/backup?label=snap-1";
+    assert_eq!(request(http(&b), "POST", path, None).status, 401);
+    let r = request(http(&b), "POST", path, Some(TOKEN));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let copy = std::path::PathBuf::from(r.json()["path"].as_str().unwrap());
+    assert!(copy.starts_with(b.data_dir()), "{}", copy.display());
+    let again = request(http(&b), "POST", path, Some(TOKEN));
+    assert_eq!(again.status, 400, "a label is used once: {}", again.body);
+    for i in 6..=8u16 {
+        p.publish_acked(publish(&format!("k/{i}"), b"after", 1, i))
+            .await;
+    }
+    // Restore: a new broker on a copy of the backup.
+    let mut restored = Broker::start();
+    restored.kill();
+    let _ = std::fs::remove_dir_all(restored.data_dir());
+    copy_dir(&copy, &restored.data_dir());
+    restored.restart_after_kill();
+    let (mut s, connack) = RawClient::connect_ok(restored.addr, persistent).await;
+    assert!(connack.session_present, "the session is in the backup");
+    let mut marker = RawClient::v5(restored.addr, "marker").await;
+    marker.publish_acked(publish("k/marker", b"m", 1, 1)).await;
+    let mut topics = Vec::new();
+    while topics.last().map(String::as_str) != Some("k/marker") {
+        let m = s.expect_publish().await;
+        topics.push(m.topic.to_string());
+        s.send(&Packet::PubAck(ack(m.packet_id))).await;
+    }
+    assert_eq!(topics, ["k/1", "k/2", "k/3", "k/4", "k/5", "k/marker"]);
+    let mut r = RawClient::v5(restored.addr, "retained-reader").await;
+    r.sub("r/#", 1).await;
+    let m = r.expect_publish().await;
+    assert_eq!((&*m.topic, &m.payload[..]), ("r/kept", &b"retained"[..]));
+}

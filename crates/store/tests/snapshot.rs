@@ -36,9 +36,11 @@ fn a_snapshot_opens_as_the_stream_at_that_moment() {
     let live = Store::open(live_dir.path()).unwrap();
     let s = live.stream("s", config()).unwrap();
     for i in 0..300u32 {
-        let _ = s
-            .append(b"t/a", b"", format!("payload {i:05}").as_bytes())
-            .unwrap();
+        // The flush below waits for them all.
+        drop(
+            s.append(b"t/a", b"", format!("payload {i:05}").as_bytes())
+                .unwrap(),
+        );
     }
     s.flush().unwrap();
     assert!(s.info().blocks > 3, "several sealed blocks");
@@ -73,7 +75,7 @@ fn a_snapshot_under_concurrent_appends_is_a_prefix_without_holes() {
             // Bounded: enough to keep appending across the snapshot, few enough to reopen fast.
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) && i < MAX_CONCURRENT_RECORDS {
-                let _ = s.append(b"t/x", b"", &i.to_le_bytes()).unwrap();
+                drop(s.append(b"t/x", b"", &i.to_le_bytes()).unwrap());
                 i += 1;
             }
         })

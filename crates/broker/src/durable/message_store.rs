@@ -313,6 +313,10 @@ impl MessageStore for DurableStore {
         self.admin_state_barrier()
     }
 
+    fn backup(&self, label: &str) -> Result<std::path::PathBuf, crate::admin::ActionError> {
+        self.admin_backup(label)
+    }
+
     fn disk_usage(&self) -> Option<(u64, u64)> {
         let budget = self.disk_budget?;
         Some((self.disk_used.load(Ordering::Relaxed), budget))

@@ -30,6 +30,7 @@ pub fn routes() -> Router<Arc<HttpState>> {
         .route("/api/v1/streams", get(streams))
         .route("/api/v1/streams/:name/purge", post(purge))
         .route("/api/v1/retained", get(retained))
+        .route("/api/v1/backup", post(backup))
 }
 
 #[derive(Debug, Deserialize)]
@@ -216,10 +217,35 @@ async fn purge(
     Ok(Json(json!({ "removed": removed })).into_response())
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackupQuery {
+    /// Name of the copy under `<data dir>/backups/` (default `backup-<unix ms>`).
+    label: Option<String>,
+}
+
+async fn backup(
+    State(state): State<Arc<HttpState>>,
+    query: Result<Query<BackupQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
+    let label = q
+        .label
+        .unwrap_or_else(|| format!("backup-{}", unix_ms(SystemTime::now())));
+    // Waits for each stream's writer to take its copy between two group commits.
+    let worker = state.broker()?.clone();
+    let path = tokio::task::spawn_blocking(move || worker.backup(&label))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(action_error)?;
+    Ok(Json(json!({ "path": path.display().to_string() })).into_response())
+}
+
 fn action_error(e: ActionError) -> ApiError {
     let status = match e {
         ActionError::NotFound { .. } => StatusCode::NOT_FOUND,
         ActionError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        ActionError::Invalid(_) => StatusCode::BAD_REQUEST,
     };
     ApiError::new(status, e.to_string())
 }
