@@ -17,6 +17,7 @@
 #   NO_INSTALL=1                       fail instead of installing missing brokers
 #   NO_REPORT=1                        only collect bench/results/*.jsonl
 #   NO_BUILD=1                         use the tern and tern-bench already in CARGO_TARGET_DIR
+#   TERN_ARGS="--http 127.0.0.1:18080"  extra arguments of `tern serve` (e.g. the HTTP listener on)
 set -euo pipefail
 
 BENCH_NAME=compare
@@ -118,7 +119,7 @@ launch_broker() {
   case $name in
     tern)
       rm -rf "$WORK/tern-data"
-      "$TERN" serve --config "$WORK/tern.toml" --data-dir "$WORK/tern-data" --log warn >"$logf" 2>&1 &
+      "$TERN" serve --config "$WORK/tern.toml" --data-dir "$WORK/tern-data" --log warn ${TERN_ARGS:-} >"$logf" 2>&1 &
       ;;
     mosquitto)
       mosquitto -c "$WORK/mosquitto.conf" >"$logf" 2>&1 &

@@ -8,7 +8,7 @@ use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -52,11 +52,18 @@ pub struct Shared {
     /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
     pub(crate) read_order: Arc<ReadOrder>,
     next_connection_id: AtomicU64,
+    /// Set while [`Broker::serve`] accepts connections (recovery is done by then).
+    ready: AtomicBool,
 }
 
 impl Shared {
     pub fn next_connection_id(&self) -> u64 {
         self.next_connection_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// True while the broker accepts connections (recovery done, listener open).
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 }
 
@@ -93,6 +100,7 @@ impl Broker {
                 started_at: Instant::now(),
                 read_order: Arc::default(),
                 next_connection_id: AtomicU64::new(1),
+                ready: AtomicBool::new(false),
             }),
         };
         crate::session::restore::restore(&broker.shared, recovered);
@@ -134,6 +142,7 @@ impl Broker {
         let checkpoints = tokio::spawn(crate::checkpoint::run_checkpoints(self.shared.clone()));
         tokio::pin!(shutdown);
         let mut next_listener = 0;
+        self.shared.ready.store(true, Ordering::Release);
         loop {
             let accept = poll_fn(|cx| poll_accept_any(&listeners, &mut next_listener, cx));
             tokio::select! {
@@ -151,6 +160,7 @@ impl Broker {
             }
         }
         drop(listeners);
+        self.shared.ready.store(false, Ordering::Release);
         tracing::info!(connections = connections.len(), "shutting down");
         let _ = stop_tx.send(true);
         let drained =

@@ -85,6 +85,7 @@ impl Checkpointer {
                 let dropped = session.state.lock().out.drop_removed(&removed);
                 if dropped > 0 {
                     Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
+                    Metrics::add(&shared.metrics.messages_dropped_retention, dropped as u64);
                     tracing::info!(client_id = %session.client_id, dropped, "retention removed queued messages; session skips ahead");
                 }
             }
@@ -92,6 +93,7 @@ impl Checkpointer {
                 let dropped = queue.drop_removed(&removed);
                 if dropped > 0 {
                     Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
+                    Metrics::add(&shared.metrics.messages_dropped_retention, dropped as u64);
                     tracing::info!(
                         share = &**share,
                         dropped,

@@ -21,8 +21,11 @@
 //! - [`outbound`]: per-session queue, in-flight window and the vectored writer task.
 //! - [`retained`], [`will`], [`sys`] (`$SYS/broker/...`), [`topic_alias`], [`packet_ids`],
 //!   [`message`] (a routed message, encoded once per protocol), [`metrics`].
+//! - [`admin`]: paged lists and actions for operators; [`exposition`]: `/metrics` (Prometheus
+//!   text format) over the same counters as `$SYS`.
 
 pub mod ack_pipeline;
+pub mod admin;
 pub mod auth;
 pub mod broker;
 pub mod checkpoint;
@@ -30,6 +33,7 @@ pub mod config;
 pub mod connect_rate;
 pub mod connection;
 pub mod durable;
+pub mod exposition;
 pub mod fuzz;
 pub mod message;
 pub mod metrics;

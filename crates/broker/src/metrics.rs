@@ -6,9 +6,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub clients_connected: AtomicU64,
-    pub messages_received: AtomicU64,
-    pub messages_sent: AtomicU64,
+    /// PUBLISHes received from clients, by QoS (index 0, 1, 2); one add per PUBLISH.
+    pub messages_received_by_qos: [AtomicU64; 3],
+    /// Deliveries taken from session queues to be sent, by QoS (resends not counted); added
+    /// once per writer batch.
+    pub messages_sent_by_qos: [AtomicU64; 3],
     pub messages_dropped: AtomicU64,
+    /// Of `messages_dropped`: deliveries whose Message Expiry Interval passed while queued.
+    pub messages_dropped_expired: AtomicU64,
+    /// Of `messages_dropped`: queued deliveries whose stored records retention removed.
+    pub messages_dropped_retention: AtomicU64,
     /// Of `messages_dropped`: QoS 0 refused because an online subscriber's outbound queue was
     /// at its byte or message limit (a slow subscriber).
     pub messages_dropped_queue_full: AtomicU64,
@@ -59,6 +66,9 @@ pub struct Metrics {
     pub connections_refused_listener: AtomicU64,
     /// TLS handshakes and WebSocket upgrades that failed or timed out.
     pub transport_handshakes_failed: AtomicU64,
+    /// Deliveries in every session's outbound queue (beyond the in-flight window), kept with
+    /// `queued_bytes` by each `Outbound`.
+    pub queued_messages: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub subscriptions: AtomicU64,
@@ -80,5 +90,15 @@ impl Metrics {
 
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
+    }
+
+    /// PUBLISHes received, all QoS.
+    pub fn messages_received(&self) -> u64 {
+        self.messages_received_by_qos.iter().map(Metrics::get).sum()
+    }
+
+    /// Deliveries sent, all QoS.
+    pub fn messages_sent(&self) -> u64 {
+        self.messages_sent_by_qos.iter().map(Metrics::get).sum()
     }
 }

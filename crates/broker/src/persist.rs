@@ -350,6 +350,29 @@ pub trait MessageStore: Send + Sync + 'static {
     fn disk_usage(&self) -> Option<(u64, u64)> {
         None
     }
+    /// Every stream with its numbers, for `/metrics` and the admin API (none in memory).
+    fn stream_stats(&self) -> Vec<crate::admin::StreamStats> {
+        Vec::new()
+    }
+    /// Removes every message (not `$`-topics) of the message stream `name`; the number of
+    /// records removed.
+    fn purge_stream(&self, name: &str) -> Result<u64, crate::admin::ActionError> {
+        Err(crate::admin::ActionError::NotFound {
+            what: "stream",
+            name: name.to_string(),
+        })
+    }
+    /// A consistent copy of the data directory under the label `label`; its path.
+    fn backup(&self, _label: &str) -> Result<std::path::PathBuf, crate::admin::ActionError> {
+        Err(crate::admin::ActionError::Invalid(
+            "the in-memory store has nothing to back up".into(),
+        ))
+    }
+    /// A ticket that completes once every state-stream write issued so far is durable
+    /// (`None`: nothing to wait for).
+    fn state_barrier(&self) -> Option<Ticket> {
+        None
+    }
 }
 
 /// State handed back by [`MessageStore::recover`].

@@ -53,12 +53,9 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
         ),
         (
             "$SYS/broker/messages/received",
-            Metrics::get(&m.messages_received).to_string(),
+            m.messages_received().to_string(),
         ),
-        (
-            "$SYS/broker/messages/sent",
-            Metrics::get(&m.messages_sent).to_string(),
-        ),
+        ("$SYS/broker/messages/sent", m.messages_sent().to_string()),
         (
             "$SYS/broker/messages/dropped",
             Metrics::get(&m.messages_dropped).to_string(),

@@ -104,6 +104,11 @@ Config file keys (TOML, all optional; defaults shown):
                                           ack) or dropped (QoS 0), nothing stored is deleted for
                                           them; they are accepted again once retention frees space.
                                           Measured from the block lengths every 25 ms; minimum 65536
+  [http]                                  admin HTTP listener (off unless bind or --http is set)
+    bind = \"127.0.0.1:8080\"                GET /metrics (Prometheus), /healthz, /readyz, /api/v1/..., / (dashboard)
+    token = \"...\"                          bearer token (16+ characters): required for actions (DELETE, POST)
+                                          and, on a non-loopback bind (which refuses to start without one),
+                                          for every request but /, /healthz and /readyz
   [[stream]]                              message streams; a message goes to the first that captures it
     name = \"messages\"                     required
     filters = [\"#\"]                       topic filters captured (unset: every topic, $-topics too)
@@ -156,4 +161,17 @@ pub struct ServeArgs {
     /// Log filter (e.g. info, debug, tern_broker=trace); overrides RUST_LOG. Logs go to stderr.
     #[arg(long, value_name = "LEVEL")]
     pub log: Option<String>,
+
+    /// Log line format: text (for people) or json (one object per line, for log shippers).
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
+    /// Address of the admin HTTP listener (/metrics, /healthz, /readyz, /api/v1, the
+    /// dashboard at /); overrides [http] bind. Off unless set here or there.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
+
+    /// Validate FILE (TOML config) and exit: 0 if it is valid, 2 (with the reason) if not.
+    #[arg(long, value_name = "FILE")]
+    pub check_config: Option<PathBuf>,
 }

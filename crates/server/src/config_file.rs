@@ -1,4 +1,4 @@
-//! The TOML config file: `[listener]`, `[limits]`, `[sys]`, `[state]`, `[store]` and any number of
+//! The TOML config file: `[listener]`, `[limits]`, `[sys]`, `[state]`, `[store]`, `[http]` and any number of
 //! `[[stream]]`.
 //! Every key is optional; an unknown key or a value of the wrong type or range is an error that
 //! names the key and its table.
@@ -28,6 +28,8 @@ pub struct FileConfig {
     pub max_disk_bytes: Option<u64>,
     /// `[auth]` (crate::auth_config).
     pub auth: crate::auth_config::AuthConfig,
+    /// `[http]`: the admin HTTP listener (`crate::http::config`).
+    pub http: Option<crate::http::HttpSection>,
 }
 
 impl Default for FileConfig {
@@ -40,6 +42,7 @@ impl Default for FileConfig {
             state_sync: SyncPolicy::Always,
             max_disk_bytes: None,
             auth: Default::default(),
+            http: None,
         }
     }
 }
@@ -167,6 +170,7 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
                             reason: e.message().trim().to_string(),
                         })?
             }
+            "http" => config.http = Some(get(&Value::Table(section.clone()), "http", "http")?),
             other => return Err(ConfigFileError::UnknownTable(other.to_string())),
         }
     }

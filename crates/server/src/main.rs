@@ -5,10 +5,12 @@
 //!   `signals`: SIGINT/SIGTERM, SIGHUP reloads.
 //! - `listeners`: `[[listener]]` tables (TCP or WebSocket, TLS or not); `tls`: rustls configs
 //!   and their reload; `ws`: the WebSocket upgrade and byte-stream adapter.
+//! - `http`: the admin HTTP listener (`/metrics`, `/api/v1`, the dashboard).
 
 mod auth_config;
 mod cli;
 mod config_file;
+mod http;
 mod listeners;
 mod passwd;
 mod signals;
@@ -27,6 +29,7 @@ use tern_broker::{Broker, DurableConfig, DurableStore, SessionLimits};
 use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command, ServeArgs};
+use http::HttpSettings;
 
 /// Exit code for a bad config file (the contract).
 const EXIT_CONFIG: u8 = 2;
@@ -41,32 +44,55 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(args: ServeArgs) -> ExitCode {
-    let file = match &args.config {
-        Some(path) => match config_file::load(path) {
-            Ok(file) => file,
-            Err(error) => {
-                eprintln!("error: config {}: {error}", path.display());
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        },
-        None => config_file::FileConfig::default(),
+/// `tern serve --check-config FILE`: everything `serve` checks before it opens the data
+/// directory (the file, the listeners and their TLS files, `[auth]` and its files, `[http]`).
+fn check_config(args: &ServeArgs, path: &Path) -> ExitCode {
+    let file = match config_file::load(path) {
+        Ok(file) => file,
+        Err(error) => {
+            eprintln!("error: config {}: {error}", path.display());
+            return ExitCode::from(EXIT_CONFIG);
+        }
     };
+    if let Err(error) = plan(args, file) {
+        eprintln!("error: config {}: {error}", path.display());
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    println!("config {}: ok", path.display());
+    ExitCode::SUCCESS
+}
+
+fn init_logging(args: &ServeArgs) -> Result<(), String> {
     let filter = match &args.log {
         Some(level) => EnvFilter::try_new(level),
         None => EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new("info")),
     };
-    let filter = match filter {
-        Ok(filter) => filter,
-        Err(error) => {
-            eprintln!("error: --log: {error}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    tracing_subscriber::fmt()
+    let filter = filter.map_err(|error| format!("--log: {error}"))?;
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if args.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    Ok(())
+}
+
+/// What `serve` runs, checked whole before anything is opened.
+struct Plan {
+    listeners: Vec<listeners::Prepared>,
+    file: config_file::FileConfig,
+    rules: tern_broker::AuthRules,
+    allow_anonymous: bool,
+    http: Option<HttpSettings>,
+}
+
+/// The command line over the file: listeners (TLS files read), `[auth]` (files read),
+/// `[http]`, `--sync`. An error names the table or flag.
+fn plan(args: &ServeArgs, mut file: config_file::FileConfig) -> Result<Plan, String> {
+    let http = HttpSettings::resolve(file.http.as_ref(), args.http.as_deref())
+        .map_err(|error| format!("[http] {error}"))?;
     let mut listener_configs = file.listeners.clone();
     if listener_configs.is_empty() {
         let bind = file
@@ -79,25 +105,14 @@ fn serve(args: ServeArgs) -> ExitCode {
         // `--bind` replaces the first listener's address.
         listener_configs[0].bind = bind.clone();
     }
-    let prepared = match listeners::prepare(&listener_configs) {
-        Ok(prepared) => prepared,
-        Err((listener, error)) => {
-            eprintln!("error: listener {listener}: {error}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    let mut file = file;
+    let prepared = listeners::prepare(&listener_configs)
+        .map_err(|(listener, error)| format!("listener {listener}: {error}"))?;
     if file.streams.is_empty() {
         file.streams.push(tern_broker::StreamSpec::default_stream());
     }
     if let Some(sync) = &args.sync {
-        match config_file::sync_policy(sync, args.sync_interval_ms) {
-            Ok(policy) => file.streams[0].store.sync = policy,
-            Err(error) => {
-                eprintln!("error: --sync: {error}");
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        }
+        file.streams[0].store.sync = config_file::sync_policy(sync, args.sync_interval_ms)
+            .map_err(|error| format!("--sync: {error}"))?;
     }
     // The rule is over every listener's address, but a listener that sets `allow_anonymous`
     // itself has decided for its own address.
@@ -106,21 +121,44 @@ fn serve(args: ServeArgs) -> ExitCode {
         .filter(|l| l.allow_anonymous.is_none())
         .map(|l| l.bind.clone())
         .collect();
-    let allow_anonymous = match auth_config::allow_anonymous_default(&file.auth, &binds) {
-        Ok(allow) => allow,
+    let allow_anonymous = auth_config::allow_anonymous_default(&file.auth, &binds)?;
+    let rules = auth_config::load_rules(&file.auth, allow_anonymous)
+        .map_err(|error| format!("[auth] {error}"))?;
+    Ok(Plan {
+        listeners: prepared,
+        file,
+        rules,
+        allow_anonymous,
+        http,
+    })
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    if let Some(path) = &args.check_config {
+        return check_config(&args, path);
+    }
+    let file = match &args.config {
+        Some(path) => match config_file::load(path) {
+            Ok(file) => file,
+            Err(error) => {
+                eprintln!("error: config {}: {error}", path.display());
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        },
+        None => config_file::FileConfig::default(),
+    };
+    let plan = match plan(&args, file) {
+        Ok(plan) => plan,
         Err(error) => {
             eprintln!("error: {error}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let rules = match auth_config::load_rules(&file.auth, allow_anonymous) {
-        Ok(rules) => rules,
-        Err(error) => {
-            eprintln!("error: [auth] {error}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    match run(prepared, &args.data_dir, file, rules, allow_anonymous) {
+    if let Err(error) = init_logging(&args) {
+        eprintln!("error: {error}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    match run(plan, &args.data_dir) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
@@ -129,14 +167,14 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
-fn run(
-    prepared: Vec<listeners::Prepared>,
-    data_dir: &Path,
-    file: config_file::FileConfig,
-    rules: tern_broker::AuthRules,
-    allow_anonymous: bool,
-) -> anyhow::Result<()> {
-    let store = DurableStore::open(
+fn print_line(line: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{line}").context("stdout")?;
+    stdout.flush().context("stdout")
+}
+
+fn open_store(data_dir: &Path, file: &config_file::FileConfig) -> anyhow::Result<DurableStore> {
+    DurableStore::open(
         data_dir,
         DurableConfig {
             streams: file.streams.clone(),
@@ -149,13 +187,33 @@ fn run(
             max_disk_bytes: file.max_disk_bytes,
         },
     )
-    .with_context(|| format!("cannot open the data directory {}", data_dir.display()))?;
-    let store = Arc::new(store);
+    .with_context(|| format!("cannot open the data directory {}", data_dir.display()))
+}
+
+fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
+    let Plan {
+        listeners: prepared,
+        file,
+        rules,
+        allow_anonymous,
+        http,
+    } = plan;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
+        // Before recovery: /healthz answers and /readyz says "not yet" while it runs.
+        let http = match http {
+            Some(settings) => {
+                let (state, local) = http::start(settings).await?;
+                print_line(&format!("tern http on {local}"))?;
+                tracing::info!(%local, "http listening");
+                Some(state)
+            }
+            None => None,
+        };
+        let store = Arc::new(open_store(data_dir, &file)?);
         let broker = Broker::with_store(file.broker, store).context("invalid limits")?;
         broker.shared().auth.replace(rules);
         let shutdown = signals::install().context("cannot install signal handlers")?;
@@ -166,16 +224,20 @@ fn run(
         .context("cannot install the SIGHUP handler")?;
         let max_packet_size = broker.shared().config.max_packet_size_bytes;
         let listeners = listeners::bind(prepared, max_packet_size).await?;
-        {
-            // One line per listener, in config order: the first line is the first listener.
-            let mut stdout = std::io::stdout().lock();
-            for listener in &listeners {
-                let local = listener.socket.local_addr().context("listener has no address")?;
-                writeln!(stdout, "tern listening on {local}").context("stdout")?;
-                let context = &listener.context;
-                tracing::info!(%local, transport = ?context.transport, tls = context.tls, "listening");
-            }
-            stdout.flush().context("stdout")?;
+        if let Some(http) = &http {
+            // The connections gauge has one sample per listener.
+            let contexts = listeners.iter().map(|l| l.context.clone()).collect();
+            http.set_broker(broker.clone(), contexts);
+        }
+        // One line per listener, in config order: the first line is the first listener.
+        for listener in &listeners {
+            let local = listener
+                .socket
+                .local_addr()
+                .context("listener has no address")?;
+            print_line(&format!("tern listening on {local}"))?;
+            let context = &listener.context;
+            tracing::info!(%local, transport = ?context.transport, tls = context.tls, "listening");
         }
         broker.serve_listeners(listeners, shutdown).await?;
         tracing::info!("stopped");
@@ -183,7 +245,6 @@ fn run(
     })
 }
 
-/// SIGHUP: re-read the password file and the ACL; both apply together, or neither.
 /// SIGHUP: every TLS listener's certificate, key and client CA (a listener whose files are bad
 /// keeps its old ones).
 fn cert_reload(reloader: listeners::CertReloader) -> signals::Reload {
@@ -204,6 +265,7 @@ fn cert_reload(reloader: listeners::CertReloader) -> signals::Reload {
     }
 }
 
+/// SIGHUP: re-read the password file and the ACL; both apply together, or neither.
 fn auth_reload(
     broker: &Broker,
     auth: auth_config::AuthConfig,

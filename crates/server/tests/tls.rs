@@ -359,3 +359,70 @@ fn bad_tls_config_exits_2_naming_the_problem() {
         assert!(out.stderr.contains(named), "{config}\n{}", out.stderr);
     }
 }
+
+/// Per-listener `allow_anonymous` overrides `[auth]`'s, and a username taken from the client
+/// certificate (`use_identity_as_username`) is the authentication: the password file, which
+/// does not know that name, is not consulted (mosquitto does the same).
+#[test]
+fn listener_allow_anonymous_and_certificate_identity_with_a_password_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = certs::make(dir.path(), "a", "sensor-9");
+    let passwd = dir.path().join("passwd");
+    let out = run(
+        Command::new("mosquitto_passwd")
+            .args(["-c", "-b"])
+            .arg(&passwd)
+            .args(["alice", "secret"]),
+        CLIENT_TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "mosquitto_passwd: {}",
+        text(&out.stderr)
+    );
+    let config = format!(
+        "[auth]\nallow_anonymous = false\npassword_file = \"{}\"\n\n\
+         [[listener]]\nbind = \"127.0.0.1:0\"\n\n\
+         [[listener]]\nbind = \"127.0.0.1:0\"\nallow_anonymous = true\n\n{}",
+        passwd.display(),
+        tls_listener(
+            &pki,
+            &format!(
+                "tls_client_ca = \"{}\"\nuse_identity_as_username = true\n",
+                pki.ca.display()
+            )
+        )
+    );
+    let mut broker = Broker::start_with_args(&config, &[]);
+    let addrs = broker.listener_addrs(3);
+    // Listener 0 follows [auth]: anonymous refused (v5 0x87 / 3.1.1 rc 5).
+    let out = publish(addrs[0], "l/t", "anon", &[]);
+    assert!(!out.status.success(), "anonymous accepted on listener 0");
+    assert!(
+        text(&out.stderr).to_lowercase().contains("not authori"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Listener 1 lets anonymous clients in.
+    let out = publish(addrs[1], "l/t", "anon", &[]);
+    assert!(out.status.success(), "listener 1: {}", text(&out.stderr));
+    // A password-file user works on listener 0.
+    let mut command = Command::new("mosquitto_pub");
+    command
+        .args(["-h", "127.0.0.1", "-p", &addrs[0].port().to_string()])
+        .args(["-t", "l/t", "-m", "alice", "-u", "alice", "-P", "secret"]);
+    let out = run(&mut command, CLIENT_TIMEOUT);
+    assert!(out.status.success(), "alice: {}", text(&out.stderr));
+    // Listener 2: the certificate's CN (unknown to the password file) gets in, with any
+    // password or none.
+    let with_cert = [pki.ca.as_path(), &pki.client_cert, &pki.client_key];
+    let out = publish(addrs[2], "l/t", "by certificate", &with_cert);
+    assert!(out.status.success(), "cert: {}", text(&out.stderr));
+    let out = subscribe_one(addrs[1], "l/t", &[]);
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "by certificate",
+        "{}",
+        text(&out.stderr)
+    );
+}

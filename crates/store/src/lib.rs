@@ -11,6 +11,7 @@
 //! - `writer`: the per-stream group-commit thread; `queue`: the bounded hand-off to it.
 //! - `state`: the in-memory view (blocks, entries, topic index); `compact`: block rewrites.
 //! - `recovery`: opening a stream, torn tails, quarantine; [`format`](mod@format): the on-disk layout.
+//! - [`histogram`]: the writer's fsync latency and batch size histograms.
 //! - [`vfs`]: the file abstraction (real and fault-injecting); [`filter`]: MQTT matching.
 //! - `sim` (feature `sim` only): the simulated disk (page cache, power loss, EIO) and the
 //!   store's test-only bug switches.
@@ -72,6 +73,7 @@ pub mod config;
 pub mod error;
 pub mod filter;
 pub mod format;
+pub mod histogram;
 pub mod kv;
 pub mod store;
 pub mod stream;
@@ -93,6 +95,7 @@ mod writer;
 pub use config::{Discard, Limits, StreamConfig, SyncPolicy};
 pub use error::{Result, StoreError};
 pub use filter::{FilterSet, topic_matches};
+pub use histogram::{HistogramSnapshot, StreamHistograms};
 pub use kv::KvStream;
 pub use queue::Removed;
 pub use recovery::RecoveryReport;

@@ -77,6 +77,8 @@ pub(crate) enum Op {
     RewriteMarkers { ranges: Vec<(u64, u64)> },
     /// Seals the active block (if it holds records) and starts a new one.
     Seal,
+    /// Writes a copy of the stream as of the end of this turn into `dest` (`writer::snapshot`).
+    Snapshot { dest: std::path::PathBuf },
 }
 
 pub(crate) struct QueuedOp {

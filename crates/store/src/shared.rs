@@ -15,6 +15,7 @@ use std::task::Waker;
 
 use crate::config::StreamConfig;
 use crate::error::StoreError;
+use crate::histogram::{BATCH_BOUNDS_RECORDS, FSYNC_BOUNDS_US, Histogram};
 use crate::queue::Queue;
 use crate::state::State;
 use crate::vfs::Vfs;
@@ -26,8 +27,12 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Counters a stream keeps for monitoring (all since it was opened).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Counters {
+    /// `fdatasync` of block files, microseconds (the writer records, monitoring reads).
+    pub fsync_us: Histogram,
+    /// Records per group-commit turn that wrote records.
+    pub batch_records: Histogram,
     pub records: AtomicU64,
     pub turns: AtomicU64,
     pub writes: AtomicU64,
@@ -78,7 +83,16 @@ impl Shared {
     ) -> Self {
         let retention_floor = if config.start_pinned { 0 } else { u64::MAX };
         Shared {
-            counters: Counters::default(),
+            counters: Counters {
+                fsync_us: Histogram::new(FSYNC_BOUNDS_US),
+                batch_records: Histogram::new(BATCH_BOUNDS_RECORDS),
+                records: AtomicU64::new(0),
+                turns: AtomicU64::new(0),
+                writes: AtomicU64::new(0),
+                syncs: AtomicU64::new(0),
+                bytes_written: AtomicU64::new(0),
+                rolls: AtomicU64::new(0),
+            },
             name,
             dir,
             vfs,

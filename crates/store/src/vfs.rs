@@ -39,6 +39,14 @@ pub trait Vfs: Send + Sync + Debug {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// File names (not paths) in a directory.
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// A second name for the file at `from` (snapshots); unsupported unless overridden.
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let _ = (from, to);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "hard links are not supported by this file system layer",
+        ))
+    }
     /// Defects the store should give itself, so a test can prove its checker finds them.
     /// Exists only with the `sim` feature; only a simulated disk answers anything but none.
     #[cfg(feature = "sim")]
@@ -92,6 +100,9 @@ impl Vfs for RealVfs {
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         fs::rename(from, to)
+    }
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::hard_link(from, to)
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         fs::create_dir_all(dir)

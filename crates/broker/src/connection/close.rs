@@ -148,6 +148,7 @@ fn reason_string(reason: ReasonCode) -> Option<&'static str> {
         ReasonCode::PACKET_TOO_LARGE => "packet too large",
         ReasonCode::QUOTA_EXCEEDED => "outbound queue full for too long",
         ReasonCode::PAYLOAD_FORMAT_INVALID => "payload is not UTF-8",
+        ReasonCode::ADMINISTRATIVE_ACTION => "administrative action",
         _ => return None,
     })
 }

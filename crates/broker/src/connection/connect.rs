@@ -23,7 +23,7 @@ use crate::outbound::{WriterState, encode_packet};
 use crate::read_order::ReadSlot;
 use crate::session::registry::{self, AttachRequest};
 use crate::topic_alias::InboundAliases;
-use crate::transport::{ConnectionInfo, TransportRead, TransportWrite};
+use crate::transport::{ConnectionInfo, ListenerContext, TransportRead, TransportWrite};
 
 /// Receive Maximum assumed when a v5 client sends none, and for 3.x clients.
 const DEFAULT_CLIENT_RECEIVE_MAXIMUM: u16 = u16::MAX;
@@ -40,6 +40,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
     // Only what the CONNECT needs of `info` is kept across the reads below.
     let info_peer = info.peer.ip();
     let allow_anonymous = info.listener.allow_anonymous;
+    let listener = info.listener.clone();
     let identity = identity_username(info);
     let deadline = Instant::now() + config.connect_timeout();
     let mut connect = loop {
@@ -92,6 +93,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
         peer: info_peer,
         allow_anonymous,
         by_certificate,
+        listener,
     };
     accept(shared, *connect, writer, client).await
 }
@@ -115,16 +117,28 @@ fn use_identity(cn: Option<Arc<str>>, connect: &mut Connect) -> Result<(), Reaso
 
 /// One of the `max_connections` places, held by a connection from its accepted CONNECT until
 /// it is dropped (with the connection).
-pub(crate) struct ConnectionSlot(Arc<Shared>);
+pub(crate) struct ConnectionSlot {
+    shared: Arc<Shared>,
+    /// Its listener, whose connected count it holds one of too.
+    listener: Arc<ListenerContext>,
+}
 
 impl ConnectionSlot {
     /// Takes a place, unless `max_connections` are taken and `client_id` is not connected:
     /// a takeover replaces a connection (the old one leaves as the new one arrives), so it
     /// is never refused by the limit.
-    fn take(shared: &Arc<Shared>, client_id: &str) -> Option<ConnectionSlot> {
+    fn take(
+        shared: &Arc<Shared>,
+        listener: Arc<ListenerContext>,
+        client_id: &str,
+    ) -> Option<ConnectionSlot> {
         let live = &shared.metrics.connections;
         let n = live.fetch_add(1, Ordering::Relaxed) + 1;
-        let slot = ConnectionSlot(shared.clone());
+        listener.count_connected(true);
+        let slot = ConnectionSlot {
+            shared: shared.clone(),
+            listener,
+        };
         if n <= shared.config.max_connections {
             return Some(slot);
         }
@@ -139,7 +153,11 @@ impl ConnectionSlot {
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        self.0.metrics.connections.fetch_sub(1, Ordering::Relaxed);
+        self.shared
+            .metrics
+            .connections
+            .fetch_sub(1, Ordering::Relaxed);
+        self.listener.count_connected(false);
     }
 }
 
@@ -309,6 +327,7 @@ struct Client {
     allow_anonymous: Option<bool>,
     /// The username is the client certificate's CN (`use_identity_as_username`).
     by_certificate: bool,
+    listener: Arc<ListenerContext>,
 }
 
 /// `max_connect_rate_per_ip`: takes a token of `peer`'s bucket, or counts and logs the refusal.
@@ -412,7 +431,8 @@ async fn accept<W: TransportWrite>(
         Box::pin(reject(&mut writer, protocol, reason)).await;
         return None;
     }
-    let Some(slot) = ConnectionSlot::take(shared, &connect.client_id) else {
+    let Some(slot) = ConnectionSlot::take(shared, client.listener.clone(), &connect.client_id)
+    else {
         let refused = Metrics::add_get(&shared.metrics.connections_refused, 1);
         if refused.is_power_of_two() {
             tracing::warn!(

@@ -76,6 +76,28 @@ pub(crate) enum Close {
     Shutdown,
 }
 
+impl std::fmt::Display for Close {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Close::ClientDisconnect { send_will: false } => f.write_str("client disconnect"),
+            Close::ClientDisconnect { send_will: true } => {
+                f.write_str("client disconnect with will (0x04)")
+            }
+            Close::Lost => f.write_str("connection lost"),
+            Close::Protocol(code) => write!(f, "protocol error 0x{:02x}", code.0),
+            Close::KeepAlive => f.write_str("keep alive timeout"),
+            Close::Kicked(code) if *code == ReasonCode::SESSION_TAKEN_OVER => {
+                f.write_str("session taken over (0x8e)")
+            }
+            Close::Kicked(code) if *code == ReasonCode::ADMINISTRATIVE_ACTION => {
+                f.write_str("administrative action (0x98)")
+            }
+            Close::Kicked(code) => write!(f, "closed by the broker 0x{:02x}", code.0),
+            Close::Shutdown => f.write_str("server shutting down"),
+        }
+    }
+}
+
 pub(crate) struct Conn {
     shared: Arc<Shared>,
     session: Arc<Session>,
@@ -144,7 +166,15 @@ pub async fn run<T: Transport>(
     else {
         return;
     };
-    tracing::debug!(%peer, client_id = %conn.client_id, protocol = ?conn.protocol, "client connected");
+    let keep_alive_s = conn.keep_alive.map_or(0, |d| {
+        u16::try_from(d.as_millis() / 1500).unwrap_or(u16::MAX)
+    });
+    conn.ctl.set_info(crate::session::ConnInfo {
+        peer,
+        keep_alive_s,
+        connected_at: std::time::SystemTime::now(),
+    });
+    tracing::info!(%peer, client_id = %conn.client_id, protocol = ?conn.protocol, keep_alive_s, "client connected");
     Metrics::add(&shared.metrics.clients_connected, 1);
     let writer_task = tokio::spawn(crate::outbound::run_writer(
         shared.clone(),
@@ -158,7 +188,7 @@ pub async fn run<T: Transport>(
     let tickets = CloseOnDrop(conn.read_slot.clone());
     let reason = conn.read_loop(&mut reader, &mut buf, &mut stop).await;
     drop(tickets);
-    tracing::debug!(%peer, client_id = %conn.client_id, ?reason, "client disconnected");
+    tracing::info!(%peer, client_id = %conn.client_id, reason = %reason, "client disconnected");
     Box::pin(conn.finish(reason, writer_task)).await;
 }
 

@@ -15,7 +15,6 @@ use crate::topic_alias::AliasError;
 
 impl Conn {
     pub(super) fn on_publish(&mut self, publish: Publish) -> Result<(), Close> {
-        Metrics::add(&self.shared.metrics.messages_received, 1);
         let v5 = self.protocol.is_v5();
         if !publish.properties.subscription_identifiers.is_empty() {
             // MQTT-3.3.4-6: a client's PUBLISH must not carry a Subscription Identifier.
@@ -46,6 +45,10 @@ impl Conn {
         let sys_topic = topic_str.starts_with("$SYS/") || topic_str == "$SYS";
         let packet_id = publish.packet_id;
         let qos = publish.qos;
+        Metrics::add(
+            &self.shared.metrics.messages_received_by_qos[usize::from(qos as u8)],
+            1,
+        );
 
         // MQTT-3.3.4-9 (v5 §4.9): one more exchange than our Receive Maximum is refused,
         // after reading it and before anything else happens to it. A retry of an exchange

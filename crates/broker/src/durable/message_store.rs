@@ -301,6 +301,22 @@ impl MessageStore for DurableStore {
         }
     }
 
+    fn stream_stats(&self) -> Vec<crate::admin::StreamStats> {
+        self.admin_stream_stats()
+    }
+
+    fn purge_stream(&self, name: &str) -> Result<u64, crate::admin::ActionError> {
+        self.admin_purge(name)
+    }
+
+    fn state_barrier(&self) -> Option<Ticket> {
+        self.admin_state_barrier()
+    }
+
+    fn backup(&self, label: &str) -> Result<std::path::PathBuf, crate::admin::ActionError> {
+        self.admin_backup(label)
+    }
+
     fn disk_usage(&self) -> Option<(u64, u64)> {
         let budget = self.disk_budget?;
         Some((self.disk_used.load(Ordering::Relaxed), budget))

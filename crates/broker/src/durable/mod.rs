@@ -54,6 +54,7 @@
 //! - The unrouted lock is held across the append, so the set and `next_seq` never miss a
 //!   sequence that a concurrent checkpoint could pass.
 
+mod admin;
 pub mod codec;
 pub mod config;
 mod exchanges;

@@ -44,8 +44,9 @@ impl Outbound {
         parts: &mut Vec<Bytes>,
     ) {
         let mut packets = 0;
-        // Counted once per batch: the counter is shared by every connection.
-        let mut sent = 0;
+        // Deliveries taken from the queue, by QoS: counted once per batch (the counters are
+        // shared by every connection).
+        let mut sent_by_qos = [0u64; 3];
         let mut resends_done = false;
         let mut head_blocked = false;
         // Heads are a few bytes each: one allocation for the batch's heads, not one per head.
@@ -79,15 +80,13 @@ impl Outbound {
             if let Some(held) = self.gate.pop_ready() {
                 if self.release(held, writer, env.now, parts) {
                     packets += 1;
-                    sent += 1;
                 }
                 continue;
             }
-            match self.take_front(writer, env, parts) {
+            match self.take_front(writer, env, parts, &mut sent_by_qos) {
                 Front::Taken => {
                     if counted_parts < parts.len() {
                         packets += 1;
-                        sent += 1;
                     }
                 }
                 Front::Blocked => {
@@ -99,8 +98,10 @@ impl Outbound {
                 Front::Empty => break,
             }
         }
-        if sent > 0 {
-            Metrics::add(&env.metrics.messages_sent, sent);
+        for (counter, sent) in env.metrics.messages_sent_by_qos.iter().zip(sent_by_qos) {
+            if sent > 0 {
+                Metrics::add(counter, sent);
+            }
         }
         if self.queued_bytes <= env.config.outbound_queue_max_bytes
             && self.queue.len() < env.config.outbound_queue_max_messages
@@ -118,6 +119,7 @@ impl Outbound {
         writer: &mut WriterState,
         env: &BatchEnv<'_>,
         parts: &mut Vec<Bytes>,
+        sent_by_qos: &mut [u64; 3],
     ) -> Front {
         let Some(front) = self.queue.front() else {
             return Front::Empty;
@@ -136,6 +138,7 @@ impl Outbound {
         self.account_removed(&item);
         if item.message.is_expired(env.now) {
             Metrics::add(&env.metrics.messages_dropped, 1);
+            Metrics::add(&env.metrics.messages_dropped_expired, 1);
             return Front::Taken;
         }
         if !writer.fits(&item, env.now) {
@@ -144,6 +147,7 @@ impl Outbound {
             return Front::Taken;
         }
         if qos == QoS::AtMostOnce {
+            sent_by_qos[0] += 1;
             if self.gate.holds_deliveries() {
                 self.gate.push(None, HeldPacket::Qos0(item));
             } else {
@@ -164,6 +168,7 @@ impl Outbound {
             }
             _ => None,
         };
+        sent_by_qos[usize::from(qos as u8)] += 1;
         let held = ticket.is_some() || self.gate.holds_deliveries();
         if held {
             self.gate.push(ticket, HeldPacket::Publish { packet_id });

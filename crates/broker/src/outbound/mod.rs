@@ -142,12 +142,19 @@ pub struct Outbound {
     total: Option<Arc<AtomicUsize>>,
     /// What this queue's share of `total` is (`queued_bytes` as of the last sync).
     reported: usize,
+    /// The broker-wide queued deliveries (`Metrics::queued_messages`), kept like `total`.
+    total_messages: Option<Arc<AtomicUsize>>,
+    /// This queue's share of `total_messages` (`queue.len()` as of the last sync).
+    reported_messages: usize,
 }
 
 impl Drop for Outbound {
     fn drop(&mut self) {
         if let Some(total) = &self.total {
             total.fetch_sub(self.reported, Ordering::Relaxed);
+        }
+        if let Some(total) = &self.total_messages {
+            total.fetch_sub(self.reported_messages, Ordering::Relaxed);
         }
     }
 }
@@ -163,9 +170,27 @@ impl Outbound {
         }
     }
 
-    /// Brings the broker-wide total up to date with `queued_bytes` (one atomic operation per
-    /// call, and none when nothing changed: the writer calls it once per batch).
+    /// Counts this queue's length into `total` (the broker-wide queued deliveries) from now
+    /// on, brought up to date with the bytes total. Set once.
+    pub fn count_messages_into(&mut self, total: Arc<AtomicUsize>) {
+        if self.total_messages.is_none() {
+            total.fetch_add(self.queue.len(), Ordering::Relaxed);
+            self.reported_messages = self.queue.len();
+            self.total_messages = Some(total);
+        }
+    }
+
+    /// Brings the broker-wide totals up to date with `queued_bytes` and the queue's length
+    /// (one atomic operation each, none when nothing changed: the writer calls it once per
+    /// batch).
     pub(crate) fn sync_total(&mut self) {
+        self.sync_bytes_total();
+        self.sync_messages_total();
+    }
+
+    /// The bytes total alone: a push must keep it exact (it is the `max_queued_bytes_total`
+    /// limit), the message count is only reported.
+    fn sync_bytes_total(&mut self) {
         if self.reported == self.queued_bytes {
             return;
         }
@@ -177,6 +202,21 @@ impl Outbound {
             }
         }
         self.reported = self.queued_bytes;
+    }
+
+    fn sync_messages_total(&mut self) {
+        let len = self.queue.len();
+        if self.reported_messages == len {
+            return;
+        }
+        if let Some(total) = &self.total_messages {
+            if len > self.reported_messages {
+                total.fetch_add(len - self.reported_messages, Ordering::Relaxed);
+            } else {
+                total.fetch_sub(self.reported_messages - len, Ordering::Relaxed);
+            }
+        }
+        self.reported_messages = len;
     }
 
     /// True while every session's queues together hold `max_queued_bytes_total` or more.
@@ -236,7 +276,13 @@ impl Outbound {
         }
         self.pushed_total += 1;
         self.queue.push_back(item);
-        self.sync_total();
+        self.sync_bytes_total();
+        // The queued-messages gauge of an online session is brought up to date by its
+        // writer's next batch, which this push wakes: no second broker-wide atomic per
+        // delivery on the hot path.
+        if !online {
+            self.sync_messages_total();
+        }
         result
     }
 
@@ -477,3 +523,5 @@ impl Outbound {
 mod gate_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod totals_tests;

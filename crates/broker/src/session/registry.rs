@@ -123,6 +123,9 @@ pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
         // A reconnect within the will delay cancels the will (MQTT-3.1.3-9).
         state.pending_will = None;
         state.out.count_into(shared.metrics.queued_bytes.clone());
+        state
+            .out
+            .count_messages_into(shared.metrics.queued_messages.clone());
         state.out.attach(request.window);
         let mut connack = request.connack;
         connack.session_present = session_present;

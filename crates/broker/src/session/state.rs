@@ -1,8 +1,10 @@
 //! One session and the control block of the connection attached to it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -30,6 +32,17 @@ pub struct ConnCtl {
     kick_notify: Notify,
     closing: AtomicBool,
     final_packet: Mutex<Option<Bytes>>,
+    /// Who is connected (for the admin API), set once the handshake is done.
+    info: OnceLock<ConnInfo>,
+}
+
+/// What the admin API shows of a live connection.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    /// The keep alive in force (the Server Keep Alive if we set one), 0 for none.
+    pub keep_alive_s: u16,
+    pub connected_at: SystemTime,
 }
 
 impl ConnCtl {
@@ -71,6 +84,15 @@ impl ConnCtl {
 
     pub fn take_final_packet(&self) -> Option<Bytes> {
         self.final_packet.lock().take()
+    }
+
+    /// Records who is connected; the first call wins.
+    pub fn set_info(&self, info: ConnInfo) {
+        let _ = self.info.set(info);
+    }
+
+    pub fn info(&self) -> Option<&ConnInfo> {
+        self.info.get()
     }
 }
 

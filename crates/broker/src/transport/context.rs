@@ -34,6 +34,8 @@ pub struct ListenerContext {
     /// Connections this listener holds at most (accepted sockets, handshakes included).
     pub max_connections: Option<usize>,
     open: AtomicUsize,
+    /// Connections of this listener past CONNECT (the `tern_connections` gauge's sample).
+    connected: AtomicUsize,
 }
 
 impl ListenerContext {
@@ -47,6 +49,7 @@ impl ListenerContext {
             use_identity_as_username: false,
             max_connections: None,
             open: AtomicUsize::new(0),
+            connected: AtomicUsize::new(0),
         }
     }
 
@@ -58,6 +61,20 @@ impl ListenerContext {
     /// Connections open on this listener now (counted only when it has `max_connections`).
     pub fn open_connections(&self) -> usize {
         self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections of this listener past CONNECT now (always counted).
+    pub fn connected(&self) -> usize {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// One more (`true`) or one fewer connection past CONNECT.
+    pub(crate) fn count_connected(&self, more: bool) {
+        if more {
+            self.connected.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.connected.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Takes one of the listener's places: `Err` when `max_connections` are open, `Ok(None)`

@@ -14,6 +14,8 @@
 
 pub mod certs;
 pub mod durable;
+pub mod http;
+pub mod prom;
 pub mod raw;
 pub mod rumq;
 pub mod tools;
@@ -43,6 +45,8 @@ pub fn bin() -> String {
 pub struct Broker {
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// The admin HTTP listener, when one was asked for (`tern http on ADDR`).
+    pub http: Option<SocketAddr>,
     dir: tempfile::TempDir,
     config_toml: String,
     /// Extra arguments after `serve` instead of the default `--bind 127.0.0.1:0`.
@@ -69,6 +73,7 @@ impl Broker {
         let mut broker = Broker {
             child: None,
             addr: "127.0.0.1:0".parse().expect("addr"),
+            http: None,
             dir,
             config_toml: config_toml.to_owned(),
             bind_args: args.iter().map(|a| a.to_string()).collect(),
@@ -132,6 +137,11 @@ impl Broker {
             let mut line = String::new();
             // Keep draining so the broker never blocks on a full pipe.
             while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                // `tern http on ADDR` comes before the listeners when there is an HTTP
+                // listener; then one `tern listening on ADDR` per listener.
+                if let Some(rest) = line.trim().strip_prefix("tern http on ") {
+                    let _ = tx.send(format!("http {rest}"));
+                }
                 if let Some(rest) = line.trim().strip_prefix("tern listening on ") {
                     let _ = tx.send(rest.to_owned());
                 }
@@ -139,7 +149,12 @@ impl Broker {
             }
         });
         self.child = Some(child);
-        match rx.recv_timeout(START_TIMEOUT) {
+        let mut first = rx.recv_timeout(START_TIMEOUT);
+        if let Ok(Some(http)) = first.as_deref().map(|l| l.strip_prefix("http ")) {
+            self.http = Some(http.parse().expect("`tern http on ADDR`: an address"));
+            first = rx.recv_timeout(START_TIMEOUT);
+        }
+        match first {
             Ok(addr) => {
                 self.addr = addr.parse().unwrap_or_else(|e| {
                     panic!("`tern listening on {addr}`: not a socket address: {e}")

@@ -40,6 +40,7 @@ impl Writer {
             .compact_replies
             .drain(..)
             .chain(self.seal_replies.drain(..))
+            .chain(self.snapshots.drain(..).map(|(_, tx)| tx))
         {
             let _ = tx.try_send(Err(self.sh.failed_error()));
         }
@@ -71,7 +72,11 @@ impl Writer {
         let bugs = Injected::of(&sh);
         if self.file_dirty && !bugs.skip_sync_on_roll {
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.active_file.sync_data() {
+            let sync_started = Instant::now();
+            let synced = self.active_file.sync_data();
+            let sync_us = u64::try_from(sync_started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            sh.counters.fsync_us.observe(sync_us);
+            if let Err(e) = synced {
                 self.sync_failed = true;
                 return Err(StoreError::io("fdatasync", &old_path, &e));
             }
@@ -144,7 +149,11 @@ impl Writer {
                 sh.publish_durable(self.written_seq);
             }
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.active_file.sync_data() {
+            let sync_started = Instant::now();
+            let synced = self.active_file.sync_data();
+            let sync_us = u64::try_from(sync_started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            sh.counters.fsync_us.observe(sync_us);
+            if let Err(e) = synced {
                 self.sync_failed = true;
                 return Err(StoreError::io("fdatasync", active_path(), &e));
             }

@@ -101,7 +101,8 @@ impl Writer {
 
     pub(super) fn run_op(&mut self, st: &mut State, op: Op) -> Result<Removed> {
         match op {
-            Op::Flush => Ok(Removed::default()),
+            // Handled by `apply` (`Snapshot` after the turn's commit).
+            Op::Flush | Op::Snapshot { .. } => Ok(Removed::default()),
             Op::RewriteMarkers { ranges } => {
                 self.pending_ranges.extend(ranges);
                 Ok(Removed::default())

@@ -40,6 +40,7 @@ use crate::vfs::{VFile, path_in};
 
 mod io;
 mod limits;
+mod snapshot;
 
 /// Defects the simulator's sensitivity tests ask the store to have (see `crate::sim::Bugs`).
 /// Without the `sim` feature every switch is a constant `false`.
@@ -137,6 +138,8 @@ pub(crate) struct Writer {
     /// Blocks the next compaction phase may rewrite, and who waits for it.
     compact_budget: usize,
     compact_replies: Vec<SyncSender<Result<Removed>>>,
+    /// Snapshots asked for in this turn, taken after its commit (`snapshot` module).
+    snapshots: Vec<(PathBuf, SyncSender<Result<Removed>>)>,
     reaper: SyncSender<Vec<PathBuf>>,
     reaper_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -195,6 +198,7 @@ impl Writer {
             file_dirty: false,
             compact_budget: 0,
             compact_replies: Vec::new(),
+            snapshots: Vec::new(),
         }
     }
 
@@ -318,6 +322,8 @@ impl Writer {
         }
         let has_ops = !ops.is_empty() || !internal.is_empty();
         self.sh.counters.turns.fetch_add(1, Ordering::Relaxed);
+        // Only this thread adds to `records`: the difference is this turn's batch.
+        let records_before = self.sh.counters.records.load(Ordering::Relaxed);
         let mut ops: VecDeque<(usize, QueuedOp)> = ops.into();
         let mut internal = internal;
         let mut pos = 0;
@@ -341,6 +347,10 @@ impl Writer {
         };
         let res = res.and_then(|()| self.commit(&buf, has_ops || force_sync));
         self.inbox = buf;
+        let batch = self.sh.counters.records.load(Ordering::Relaxed) - records_before;
+        if batch > 0 {
+            self.sh.counters.batch_records.observe(batch);
+        }
         if let Err(e) = res {
             self.fail(e);
             return;
@@ -362,6 +372,9 @@ impl Writer {
                 }
                 Err(e) => self.fail(e),
             }
+        }
+        if !self.snapshots.is_empty() && !self.failed {
+            self.run_snapshots();
         }
     }
 
@@ -390,6 +403,7 @@ impl Writer {
                     self.compact_budget = self.compact_budget.max(max_blocks);
                     self.compact_replies.push(q.reply);
                 }
+                Op::Snapshot { dest } => self.snapshots.push((dest, q.reply)),
                 Op::Seal => {
                     if st.active().entries.is_empty() {
                         self.replies.push((q.reply, Removed::default()));
