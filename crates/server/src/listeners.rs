@@ -138,7 +138,8 @@ pub fn parse_tables(items: &[toml::Value]) -> Result<Vec<ListenerConfig>, Config
 /// A listener whose TLS files were read, ready to bind.
 pub struct Prepared {
     pub config: ListenerConfig,
-    pub context: Arc<ListenerContext>,
+    /// Named by its bound address once bound (`bind`).
+    pub context: ListenerContext,
     pub tls: Option<Arc<TlsState>>,
 }
 
@@ -170,7 +171,7 @@ pub fn prepare(configs: &[ListenerConfig]) -> Result<Vec<Prepared>, (String, Tls
         context.max_connections = config.max_connections;
         prepared.push(Prepared {
             config: config.clone(),
-            context: Arc::new(context),
+            context,
             tls,
         });
     }
@@ -221,6 +222,11 @@ pub async fn bind(
         let socket = TcpListener::bind(&listener.config.bind)
             .await
             .with_context(|| format!("cannot listen on {}", listener.config.bind))?;
+        let mut context = listener.context;
+        // The bound address (port 0 resolved) names it in logs and metrics.
+        if let Ok(local) = socket.local_addr() {
+            context.name = local.to_string();
+        }
         let websocket = listener.config.transport == TransportName::Ws;
         let upgrade: Option<Arc<dyn Upgrade>> = if websocket || listener.tls.is_some() {
             Some(Arc::new(StreamUpgrade {
@@ -233,7 +239,7 @@ pub async fn bind(
         };
         listeners.push(Listener {
             socket,
-            context: listener.context,
+            context: Arc::new(context),
             upgrade,
         });
     }
