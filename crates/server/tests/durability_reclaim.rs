@@ -175,3 +175,30 @@ async fn an_open_qos2_exchange_survives_reclamation_and_per_topic_limits() {
     // No second delivery of pi 7's message.
     s.expect_nothing(Duration::from_millis(500)).await;
 }
+
+/// A clean-session publisher that vanishes between PUBREC and PUBREL leaves no open exchange
+/// behind: its session ended with the connection (MQTT-3.1.2-6 (3.1.1)), so nothing can ever
+/// release it, and it must not pin the stream's blocks (a disk that would never shrink).
+/// Such a session's received set is not written at all (`connection::publish`); before that it
+/// was written and dropped when the session ended, which this test also holds to.
+#[tokio::test]
+async fn a_clean_session_qos2_exchange_left_open_does_not_pin_blocks() {
+    let b = Broker::start_with(SMALL_BLOCKS);
+    let messages = b.data_dir().join("streams").join("messages");
+    let mut p = RawClient::v4(b.addr, "clean-q2-pub").await;
+    p.send(&Packet::Publish(big("open/q2", 0, 2, 9))).await;
+    match p.expect_non_publish().await {
+        Packet::PubRec(a) if a.packet_id == 9 => {}
+        other => panic!("expected PUBREC 9, got {}", brief(&other)),
+    }
+    drop(p); // gone without PUBREL
+    let mut filler = RawClient::v4(b.addr, "clean-q2-fill").await;
+    publish_pipelined(&mut filler, "fill/c", 0..1500).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut now = blocks_bytes(&messages);
+    while now > 64 * 1024 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        now = blocks_bytes(&messages);
+    }
+    assert!(now <= 64 * 1024, "blocks pinned by a dead exchange: {now} bytes");
+}

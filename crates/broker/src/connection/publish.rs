@@ -142,17 +142,24 @@ impl Conn {
         // on another connection that finds the id also finds its write (`qos2_retry`).
         let session = self.session.clone();
         let mut state = exactly_once.then(|| session.state.lock());
+        // Only a session that can outlive this connection needs its received set on disk: one
+        // with expiry 0 ends with the connection and is never resumed (a takeover replaces it,
+        // `registry::attach`), and a DISCONNECT may not raise its expiry (MQTT-3.14.2-2).
+        // Within the connection the ack pipeline orders a retry's PUBREC after the original's
+        // write. Without the record its PUBREL writes nothing either (`qos2_released`).
+        let mut durable_rx = None;
         if let Some(state) = state.as_mut() {
             state.qos2_received.insert(packet_id);
+            if state.expiry_interval_s > 0 {
+                durable_rx = Some(packet_id);
+            }
         }
         // The store decides by the stream's durability policy whether to write; the pipeline
         // waits only if it did (ARCHITECTURE §4.3).
         let ticket = if route {
-            self.shared.store.append_publish(
-                &self.client_id,
-                &message,
-                exactly_once.then_some(packet_id),
-            )
+            self.shared
+                .store
+                .append_publish(&self.client_id, &message, durable_rx)
         } else {
             None
         };
