@@ -200,5 +200,8 @@ async fn a_clean_session_qos2_exchange_left_open_does_not_pin_blocks() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         now = blocks_bytes(&messages);
     }
-    assert!(now <= 64 * 1024, "blocks pinned by a dead exchange: {now} bytes");
+    assert!(
+        now <= 64 * 1024,
+        "blocks pinned by a dead exchange: {now} bytes"
+    );
 }

@@ -30,7 +30,6 @@
 //! every message is checked again for read access on its concrete topic when it is delivered.
 
 use std::collections::HashMap;
-use std::io::Read;
 
 /// Largest ACL file read.
 pub const MAX_ACL_FILE_BYTES: u64 = 64 * 1024 * 1024;
@@ -95,11 +94,7 @@ impl Acl {
             path: path.display().to_string(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(read)?;
-        let mut text = String::new();
-        file.take(MAX_ACL_FILE_BYTES)
-            .read_to_string(&mut text)
-            .map_err(read)?;
+        let text = super::read_rules_file(path, MAX_ACL_FILE_BYTES).map_err(read)?;
         Acl::parse(&text)
     }
 

@@ -28,6 +28,22 @@ use sha2::Sha256;
 pub use acl::{Access, Acl, AclError, Who};
 pub use passwd::{PasswdError, PasswordFile, hash_argon2id};
 
+/// Reads a whole rules file of at most `max_bytes`: a larger one is an error, never a silently
+/// truncated rule list.
+pub(crate) fn read_rules_file(path: &std::path::Path, max_bytes: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let mut text = String::new();
+    file.take(max_bytes + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > max_bytes {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {max_bytes} bytes"),
+        ));
+    }
+    Ok(text)
+}
+
 /// Password verifications (argon2id, PBKDF2) running at once, at most (and at most half the
 /// cores); more CONNECTs wait their turn.
 pub const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 4;
@@ -231,6 +247,16 @@ impl AclView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rules_file_over_its_limit_is_refused_not_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acl");
+        std::fs::write(&path, "topic read a/#\n").unwrap(); // 15 bytes
+        assert_eq!(read_rules_file(&path, 15).unwrap(), "topic read a/#\n");
+        let error = read_rules_file(&path, 14).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+    }
 
     fn rules(allow_anonymous: bool) -> AuthRules {
         let file = PasswordFile::parse(

@@ -88,11 +88,7 @@ impl PasswordFile {
             path: path.display().to_string(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(read)?;
-        let mut text = String::new();
-        file.take(MAX_PASSWORD_FILE_BYTES)
-            .read_to_string(&mut text)
-            .map_err(read)?;
+        let text = super::read_rules_file(path, MAX_PASSWORD_FILE_BYTES).map_err(read)?;
         PasswordFile::parse(&text)
     }
 
