@@ -75,6 +75,7 @@ pub mod filter;
 pub mod format;
 pub mod histogram;
 pub mod kv;
+mod record;
 pub mod store;
 pub mod stream;
 pub mod ticket;
