@@ -23,6 +23,8 @@ pub mod checkpoint;
 pub mod config;
 pub mod connection;
 pub mod durable;
+#[doc(hidden)]
+pub mod inject;
 pub mod message;
 pub mod metrics;
 pub mod outbound;

@@ -98,8 +98,15 @@ fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
+/// The broker's injected bugs are process-wide: one broker at a time in this binary.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Runs `seeds`, printing each failing seed with its log; returns (violating seeds, first).
 fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, Option<u64>) {
+    let _one = one_at_a_time();
     let injected = bugs(bug).unwrap_or_else(|e| {
         let names: Vec<&str> = BUGS.iter().map(|b| b.0).collect();
         panic!("{e}; known: {names:?}")
@@ -207,6 +214,7 @@ fn sim_finds_ack_before_fsync() {
 /// PUBREC waits for the original's write (`MessageStore::qos2_retry`).
 #[test]
 fn qos2_retry_is_not_acknowledged_before_its_write_is_durable() {
+    let _one = one_at_a_time();
     assert!(
         !sim::run::probe_retry_while_write_pending(),
         "PUBREC for a QoS 2 retry while the original write was not durable"

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tern_broker::inject::Bug as InjectBug;
 use tern_broker::{Broker, BrokerConfig, DurableConfig, DurableStore, StreamSpec, SyncPolicy};
 use tern_store::sim::{
     Bugs, FaultAction, MetadataOrder, OpKind, ScriptedFault, SimConfig, SimDisk, SimRng,
@@ -21,7 +22,7 @@ use super::client::{
 };
 
 /// Bugs the simulator can inject (`scripts/sim.sh --inject NAME`), with what they do.
-pub const BUGS: [(&str, &str); 3] = [
+pub const BUGS: [(&str, &str); 7] = [
     (
         "ack-before-fsync",
         "the store completes tickets (so the broker acks) before the commit's fdatasync",
@@ -34,18 +35,49 @@ pub const BUGS: [(&str, &str); 3] = [
         "skip-sync-on-roll",
         "the store seals a block without syncing it (matters under sync = interval only)",
     ),
+    (
+        "ignore-received-set-after-restart",
+        "the broker forgets the QoS 2 received set of a session it restores at start-up",
+    ),
+    (
+        "random-pubrel-order",
+        "the broker releases a PUBREL ahead of some PUBRELs queued before it",
+    ),
+    (
+        "retention-removes-open-qos2",
+        "retention limits may remove the records of open QoS 2 exchanges (no retention floor)",
+    ),
+    (
+        "drop-share-queue-on-leave",
+        "a share-group member that leaves drops the group's messages queued for it",
+    ),
 ];
 
-pub fn bugs(name: Option<&str>) -> Result<Bugs, String> {
+/// The bugs to inject: into the store (the sim disk's `Bugs`) or into the broker
+/// (`tern_broker::inject`, process-wide: seeds run one at a time).
+#[derive(Debug, Clone, Copy)]
+pub struct Injected {
+    pub store: Bugs,
+    pub broker: Option<InjectBug>,
+}
+
+pub fn bugs(name: Option<&str>) -> Result<Injected, String> {
     let mut b = Bugs::NONE;
+    let mut broker = None;
     match name {
         None | Some("") | Some("none") => {}
         Some("ack-before-fsync") => b.ack_before_fsync = true,
         Some("skip-dir-sync-on-roll") => b.skip_dir_sync_on_roll = true,
         Some("skip-sync-on-roll") => b.skip_sync_on_roll = true,
+        Some("ignore-received-set-after-restart") => {
+            broker = Some(InjectBug::IgnoreReceivedSetAfterRestart)
+        }
+        Some("random-pubrel-order") => broker = Some(InjectBug::RandomPubrelOrder),
+        Some("retention-removes-open-qos2") => broker = Some(InjectBug::RetentionRemovesOpenQos2),
+        Some("drop-share-queue-on-leave") => broker = Some(InjectBug::DropShareQueueOnLeave),
         Some(other) => return Err(format!("unknown bug {other:?}")),
     }
-    Ok(b)
+    Ok(Injected { store: b, broker })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,8 +245,10 @@ pub struct Outcome {
 
 /// Runs one seed; with `crash_only` every fault is a process crash (the draws stay the same);
 /// with `linger` clients may reconnect to a broker whose disk died until it is killed.
-pub fn run_seed(seed: u64, bugs: Bugs, crash_only: bool, linger: bool) -> Outcome {
+pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -> Outcome {
     let started = Instant::now();
+    tern_broker::inject::set(injected.broker);
+    let bugs = injected.store;
     let plan = plan(seed, crash_only);
     let mut log = String::new();
     let _ = writeln!(log, "plan: {plan:#?}");
@@ -366,6 +400,7 @@ pub fn run_seed(seed: u64, bugs: Bugs, crash_only: bool, linger: bool) -> Outcom
     for e in disk.events() {
         let _ = writeln!(log, "disk: {e}");
     }
+    tern_broker::inject::set(None);
     Outcome {
         violations,
         log,
