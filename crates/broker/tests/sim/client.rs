@@ -18,8 +18,8 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tern_store::sim::SimDisk;
 use tern_wire::{
-    Ack, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str, Subscribe,
-    SubscriptionOptions,
+    Ack, Connect, Disconnect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str,
+    Subscribe, SubscriptionOptions,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -63,9 +63,16 @@ fn ack(packet_id: u16) -> Ack {
 }
 
 pub fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
+    connect_with(protocol, client_id, None)
+}
+
+/// A persistent session's CONNECT; `receive_maximum` (v5) bounds what the broker sends
+/// before acknowledgements come back.
+fn connect_with(protocol: Protocol, client_id: &str, receive_maximum: Option<u16>) -> Connect {
     let mut properties = Properties::default();
     if protocol.is_v5() {
         properties.session_expiry_interval_s = Some(u32::MAX);
+        properties.receive_maximum = receive_maximum;
     }
     Connect {
         protocol,
@@ -148,12 +155,18 @@ impl Conn {
 }
 
 /// Waits for a connection, backing off while the broker is down; `None` once stopped.
-async fn reconnect(net: &Net, protocol: Protocol, client_id: &str) -> Option<Conn> {
+async fn reconnect(
+    net: &Net,
+    protocol: Protocol,
+    client_id: &str,
+    receive_maximum: Option<u16>,
+) -> Option<Conn> {
     loop {
         if net.stop.load(Ordering::Relaxed) {
             return None;
         }
-        if let Some(c) = Conn::connect(net, persistent_connect(protocol, client_id)).await {
+        let connect = connect_with(protocol, client_id, receive_maximum);
+        if let Some(c) = Conn::connect(net, connect).await {
             return Some(c);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -185,6 +198,12 @@ pub struct PubSpec {
     pub limit: u64,
     pub window: usize,
     pub pad: usize,
+    /// Network fault: the client closes its socket (no DISCONNECT) after this many packets
+    /// received on a connection, and reconnects.
+    pub drop_after: Option<u64>,
+    /// Stalled client: after every `.0`-th packet received it stops reading for `.1` ms
+    /// (its PUBRECs / PUBACKs wait in the socket meanwhile).
+    pub stall: Option<(u64, u64)>,
 }
 
 impl PubSpec {
@@ -246,9 +265,10 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
         if state.lock().done(spec.limit) {
             return;
         }
-        let Some(mut c) = reconnect(&net, spec.protocol, &spec.client_id()).await else {
+        let Some(mut c) = reconnect(&net, spec.protocol, &spec.client_id(), None).await else {
             return;
         };
+        let mut received_here = 0u64;
         // Session resumed: everything in flight is resent in order (PUBLISH with DUP, or
         // PUBREL once its PUBREC came).
         let resend: Vec<Packet> = {
@@ -304,6 +324,12 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                 Ok(None) => continue,
                 Ok(Some(p)) => p,
             };
+            received_here += 1;
+            if spec.drop_after.is_some_and(|k| received_here >= k) {
+                // Dropped at a packet boundary: this packet is never read.
+                continue 'connection;
+            }
+            stall(spec.stall, received_here).await;
             let reply = {
                 let mut st = state.lock();
                 match packet {
@@ -360,6 +386,15 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
     }
 }
 
+/// A stalled client stops reading for a while after every `every`-th packet.
+async fn stall(stall: Option<(u64, u64)>, received: u64) {
+    if let Some((every, ms)) = stall {
+        if received % every == 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+}
+
 /// When a subscriber hands a QoS 2 message to its application.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deliver {
@@ -376,11 +411,31 @@ pub struct SubSpec {
     pub qos: u8,
     pub filter: String,
     pub deliver: Deliver,
+    /// A member of this share group (`$share/{group}/{filter}`, MQTT 5).
+    pub share: Option<&'static str>,
+    /// Receive Maximum in CONNECT (v5): what the broker may have in flight to it.
+    pub receive_maximum: Option<u16>,
+    /// The client leaves after this many PUBLISHes received on a connection (DISCONNECT or
+    /// a closed socket, by `leave_cleanly`) and comes back after `pause_ms`.
+    pub leave_after: Option<u64>,
+    pub leave_cleanly: bool,
+    pub pause_ms: u64,
+    /// Stalled client (see [`PubSpec::stall`]); the reply to the packet it stalls at waits
+    /// too, so a QoS 2 exchange stays open meanwhile.
+    pub stall: Option<(u64, u64)>,
 }
 
 impl SubSpec {
     pub fn client_id(&self) -> String {
         format!("sim-sub-{}", self.index)
+    }
+
+    /// The filter it subscribes with.
+    pub fn subscription(&self) -> String {
+        match self.share {
+            Some(group) => format!("$share/{group}/{}", self.filter),
+            None => self.filter.clone(),
+        }
     }
 }
 
@@ -402,6 +457,10 @@ pub struct SubState {
     /// QoS 2 packet ids received and not yet released, with the held message (AtPubrel).
     pub received: HashMap<u16, Option<(usize, u64)>>,
     pub got: Vec<Delivery>,
+    /// Every PUBLISH that came, for the log: (publisher, number, connection, DUP, QoS).
+    pub seen: Vec<(usize, u64, u64, bool, u8)>,
+    /// What a share-group member saw and did, for the log of a failing seed.
+    pub trace: Vec<String>,
     /// Payloads that are none of ours.
     pub foreign: Vec<String>,
     /// Reconnects after the SUBACK answered with Session Present = 0.
@@ -425,9 +484,13 @@ impl SubState {
 
 pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc<Net>) {
     'connection: loop {
-        let Some(mut c) = reconnect(&net, spec.protocol, &spec.client_id()).await else {
+        let Some(mut c) =
+            reconnect(&net, spec.protocol, &spec.client_id(), spec.receive_maximum).await
+        else {
             return;
         };
+        let mut publishes_here = 0u64;
+        let mut received_here = 0u64;
         let subscribe = {
             let mut st = state.lock();
             st.connections += 1;
@@ -443,7 +506,7 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
                 packet_id: 1,
                 properties: Properties::default(),
                 filters: vec![(
-                    s(&spec.filter),
+                    s(&spec.subscription()),
                     SubscriptionOptions {
                         qos: QoS::from_u8(spec.qos).expect("qos"),
                         ..SubscriptionOptions::default()
@@ -463,6 +526,43 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
                 Ok(None) => continue,
                 Ok(Some(p)) => p,
             };
+            received_here += 1;
+            if let Packet::Publish(p) = &packet {
+                if let Some((publisher, number)) = parse(&p.payload) {
+                    let mut st = state.lock();
+                    let connection = st.connections;
+                    st.seen
+                        .push((publisher, number, connection, p.dup, p.qos as u8));
+                    if spec.share.is_some() {
+                        let dup = if p.dup { "d" } else { "" };
+                        let entry = format!(
+                            "c{connection}:P{}q{}{dup}={publisher}/{number}",
+                            p.packet_id, p.qos as u8
+                        );
+                        st.trace.push(entry);
+                    }
+                }
+                publishes_here += 1;
+                if spec.leave_after.is_some_and(|k| publishes_here > k) {
+                    // Leaves before handling this PUBLISH (it is resent or goes elsewhere).
+                    {
+                        let mut st = state.lock();
+                        let entry = format!("c{}:leave", st.connections);
+                        st.trace.push(entry);
+                    }
+                    if spec.leave_cleanly {
+                        let _ = c
+                            .send(&Packet::Disconnect(Disconnect {
+                                reason: ReasonCode::SUCCESS,
+                                properties: Properties::default(),
+                            }))
+                            .await;
+                    }
+                    drop(c);
+                    tokio::time::sleep(Duration::from_millis(spec.pause_ms)).await;
+                    continue 'connection;
+                }
+            }
             let reply = {
                 let mut st = state.lock();
                 match packet {
@@ -507,6 +607,10 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
                         }
                     }
                     Packet::PubRel(a) => {
+                        if spec.share.is_some() {
+                            let entry = format!("c{}:R{}", st.connections, a.packet_id);
+                            st.trace.push(entry);
+                        }
                         if let Some(Some(m)) = st.received.remove(&a.packet_id) {
                             st.deliver(m, 2);
                         }
@@ -516,6 +620,7 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
                     _ => None,
                 }
             };
+            stall(spec.stall, received_here).await;
             if let Some(p) = reply {
                 if !c.send(&p).await {
                     continue 'connection;
