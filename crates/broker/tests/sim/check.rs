@@ -166,10 +166,15 @@ pub fn check(pubs: &Pubs, subs: &Subs, ctx: &Context, violations: &mut Vec<Strin
                 p.protocol,
                 p.qos
             );
+            let held: Vec<&SubState> = states.iter().map(|st| &**st).collect();
+            let member = Member {
+                receiver: r,
+                subs,
+                states: &held,
+            };
             check_pair(
                 &pair,
-                r,
-                subs,
+                &member,
                 p,
                 &pst.lock(),
                 acked,
@@ -208,11 +213,18 @@ fn check_session(s: &SubSpec, st: &SubState, ctx: &Context, violations: &mut Vec
     }
 }
 
+/// A receiver with its members' specs and (locked) states.
+struct Member<'a> {
+    receiver: &'a Receiver,
+    subs: &'a Subs,
+    /// Per member, in `receiver.members` order: locked by the caller (not locked again).
+    states: &'a [&'a SubState],
+}
+
 #[allow(clippy::too_many_arguments)]
 fn check_pair(
     pair: &str,
-    r: &Receiver,
-    subs: &Subs,
+    member: &Member<'_>,
     p: &PubSpec,
     pst: &PubState,
     acked: &[u64],
@@ -220,6 +232,7 @@ fn check_pair(
     ctx: &Context,
     violations: &mut Vec<String>,
 ) {
+    let (r, subs) = (member.receiver, member.subs);
     let mut count: BTreeMap<u64, usize> = BTreeMap::new();
     for (_, d) in mine {
         *count.entry(d.number).or_default() += 1;
@@ -235,13 +248,12 @@ fn check_pair(
         let seen: Vec<(usize, u64, bool, u8)> = r
             .members
             .iter()
-            .flat_map(|&m| {
-                let st = subs[m].1.lock();
+            .zip(member.states)
+            .flat_map(|(&m, st)| {
                 st.seen
                     .iter()
                     .filter(|s| s.0 == p.index && lost.contains(&s.1))
-                    .map(|s| (m, s.2, s.3, s.4))
-                    .collect::<Vec<_>>()
+                    .map(move |s| (m, s.2, s.3, s.4))
             })
             .collect();
         violations.push(format!(

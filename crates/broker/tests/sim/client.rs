@@ -39,7 +39,7 @@ pub struct Net {
     /// still runs until the controller kills it is dead, and no client connects to it.
     pub disk: SimDisk,
     /// Let clients connect to such a broker all the same: a broker whose disk failed under
-    /// it (`--linger`; how seed 9 found the bug described in the module doc of sim.rs).
+    /// it (`--linger`; how seed 9 found the QoS 2 retry bug, docs/simulation.md).
     pub linger: bool,
 }
 

@@ -23,8 +23,8 @@ fn net(disk: &SimDisk) -> Net {
     }
 }
 
-/// Probe for the QoS 2 received-set bug without any disk error (see the module doc of
-/// sim.rs): a QoS 2 PUBLISH whose write is held pending in the disk, its connection lost,
+/// Probe for the QoS 2 received-set bug without any disk error (docs/simulation.md,
+/// finding 1): a QoS 2 PUBLISH whose write is held pending in the disk, its connection lost,
 /// and the same PUBLISH resent (DUP) on a new connection. Returns whether the broker sent
 /// PUBREC for the resend while the first write was still pending (not durable).
 pub fn probe_retry_while_write_pending() -> bool {

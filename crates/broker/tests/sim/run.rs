@@ -216,11 +216,13 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
     };
     check::check(&pubs, &subs, &ctx, &mut violations);
     for (p, st) in &pubs {
+        let st = st.lock();
         let _ = writeln!(
             log,
-            "{}: connections to boots {:?}",
+            "{}: connections to boots {:?}, reconnects without its session {}",
             p.client_id(),
-            st.lock().boots
+            st.boots,
+            st.sessions_lost
         );
     }
     for (s, st) in &subs {
