@@ -23,7 +23,9 @@ mod sim {
 use std::time::Instant;
 
 use sim::plan::{BUGS, bugs};
-use sim::run::run_seed;
+use sim::run::{Outcome, run_seed};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -42,7 +44,10 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs `seeds`, printing each failing seed with its log; returns (violating seeds, first).
+/// Runs `seeds` on `TERN_SIM_JOBS` threads (default [`DEFAULT_JOBS`]; a seed mostly waits on
+/// the real clock, so they overlap well), printing each failing seed with its replay command
+/// and log; returns (violating seeds, the lowest of them, seeds run). With `stop_at_first`,
+/// no seed above a failing one is started.
 fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, Option<u64>, usize) {
     let _one = one_at_a_time();
     let injected = bugs(bug).unwrap_or_else(|e| {
@@ -52,44 +57,72 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
     let verbose = env_flag("TERN_SIM_VERBOSE");
     let crash_only = env_flag("TERN_SIM_CRASH_ONLY");
     let linger = env_flag("TERN_SIM_LINGER");
-    let mut inject = bug.map(|b| format!(" --inject {b}")).unwrap_or_default();
-    if crash_only {
-        inject.push_str(" --crash-only");
-    }
-    if linger {
-        inject.push_str(" --linger");
-    }
-    if env_flag("TERN_SIM_PUB_DROPS") {
-        inject.push_str(" --pub-drops");
-    }
-    let mut bad = 0;
-    let mut first = None;
-    let mut ran = 0;
-    for &seed in seeds {
-        ran += 1;
-        let out = run_seed(seed, injected, crash_only, linger);
-        if out.violations.is_empty() {
-            println!("sim: seed {seed} ok ({:.1?})", out.elapsed);
-            if verbose {
-                println!("{}", out.log);
-            }
-            continue;
+    let mut flags = bug.map(|b| format!(" --inject {b}")).unwrap_or_default();
+    for (on, flag) in [
+        (crash_only, " --crash-only"),
+        (linger, " --linger"),
+        (env_flag("TERN_SIM_PUB_DROPS"), " --pub-drops"),
+    ] {
+        if on {
+            flags.push_str(flag);
         }
-        bad += 1;
-        first.get_or_insert(seed);
-        println!(
-            "sim: seed {seed} FAILED ({:.1?}; replay: scripts/sim.sh --seed {seed}{inject})",
+    }
+    let jobs = env_u64("TERN_SIM_JOBS").unwrap_or(DEFAULT_JOBS).max(1) as usize;
+    // The broker's injected bug is process-wide: set once for every seed of this run.
+    tern_broker::inject::set(injected.broker);
+    let next = AtomicUsize::new(0);
+    let stop_above = AtomicU64::new(u64::MAX);
+    let failed = Mutex::new(Vec::new());
+    let ran = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(seeds.len()) {
+            scope.spawn(|| {
+                while let Some(&seed) = seeds.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if seed > stop_above.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    ran.fetch_add(1, Ordering::Relaxed);
+                    let out = run_seed(seed, injected, crash_only, linger);
+                    report(seed, &out, &flags, verbose);
+                    if !out.violations.is_empty() {
+                        failed.lock().unwrap_or_else(|e| e.into_inner()).push(seed);
+                        if stop_at_first {
+                            stop_above.fetch_min(seed, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    tern_broker::inject::set(None);
+    let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+    (
+        failed.len(),
+        failed.iter().copied().min(),
+        ran.load(Ordering::Relaxed),
+    )
+}
+
+/// Prints one seed's outcome (a failing one with its violations, replay command and log) in
+/// one piece, so that parallel seeds do not interleave their lines.
+fn report(seed: u64, out: &Outcome, flags: &str, verbose: bool) {
+    let mut text = String::new();
+    if out.violations.is_empty() {
+        text.push_str(&format!("sim: seed {seed} ok ({:.1?})\n", out.elapsed));
+        if verbose {
+            text.push_str(&format!("{}\n", out.log));
+        }
+    } else {
+        text.push_str(&format!(
+            "sim: seed {seed} FAILED ({:.1?}; replay: scripts/sim.sh --seed {seed}{flags})\n",
             out.elapsed
-        );
+        ));
         for v in &out.violations {
-            println!("sim:   {v}");
+            text.push_str(&format!("sim:   {v}\n"));
         }
-        println!("{}", out.log);
-        if stop_at_first {
-            break;
-        }
+        text.push_str(&format!("{}\n", out.log));
     }
-    (bad, first, ran)
+    print!("{text}");
 }
 
 /// The seeds of this run (`TERN_SIM_SEED`, or `TERN_SIM_SEEDS` from `TERN_SIM_SEED_BASE`).
@@ -103,7 +136,9 @@ fn seeds(default_count: u64) -> Vec<u64> {
 }
 
 /// Seeds `cargo test` runs (debug).
-const DEFAULT_SEEDS: u64 = 40;
+const DEFAULT_SEEDS: u64 = 200;
+/// Seeds run at once.
+const DEFAULT_JOBS: u64 = 4;
 
 #[test]
 fn sim_seeds() {

@@ -76,9 +76,9 @@ pub struct Outcome {
 
 /// Runs one seed; with `crash_only` every fault is a process crash (the draws stay the same);
 /// with `linger` clients may reconnect to a broker whose disk died until it is killed.
+/// The broker's injected bug (`injected.broker`) is set by the caller, process-wide.
 pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -> Outcome {
     let started = Instant::now();
-    tern_broker::inject::set(injected.broker);
     let bugs = injected.store;
     let plan = plan(seed, crash_only);
     let mut log = String::new();
@@ -234,7 +234,6 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
     for e in disk.events() {
         let _ = writeln!(log, "disk: {e}");
     }
-    tern_broker::inject::set(None);
     Outcome {
         violations,
         log,
