@@ -62,6 +62,14 @@ fn ack(packet_id: u16) -> Ack {
     }
 }
 
+/// A clean-start CONNECT whose session ends with the connection.
+pub fn clean_connect(protocol: Protocol, client_id: &str) -> Connect {
+    let mut c = connect_with(protocol, client_id, None);
+    c.clean_start = true;
+    c.properties.session_expiry_interval_s = None;
+    c
+}
+
 pub fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
     connect_with(protocol, client_id, None)
 }
@@ -204,6 +212,9 @@ pub struct PubSpec {
     /// Stalled client: after every `.0`-th packet received it stops reading for `.1` ms
     /// (its PUBRECs / PUBACKs wait in the socket meanwhile).
     pub stall: Option<(u64, u64)>,
+    /// Every message retained: the topic's retained value must end as one of the last
+    /// acknowledged or later messages.
+    pub retain: bool,
 }
 
 impl PubSpec {
@@ -251,7 +262,7 @@ fn publish_packet(spec: &PubSpec, number: u64, packet_id: u16, dup: bool) -> Pac
     Packet::Publish(Publish {
         dup,
         qos: QoS::from_u8(spec.qos).expect("qos"),
-        retain: false,
+        retain: spec.retain,
         topic: s(&spec.topic),
         packet_id,
         properties: Properties::default(),

@@ -117,6 +117,7 @@ pub fn plan(seed: u64, crash_only: bool) -> Plan {
             pad: *rng.pick(&[0, 16, 200, 1000]),
             drop_after: None,
             stall: None,
+            retain: false,
         })
         .collect();
     let n_pub = publishers.len() as u64;
@@ -192,6 +193,9 @@ pub fn plan(seed: u64, crash_only: bool) -> Plan {
     // The draws added since v0 use their own generator, so that v0's stay as they were.
     let mut more = SimRng::keyed(&[seed, 0xb0a7]);
     network_faults(&mut more, &mut plan.publishers, &mut subscribers);
+    if more.chance(0.4) {
+        plan.publishers[0].retain = true;
+    }
     share_group(&mut more, n_pub, &mut subscribers);
     if more.chance(0.3) {
         // Small enough that the limit removes messages while exchanges are open.

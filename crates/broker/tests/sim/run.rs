@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tern_broker::{Broker, BrokerConfig, DurableConfig, DurableStore, StreamSpec};
 use tern_store::sim::{FaultAction, ScriptedFault, SimConfig, SimDisk};
+use tern_wire::Protocol;
 use tokio::net::TcpListener;
 
 use super::check::{self, Context};
@@ -201,6 +202,15 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
             violations.push("publishers did not finish (stalled)".into());
         }
         settle(&pubs, &subs, plan.max_msgs.is_some());
+        for (p, st) in pubs.iter().filter(|(p, _)| p.retain) {
+            let (acked, next) = {
+                let st = st.lock();
+                (st.acked.last().copied(), st.next)
+            };
+            if let Err(v) = clients.block_on(check_retained(&net, p, acked, next)) {
+                violations.push(v);
+            }
+        }
     }
     net.stop.store(true, Ordering::Relaxed);
     if let Some(b) = current.take() {
@@ -239,6 +249,63 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         log,
         elapsed: started.elapsed(),
     }
+}
+
+/// The retained value of `p`'s topic, read by a new clean-start client, is the last message
+/// acknowledged or a later one sent (`acked..next`): never an older one, never none.
+async fn check_retained(
+    net: &Net,
+    p: &PubSpec,
+    acked: Option<u64>,
+    next: u64,
+) -> Result<(), String> {
+    use super::client::{Conn, clean_connect, parse, s};
+    use tern_wire::{Packet, Properties, QoS, Subscribe, SubscriptionOptions};
+    let Some(last) = acked else {
+        return Ok(());
+    };
+    let who = format!(
+        "{} (retained, {:?}, QoS {})",
+        p.client_id(),
+        p.protocol,
+        p.qos
+    );
+    let Some(mut c) = Conn::connect(net, clean_connect(Protocol::V5, "sim-retained")).await else {
+        return Err(format!("{who}: the retained check could not connect"));
+    };
+    let sub = Subscribe {
+        packet_id: 1,
+        properties: Properties::default(),
+        filters: vec![(
+            s(&p.topic),
+            SubscriptionOptions {
+                qos: QoS::AtMostOnce,
+                ..SubscriptionOptions::default()
+            },
+        )],
+    };
+    if !c.send(&Packet::Subscribe(sub)).await {
+        return Err(format!("{who}: the retained check could not subscribe"));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < deadline {
+        match c.recv(Duration::from_millis(50)).await {
+            Ok(Some(Packet::Publish(m))) if m.retain => {
+                return match parse(&m.payload) {
+                    Some((_, n)) if n >= last && n < next => Ok(()),
+                    got => Err(format!(
+                        "{who}: retained value {got:?}, the last acknowledged is {last} (sent up to {})",
+                        next - 1
+                    )),
+                };
+            }
+            Err(()) => break,
+            _ => {}
+        }
+    }
+    Err(format!(
+        "{who}: no retained value, the last acknowledged is {last}"
+    ))
 }
 
 /// Waits (5 s at most) until every receiver holds what it is owed with no QoS 2 exchange
