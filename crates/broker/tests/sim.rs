@@ -62,6 +62,7 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
         (crash_only, " --crash-only"),
         (linger, " --linger"),
         (env_flag("TERN_SIM_PUB_DROPS"), " --pub-drops"),
+        (env_flag("TERN_SIM_EIO"), " --eio"),
     ] {
         if on {
             flags.push_str(flag);

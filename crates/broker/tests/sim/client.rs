@@ -470,7 +470,8 @@ pub struct SubState {
     pub got: Vec<Delivery>,
     /// Every PUBLISH that came, for the log: (publisher, number, connection, DUP, QoS).
     pub seen: Vec<(usize, u64, u64, bool, u8)>,
-    /// What a share-group member saw and did, for the log of a failing seed.
+    /// What the subscriber saw and did (printed for share-group members and for subscribers
+    /// left with open exchanges).
     pub trace: Vec<String>,
     /// Payloads that are none of ours.
     pub foreign: Vec<String>,
@@ -544,7 +545,7 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
                     let connection = st.connections;
                     st.seen
                         .push((publisher, number, connection, p.dup, p.qos as u8));
-                    if spec.share.is_some() {
+                    {
                         let dup = if p.dup { "d" } else { "" };
                         let entry = format!(
                             "c{connection}:P{}q{}{dup}={publisher}/{number}",
@@ -618,7 +619,7 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
                         }
                     }
                     Packet::PubRel(a) => {
-                        if spec.share.is_some() {
+                        {
                             let entry = format!("c{}:R{}", st.connections, a.packet_id);
                             st.trace.push(entry);
                         }

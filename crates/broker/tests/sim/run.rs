@@ -156,32 +156,7 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
             net.acks.load(Ordering::Relaxed) >= at || pubs_done()
         });
         let acks = net.acks.load(Ordering::Relaxed);
-        match fault {
-            Fault::PowerLoss => disk.power_loss(),
-            Fault::Crash => disk.crash(),
-            Fault::PowerLossIn(op, path, nth) => {
-                let before = disk.power_losses();
-                disk.update_config(|c| {
-                    c.faults.push(ScriptedFault {
-                        op,
-                        path_contains: path.into(),
-                        nth,
-                        action: FaultAction::PowerLoss,
-                    })
-                });
-                // The workload may be over and the disk idle: then the power fails anyway.
-                if !wait(Duration::from_secs(2), || disk.power_losses() > before) {
-                    let _ = writeln!(log, "{fault:?} did not strike: power loss instead");
-                    // Disarmed, so that it cannot strike a later boot unnoticed.
-                    disk.update_config(|c| {
-                        if let Some(f) = c.faults.last_mut() {
-                            f.nth = u64::MAX;
-                        }
-                    });
-                    disk.power_loss();
-                }
-            }
-        }
+        strike(&disk, fault, &mut log);
         kill(current.take().expect("up"), &net);
         let _ = writeln!(
             log,
@@ -237,7 +212,7 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
     }
     for (s, st) in &subs {
         let st = st.lock();
-        if !st.trace.is_empty() {
+        if s.share.is_some() || !st.received.is_empty() {
             let _ = writeln!(log, "{}: {}", s.client_id(), st.trace.join(" "));
         }
     }
@@ -248,6 +223,58 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         violations,
         log,
         elapsed: started.elapsed(),
+    }
+}
+
+/// Makes `fault` happen to the disk (the caller then kills the broker).
+fn strike(disk: &SimDisk, fault: Fault, log: &mut String) {
+    let scripted = |op, path: &str, nth, action| {
+        disk.update_config(|c| {
+            c.faults.push(ScriptedFault {
+                op,
+                path_contains: path.into(),
+                nth,
+                action,
+            })
+        })
+    };
+    // Disarms the last scripted fault, so that it cannot strike a later boot unnoticed.
+    let disarm = || {
+        disk.update_config(|c| {
+            if let Some(f) = c.faults.last_mut() {
+                f.nth = u64::MAX;
+            }
+        })
+    };
+    match fault {
+        Fault::PowerLoss => disk.power_loss(),
+        Fault::Crash => disk.crash(),
+        Fault::PowerLossIn(op, path, nth) => {
+            let before = disk.power_losses();
+            scripted(op, path, nth, FaultAction::PowerLoss);
+            // The workload may be over and the disk idle: then the power fails anyway.
+            if !wait(Duration::from_secs(2), || disk.power_losses() > before) {
+                let _ = writeln!(log, "{fault:?} did not strike: power loss instead");
+                disarm();
+                disk.power_loss();
+            }
+        }
+        Fault::EioIn(op, path, nth) => {
+            let errors = || {
+                let s = disk.stats();
+                s.write_errors + s.sync_errors
+            };
+            let before = errors();
+            scripted(op, path, nth, FaultAction::Eio);
+            if wait(Duration::from_secs(2), || errors() > before) {
+                // The broker runs on with the failed write; its clients see what it acks.
+                std::thread::sleep(Duration::from_millis(50));
+            } else {
+                let _ = writeln!(log, "{fault:?} did not strike");
+                disarm();
+            }
+            disk.power_loss();
+        }
     }
 }
 
