@@ -3,8 +3,8 @@
 //! test-only cargo feature `inject`; without it [`on`] is a constant `false` and every check
 //! folds away, so production code keeps one path.
 //!
-//! The switch is process-wide (the simulator runs one broker at a time and serialises its
-//! tests); nothing in the broker turns it on.
+//! The switch is process-wide: the simulator sets it once for a run of seeds (all with the
+//! same bug) and runs its tests one at a time; nothing in the broker turns it on.
 
 /// A bug the simulator can inject.
 #[doc(hidden)]

@@ -212,3 +212,16 @@ fn group_message_in_flight_survives_a_crash_before_the_checkpoint() {
         "the group's message in flight was not resent after the restart"
     );
 }
+
+/// Found by seeds 217, 823, 1159, ... (finding 7 in docs/simulation.md): a retained QoS 2
+/// message whose message record survived a power loss but whose retained record did not was
+/// acknowledged on its resend (a retry) without being retained again.
+#[test]
+fn a_retained_qos2_retry_after_a_power_loss_is_retained() {
+    let _one = one_at_a_time();
+    assert_eq!(
+        sim::probes::probe_retained_qos2_retry_after_power_loss().as_deref(),
+        Some(&b"0:1:"[..]),
+        "the acknowledged retained message is not the retained value"
+    );
+}

@@ -184,3 +184,82 @@ pub fn probe_group_message_in_flight_survives_restart() -> bool {
     kill(second, &net);
     resent
 }
+
+/// The retained bug seeds 217, 823, ... found (docs/simulation.md, finding 7): the PUBREC of a
+/// retained QoS 2 message waits for its message record and its `tern.retained` record. A
+/// power loss keeps the first (with the rx record that makes a resend a retry) and loses the
+/// second; after the restart the publisher's resend is PUBREC'd as a retry, and the retained
+/// value must then be this message. Returns the retained payload a new client gets at the
+/// end (`None`: no retained message).
+pub fn probe_retained_qos2_retry_after_power_loss() -> Option<bytes::Bytes> {
+    use super::client::{Conn, clean_connect, persistent_connect, s};
+    use tern_wire::{Packet, Properties, Publish, QoS, Subscribe, SubscriptionOptions};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = SimDisk::new(dir.path(), 3, SimConfig::default());
+    let net = net(&disk);
+    let config = DurableConfig::default();
+    let first = boot(&disk, dir.path(), &config, &net).expect("boot");
+    let clients = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let publish = |dup| {
+        Packet::Publish(Publish {
+            dup,
+            qos: QoS::ExactlyOnce,
+            retain: true,
+            topic: s("probe/r"),
+            packet_id: 9,
+            properties: Properties::default(),
+            payload: bytes::Bytes::from_static(b"0:1:"),
+        })
+    };
+    let publisher = || persistent_connect(Protocol::V5, "retainer");
+    clients.block_on(async {
+        let mut p = Conn::connect(&net, publisher()).await.expect("connect");
+        // The retained record's write is held; the message record is durable before it is
+        // issued (QoS 2 is released only once durable), then the power fails.
+        disk.hold_next_write(&dir.path().join("streams").join("tern.retained"));
+        assert!(p.send(&publish(false)).await);
+        assert!(
+            disk.wait_held(Duration::from_secs(2)),
+            "the retained write was not held"
+        );
+        disk.power_loss();
+    });
+    disk.release();
+    kill(first, &net);
+    let second = boot(&disk, dir.path(), &config, &net).expect("restart");
+    let retained = clients.block_on(async {
+        let mut p = Conn::connect(&net, publisher()).await.expect("reconnect");
+        assert!(p.send(&publish(true)).await);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let mut acknowledged = false;
+        while tokio::time::Instant::now() < deadline && !acknowledged {
+            if let Ok(Some(Packet::PubRec(a))) = p.recv(Duration::from_millis(50)).await {
+                acknowledged = a.packet_id == 9 && a.reason.is_success();
+            }
+        }
+        assert!(acknowledged, "the resend was not acknowledged");
+        let mut c = Conn::connect(&net, clean_connect(Protocol::V5, "reader"))
+            .await
+            .expect("reader connects");
+        let sub = Subscribe {
+            packet_id: 1,
+            properties: Properties::default(),
+            filters: vec![(s("probe/r"), SubscriptionOptions::default())],
+        };
+        assert!(c.send(&Packet::Subscribe(sub)).await);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(Some(Packet::Publish(m))) = c.recv(Duration::from_millis(50)).await {
+                if m.retain {
+                    return Some(m.payload);
+                }
+            }
+        }
+        None
+    });
+    kill(second, &net);
+    retained
+}
