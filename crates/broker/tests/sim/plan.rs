@@ -109,7 +109,33 @@ fn protocol(rng: &mut SimRng) -> Protocol {
     }
 }
 
-pub fn plan(seed: u64, crash_only: bool) -> Plan {
+/// Parts of the workload that are off by default because they trip open findings
+/// (docs/simulation.md): on with `TERN_SIM_GROUPS`, `TERN_SIM_RETENTION`, `TERN_SIM_PUB_DROPS`,
+/// `TERN_SIM_EIO` (or `TERN_SIM_ALL`), and share groups / retention limits whenever the bug
+/// that needs them to be found is injected. Off, they are still drawn (the other draws of a
+/// seed stay the same) and then left out.
+#[derive(Debug, Clone, Copy)]
+pub struct Features {
+    pub groups: bool,
+    pub retention: bool,
+    pub pub_drops: bool,
+    pub eio: bool,
+}
+
+impl Features {
+    pub fn from_env(bug: Option<InjectBug>) -> Features {
+        let flag = |name| super::super::env_flag(name) || super::super::env_flag("TERN_SIM_ALL");
+        Features {
+            groups: flag("TERN_SIM_GROUPS") || bug == Some(InjectBug::DropShareQueueOnLeave),
+            retention: flag("TERN_SIM_RETENTION")
+                || bug == Some(InjectBug::RetentionRemovesOpenQos2),
+            pub_drops: flag("TERN_SIM_PUB_DROPS"),
+            eio: flag("TERN_SIM_EIO"),
+        }
+    }
+}
+
+pub fn plan(seed: u64, crash_only: bool, features: Features) -> Plan {
     let mut rng = SimRng::keyed(&[seed, 0x5eed]);
     let publishers: Vec<PubSpec> = (0..rng.range(2, 3) as usize)
         .map(|index| PubSpec {
@@ -166,10 +192,8 @@ pub fn plan(seed: u64, crash_only: bool) -> Plan {
                     "tern.sessions"
                 };
                 let nth = inner.range(1, 3);
-                // Off by default: it finds acknowledged messages lost, not diagnosed yet
-                // (docs/simulation.md).
                 let eio = SimRng::keyed(&[seed, 0xe10, k]).chance(0.15);
-                if eio && super::super::env_flag("TERN_SIM_EIO") {
+                if eio && features.eio {
                     Fault::EioIn(op, path, nth)
                 } else if power_loss_in {
                     Fault::PowerLossIn(op, path, nth)
@@ -202,27 +226,33 @@ pub fn plan(seed: u64, crash_only: bool) -> Plan {
     };
     // The draws added since v0 use their own generator, so that v0's stay as they were.
     let mut more = SimRng::keyed(&[seed, 0xb0a7]);
-    network_faults(&mut more, &mut plan.publishers, &mut subscribers);
+    network_faults(&mut more, &mut plan.publishers, &mut subscribers, features);
     if more.chance(0.4) {
         plan.publishers[0].retain = true;
     }
+    let members_before = subscribers.len();
     share_group(&mut more, n_pub, &mut subscribers);
+    if !features.groups {
+        subscribers.truncate(members_before);
+    }
     if more.chance(0.3) {
         // Small enough that the limit removes messages while exchanges are open.
-        plan.max_msgs = Some(more.range(8, 40));
-        plan.block_size = 8192;
+        let max_msgs = more.range(8, 40);
+        if features.retention {
+            plan.max_msgs = Some(max_msgs);
+            plan.block_size = 8192;
+        }
     }
     plan.subscribers = subscribers;
     plan
 }
 
 /// Dropped connections and stalled clients.
-fn network_faults(rng: &mut SimRng, pubs: &mut [PubSpec], subs: &mut [SubSpec]) {
+fn network_faults(rng: &mut SimRng, pubs: &mut [PubSpec], subs: &mut [SubSpec], f: Features) {
     for p in pubs {
         if rng.chance(0.2) {
             let k = rng.range(5, 40);
-            // Off by default: it finds a reordering not fixed yet (docs/simulation.md).
-            if super::super::env_flag("TERN_SIM_PUB_DROPS") {
+            if f.pub_drops {
                 p.drop_after = Some(k);
             }
         }

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 
 use super::check::{self, Context};
 use super::client::{Net, PubSpec, PubState, SubSpec, SubState, run_publisher, run_subscriber};
-use super::plan::{Fault, Injected, plan};
+use super::plan::{Fault, Features, Injected, plan};
 
 /// One broker "process": its own runtime, so that killing it drops every task it has
 /// (connections, writers, timers, checkpointer) at once.
@@ -81,7 +81,7 @@ pub struct Outcome {
 pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -> Outcome {
     let started = Instant::now();
     let bugs = injected.store;
-    let plan = plan(seed, crash_only);
+    let plan = plan(seed, crash_only, Features::from_env(injected.broker));
     let mut log = String::new();
     let _ = writeln!(log, "plan: {plan:#?}");
     let dir = tempfile::tempdir().expect("tempdir");
