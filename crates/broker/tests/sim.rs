@@ -2,9 +2,10 @@
 //! whole broker, in process, on the simulated disk (`tern_store::sim::SimDisk`), through power
 //! losses and process crashes, with seeded workloads (`sim/plan.rs`: persistent publishers and
 //! subscribers, v3.1.1 and v5, QoS 1 and 2, share groups whose members leave and come back,
-//! stalled clients, retention limits) driven by raw MQTT clients (`sim/client.rs`), and a
-//! checker of the delivery guarantees (`sim/check.rs`). `sim/run.rs` runs one seed (boots,
-//! faults, kills); `sim/probes.rs` holds scripted regression scenarios for bugs seeds found.
+//! stalled clients, retention limits) driven by raw MQTT clients (`sim/client.rs`: connections
+//! and publishers; `sim/subscriber.rs`), and a checker of the delivery guarantees
+//! (`sim/check.rs`). `sim/run.rs` runs one seed (boots, faults, kills); `sim/probes.rs` holds
+//! scripted regression scenarios for bugs seeds found.
 //!
 //! `cargo test -p tern-broker --test sim` runs `TERN_SIM_SEEDS` seeds (default
 //! [`DEFAULT_SEEDS`]) from `TERN_SIM_SEED_BASE`, or the one seed `TERN_SIM_SEED`, with the
@@ -18,6 +19,7 @@ mod sim {
     pub mod plan;
     pub mod probes;
     pub mod run;
+    pub mod subscriber;
 }
 
 use std::time::Instant;

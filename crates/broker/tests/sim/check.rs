@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::client::{Delivery, PubSpec, PubState, SubSpec, SubState};
+use super::client::{PubSpec, PubState};
+use super::subscriber::{Delivery, SubSpec, SubState};
 
 pub type Pubs = [(PubSpec, Arc<Mutex<PubState>>)];
 pub type Subs = [(SubSpec, Arc<Mutex<SubState>>)];

@@ -1,13 +1,12 @@
 //! The simulator's clients: raw tern-wire connections (adapted from
-//! crates/server/tests/common/durable.rs) and publishers / subscribers with persistent
-//! sessions whose MQTT session state (packet ids in flight, the QoS 2 received set) lives in
+//! crates/server/tests/common/durable.rs) and publishers (subscribers: `subscriber.rs`) with
+//! persistent sessions whose MQTT session state (packet ids in flight, the QoS 2 received set) lives in
 //! the client, outside the broker, and so survives every fault. Each runs as a task that
 //! reconnects whenever its connection dies and resends what the spec says it must.
 //!
 //! Their state sits behind a mutex the controller reads (progress, completion, the checker),
 //! locked only between awaits.
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,14 +16,11 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tern_store::sim::SimDisk;
-use tern_wire::{
-    Ack, Connect, Disconnect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str,
-    Subscribe, SubscriptionOptions,
-};
+use tern_wire::{Ack, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const POLL: Duration = Duration::from_millis(20);
+pub(super) const POLL: Duration = Duration::from_millis(20);
 
 /// What the clients share with the controller: where the broker listens (`None` while it is
 /// down), a stop flag, and the number of messages acknowledged so far (faults strike at
@@ -54,7 +50,7 @@ pub fn s(text: &str) -> Str {
     Str::copy_from(text).expect("no U+0000")
 }
 
-fn ack(packet_id: u16) -> Ack {
+pub(super) fn ack(packet_id: u16) -> Ack {
     Ack {
         packet_id,
         reason: ReasonCode::SUCCESS,
@@ -98,7 +94,7 @@ pub struct Conn {
     stream: TcpStream,
     buf: BytesMut,
     protocol: Protocol,
-    session_present: bool,
+    pub(super) session_present: bool,
     boot: u64,
 }
 
@@ -163,7 +159,7 @@ impl Conn {
 }
 
 /// Waits for a connection, backing off while the broker is down; `None` once stopped.
-async fn reconnect(
+pub(super) async fn reconnect(
     net: &Net,
     protocol: Protocol,
     client_id: &str,
@@ -398,246 +394,10 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
 }
 
 /// A stalled client stops reading for a while after every `every`-th packet.
-async fn stall(stall: Option<(u64, u64)>, received: u64) {
+pub(super) async fn stall(stall: Option<(u64, u64)>, received: u64) {
     if let Some((every, ms)) = stall {
         if received % every == 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;
-        }
-    }
-}
-
-/// When a subscriber hands a QoS 2 message to its application.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Deliver {
-    /// At the first PUBLISH of a packet id, which is then held until PUBREL (Method B).
-    AtPublish,
-    /// At PUBREL: the message is kept under its packet id until then (paho's way).
-    AtPubrel,
-}
-
-#[derive(Debug, Clone)]
-pub struct SubSpec {
-    pub index: usize,
-    pub protocol: Protocol,
-    pub qos: u8,
-    pub filter: String,
-    pub deliver: Deliver,
-    /// A member of this share group (`$share/{group}/{filter}`, MQTT 5).
-    pub share: Option<&'static str>,
-    /// Receive Maximum in CONNECT (v5): what the broker may have in flight to it.
-    pub receive_maximum: Option<u16>,
-    /// The client leaves after this many PUBLISHes received on a connection (DISCONNECT or
-    /// a closed socket, by `leave_cleanly`) and comes back after `pause_ms`.
-    pub leave_after: Option<u64>,
-    pub leave_cleanly: bool,
-    pub pause_ms: u64,
-    /// Stalled client (see [`PubSpec::stall`]); the reply to the packet it stalls at waits
-    /// too, so a QoS 2 exchange stays open meanwhile.
-    pub stall: Option<(u64, u64)>,
-}
-
-impl SubSpec {
-    pub fn client_id(&self) -> String {
-        format!("sim-sub-{}", self.index)
-    }
-
-    /// The filter it subscribes with.
-    pub fn subscription(&self) -> String {
-        match self.share {
-            Some(group) => format!("$share/{group}/{}", self.filter),
-            None => self.filter.clone(),
-        }
-    }
-}
-
-/// One message handed to the application.
-#[derive(Debug, Clone, Copy)]
-pub struct Delivery {
-    pub publisher: usize,
-    pub number: u64,
-    /// The QoS of the PUBLISH that carried it.
-    pub qos: u8,
-    /// Which connection of the subscriber (1 = first).
-    pub connection: u64,
-}
-
-#[derive(Default)]
-pub struct SubState {
-    /// The SUBACK came (the subscription is durable).
-    pub subscribed: bool,
-    /// QoS 2 packet ids received and not yet released, with the held message (AtPubrel).
-    pub received: HashMap<u16, Option<(usize, u64)>>,
-    pub got: Vec<Delivery>,
-    /// Every PUBLISH that came, for the log: (publisher, number, connection, DUP, QoS).
-    pub seen: Vec<(usize, u64, u64, bool, u8)>,
-    /// What the subscriber saw and did (printed for share-group members and for subscribers
-    /// left with open exchanges).
-    pub trace: Vec<String>,
-    /// Payloads that are none of ours.
-    pub foreign: Vec<String>,
-    /// Reconnects after the SUBACK answered with Session Present = 0.
-    pub sessions_lost: u64,
-    pub connections: u64,
-    /// Refused or unexpected SUBACKs.
-    pub bad_subacks: Vec<String>,
-}
-
-impl SubState {
-    fn deliver(&mut self, m: (usize, u64), qos: u8) {
-        let connection = self.connections;
-        self.got.push(Delivery {
-            publisher: m.0,
-            number: m.1,
-            qos,
-            connection,
-        });
-    }
-}
-
-pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc<Net>) {
-    'connection: loop {
-        let Some(mut c) =
-            reconnect(&net, spec.protocol, &spec.client_id(), spec.receive_maximum).await
-        else {
-            return;
-        };
-        let mut publishes_here = 0u64;
-        let mut received_here = 0u64;
-        let subscribe = {
-            let mut st = state.lock();
-            st.connections += 1;
-            if st.subscribed && !c.session_present {
-                // The subscription was acknowledged: the session must have survived.
-                st.sessions_lost += 1;
-                st.subscribed = false;
-            }
-            !st.subscribed
-        };
-        if subscribe {
-            let sub = Subscribe {
-                packet_id: 1,
-                properties: Properties::default(),
-                filters: vec![(
-                    s(&spec.subscription()),
-                    SubscriptionOptions {
-                        qos: QoS::from_u8(spec.qos).expect("qos"),
-                        ..SubscriptionOptions::default()
-                    },
-                )],
-            };
-            if !c.send(&Packet::Subscribe(sub)).await {
-                continue 'connection;
-            }
-        }
-        loop {
-            if net.stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let packet = match c.recv(POLL).await {
-                Err(()) => continue 'connection,
-                Ok(None) => continue,
-                Ok(Some(p)) => p,
-            };
-            received_here += 1;
-            if let Packet::Publish(p) = &packet {
-                if let Some((publisher, number)) = parse(&p.payload) {
-                    let mut st = state.lock();
-                    let connection = st.connections;
-                    st.seen
-                        .push((publisher, number, connection, p.dup, p.qos as u8));
-                    {
-                        let dup = if p.dup { "d" } else { "" };
-                        let entry = format!(
-                            "c{connection}:P{}q{}{dup}={publisher}/{number}",
-                            p.packet_id, p.qos as u8
-                        );
-                        st.trace.push(entry);
-                    }
-                }
-                publishes_here += 1;
-                if spec.leave_after.is_some_and(|k| publishes_here > k) {
-                    // Leaves before handling this PUBLISH (it is resent or goes elsewhere).
-                    {
-                        let mut st = state.lock();
-                        let entry = format!("c{}:leave", st.connections);
-                        st.trace.push(entry);
-                    }
-                    if spec.leave_cleanly {
-                        let _ = c
-                            .send(&Packet::Disconnect(Disconnect {
-                                reason: ReasonCode::SUCCESS,
-                                properties: Properties::default(),
-                            }))
-                            .await;
-                    }
-                    drop(c);
-                    tokio::time::sleep(Duration::from_millis(spec.pause_ms)).await;
-                    continue 'connection;
-                }
-            }
-            let reply = {
-                let mut st = state.lock();
-                match packet {
-                    Packet::SubAck(sa) => {
-                        if sa.reasons == vec![ReasonCode(spec.qos)] {
-                            st.subscribed = true;
-                        } else {
-                            st.bad_subacks.push(format!("{:?}", sa.reasons));
-                        }
-                        None
-                    }
-                    Packet::Publish(p) => {
-                        let Some(m) = parse(&p.payload) else {
-                            st.foreign
-                                .push(String::from_utf8_lossy(&p.payload).into_owned());
-                            continue;
-                        };
-                        match p.qos {
-                            QoS::AtMostOnce => {
-                                st.deliver(m, 0);
-                                None
-                            }
-                            QoS::AtLeastOnce => {
-                                st.deliver(m, 1);
-                                Some(Packet::PubAck(ack(p.packet_id)))
-                            }
-                            QoS::ExactlyOnce => {
-                                // A packet id already held: the same message again.
-                                if let Entry::Vacant(e) = st.received.entry(p.packet_id) {
-                                    match spec.deliver {
-                                        Deliver::AtPublish => {
-                                            e.insert(None);
-                                            st.deliver(m, 2);
-                                        }
-                                        Deliver::AtPubrel => {
-                                            e.insert(Some(m));
-                                        }
-                                    }
-                                }
-                                Some(Packet::PubRec(ack(p.packet_id)))
-                            }
-                        }
-                    }
-                    Packet::PubRel(a) => {
-                        {
-                            let entry = format!("c{}:R{}", st.connections, a.packet_id);
-                            st.trace.push(entry);
-                        }
-                        if let Some(Some(m)) = st.received.remove(&a.packet_id) {
-                            st.deliver(m, 2);
-                        }
-                        Some(Packet::PubComp(ack(a.packet_id)))
-                    }
-                    Packet::Disconnect(_) => continue 'connection,
-                    _ => None,
-                }
-            };
-            stall(spec.stall, received_here).await;
-            if let Some(p) = reply {
-                if !c.send(&p).await {
-                    continue 'connection;
-                }
-            }
         }
     }
 }

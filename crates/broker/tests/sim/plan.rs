@@ -8,7 +8,8 @@ use tern_broker::inject::Bug as InjectBug;
 use tern_store::sim::{Bugs, MetadataOrder, OpKind, SimRng};
 use tern_wire::Protocol;
 
-use super::client::{Deliver, PubSpec, SubSpec};
+use super::client::PubSpec;
+use super::subscriber::{Deliver, SubSpec};
 
 /// Bugs the simulator can inject (`scripts/sim.sh --inject NAME`), with what they do.
 pub const BUGS: [(&str, &str); 7] = [

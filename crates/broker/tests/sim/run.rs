@@ -14,8 +14,9 @@ use tern_wire::Protocol;
 use tokio::net::TcpListener;
 
 use super::check::{self, Context};
-use super::client::{Net, PubSpec, PubState, SubSpec, SubState, run_publisher, run_subscriber};
+use super::client::{Net, PubSpec, PubState, run_publisher};
 use super::plan::{Fault, Features, Injected, plan};
+use super::subscriber::{SubSpec, SubState, run_subscriber};
 
 /// One broker "process": its own runtime, so that killing it drops every task it has
 /// (connections, writers, timers, checkpointer) at once.
