@@ -46,12 +46,24 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// With `TERN_SIM_LOG` (an env-filter directive such as `warn`), the broker's and the store's
+/// log lines go to stderr: what recovery dropped, what the store refused.
+fn init_log() {
+    if let Ok(filter) = std::env::var("TERN_SIM_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
 /// Runs `seeds` on `TERN_SIM_JOBS` threads (default [`DEFAULT_JOBS`]; a seed mostly waits on
 /// the real clock, so they overlap well), printing each failing seed with its replay command
 /// and log; returns (violating seeds, the lowest of them, seeds run). With `stop_at_first`,
 /// no seed above a failing one is started.
 fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, Option<u64>, usize) {
     let _one = one_at_a_time();
+    init_log();
     let injected = bugs(bug).unwrap_or_else(|e| {
         let names: Vec<&str> = BUGS.iter().map(|b| b.0).collect();
         panic!("{e}; known: {names:?}")
