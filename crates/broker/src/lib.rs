@@ -35,6 +35,8 @@ pub mod connection;
 pub mod durable;
 pub mod exposition;
 pub mod fuzz;
+#[doc(hidden)]
+pub mod inject;
 pub mod message;
 pub mod metrics;
 pub mod outbound;

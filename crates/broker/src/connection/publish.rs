@@ -72,7 +72,24 @@ impl Conn {
             // (below), so the store knows the write of any id found here.
             let duplicate = self.session.state.lock().qos2_received.contains(&packet_id);
             if duplicate {
-                let ticket = self.shared.store.qos2_retry(&self.client_id, packet_id);
+                let mut ticket = self.shared.store.qos2_retry(&self.client_id, packet_id);
+                if publish.retain && !sys_topic && !topic_str.starts_with("$tern/") {
+                    // The original's retained record may be lost where its message record
+                    // (and so this retry) survived a power loss: the retry carries the whole
+                    // message, apply it again, and the PUBREC waits for that write too (found
+                    // by the broker simulator, docs/simulation.md finding 7).
+                    let message = Arc::new(Message::new(
+                        topic.clone(),
+                        publish.payload.clone(),
+                        qos,
+                        true,
+                        publish.properties.clone(),
+                        Some(self.client_id.clone()),
+                        self.now,
+                    ));
+                    let retained = crate::retained::update(&self.shared, &message);
+                    ticket = crate::persist::Ticket::join(ticket, retained);
+                }
                 self.push_entry(Entry {
                     packet_id,
                     kind: AckKind::PubRec,

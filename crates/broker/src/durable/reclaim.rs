@@ -188,6 +188,9 @@ impl DurableStore {
                 }
             }
         }
+        if crate::inject::on(crate::inject::Bug::RetentionRemovesOpenQos2) {
+            open.iter_mut().for_each(|f| *f = u64::MAX);
+        }
         for (i, slot) in self.slots.iter().enumerate() {
             slot.stream.set_retention_floor(open[i]);
             interest[i] = interest[i].min(open[i]);
@@ -202,6 +205,9 @@ impl DurableStore {
 
     /// A record of open state was added at `at`: limits must not remove it from now on.
     pub(super) fn pin(&self, at: crate::persist::StoreRef) {
+        if crate::inject::on(crate::inject::Bug::RetentionRemovesOpenQos2) {
+            return;
+        }
         if let Some(slot) = self.slots.get(usize::from(at.stream)) {
             slot.stream.lower_retention_floor(at.seq);
         }

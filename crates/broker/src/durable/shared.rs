@@ -114,10 +114,22 @@ impl DurableStore {
                 .collect(),
             None => return cursor.to_vec(),
         };
+        self.lowered_by_groups(shares.iter().map(String::as_str), cursor)
+    }
+
+    /// `cursor` lowered to the written cursor of each group in `filters` (other filters are
+    /// skipped). A member's cursor alone does not hold the group's messages it has in flight
+    /// (the group's cursor does, ARCHITECTURE §5): below this floor, and only there, is an
+    /// exchange of the member stale.
+    pub(super) fn lowered_by_groups<'a>(
+        &self,
+        filters: impl Iterator<Item = &'a str>,
+        cursor: &[u64],
+    ) -> Vec<u64> {
         let mut floor = cursor.to_vec();
         let groups = self.group_cursors.lock();
-        for share in shares {
-            if let Some(g) = groups.get(&share) {
+        for share in filters.filter(|f| is_share(f)) {
+            if let Some(g) = groups.get(share) {
                 for (f, &c) in floor.iter_mut().zip(g) {
                     *f = (*f).min(c);
                 }

@@ -70,6 +70,23 @@ impl Gate {
             }
             HeldPacket::PubRel { .. } => {}
         }
+        #[cfg(feature = "inject")]
+        if crate::inject::on(crate::inject::Bug::RandomPubrelOrder)
+            && matches!(packet, HeldPacket::PubRel { .. })
+        {
+            // The injected bug: a PUBREL jumps ahead of some of the PUBRELs queued last.
+            let behind = self
+                .entries
+                .iter()
+                .rev()
+                .take_while(|h| matches!(h.packet, HeldPacket::PubRel { .. }))
+                .count();
+            let jump = (crate::inject::random() % (behind as u64 + 1)) as usize;
+            let at = self.entries.len() - jump;
+            self.entries.insert(at, Held { ticket, packet });
+            self.check();
+            return;
+        }
         self.entries.push_back(Held { ticket, packet });
         self.check();
     }

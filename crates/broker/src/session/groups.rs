@@ -149,6 +149,9 @@ pub fn redistribute(shared: &Shared, from: &Arc<Session>) {
     if items.is_empty() {
         return;
     }
+    if crate::inject::on(crate::inject::Bug::DropShareQueueOnLeave) {
+        return;
+    }
     let now = Instant::now();
     for item in items {
         let Some(share) = item.share.clone() else {

@@ -59,7 +59,9 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
     state
         .out
         .count_messages_into(shared.metrics.queued_messages.clone());
-    state.qos2_received.extend(stored.qos2_received);
+    if !crate::inject::on(crate::inject::Bug::IgnoreReceivedSetAfterRestart) {
+        state.qos2_received.extend(stored.qos2_received);
+    }
     for inflight in stored.inflight {
         state.out.packet_ids.reserve(inflight.packet_id);
         state.out.inflight.push_back(Inflight {

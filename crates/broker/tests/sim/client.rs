@@ -1,13 +1,12 @@
 //! The simulator's clients: raw tern-wire connections (adapted from
-//! crates/server/tests/common/durable.rs) and publishers / subscribers with persistent
-//! sessions whose MQTT session state (packet ids in flight, the QoS 2 received set) lives in
+//! crates/server/tests/common/durable.rs) and publishers (subscribers: `subscriber.rs`) with
+//! persistent sessions whose MQTT session state (packet ids in flight, the QoS 2 received set) lives in
 //! the client, outside the broker, and so survives every fault. Each runs as a task that
 //! reconnects whenever its connection dies and resends what the spec says it must.
 //!
 //! Their state sits behind a mutex the controller reads (progress, completion, the checker),
 //! locked only between awaits.
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,14 +16,11 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tern_store::sim::SimDisk;
-use tern_wire::{
-    Ack, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str, Subscribe,
-    SubscriptionOptions,
-};
+use tern_wire::{Ack, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const POLL: Duration = Duration::from_millis(20);
+pub(super) const POLL: Duration = Duration::from_millis(20);
 
 /// What the clients share with the controller: where the broker listens (`None` while it is
 /// down), a stop flag, and the number of messages acknowledged so far (faults strike at
@@ -39,7 +35,7 @@ pub struct Net {
     /// still runs until the controller kills it is dead, and no client connects to it.
     pub disk: SimDisk,
     /// Let clients connect to such a broker all the same: a broker whose disk failed under
-    /// it (`--linger`; how seed 9 found the bug described in the module doc of sim.rs).
+    /// it (`--linger`; how seed 9 found the QoS 2 retry bug, docs/simulation.md).
     pub linger: bool,
 }
 
@@ -54,7 +50,7 @@ pub fn s(text: &str) -> Str {
     Str::copy_from(text).expect("no U+0000")
 }
 
-fn ack(packet_id: u16) -> Ack {
+pub(super) fn ack(packet_id: u16) -> Ack {
     Ack {
         packet_id,
         reason: ReasonCode::SUCCESS,
@@ -62,10 +58,25 @@ fn ack(packet_id: u16) -> Ack {
     }
 }
 
+/// A clean-start CONNECT whose session ends with the connection.
+pub fn clean_connect(protocol: Protocol, client_id: &str) -> Connect {
+    let mut c = connect_with(protocol, client_id, None);
+    c.clean_start = true;
+    c.properties.session_expiry_interval_s = None;
+    c
+}
+
 pub fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
+    connect_with(protocol, client_id, None)
+}
+
+/// A persistent session's CONNECT; `receive_maximum` (v5) bounds what the broker sends
+/// before acknowledgements come back.
+fn connect_with(protocol: Protocol, client_id: &str, receive_maximum: Option<u16>) -> Connect {
     let mut properties = Properties::default();
     if protocol.is_v5() {
         properties.session_expiry_interval_s = Some(u32::MAX);
+        properties.receive_maximum = receive_maximum;
     }
     Connect {
         protocol,
@@ -83,7 +94,7 @@ pub struct Conn {
     stream: TcpStream,
     buf: BytesMut,
     protocol: Protocol,
-    session_present: bool,
+    pub(super) session_present: bool,
     boot: u64,
 }
 
@@ -148,12 +159,18 @@ impl Conn {
 }
 
 /// Waits for a connection, backing off while the broker is down; `None` once stopped.
-async fn reconnect(net: &Net, protocol: Protocol, client_id: &str) -> Option<Conn> {
+pub(super) async fn reconnect(
+    net: &Net,
+    protocol: Protocol,
+    client_id: &str,
+    receive_maximum: Option<u16>,
+) -> Option<Conn> {
     loop {
         if net.stop.load(Ordering::Relaxed) {
             return None;
         }
-        if let Some(c) = Conn::connect(net, persistent_connect(protocol, client_id)).await {
+        let connect = connect_with(protocol, client_id, receive_maximum);
+        if let Some(c) = Conn::connect(net, connect).await {
             return Some(c);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -185,6 +202,15 @@ pub struct PubSpec {
     pub limit: u64,
     pub window: usize,
     pub pad: usize,
+    /// Network fault: the client closes its socket (no DISCONNECT) after this many packets
+    /// received on a connection, and reconnects.
+    pub drop_after: Option<u64>,
+    /// Stalled client: after every `.0`-th packet received it stops reading for `.1` ms
+    /// (its PUBRECs / PUBACKs wait in the socket meanwhile).
+    pub stall: Option<(u64, u64)>,
+    /// Every message retained: the topic's retained value must end as one of the last
+    /// acknowledged or later messages.
+    pub retain: bool,
 }
 
 impl PubSpec {
@@ -232,7 +258,7 @@ fn publish_packet(spec: &PubSpec, number: u64, packet_id: u16, dup: bool) -> Pac
     Packet::Publish(Publish {
         dup,
         qos: QoS::from_u8(spec.qos).expect("qos"),
-        retain: false,
+        retain: spec.retain,
         topic: s(&spec.topic),
         packet_id,
         properties: Properties::default(),
@@ -246,9 +272,10 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
         if state.lock().done(spec.limit) {
             return;
         }
-        let Some(mut c) = reconnect(&net, spec.protocol, &spec.client_id()).await else {
+        let Some(mut c) = reconnect(&net, spec.protocol, &spec.client_id(), None).await else {
             return;
         };
+        let mut received_here = 0u64;
         // Session resumed: everything in flight is resent in order (PUBLISH with DUP, or
         // PUBREL once its PUBREC came).
         let resend: Vec<Packet> = {
@@ -304,6 +331,12 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                 Ok(None) => continue,
                 Ok(Some(p)) => p,
             };
+            received_here += 1;
+            if spec.drop_after.is_some_and(|k| received_here >= k) {
+                // Dropped at a packet boundary: this packet is never read.
+                continue 'connection;
+            }
+            stall(spec.stall, received_here).await;
             let reply = {
                 let mut st = state.lock();
                 match packet {
@@ -360,167 +393,11 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
     }
 }
 
-/// When a subscriber hands a QoS 2 message to its application.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Deliver {
-    /// At the first PUBLISH of a packet id, which is then held until PUBREL (Method B).
-    AtPublish,
-    /// At PUBREL: the message is kept under its packet id until then (paho's way).
-    AtPubrel,
-}
-
-#[derive(Debug, Clone)]
-pub struct SubSpec {
-    pub index: usize,
-    pub protocol: Protocol,
-    pub qos: u8,
-    pub filter: String,
-    pub deliver: Deliver,
-}
-
-impl SubSpec {
-    pub fn client_id(&self) -> String {
-        format!("sim-sub-{}", self.index)
-    }
-}
-
-/// One message handed to the application.
-#[derive(Debug, Clone, Copy)]
-pub struct Delivery {
-    pub publisher: usize,
-    pub number: u64,
-    /// The QoS of the PUBLISH that carried it.
-    pub qos: u8,
-    /// Which connection of the subscriber (1 = first).
-    pub connection: u64,
-}
-
-#[derive(Default)]
-pub struct SubState {
-    /// The SUBACK came (the subscription is durable).
-    pub subscribed: bool,
-    /// QoS 2 packet ids received and not yet released, with the held message (AtPubrel).
-    pub received: HashMap<u16, Option<(usize, u64)>>,
-    pub got: Vec<Delivery>,
-    /// Payloads that are none of ours.
-    pub foreign: Vec<String>,
-    /// Reconnects after the SUBACK answered with Session Present = 0.
-    pub sessions_lost: u64,
-    pub connections: u64,
-    /// Refused or unexpected SUBACKs.
-    pub bad_subacks: Vec<String>,
-}
-
-impl SubState {
-    fn deliver(&mut self, m: (usize, u64), qos: u8) {
-        let connection = self.connections;
-        self.got.push(Delivery {
-            publisher: m.0,
-            number: m.1,
-            qos,
-            connection,
-        });
-    }
-}
-
-pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc<Net>) {
-    'connection: loop {
-        let Some(mut c) = reconnect(&net, spec.protocol, &spec.client_id()).await else {
-            return;
-        };
-        let subscribe = {
-            let mut st = state.lock();
-            st.connections += 1;
-            if st.subscribed && !c.session_present {
-                // The subscription was acknowledged: the session must have survived.
-                st.sessions_lost += 1;
-                st.subscribed = false;
-            }
-            !st.subscribed
-        };
-        if subscribe {
-            let sub = Subscribe {
-                packet_id: 1,
-                properties: Properties::default(),
-                filters: vec![(
-                    s(&spec.filter),
-                    SubscriptionOptions {
-                        qos: QoS::from_u8(spec.qos).expect("qos"),
-                        ..SubscriptionOptions::default()
-                    },
-                )],
-            };
-            if !c.send(&Packet::Subscribe(sub)).await {
-                continue 'connection;
-            }
-        }
-        loop {
-            if net.stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let packet = match c.recv(POLL).await {
-                Err(()) => continue 'connection,
-                Ok(None) => continue,
-                Ok(Some(p)) => p,
-            };
-            let reply = {
-                let mut st = state.lock();
-                match packet {
-                    Packet::SubAck(sa) => {
-                        if sa.reasons == vec![ReasonCode(spec.qos)] {
-                            st.subscribed = true;
-                        } else {
-                            st.bad_subacks.push(format!("{:?}", sa.reasons));
-                        }
-                        None
-                    }
-                    Packet::Publish(p) => {
-                        let Some(m) = parse(&p.payload) else {
-                            st.foreign
-                                .push(String::from_utf8_lossy(&p.payload).into_owned());
-                            continue;
-                        };
-                        match p.qos {
-                            QoS::AtMostOnce => {
-                                st.deliver(m, 0);
-                                None
-                            }
-                            QoS::AtLeastOnce => {
-                                st.deliver(m, 1);
-                                Some(Packet::PubAck(ack(p.packet_id)))
-                            }
-                            QoS::ExactlyOnce => {
-                                // A packet id already held: the same message again.
-                                if let Entry::Vacant(e) = st.received.entry(p.packet_id) {
-                                    match spec.deliver {
-                                        Deliver::AtPublish => {
-                                            e.insert(None);
-                                            st.deliver(m, 2);
-                                        }
-                                        Deliver::AtPubrel => {
-                                            e.insert(Some(m));
-                                        }
-                                    }
-                                }
-                                Some(Packet::PubRec(ack(p.packet_id)))
-                            }
-                        }
-                    }
-                    Packet::PubRel(a) => {
-                        if let Some(Some(m)) = st.received.remove(&a.packet_id) {
-                            st.deliver(m, 2);
-                        }
-                        Some(Packet::PubComp(ack(a.packet_id)))
-                    }
-                    Packet::Disconnect(_) => continue 'connection,
-                    _ => None,
-                }
-            };
-            if let Some(p) = reply {
-                if !c.send(&p).await {
-                    continue 'connection;
-                }
-            }
+/// A stalled client stops reading for a while after every `every`-th packet.
+pub(super) async fn stall(stall: Option<(u64, u64)>, received: u64) {
+    if let Some((every, ms)) = stall {
+        if received % every == 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
     }
 }

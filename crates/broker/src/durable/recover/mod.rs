@@ -189,7 +189,14 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             })
             .collect();
         let mut client_exchanges = exchanges.remove(client).unwrap_or_default();
-        store.drop_stale(client, &mut client_exchanges, &cursor_of);
+        // A share-group message in flight to this member may lie below the member's own
+        // cursor (it was the group's while queued): only below its groups' cursors too is an
+        // exchange stale. Found by the broker simulator (seed 60, docs/simulation.md).
+        let stale_below = store.lowered_by_groups(
+            record.subscriptions.iter().map(|(f, _)| f.as_str()),
+            &cursor_of,
+        );
+        store.drop_stale(client, &mut client_exchanges, &stale_below);
         let client_rx = rx.remove(client).unwrap_or_default();
         inputs.push(sessions::SessionInput {
             client,
