@@ -253,3 +253,34 @@ fn log_flag_sets_the_level() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `--data-dir data`: a relative path of one component (its parent is the working directory,
+/// the empty path to `Path::parent`) starts; it used to fail with "fsync directory on : No
+/// such file or directory".
+#[test]
+fn a_relative_data_dir_of_one_component_starts() {
+    use std::io::{BufRead, BufReader};
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(common::bin())
+        .args(["serve", "--bind", "127.0.0.1:0", "--data-dir", "data"])
+        .current_dir(cwd.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn tern");
+    let stdout = child.stdout.take().expect("stdout");
+    let first = BufReader::new(stdout).lines().next();
+    let _ = child.kill();
+    let status = child.wait().expect("wait");
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let line = first.and_then(Result::ok).unwrap_or_default();
+    assert!(
+        line.starts_with("tern listening on "),
+        "first line {line:?}, exit {status:?}, stderr: {stderr}"
+    );
+    assert!(cwd.path().join("data").is_dir());
+}

@@ -194,7 +194,13 @@ pub(crate) fn ensure_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
         vfs.create_dir_all(dir)
             .map_err(|e| StoreError::io("create directory", dir, &e))?;
     }
-    if let Some(parent) = dir.parent() {
+    // A relative path of one component (`data`) has the empty path as its parent: that is
+    // the working directory.
+    let parent = match dir.parent() {
+        Some(p) if p.as_os_str().is_empty() => Some(Path::new(".")),
+        other => other,
+    };
+    if let Some(parent) = parent {
         match vfs.sync_dir(parent) {
             Ok(()) => {}
             Err(e) if existed => {
