@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{Criterion, criterion_group, criterion_main};
-use tern_topic::{Match, MatchCache, SubscriptionTrie};
+use tern_topic::{Match, SubscriptionTrie};
 
 const SUBSCRIPTIONS: usize = 100_000;
 const SITES: u64 = 100;
@@ -212,85 +212,13 @@ fn bench_match(c: &mut Criterion<Clock>) {
             count_matches(&trie, black_box(&topics[i]))
         })
     });
-    // Upper bound of what a per-topic match cache could give: a hash lookup of the topic and
-    // a walk over its cloned matches, with no eviction and no invalidation cost counted.
-    let mut cache: std::collections::HashMap<&str, Vec<(u64, Options)>> =
-        std::collections::HashMap::new();
-    for topic in &topics {
-        let mut matches = Vec::new();
-        trie.for_each_match(topic, |m| match m {
-            Match::Subscription { key, value } => matches.push((*key, *value)),
-            Match::Shared(group) => {
-                if let Some((key, value)) = group.next_member() {
-                    matches.push((*key, *value));
-                }
-            }
-        });
-        cache.insert(topic.as_str(), matches);
-    }
-    let mut j = 0;
-    group.bench_function("device_topic_ideal_cache_hit", |b| {
-        b.iter(|| {
-            j = (j + 1) % topics.len();
-            let mut count = 0usize;
-            if let Some(matches) = cache.get(black_box(topics[j].as_str())) {
-                for entry in matches {
-                    black_box(entry);
-                    count += 1;
-                }
-            }
-            count
-        })
-    });
-    // The real cache, sized to hold every topic of the run: hits after the first round.
-    let mut match_cache: MatchCache<u64, Options> = MatchCache::new(2 * TOPICS, 1_024);
-    let mut k = 0;
-    group.bench_function("device_topic_match_cache", |b| {
-        b.iter(|| {
-            k = (k + 1) % topics.len();
-            let topic = black_box(topics[k].as_str());
-            match match_cache.matches(&trie, topic) {
-                Some(matches) => {
-                    let mut count = 0usize;
-                    matches.for_each(|m| match m {
-                        Match::Subscription { value, .. } => {
-                            black_box(value);
-                            count += 1;
-                        }
-                        Match::Shared(group) => {
-                            black_box(group.next_member());
-                            count += 1;
-                        }
-                    });
-                    count
-                }
-                None => count_matches(&trie, topic),
-            }
-        })
-    });
-    // Same mix without share groups: every topic is cacheable.
+    // Same mix without share groups.
     let plain_trie = build_trie(false);
-    let mut plain_cache: MatchCache<u64, Options> = MatchCache::new(2 * TOPICS, 1_024);
     let mut n = 0;
     group.bench_function("device_topic_no_groups", |b| {
         b.iter(|| {
             n = (n + 1) % topics.len();
             count_matches(&plain_trie, black_box(&topics[n]))
-        })
-    });
-    group.bench_function("device_topic_no_groups_match_cache", |b| {
-        b.iter(|| {
-            n = (n + 1) % topics.len();
-            let topic = black_box(topics[n].as_str());
-            match plain_cache.matches(&plain_trie, topic) {
-                Some(matches) => {
-                    for entry in matches.subscriptions() {
-                        black_box(entry);
-                    }
-                    matches.subscriptions().len()
-                }
-                None => count_matches(&plain_trie, topic),
-            }
         })
     });
     // One filter with 10,000 subscribers (a broadcast topic): the cost of visiting them.

@@ -9,8 +9,6 @@
 //!   visits every matching subscription and share group without allocating.
 //! - [`shared`]: [`SharedGroup`], the members of one share group, with a deterministic
 //!   round-robin pick that can skip members the caller rejects.
-//! - [`cache`]: [`MatchCache`], a bounded per-worker cache of match results per topic,
-//!   invalidated by [`SubscriptionTrie::generation`].
 //! - [`error`]: typed errors naming the conformance statements they enforce.
 //! - `hybrid_map` (private): the vector-then-hash-map used for node children.
 //! - `subscribers` (private): the dense subscriber list of one filter, indexed once large.
@@ -34,7 +32,6 @@
 //! assert_eq!(direct, vec![1, 2]);
 //! ```
 
-pub mod cache;
 pub mod error;
 mod hybrid_map;
 pub mod shared;
@@ -42,9 +39,6 @@ mod subscribers;
 pub mod trie;
 pub mod validate;
 
-pub use cache::{
-    CachedMatches, DEFAULT_CACHE_MAX_MATCHES_PER_TOPIC, DEFAULT_CACHE_MAX_TOPICS, MatchCache,
-};
 pub use error::{
     ShareNameError, SharedFilterError, SubscribeError, TopicFilterError, TopicNameError,
 };

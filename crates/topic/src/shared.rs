@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// The members of one share group on one topic filter.
 #[derive(Debug)]
 pub struct SharedGroup<K, V> {
-    /// Slot in the trie's [`GroupSlab`]; lets a match cache refer to the group.
+    /// Slot in the trie's [`GroupSlab`].
     pub(crate) id: usize,
     name: Box<str>,
     filter: Box<str>,
@@ -135,9 +135,8 @@ impl<K: Eq, V> SharedGroup<K, V> {
 
 /// Storage for every share group of a trie; nodes hold slot ids.
 ///
-/// Ids are reused after removal, but removal changes the trie generation, so an id held by
-/// a cache entry of the current generation always names the same group. Memory is bounded
-/// by the peak number of groups (freed slots are reused, not returned).
+/// Ids are reused after removal. Memory is bounded by the peak number of groups (freed slots
+/// are reused, not returned).
 pub(crate) struct GroupSlab<K, V> {
     slots: Vec<Option<SharedGroup<K, V>>>,
     free: Vec<usize>,

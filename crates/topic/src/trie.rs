@@ -8,15 +8,11 @@
 //! - Every node except the root is non-empty: it has a subscriber, a share group or a
 //!   child. Unsubscribing prunes nodes that become empty, so churn does not leak memory.
 //! - No share group in the trie is empty; removing its last member removes the group from
-//!   its node and from the group slab. Groups live in the slab so that a match cache can
-//!   name them by id; nodes hold the ids.
+//!   its node and from the group slab. Groups live in a slab; nodes hold their ids.
 //! - `len` is the number of (filter, key) subscriptions plus the number of (group, filter,
 //!   key) shared memberships, and never exceeds `max_subscriptions`.
 //! - A refused subscribe (invalid filter, limits) changes nothing: checks run before any
 //!   node is created.
-//! - `generation` changes whenever the set of subscriptions or any of their values changes,
-//!   and only then; a cached match result tagged with the generation is valid while the
-//!   generation is equal.
 //! - The trie depth is at most `max_filter_levels` + 1, which bounds the recursion depth of
 //!   matching and pruning whatever the topic length (topics are walked lazily, never
 //!   deeper than the trie).
@@ -210,7 +206,6 @@ pub struct SubscriptionTrie<K, V> {
     root: Node<K, V>,
     groups: GroupSlab<K, V>,
     len: usize,
-    generation: u64,
     max_filter_levels: usize,
     max_subscriptions: usize,
 }
@@ -236,7 +231,6 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
             root: Node::default(),
             groups: GroupSlab::default(),
             len: 0,
-            generation: 0,
             max_filter_levels: max_filter_levels.max(1),
             max_subscriptions,
         }
@@ -250,12 +244,6 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
     /// True if there is no subscription.
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    /// Changes on every subscribe and on every unsubscribe that removed something; tag
-    /// cached match results with it.
-    pub fn generation(&self) -> u64 {
-        self.generation
     }
 
     /// Nodes in the trie, root included (1 when empty). For memory accounting and tests.
@@ -311,7 +299,6 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
         if old.is_none() {
             self.len += 1;
         }
-        self.generation = self.generation.wrapping_add(1);
         Ok(old)
     }
 
@@ -322,7 +309,6 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
             .root
             .remove_at(filter.split('/'), |node| node.subscribers.remove(key))?;
         self.len -= 1;
-        self.generation = self.generation.wrapping_add(1);
         Some(old)
     }
 
@@ -366,7 +352,6 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
         if old.is_none() {
             self.len += 1;
         }
-        self.generation = self.generation.wrapping_add(1);
         Ok(old)
     }
 
@@ -386,14 +371,7 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
             Some(old)
         })?;
         self.len -= 1;
-        self.generation = self.generation.wrapping_add(1);
         Some(old)
-    }
-
-    /// The share group with slot id `id`, for [`crate::MatchCache`]; valid while the
-    /// generation is unchanged.
-    pub(crate) fn group_by_id(&self, id: usize) -> Option<&SharedGroup<K, V>> {
-        self.groups.get(id)
     }
 
     /// The share group `group` on exactly `filter`.
@@ -409,7 +387,6 @@ impl<K: Eq + Hash + Clone, V> SubscriptionTrie<K, V> {
         let removed = self.root.remove_key(key, &mut self.groups);
         if removed > 0 {
             self.len -= removed;
-            self.generation = self.generation.wrapping_add(1);
         }
         removed
     }
