@@ -148,8 +148,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR", default_value = "./tern-data")]
     pub data_dir: PathBuf,
 
-    /// Sync policy of the first message stream (the default stream `messages` when none is
-    /// configured), overriding the config file: always (fdatasync before acknowledging),
+    /// Sync policy of every message stream (the configured ones and the default stream
+    /// `messages`), overriding the config file: always (fdatasync before acknowledging),
     /// interval, never. The state streams keep `[state] sync`.
     #[arg(long, value_name = "POLICY")]
     pub sync: Option<String>,

@@ -107,12 +107,16 @@ fn plan(args: &ServeArgs, mut file: config_file::FileConfig) -> Result<Plan, Str
     }
     let prepared = listeners::prepare(&listener_configs)
         .map_err(|(listener, error)| format!("listener {listener}: {error}"))?;
-    if file.streams.is_empty() {
+    // The default stream is added here rather than by the store, so that `--sync` reaches it.
+    if !file.streams.iter().any(|s| s.filters.is_empty()) {
         file.streams.push(tern_broker::StreamSpec::default_stream());
     }
     if let Some(sync) = &args.sync {
-        file.streams[0].store.sync = config_file::sync_policy(sync, args.sync_interval_ms)
+        let policy = config_file::sync_policy(sync, args.sync_interval_ms)
             .map_err(|error| format!("--sync: {error}"))?;
+        for stream in &mut file.streams {
+            stream.store.sync = policy;
+        }
     }
     // The rule is over every listener's address, but a listener that sets `allow_anonymous`
     // itself has decided for its own address.

@@ -174,3 +174,18 @@ async fn first_stream_sync_never_leaves_session_state_synced() {
     let log = b.log_tail(200);
     assert!(log.contains("state streams sync Never"), "{log}");
 }
+
+/// `--sync` sets every message stream's policy, the configured ones and the default stream
+/// `messages` the store appends after them; `[state] sync` stays what the file says.
+#[tokio::test]
+async fn sync_flag_reaches_every_message_stream() {
+    let b = Broker::start_with_args(
+        "[[stream]]\nname = \"fast\"\nfilters = [\"fast/#\"]\n",
+        &["--sync", "never"],
+    );
+    let log = b.log_tail(200);
+    assert!(
+        log.contains("state streams sync Always; message streams sync fast=Never messages=Never"),
+        "{log}"
+    );
+}

@@ -227,9 +227,15 @@ impl DurableStore {
         // earlier one (that cursor).
         let session_state = kv("tern.sessions")?;
         let names: Vec<&str> = config.streams.iter().map(|s| s.name.as_str()).collect();
+        let syncs: Vec<String> = config
+            .streams
+            .iter()
+            .map(|s| format!("{}={:?}", s.name, s.store.sync))
+            .collect();
         tracing::info!(
-            "store opened: message streams {names:?}; state streams sync {:?}",
-            config.state_sync
+            "store opened: message streams {names:?}; state streams sync {:?}; message streams sync {}",
+            config.state_sync,
+            syncs.join(" ")
         );
         if let Some(budget) = config.max_disk_bytes {
             tracing::info!(max_disk_bytes = budget, "disk budget");
