@@ -399,3 +399,44 @@ fn block_file_longer_than_any_offset_is_quarantined_unread() {
     assert_eq!(s.info().quarantined.len(), 1);
     assert_eq!(s.append(b"t/x", b"", b"n").unwrap().wait().unwrap(), 21);
 }
+
+/// Two writers in one directory (a broker left running while its data directory was removed
+/// and another started on the same path) leave blocks whose records reach past the next
+/// block's base. Reads would skip records and compaction would drop live keyed values; the
+/// stream refuses to open instead, naming the cause.
+#[test]
+fn blocks_whose_records_overlap_refuse_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", StreamConfig::default()).unwrap();
+        append_numbers(&s, 0..10);
+        s.seal().unwrap();
+        append_numbers(&s, 10..20);
+        s.seal().unwrap();
+        s.close().unwrap();
+    }
+    let sd = stream_dir(dir.path());
+    let blocks = files_with(&sd, "blk");
+    assert!(blocks.len() >= 2, "{blocks:?}");
+    // The second block's records under a base 3 below its own: a block between the first
+    // and the second that holds the second's sequences.
+    let second = std::fs::read(&blocks[1]).unwrap();
+    let base: u64 = blocks[1]
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let forged_base = base - 3;
+    let mut forged = format::encode_block_header(forged_base).to_vec();
+    forged.extend_from_slice(&second[format::BLOCK_HEADER_LEN..]);
+    std::fs::write(sd.join(format!("{forged_base:020}.blk")), forged).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let error = store
+        .stream("s", StreamConfig::default())
+        .expect_err("overlapping blocks must not open");
+    let text = error.to_string();
+    assert!(text.contains("two processes"), "{text}");
+}

@@ -212,6 +212,30 @@ pub(crate) fn ensure_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A block's records all lie below the next block's base: a roll starts the next block at the
+/// next sequence, and compaction keeps a block's base. Records past it mean two writers shared
+/// the directory (say, a broker still running while its data directory was removed and a new
+/// one started on the same path): reads would skip records, and compaction would drop values
+/// it takes for superseded. Nothing is guessed: the stream does not open.
+fn refuse_overlap(path: &Path, sc: &scan::Scan, next_base: Option<u64>) -> Result<()> {
+    let (Some(next), Some(last)) = (next_base, sc.ix.entries.last()) else {
+        return Ok(());
+    };
+    if last.seq < next {
+        return Ok(());
+    }
+    Err(StoreError::Corrupt {
+        path: path.to_path_buf(),
+        range: next..=last.seq,
+        detail: format!(
+            "records up to sequence {} reach into the next block (base {next}): two processes \
+             wrote this stream at once (was the data directory removed or replaced while a \
+             broker was running?); move the directory aside and restore a backup",
+            last.seq
+        ),
+    })
+}
+
 pub(crate) fn open_dir(
     shared_vfs: &Arc<dyn Vfs>,
     dir: &Path,
@@ -332,6 +356,7 @@ pub(crate) fn open_dir(
         );
         let mut sc = scan(&raw, base);
         next_seq = next_seq.max(sc.torn_high_seq.saturating_add(1));
+        refuse_overlap(&path, &sc, next_base)?;
         if sc.damage.is_none() && missing_bytes > 0 {
             sc.damage = Some((
                 file_len,
