@@ -34,12 +34,14 @@ fn every_key_survives_rewrites_compaction_and_reopening() {
         let (_store, kv) = open(dir.path());
         for round in 0..3u8 {
             for i in 0..KEYS {
-                let _ = kv
-                    .put(format!("soff-{i}").as_bytes(), &[round; 60])
-                    .unwrap();
-                let _ = kv
-                    .put(format!("coff-{i}").as_bytes(), &[round; 20])
-                    .unwrap();
+                drop(
+                    kv.put(format!("soff-{i}").as_bytes(), &[round; 60])
+                        .unwrap(),
+                );
+                drop(
+                    kv.put(format!("coff-{i}").as_bytes(), &[round; 20])
+                        .unwrap(),
+                );
             }
         }
         kv.stream().flush().unwrap();
@@ -51,9 +53,10 @@ fn every_key_survives_rewrites_compaction_and_reopening() {
         assert_eq!(count(&kv, b'c'), KEYS, "reopen {reopen}");
         // Cursor writes while running, as the checkpointer does.
         for i in 0..KEYS / 2 {
-            let _ = kv
-                .put(format!("coff-{i}").as_bytes(), &[reopen; 20])
-                .unwrap();
+            drop(
+                kv.put(format!("coff-{i}").as_bytes(), &[reopen; 20])
+                    .unwrap(),
+            );
         }
         kv.compact(usize::MAX).unwrap();
         kv.stream().flush().unwrap();
