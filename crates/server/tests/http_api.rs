@@ -549,3 +549,28 @@ async fn an_online_backup_restores_sessions_queues_and_retained_messages() {
     let m = r.expect_publish().await;
     assert_eq!((&*m.topic, &m.payload[..]), ("r/kept", &b"retained"[..]));
 }
+
+/// `tern_connections` has one sample per `[[listener]]`, labelled with its bound address,
+/// counting the connections past CONNECT on that listener.
+#[tokio::test]
+async fn connections_are_counted_per_listener() {
+    let mut b = Broker::start_with_args(
+        "[[listener]]\nbind = \"127.0.0.1:0\"\n\n[[listener]]\nbind = \"127.0.0.1:0\"\n",
+        &["--http", "127.0.0.1:0"],
+    );
+    let addrs = b.listener_addrs(2);
+    let _a = RawClient::v4(addrs[0], "per-l-a").await;
+    let _b1 = RawClient::v5(addrs[1], "per-l-b1").await;
+    let _b2 = RawClient::v4(addrs[1], "per-l-b2").await;
+    let m = scrape(&b);
+    let first = addrs[0].to_string();
+    let second = addrs[1].to_string();
+    assert_eq!(
+        m.value("tern_connections", &[("listener", &first)]),
+        Some(1.0)
+    );
+    assert_eq!(
+        m.value("tern_connections", &[("listener", &second)]),
+        Some(2.0)
+    );
+}
