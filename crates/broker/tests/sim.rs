@@ -261,3 +261,23 @@ fn no_exchange_is_forgotten_when_retention_removes_queued_messages() {
         );
     }
 }
+
+/// Found by `--groups` seeds 343 and 50 (finding 8 in docs/simulation.md): the interest floor
+/// left out share-group cursors, so blocks of messages queued for a group whose members were
+/// away were removed once every session's own cursor passed them; a member taking one in
+/// flight then could not have it resent after a restart (or it was lost). Fixed: the
+/// interest floor includes every group's written cursor (`durable/reclaim.rs`).
+#[test]
+fn reclamation_keeps_what_a_share_group_holds() {
+    let _one = one_at_a_time();
+    let (forgotten, got) = sim::probes_b::probe_group_queue_survives_reclamation();
+    assert!(
+        forgotten.is_empty(),
+        "packet ids held by the member never resent after the restart: {forgotten:?}"
+    );
+    assert_eq!(
+        got,
+        usize::from(sim::probes_b::GROUP_BURST),
+        "messages queued for the share group lost"
+    );
+}
