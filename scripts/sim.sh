@@ -51,7 +51,7 @@ PUB_DROPS=0
 FIRST=0
 JOBS=4
 EIO=0
-GROUPS=0
+SHARE_GROUPS=0  # not GROUPS: bash ignores assignments to its own $GROUPS (the user's group ids)
 RETENTION=0
 ALL=0
 while [ $# -gt 0 ]; do
@@ -66,7 +66,7 @@ while [ $# -gt 0 ]; do
     --pub-drops) PUB_DROPS=1; shift ;;
     --first) FIRST=1; shift ;;
     --eio) EIO=1; shift ;;
-    --groups) GROUPS=1; shift ;;
+    --groups) SHARE_GROUPS=1; shift ;;
     --retention) RETENTION=1; shift ;;
     --all) ALL=1; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
@@ -86,7 +86,7 @@ esac
 cd "$ROOT"
 cargo test -q --release -p tern-broker --test sim --no-run 2>/dev/null \
   || cargo test --release -p tern-broker --test sim --no-run
-export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY" TERN_SIM_LINGER="$LINGER" TERN_SIM_PUB_DROPS="$PUB_DROPS" TERN_SIM_STOP_AT_FIRST="$FIRST" TERN_SIM_JOBS="$JOBS" TERN_SIM_EIO="$EIO" TERN_SIM_GROUPS="$GROUPS" TERN_SIM_RETENTION="$RETENTION" TERN_SIM_ALL="$ALL"
+export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY" TERN_SIM_LINGER="$LINGER" TERN_SIM_PUB_DROPS="$PUB_DROPS" TERN_SIM_STOP_AT_FIRST="$FIRST" TERN_SIM_JOBS="$JOBS" TERN_SIM_EIO="$EIO" TERN_SIM_GROUPS="$SHARE_GROUPS" TERN_SIM_RETENTION="$RETENTION" TERN_SIM_ALL="$ALL"
 if [ -n "$SEED" ]; then export TERN_SIM_SEED="$SEED"; else unset TERN_SIM_SEED; fi
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
