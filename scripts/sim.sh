@@ -25,8 +25,8 @@
 #                 a call) until it is killed: a disk that fails under a running broker
 #   Parts of the workload that are off by default because they trip open findings
 #   (docs/simulation.md); the injected bugs that need them turn them on:
-#   --groups      share groups whose members leave and come back
-#   --retention   a small retention limit (max_msgs) in 3 seeds of 10
+#   --groups      share groups whose members leave and come back (open finding 9)
+#   --retention   (on by default since finding 5's fix: a small max_msgs in 3 seeds of 10)
 #   --pub-drops   publishers drop their connections at packet boundaries
 #   --eio         some faults are disk errors (EIO on a write or fdatasync) under a running
 #                 broker, then a power loss
