@@ -56,7 +56,7 @@ pub use broker::{Broker, Shared};
 pub use config::{BrokerConfig, ConfigError};
 pub use durable::{Durability, DurableConfig, DurableStore, Keep, SessionLimits, StreamSpec};
 pub use persist::{
-    MemoryStore, MessageStore, PersistError, Recovered, StoreRef, StoredInflight, StoredSession,
-    Ticket, TicketCompleter,
+    MemoryStore, MessageStore, OutboundSent, PersistError, Recovered, StoreRef, StoredInflight,
+    StoredSession, Ticket, TicketCompleter,
 };
 pub use tern_store::{Limits, StreamConfig, SyncPolicy};

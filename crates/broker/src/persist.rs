@@ -42,6 +42,30 @@ pub struct StoreRef {
     pub seq: u64,
 }
 
+/// What [`MessageStore::outbound_sent`] did with an outbound QoS 2 exchange about to start.
+pub enum OutboundSent {
+    /// Nothing to record (the store keeps no sessions, or the session is not persistent).
+    Untracked,
+    /// Recorded (and its message pinned against retention): the PUBLISH leaves once this
+    /// write is durable.
+    Recorded(Ticket),
+    /// Retention had removed the message before its exchange could start (a queued copy the
+    /// session took before the checkpoint dropped it): it must not be sent, as a restarted
+    /// broker could not finish the exchange (MQTT-4.4.0-1). A retention drop, like the
+    /// queued copies the checkpoint drops; nothing was recorded.
+    Removed,
+}
+
+impl OutboundSent {
+    /// The write to wait for before the PUBLISH leaves, if one was issued.
+    pub fn ticket(self) -> Option<Ticket> {
+        match self {
+            OutboundSent::Recorded(t) => Some(t),
+            OutboundSent::Untracked | OutboundSent::Removed => None,
+        }
+    }
+}
+
 /// Completion of one issued write: a `tern-store` ticket (no allocation, no channel per
 /// message), a channel (test stores), or an outcome known at once.
 pub struct Ticket(TicketInner);
@@ -227,14 +251,11 @@ pub trait MessageStore: Send + Sync + 'static {
     /// An outbound QoS 2 PUBLISH of a stored message is about to go to `client_id` for the
     /// first time under `packet_id`. A store that keeps the session records "(session, packet
     /// id) → message" and the PUBLISH leaves once that is durable, so that after a restart the
-    /// message is resent under the same id (exactly once outbound, ARCHITECTURE §3).
-    fn outbound_sent(
-        &self,
-        _client_id: &str,
-        _packet_id: u16,
-        _stored: StoreRef,
-    ) -> Option<Ticket> {
-        None
+    /// message is resent under the same id (exactly once outbound, ARCHITECTURE §3). From
+    /// then on retention never removes the message; if it removed it before, the exchange
+    /// does not start ([`OutboundSent::Removed`]).
+    fn outbound_sent(&self, _client_id: &str, _packet_id: u16, _stored: StoreRef) -> OutboundSent {
+        OutboundSent::Untracked
     }
     /// PUBREC from a subscriber: "PUBREL pending" for an outbound QoS 2 message; PUBREL leaves
     /// once durable so that a restart resends PUBREL, never the PUBLISH.

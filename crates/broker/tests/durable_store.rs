@@ -122,11 +122,11 @@ async fn outbound_exchanges_resume_under_their_packet_ids() {
         }
         // m1 sent under 7 (no PUBREC yet); m2 completed under 8; m3 sent under 8 (the id
         // reused at once), PUBREC received; m4 never sent.
-        durable(store.outbound_sent("sub", 7, stored[0])).await;
-        durable(store.outbound_sent("sub", 8, stored[1])).await;
+        durable(store.outbound_sent("sub", 7, stored[0]).ticket()).await;
+        durable(store.outbound_sent("sub", 8, stored[1]).ticket()).await;
         durable(store.outbound_pubrel_pending("sub", 8, Some(stored[1]))).await;
         store.outbound_completed("sub", 8);
-        durable(store.outbound_sent("sub", 8, stored[2])).await;
+        durable(store.outbound_sent("sub", 8, stored[2]).ticket()).await;
         durable(store.outbound_pubrel_pending("sub", 8, Some(stored[2]))).await;
         // A checkpoint while m1 is held: the cursor stays at m1, the done marker of m2 stays.
         let floors = store.checkpoint_floors();
@@ -216,7 +216,12 @@ async fn a_live_exchange_below_the_cursor_is_stale_at_start_up() {
         durable(store.append_publish("pub", &m, None)).await;
         store.message_released(&m);
         // Its record says "sent under 9", but the cursor was written past it.
-        durable(store.outbound_sent("sub", 9, m.store_ref().unwrap())).await;
+        durable(
+            store
+                .outbound_sent("sub", 9, m.store_ref().unwrap())
+                .ticket(),
+        )
+        .await;
         let floors = store.checkpoint_floors();
         assert!(store.checkpoint("sub", &floors, &Vec::new()));
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -18,6 +18,7 @@ mod sim {
     pub mod client;
     pub mod plan;
     pub mod probes;
+    pub mod probes_b;
     pub mod run;
     pub mod subscriber;
 }
@@ -240,5 +241,43 @@ fn a_retained_qos2_retry_after_a_power_loss_is_retained() {
         sim::probes::probe_retained_qos2_retry_after_power_loss().as_deref(),
         Some(&b"0:1:"[..]),
         "the acknowledged retained message is not the retained value"
+    );
+}
+
+/// Found by `--retention` seeds 28, 87, 473, 513, ... (finding 5 in docs/simulation.md): a
+/// session took the queued copy of a QoS 2 message retention had already removed (before the
+/// checkpoint dropped it) and sent it, its exchange recorded against a removed record; a
+/// restart dropped the exchange while the client held its packet id (MQTT-4.4.0-1). Fixed:
+/// such an exchange does not start (a retention drop), one that starts pins its message
+/// (`DurableStore::record_sent`). The race window is one checkpoint interval: three rounds.
+#[test]
+fn no_exchange_is_forgotten_when_retention_removes_queued_messages() {
+    let _one = one_at_a_time();
+    for round in 0..3 {
+        let forgotten = sim::probes_b::probe_exchange_on_removed_message_is_resent();
+        assert!(
+            forgotten.is_empty(),
+            "round {round}: packet ids held by the subscriber never resent after the restart: {forgotten:?}"
+        );
+    }
+}
+
+/// Found by `--groups` seeds 343 and 50 (finding 8 in docs/simulation.md): the interest floor
+/// left out share-group cursors, so blocks of messages queued for a group whose members were
+/// away were removed once every session's own cursor passed them; a member taking one in
+/// flight then could not have it resent after a restart (or it was lost). Fixed: the
+/// interest floor includes every group's written cursor (`durable/reclaim.rs`).
+#[test]
+fn reclamation_keeps_what_a_share_group_holds() {
+    let _one = one_at_a_time();
+    let (forgotten, got) = sim::probes_b::probe_group_queue_survives_reclamation();
+    assert!(
+        forgotten.is_empty(),
+        "packet ids held by the member never resent after the restart: {forgotten:?}"
+    );
+    assert_eq!(
+        got,
+        usize::from(sim::probes_b::GROUP_BURST),
+        "messages queued for the share group lost"
     );
 }

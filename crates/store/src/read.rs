@@ -43,6 +43,24 @@ impl BlockRead {
 }
 
 impl Stream {
+    /// Whether record `seq` is gone: deleted, or in a block that was removed (or it was
+    /// refused by a limit). A sequence the writer has not applied yet is not gone. Asked
+    /// under the state lock, which the writer holds from reading the retention floor to its
+    /// last removal below it: once a caller lowered the floor to `seq`
+    /// ([`Stream::lower_retention_floor`]), an answer of `false` holds against every limit
+    /// from then on (explicit removals excepted).
+    pub fn is_removed(&self, seq: u64) -> Result<bool> {
+        let mut st = lock(&self.sh().state);
+        if let Some((bi, ei)) = st.locate(seq)? {
+            return Ok(st.blocks[bi].entries[ei].flags & ENTRY_DELETED != 0);
+        }
+        // Records are applied in sequence order and a new active block starts above every
+        // sequence applied before it: above the active block's newest record is unapplied.
+        let active = st.active();
+        let unapplied = seq >= active.base_seq && active.last_seq().is_none_or(|l| seq > l);
+        Ok(!unapplied)
+    }
+
     /// The record with this sequence, if it exists and is durable.
     pub fn get(&self, seq: u64) -> Result<Option<Record>> {
         let found = {

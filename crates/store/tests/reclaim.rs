@@ -108,3 +108,39 @@ fn exempt_topics_are_not_trimmed_per_topic() {
     let s = store.stream("s", cfg(limits)).unwrap();
     assert_eq!(count(&s, "$ctl/a"), 20);
 }
+
+/// `is_removed`: a record deleted by a limit, one in a removed block and one not applied yet
+/// are told apart, and a retention floor lowered to a record keeps the answer `false` while
+/// the limit goes on removing below it (what the broker's QoS 2 exchanges rely on).
+#[test]
+fn is_removed_tells_removed_from_kept_and_unapplied() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store
+        .stream(
+            "s",
+            cfg(Limits {
+                max_msgs: Some(5),
+                ..Default::default()
+            }),
+        )
+        .unwrap();
+    assert!(!s.is_removed(1).unwrap(), "not appended yet");
+    fill(&s, 20, b"t");
+    s.flush().unwrap();
+    assert!(s.is_removed(1).unwrap(), "removed by max_msgs");
+    assert!(!s.is_removed(20).unwrap(), "kept");
+    assert!(!s.is_removed(21).unwrap(), "not appended yet");
+    s.lower_retention_floor(17);
+    fill(&s, 20, b"t");
+    s.flush().unwrap();
+    for seq in 17..=40 {
+        assert!(!s.is_removed(seq).unwrap(), "{seq} at or above the floor");
+    }
+    assert!(
+        s.is_removed(16).unwrap(),
+        "below the floor the limit still applies"
+    );
+    s.remove_blocks_below(17).unwrap();
+    assert!(s.is_removed(2).unwrap(), "in a removed block");
+}

@@ -24,7 +24,7 @@ use std::collections::{BTreeSet, HashMap};
 use tern_store::StoreError;
 
 use super::{DurableStore, codec, io_error};
-use crate::persist::{StoreRef, Ticket};
+use crate::persist::{OutboundSent, StoreRef, Ticket};
 
 /// Where an outbound QoS 2 exchange stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,33 +125,48 @@ impl DurableStore {
         self.mirror.lock().contains_key(client_id)
     }
 
-    /// "The PUBLISH of `stored` goes out under `packet_id`" (see the module doc).
+    /// "The PUBLISH of `stored` goes out under `packet_id`" (see the module doc), unless
+    /// retention removed `stored` already: then nothing is recorded and the PUBLISH must not
+    /// go (a retention drop; finding 5 of docs/simulation.md: the session had taken a queued
+    /// copy before the checkpoint dropped it, and the exchange, recorded against a removed
+    /// record, was dropped by a restart while the client held its packet id).
     pub(super) fn record_sent(
         &self,
         client_id: &str,
         packet_id: u16,
         stored: StoreRef,
-    ) -> Option<Ticket> {
+    ) -> OutboundSent {
         if !self.is_persistent(client_id) {
-            return None;
+            return OutboundSent::Untracked;
+        }
+        {
+            let mut exchanges = self.exchanges.lock();
+            // Under the exchanges lock (see `reclaim`): limits never remove a message in
+            // flight from here on, and whether they removed it before is then settled.
+            if !self.pin_if_stored(stored) {
+                tracing::debug!(
+                    client_id,
+                    ?stored,
+                    "retention removed a queued QoS 2 message before its exchange started; not sent"
+                );
+                return OutboundSent::Removed;
+            }
+            exchanges
+                .entry(client_id.to_string())
+                .or_default()
+                .live
+                .insert(
+                    packet_id,
+                    Live {
+                        stored: Some(stored),
+                        phase: LivePhase::Sent,
+                    },
+                );
         }
         let key = exchange_key(client_id, packet_id);
-        let result = self.sent.put(&key, &self.encode_position(Some(stored)));
-        let mut exchanges = self.exchanges.lock();
-        // Under the exchanges lock (see `reclaim`): limits never remove a message in flight.
-        self.pin(stored);
-        exchanges
-            .entry(client_id.to_string())
-            .or_default()
-            .live
-            .insert(
-                packet_id,
-                Live {
-                    stored: Some(stored),
-                    phase: LivePhase::Sent,
-                },
-            );
-        Some(ticket(result))
+        OutboundSent::Recorded(ticket(
+            self.sent.put(&key, &self.encode_position(Some(stored))),
+        ))
     }
 
     /// "PUBREL pending" for `packet_id`; the `p` entry goes after it.
@@ -425,6 +440,7 @@ mod tests {
             let stored = m.store_ref().unwrap();
             store
                 .record_sent("sub", 40, stored)
+                .ticket()
                 .unwrap()
                 .wait()
                 .await

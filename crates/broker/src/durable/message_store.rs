@@ -121,7 +121,7 @@ impl MessageStore for DurableStore {
         })
     }
 
-    fn outbound_sent(&self, client_id: &str, packet_id: u16, stored: StoreRef) -> Option<Ticket> {
+    fn outbound_sent(&self, client_id: &str, packet_id: u16, stored: StoreRef) -> OutboundSent {
         self.record_sent(client_id, packet_id, stored)
     }
 

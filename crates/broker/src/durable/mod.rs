@@ -79,7 +79,9 @@ use tern_wire::QoS;
 pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, Keep, SessionLimits, StreamSpec};
 
 use crate::message::Message;
-use crate::persist::{HeldSeqs, MessageStore, PersistError, Recovered, StoreRef, Ticket};
+use crate::persist::{
+    HeldSeqs, MessageStore, OutboundSent, PersistError, Recovered, StoreRef, Ticket,
+};
 use crate::session::SubRecord;
 use codec::SessionRecord;
 
@@ -382,3 +384,5 @@ impl DurableStore {
 
 #[cfg(test)]
 mod budget_tests;
+#[cfg(test)]
+mod reclaim_tests;

@@ -8,8 +8,9 @@
 //!   remove at or above it (and `$tern/` records are exempt from `max_msgs_per_topic`: their
 //!   topic is one per client). Set here, and lowered at once as an rx record or an exchange
 //!   is added ([`DurableStore::pin`]), under the lock of the map it is added to.
-//! - **interest floor**: the lowest of the unrouted floor, the open-state floor and every
-//!   persistent session's cursor as written (a session without one yet pins everything).
+//! - **interest floor**: the lowest of the unrouted floor, the open-state floor, every
+//!   persistent session's cursor as written (a session without one yet pins everything) and
+//!   every share group's cursor as written (a group's queued messages are held by its cursor).
 //!   Non-persistent sessions hold their messages in memory (`Arc`) and pin nothing; retained
 //!   messages live in `tern.retained` and pin nothing either. Blocks wholly below it are removed (`keep = "interest"` streams only), one
 //!   step per block.
@@ -145,8 +146,9 @@ impl DurableStore {
         {
             let mirror = self.mirror.lock();
             let written = self.written_cursors.lock();
-            // Every cursor in the map was appended before it got there or under this lock
-            // (`checkpoint`): all of them lie at or below this mark.
+            let groups = self.group_cursors.lock();
+            // Every cursor in the maps was appended before it got there or under these locks
+            // (`checkpoint`, `checkpoint_group_cursor`): all of them lie at or below this mark.
             sessions_mark = self.sessions.kv.stream().next_seq().saturating_sub(1);
             for client in mirror.keys() {
                 match written.get(client) {
@@ -157,6 +159,15 @@ impl DurableStore {
                     }
                     // No cursor written yet: it may need anything.
                     None => interest.iter_mut().for_each(|f| *f = 1),
+                }
+            }
+            // A share group's queue and the group's messages its members hold are held by
+            // the group's cursor, not the members' (finding 8 of docs/simulation.md: blocks
+            // of messages queued for a group whose members were away were removed, and a
+            // member then took one in flight that a restart could not resend).
+            for cursor in groups.values() {
+                for (f, &c) in interest.iter_mut().zip(cursor) {
+                    *f = (*f).min(c);
                 }
             }
         }
@@ -210,6 +221,28 @@ impl DurableStore {
         }
         if let Some(slot) = self.slots.get(usize::from(at.stream)) {
             slot.stream.lower_retention_floor(at.seq);
+        }
+    }
+}
+
+impl DurableStore {
+    /// [`DurableStore::pin`] for a message about to go out in a QoS 2 exchange; false (and
+    /// nothing pinned that matters) if a limit removed it before. The pin comes first and
+    /// the store settles the question under the lock its writer holds from reading the floor
+    /// to removing below it (`Stream::is_removed`), so no removal slips in between.
+    pub(super) fn pin_if_stored(&self, at: crate::persist::StoreRef) -> bool {
+        self.pin(at);
+        let Some(slot) = self.slots.get(usize::from(at.stream)) else {
+            return false;
+        };
+        match slot.stream.is_removed(at.seq) {
+            Ok(removed) => !removed,
+            Err(error) => {
+                // Its block's index cannot be read: neither can a restarted broker's, which
+                // would then drop the exchange with the client still holding its packet id.
+                tracing::warn!(%error, stream = slot.spec.name, seq = at.seq, "cannot tell whether a message is still stored; not sent");
+                false
+            }
         }
     }
 }

@@ -89,13 +89,14 @@ impl DurableStore {
                 *c = (*c).min(seq);
             }
         }
-        {
-            let mut cursors = self.group_cursors.lock();
-            match cursors.get_mut(share) {
-                None => return false,
-                Some(written) if *written == cursor => return false,
-                Some(written) => written.clone_from(&cursor),
-            }
+        // The write is issued under the lock: reclamation reads the group cursors and then
+        // the state stream's last sequence, so every cursor it sees is covered by the
+        // durability it waits for (`reclaim`).
+        let mut cursors = self.group_cursors.lock();
+        match cursors.get_mut(share) {
+            None => return false,
+            Some(written) if *written == cursor => return false,
+            Some(written) => written.clone_from(&cursor),
         }
         self.write_group_cursor(share, &cursor);
         true

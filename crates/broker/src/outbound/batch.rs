@@ -11,7 +11,7 @@ use super::{
 };
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
-use crate::persist::MessageStore;
+use crate::persist::{MessageStore, OutboundSent};
 
 /// What a batch needs besides the session's own state.
 pub struct BatchEnv<'a> {
@@ -164,7 +164,18 @@ impl Outbound {
         // PUBLISH, so a restarted broker resends it under the same id.
         let ticket = match (qos, item.message.store_ref()) {
             (QoS::ExactlyOnce, Some(stored)) if env.persistent => {
-                env.store.outbound_sent(env.client_id, packet_id, stored)
+                match env.store.outbound_sent(env.client_id, packet_id, stored) {
+                    OutboundSent::Recorded(t) => Some(t),
+                    OutboundSent::Untracked => None,
+                    OutboundSent::Removed => {
+                        // Retention removed it while queued: dropped before any PUBLISH
+                        // (the checkpoint would have dropped it from the queue next).
+                        self.packet_ids.release(packet_id);
+                        Metrics::add(&env.metrics.messages_dropped, 1);
+                        Metrics::add(&env.metrics.messages_dropped_retention, 1);
+                        return Front::Taken;
+                    }
+                }
             }
             _ => None,
         };

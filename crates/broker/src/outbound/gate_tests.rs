@@ -14,7 +14,7 @@ use super::*;
 use crate::config::BrokerConfig;
 use crate::message::Message;
 use crate::metrics::Metrics;
-use crate::persist::{MessageStore, StoreRef, Ticket, TicketCompleter};
+use crate::persist::{MessageStore, OutboundSent, StoreRef, Ticket, TicketCompleter};
 
 /// Hands out a ticket per outbound record and keeps its completer, to complete by hand.
 #[derive(Default)]
@@ -49,8 +49,11 @@ impl HandStore {
 }
 
 impl MessageStore for HandStore {
-    fn outbound_sent(&self, _: &str, packet_id: u16, _: StoreRef) -> Option<Ticket> {
-        self.ticket("sent", packet_id)
+    fn outbound_sent(&self, _: &str, packet_id: u16, _: StoreRef) -> OutboundSent {
+        match self.ticket("sent", packet_id) {
+            Some(t) => OutboundSent::Recorded(t),
+            None => OutboundSent::Untracked,
+        }
     }
     fn outbound_pubrel_pending(
         &self,
