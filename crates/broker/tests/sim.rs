@@ -15,6 +15,7 @@
 
 mod sim {
     pub mod check;
+    pub mod clean;
     pub mod client;
     pub mod eio;
     pub mod plan;
