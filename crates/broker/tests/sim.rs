@@ -22,6 +22,7 @@ mod sim {
     pub mod probes;
     pub mod run;
     pub mod subscriber;
+    pub mod timers;
 }
 
 use std::time::Instant;
