@@ -111,10 +111,10 @@ fn protocol(rng: &mut SimRng) -> Protocol {
 }
 
 /// Parts of the workload that are off by default because they trip open findings
-/// (docs/simulation.md): on with `TERN_SIM_GROUPS`, `TERN_SIM_RETENTION`, `TERN_SIM_PUB_DROPS`,
-/// `TERN_SIM_EIO` (or `TERN_SIM_ALL`), and share groups / retention limits whenever the bug
-/// that needs them to be found is injected. Off, they are still drawn (the other draws of a
-/// seed stay the same) and then left out.
+/// (docs/simulation.md): on with `TERN_SIM_GROUPS`, `TERN_SIM_RETENTION`, `TERN_SIM_PUB_DROPS`
+/// (or `TERN_SIM_ALL`), and share groups / retention limits whenever the bug that needs them
+/// to be found is injected; disk errors are on unless `TERN_SIM_NO_EIO`. Off, they are still
+/// drawn (the other draws of a seed stay the same) and then left out.
 #[derive(Debug, Clone, Copy)]
 pub struct Features {
     pub groups: bool,
@@ -131,7 +131,8 @@ impl Features {
             retention: flag("TERN_SIM_RETENTION")
                 || bug == Some(InjectBug::RetentionRemovesOpenQos2),
             pub_drops: flag("TERN_SIM_PUB_DROPS"),
-            eio: flag("TERN_SIM_EIO"),
+            // On by default since finding 6's fix; `TERN_SIM_NO_EIO` (`--no-eio`) turns it off.
+            eio: !super::super::env_flag("TERN_SIM_NO_EIO"),
         }
     }
 }
