@@ -256,7 +256,6 @@ impl Clean {
 }
 
 async fn run_pub(spec: CleanSpec, st: Arc<Mutex<CleanPub>>, net: Arc<Net>) {
-    let qos = QoS::from_u8(spec.pub_qos).expect("qos");
     loop {
         if net.stop.load(Ordering::Relaxed) {
             return;
@@ -278,77 +277,91 @@ async fn run_pub(spec: CleanSpec, st: Arc<Mutex<CleanPub>>, net: Arc<Net>) {
             st.session_present += u64::from(c.session_present);
             st.connections
         };
-        let mut inflight: HashMap<u16, u64> = HashMap::new();
-        let mut next_id = 0u16;
-        'conn: loop {
-            if net.stop.load(Ordering::Relaxed) {
-                return;
-            }
-            while inflight.len() < spec.window {
-                let number = {
-                    let mut st = st.lock();
-                    if st.next >= spec.limit {
-                        break;
-                    }
-                    let number = st.next;
-                    st.next += 1;
-                    st.sent.insert(number, (conn, Instant::now()));
-                    number
-                };
-                next_id = next_id.wrapping_add(1).max(1);
-                if qos != QoS::AtMostOnce {
-                    inflight.insert(next_id, number);
+        if publish_on(&spec, &st, &net, &mut c, conn).await {
+            return;
+        }
+    }
+}
+
+/// Publishes on one connection; true once done (or stopped), false when the connection died.
+async fn publish_on(
+    spec: &CleanSpec,
+    st: &Mutex<CleanPub>,
+    net: &Net,
+    c: &mut Conn,
+    conn: u64,
+) -> bool {
+    let qos = QoS::from_u8(spec.pub_qos).expect("qos");
+    let mut inflight: HashMap<u16, u64> = HashMap::new();
+    let mut next_id = 0u16;
+    loop {
+        if net.stop.load(Ordering::Relaxed) {
+            return true;
+        }
+        while inflight.len() < spec.window {
+            let number = {
+                let mut st = st.lock();
+                if st.next >= spec.limit {
+                    break;
                 }
-                let publish = Packet::Publish(Publish {
-                    dup: false,
-                    qos,
-                    retain: false,
-                    topic: s(TOPIC),
-                    packet_id: if qos == QoS::AtMostOnce { 0 } else { next_id },
-                    properties: Properties::default(),
-                    payload: payload(PUBLISHER, number, 8),
-                });
-                if !c.send(&publish).await {
-                    break 'conn;
-                }
-                tokio::time::sleep(Duration::from_micros(spec.gap_us)).await;
-            }
-            if inflight.is_empty() && st.lock().next >= spec.limit {
-                st.lock().finished = true;
-                return;
-            }
-            let reply = match c.recv(POLL).await {
-                Err(()) => break 'conn,
-                Ok(None) => continue,
-                Ok(Some(Packet::PubAck(a))) => {
-                    if let Some(n) = inflight.remove(&a.packet_id) {
-                        if a.reason.is_success() {
-                            st.lock().acked.insert(n, Instant::now());
-                        }
-                    }
-                    None
-                }
-                Ok(Some(Packet::PubRec(a))) if !a.reason.is_success() => {
-                    // A PUBREC >= 0x80 ends the exchange, unacknowledged.
-                    inflight.remove(&a.packet_id);
-                    None
-                }
-                Ok(Some(Packet::PubRec(a))) if a.reason.is_success() => {
-                    if let Some(&n) = inflight.get(&a.packet_id) {
-                        st.lock().acked.entry(n).or_insert_with(Instant::now);
-                    }
-                    Some(Packet::PubRel(ack(a.packet_id)))
-                }
-                Ok(Some(Packet::PubComp(a))) => {
-                    inflight.remove(&a.packet_id);
-                    None
-                }
-                Ok(Some(_)) => None,
+                let number = st.next;
+                st.next += 1;
+                st.sent.insert(number, (conn, Instant::now()));
+                number
             };
-            if let Some(r) = reply {
-                if !c.send(&r).await {
-                    break 'conn;
+            next_id = next_id.wrapping_add(1).max(1);
+            if qos != QoS::AtMostOnce {
+                inflight.insert(next_id, number);
+            }
+            let publish = Packet::Publish(Publish {
+                dup: false,
+                qos,
+                retain: false,
+                topic: s(TOPIC),
+                packet_id: if qos == QoS::AtMostOnce { 0 } else { next_id },
+                properties: Properties::default(),
+                payload: payload(PUBLISHER, number, 8),
+            });
+            if !c.send(&publish).await {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_micros(spec.gap_us)).await;
+        }
+        if inflight.is_empty() && st.lock().next >= spec.limit {
+            st.lock().finished = true;
+            return true;
+        }
+        let reply = match c.recv(POLL).await {
+            Err(()) => return false,
+            Ok(None) => continue,
+            Ok(Some(Packet::PubAck(a))) => {
+                if let Some(n) = inflight.remove(&a.packet_id) {
+                    if a.reason.is_success() {
+                        st.lock().acked.insert(n, Instant::now());
+                    }
                 }
+                None
+            }
+            Ok(Some(Packet::PubRec(a))) if !a.reason.is_success() => {
+                // A PUBREC >= 0x80 ends the exchange, unacknowledged.
+                inflight.remove(&a.packet_id);
+                None
+            }
+            Ok(Some(Packet::PubRec(a))) => {
+                if let Some(&n) = inflight.get(&a.packet_id) {
+                    st.lock().acked.entry(n).or_insert_with(Instant::now);
+                }
+                Some(Packet::PubRel(ack(a.packet_id)))
+            }
+            Ok(Some(Packet::PubComp(a))) => {
+                inflight.remove(&a.packet_id);
+                None
+            }
+            Ok(Some(_)) => None,
+        };
+        if let Some(r) = reply {
+            if !c.send(&r).await {
+                return false;
             }
         }
     }
