@@ -112,6 +112,12 @@ impl Ticket {
         }
     }
 
+    /// True for a write the store refused when it was issued ([`Ticket::failed`]): no record
+    /// exists that a later step could wait for.
+    pub fn is_refused(&self) -> bool {
+        matches!(self.0, TicketInner::Ready(Some(Err(_))))
+    }
+
     /// Waits for durability. A store that went away counts as a failed write.
     pub async fn wait(&mut self) -> Result<(), PersistError> {
         WaitTicket(self).await

@@ -15,12 +15,15 @@
 
 mod sim {
     pub mod check;
+    pub mod clean;
     pub mod client;
+    pub mod eio;
     pub mod plan;
     pub mod probes;
     pub mod probes_b;
     pub mod run;
     pub mod subscriber;
+    pub mod timers;
 }
 
 use std::time::Instant;
@@ -77,7 +80,7 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
         (crash_only, " --crash-only"),
         (linger, " --linger"),
         (env_flag("TERN_SIM_PUB_DROPS"), " --pub-drops"),
-        (env_flag("TERN_SIM_EIO"), " --eio"),
+        (env_flag("TERN_SIM_NO_EIO"), " --no-eio"),
         (env_flag("TERN_SIM_GROUPS"), " --groups"),
         (env_flag("TERN_SIM_RETENTION"), " --retention"),
         (env_flag("TERN_SIM_ALL"), " --all"),
@@ -279,5 +282,18 @@ fn reclamation_keeps_what_a_share_group_holds() {
         got,
         usize::from(sim::probes_b::GROUP_BURST),
         "messages queued for the share group lost"
+    );
+}
+
+/// Found by seeds 21, 54 and 97 with `--eio` (finding 6): after the message stream failed, a
+/// QoS 2 PUBLISH the store refused at once left its packet id in the session's received set,
+/// and the publisher's resend was PUBREC'd as a retry with nothing durable behind it. Fixed:
+/// a refused write takes its id out of the received set again (`connection/publish.rs`).
+#[test]
+fn a_qos2_resend_of_a_refused_write_is_not_acknowledged() {
+    let _one = one_at_a_time();
+    assert!(
+        !sim::eio::probe_pubrec_for_a_refused_write(),
+        "PUBREC for the resend of a QoS 2 message the failed store refused"
     );
 }

@@ -180,6 +180,17 @@ impl Conn {
         } else {
             None
         };
+        if let (Some(state), Some(true)) = (
+            state.as_mut(),
+            ticket.as_ref().map(crate::persist::Ticket::is_refused),
+        ) {
+            // Refused at once (the stream failed on an earlier EIO): no record exists for a
+            // retry to wait on (`qos2_retry`), so the id leaves the received set again and the
+            // publisher's resend is handled, and refused, as new, never PUBREC'd with nothing
+            // durable (found by the broker simulator with `--eio`, docs/simulation.md
+            // finding 6).
+            state.qos2_received.remove(&packet_id);
+        }
         drop(state);
         let kind = match qos {
             QoS::AtMostOnce => AckKind::None,

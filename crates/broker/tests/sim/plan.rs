@@ -111,10 +111,10 @@ fn protocol(rng: &mut SimRng) -> Protocol {
 }
 
 /// Parts of the workload that are off by default because they trip open findings
-/// (docs/simulation.md): on with `TERN_SIM_GROUPS`, `TERN_SIM_PUB_DROPS`, `TERN_SIM_EIO` (or
-/// `TERN_SIM_ALL`), and share groups whenever the bug that needs them to be found is injected.
-/// Retention limits are always on (in 3 seeds of 10). Off, they are still drawn (the other draws of a
-/// seed stay the same) and then left out.
+/// (docs/simulation.md): on with `TERN_SIM_GROUPS`, `TERN_SIM_PUB_DROPS` (or `TERN_SIM_ALL`),
+/// and share groups whenever the bug that needs them to be found is injected. Retention limits
+/// are always on (in 3 seeds of 10); disk errors are on unless `TERN_SIM_NO_EIO`. Off, a part is
+/// still drawn (the other draws of a seed stay the same) and then left out.
 #[derive(Debug, Clone, Copy)]
 pub struct Features {
     pub groups: bool,
@@ -132,7 +132,8 @@ impl Features {
             // so that older replay commands still parse.
             retention: true,
             pub_drops: flag("TERN_SIM_PUB_DROPS"),
-            eio: flag("TERN_SIM_EIO"),
+            // On by default since finding 6's fix; `TERN_SIM_NO_EIO` (`--no-eio`) turns it off.
+            eio: !super::super::env_flag("TERN_SIM_NO_EIO"),
         }
     }
 }

@@ -12,7 +12,7 @@ use tern_wire::Protocol;
 use super::client::Net;
 use super::run::{boot, kill};
 
-fn net(disk: &SimDisk) -> Net {
+pub(super) fn net(disk: &SimDisk) -> Net {
     Net {
         addr: Mutex::new(None),
         stop: AtomicBool::new(false),

@@ -149,6 +149,18 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         tasks.push(clients.spawn(run_publisher(spec.clone(), state.clone(), net.clone())));
     }
     let pubs_done = || pubs.iter().all(|(p, s)| s.lock().done(p.limit));
+    // Clean sessions and QoS 0 beside the persistent workload (`clean.rs`).
+    let clean = super::clean::draw(seed).map(super::clean::Clean::new);
+    if let Some(c) = &clean {
+        let _ = writeln!(log, "clean sessions: {:?}", c.spec);
+        tasks.extend(c.spawn(&clients, &net));
+    }
+    // Wills with a delay and session expiry (`timers.rs`), in one seed of ten each.
+    let timers = super::timers::Timers::new(super::timers::draw(seed));
+    if let Some(t) = &timers {
+        let _ = writeln!(log, "timers: {:?}", t.spec);
+        tasks.extend(t.spawn(&clients, &net));
+    }
     for &(at, fault) in &plan.faults {
         if current.is_none() {
             break;
@@ -169,6 +181,9 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
             Err(e) => violations.push(format!("restart after {fault:?}: {e}")),
         }
     }
+    if let Some(t) = &timers {
+        t.go();
+    }
     // Let the workload finish: every message published and acknowledged, every subscriber
     // holding what it is owed with no QoS 2 exchange open.
     let mut finished = false;
@@ -178,6 +193,13 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
             violations.push("publishers did not finish (stalled)".into());
         }
         settle(&pubs, &subs, plan.max_msgs.is_some());
+        if let Some(c) = &clean {
+            wait(Duration::from_secs(3), || c.settled());
+        }
+        if let Some(t) = &timers {
+            wait(Duration::from_secs(6), || t.settled());
+            t.end(&net);
+        }
         for (p, st) in pubs.iter().filter(|(p, _)| p.retain) {
             let (acked, next) = {
                 let st = st.lock();
@@ -201,6 +223,14 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         finished,
     };
     check::check(&pubs, &subs, &ctx, &mut violations);
+    if let Some(c) = &clean {
+        c.check(&mut violations);
+        let _ = writeln!(log, "{}", c.summary());
+    }
+    if let Some(t) = &timers {
+        t.check(&mut violations);
+        let _ = writeln!(log, "{}", t.summary());
+    }
     for (p, st) in &pubs {
         let st = st.lock();
         let _ = writeln!(
