@@ -17,7 +17,7 @@ const WRITER_CLOSE_TIMEOUT_MS: u64 = 2_000;
 /// How long the writer gets to flush its last batch and send our DISCONNECT.
 const WRITER_FINAL_PACKET_TIMEOUT_MS: u64 = 10_000;
 /// How long a closing connection waits for its outstanding store writes.
-const PIPELINE_DRAIN_TIMEOUT_MS: u64 = 5_000;
+pub(super) const PIPELINE_DRAIN_TIMEOUT_MS: u64 = 5_000;
 
 impl Conn {
     pub(super) fn on_disconnect(&mut self, disconnect: Disconnect) -> Close {
@@ -59,6 +59,9 @@ impl Conn {
         for message in self.pipeline.abandon() {
             self.shared.store.message_released(&message);
         }
+        // Everything this connection will ever route is out: the next connection of this
+        // client, waiting in its handshake, may start (`connect::await_predecessor`).
+        self.ctl.set_routed();
         let final_reason = match close {
             Close::Protocol(reason) => Some(reason),
             Close::KeepAlive => Some(ReasonCode::KEEP_ALIVE_TIMEOUT),

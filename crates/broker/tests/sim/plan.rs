@@ -111,7 +111,7 @@ fn protocol(rng: &mut SimRng) -> Protocol {
 }
 
 /// Parts of the workload that are off by default because they trip open findings
-/// (docs/simulation.md): on with `TERN_SIM_GROUPS`, `TERN_SIM_RETENTION`, `TERN_SIM_PUB_DROPS`,
+/// (docs/simulation.md): on with `TERN_SIM_GROUPS`, `TERN_SIM_RETENTION`,
 /// `TERN_SIM_EIO` (or `TERN_SIM_ALL`), and share groups / retention limits whenever the bug
 /// that needs them to be found is injected. Off, they are still drawn (the other draws of a
 /// seed stay the same) and then left out.
@@ -130,7 +130,8 @@ impl Features {
             groups: flag("TERN_SIM_GROUPS") || bug == Some(InjectBug::DropShareQueueOnLeave),
             retention: flag("TERN_SIM_RETENTION")
                 || bug == Some(InjectBug::RetentionRemovesOpenQos2),
-            pub_drops: flag("TERN_SIM_PUB_DROPS"),
+            // On by default since finding 3's fix (2,000 seeds clean).
+            pub_drops: true,
             eio: flag("TERN_SIM_EIO"),
         }
     }
