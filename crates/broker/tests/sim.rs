@@ -279,3 +279,16 @@ fn a_session_acknowledged_by_connack_survives_a_power_loss() {
         "the session (and its QoS 2 received set) did not survive the power loss"
     );
 }
+
+/// Finding 4's fix, will half: a will whose connection got its CONNACK survives a power loss
+/// (the CONNACK waits for the will's record) and is published after the restart
+/// (MQTT-3.1.2-8: the connection did not end with a DISCONNECT).
+#[test]
+fn a_will_acknowledged_by_connack_survives_a_power_loss() {
+    let _one = one_at_a_time();
+    assert_eq!(
+        sim::probes_a::probe_will_after_connack_and_power_loss().as_deref(),
+        Some(&b"gone"[..]),
+        "the will of a connection that had its CONNACK was lost to a power loss"
+    );
+}

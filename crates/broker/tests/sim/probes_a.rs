@@ -236,3 +236,63 @@ async fn qos2_deliveries(sub: &mut Conn) -> usize {
     }
     first
 }
+
+/// The will half of finding 4's fix: the CONNACK of a connection with a will waits for the
+/// will's record too. A clean-start client connects with a retained will while the write of
+/// `tern.sessions` is held, and the power fails once it has its CONNACK (its connection
+/// never closed cleanly, so the will is owed). Returns what a client subscribed to the will's
+/// topic after the restart gets (`None`: the will was lost).
+pub fn probe_will_after_connack_and_power_loss() -> Option<Bytes> {
+    use super::client::clean_connect;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = SimDisk::new(dir.path(), 6, SimConfig::default());
+    let net = net(&disk);
+    let config = DurableConfig::default();
+    let first = boot(&disk, dir.path(), &config, &net).expect("boot");
+    let clients = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    clients.block_on(async {
+        let mut connect = clean_connect(Protocol::V5, "testament");
+        connect.will = Some(tern_wire::Will {
+            topic: s("probe/will"),
+            payload: Bytes::from_static(b"gone"),
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            properties: Properties::default(),
+        });
+        disk.hold_next_write(&dir.path().join("streams").join("tern.sessions"));
+        let mut c = Conn::open(&net, connect).await.expect("connect");
+        let early = c.recv(Duration::from_millis(300)).await;
+        if !matches!(early, Ok(Some(Packet::ConnAck(_)))) {
+            disk.release();
+            until(&mut c, |p| matches!(p, Packet::ConnAck(_)))
+                .await
+                .expect("CONNACK once the will's record is durable");
+        }
+        disk.power_loss();
+    });
+    disk.release();
+    kill(first, &net);
+    let second = boot(&disk, dir.path(), &config, &net).expect("restart");
+    let retained = clients.block_on(async {
+        let mut reader = Conn::connect(&net, clean_connect(Protocol::V5, "reader"))
+            .await
+            .expect("reader connects");
+        let subscribe = Subscribe {
+            packet_id: 1,
+            properties: Properties::default(),
+            filters: vec![(s("probe/will"), SubscriptionOptions::default())],
+        };
+        assert!(reader.send(&Packet::Subscribe(subscribe)).await);
+        // Retained if the will was published before the SUBSCRIBE, live if after (the restart
+        // publishes it once its record's delete is durable).
+        match until(&mut reader, |p| matches!(p, Packet::Publish(_))).await {
+            Some(Packet::Publish(m)) => Some(m.payload),
+            _ => None,
+        }
+    });
+    kill(second, &net);
+    retained
+}
