@@ -4,8 +4,8 @@
 //! subscribers, v3.1.1 and v5, QoS 1 and 2, share groups whose members leave and come back,
 //! stalled clients, retention limits) driven by raw MQTT clients (`sim/client.rs`: connections
 //! and publishers; `sim/subscriber.rs`), and a checker of the delivery guarantees
-//! (`sim/check.rs`). `sim/run.rs` runs one seed (boots, faults, kills); `sim/probes.rs` holds
-//! scripted regression scenarios for bugs seeds found.
+//! (`sim/check.rs`). `sim/run.rs` runs one seed (boots, faults, kills); `sim/probes.rs` and
+//! `sim/probes_a.rs` hold scripted regression scenarios for bugs seeds found.
 //!
 //! `cargo test -p tern-broker --test sim` runs `TERN_SIM_SEEDS` seeds (default
 //! [`DEFAULT_SEEDS`]) from `TERN_SIM_SEED_BASE`, or the one seed `TERN_SIM_SEED`, with the
