@@ -247,7 +247,7 @@ fn a_retained_qos2_retry_after_a_power_loss_is_retained() {
 /// a publisher that dropped its connection while a QoS 2 write was pending saw the message
 /// delivered by the old connection's close path after messages it sent later on its next
 /// connection. Fixed: a new connection of a client waits, before it reads anything, until its
-/// predecessor has routed everything (`connection::connect::await_predecessor`).
+/// predecessor has routed everything (`connection::close::await_predecessor`).
 #[test]
 fn a_reconnecting_publisher_keeps_its_order() {
     let _one = one_at_a_time();

@@ -518,7 +518,7 @@ async fn accept<W: TransportWrite>(
     }
 
     // Before the read slot takes its ticket: no ticket may be held across this wait.
-    await_predecessor(shared, &client_id).await;
+    super::close::await_predecessor(shared, &client_id).await;
     // Before the CONNACK is queued: what the client sends once it has it is ordered from here.
     let read_slot = ReadSlot::new(shared.read_order.clone());
     let attached = registry::attach(
@@ -568,34 +568,6 @@ async fn accept<W: TransportWrite>(
     };
     let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
     Some((conn, (writer, writer_state, connack_after)))
-}
-
-/// How long a new connection waits for its client's previous connection to route what its
-/// close path releases: that path waits up to `PIPELINE_DRAIN_TIMEOUT_MS` for its writes, and
-/// a kicked read loop ends at its next poll.
-const PREDECESSOR_ROUTED_TIMEOUT_MS: u64 = super::close::PIPELINE_DRAIN_TIMEOUT_MS + 1_000;
-
-/// The takeover of MQTT-3.1.4-3, ahead of the attach: closes the client's live connection (v5:
-/// DISCONNECT 0x8E) and waits until its close path has routed the deliveries its pending writes
-/// release (QoS 2 messages recorded as received before the client dropped the connection).
-/// Without the wait the new connection's messages overtook them: first deliveries out of
-/// per-publisher order (MQTT-4.6.0-6), and an older retained value applied after a newer one
-/// (docs/simulation.md finding 3).
-async fn await_predecessor(shared: &Shared, client_id: &str) {
-    let Some(session) = shared.sessions.get(client_id) else {
-        return;
-    };
-    let Some(ctl) = session.state.lock().conn.clone() else {
-        return;
-    };
-    ctl.kick(ReasonCode::SESSION_TAKEN_OVER);
-    let wait = Duration::from_millis(PREDECESSOR_ROUTED_TIMEOUT_MS);
-    if tokio::time::timeout(wait, ctl.routed()).await.is_err() {
-        tracing::warn!(
-            client_id,
-            "the previous connection did not close in time; taking over"
-        );
-    }
 }
 
 #[cfg(test)]

@@ -178,7 +178,7 @@ pub async fn run<T: Transport>(
         writer.2,
     ));
     // Whatever way the task ends (also by abort), a later connection of this client must not
-    // wait for it (`connect::await_predecessor`).
+    // wait for it (`close::await_predecessor`).
     let _routed = RoutedOnDrop(conn.ctl.clone());
     // Whatever way the loop ends (also by abort), its tickets must not hold other readers back.
     let tickets = CloseOnDrop(conn.read_slot.clone());
