@@ -5,7 +5,7 @@
 # losses and process crashes, and a checker of at-least-once / exactly-once / order / open
 # exchanges / retained values. Release.
 #
-# Usage: scripts/sim.sh [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--retention] [--pub-drops] [--no-eio] [--all] [--jobs J] [--first] [--verbose]
+# Usage: scripts/sim.sh [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--all] [--jobs J] [--first] [--verbose]
 #   --seeds N     run N seeds (default 100), from --base (default 0)
 #   --seed S      run seed S alone (replays its plan and fault schedule; the interleaving
 #                 of threads is not fixed yet, so a failure may need a few runs)
@@ -26,12 +26,12 @@
 #   Parts of the workload that are off by default because they trip open findings
 #   (docs/simulation.md); the injected bugs that need them turn them on:
 #   --groups      share groups whose members leave and come back (open finding 9)
-#   --retention   (on by default since finding 5's fix: a small max_msgs in 3 seeds of 10)
-#   --pub-drops   publishers drop their connections at packet boundaries
-#   --all         all three
+#   --all         the same (every part that is off by default)
+#   On by default (their flags are accepted so that old replay lines still parse):
+#   retention limits (a small max_msgs in 3 seeds of 10; `--retention`), publisher drops at
+#   packet boundaries (`--pub-drops`), disk errors (`--eio`):
 #   --no-eio      leave out the disk errors (EIO on a write or fdatasync under a running
-#                 broker, then a power loss) that some faults are by default (`--eio` is
-#                 accepted and changes nothing)
+#                 broker, then a power loss)
 #   --jobs J      seeds run at once (default 4: a seed mostly waits on the real clock)
 #   --first       stop at the first failing seed (how many seeds a bug takes to find)
 #   --verbose     print every seed's plan and fault log, not only the failing ones'
@@ -48,7 +48,6 @@ INJECT=""
 VERBOSE=0
 CRASH_ONLY=0
 LINGER=0
-PUB_DROPS=0
 FIRST=0
 JOBS=4
 NO_EIO=0
@@ -64,7 +63,7 @@ while [ $# -gt 0 ]; do
     --verbose) VERBOSE=1; shift ;;
     --crash-only) CRASH_ONLY=1; shift ;;
     --linger) LINGER=1; shift ;;
-    --pub-drops) PUB_DROPS=1; shift ;;
+    --pub-drops) shift ;; # on by default since finding 3's fix; accepted for old replay lines
     --first) FIRST=1; shift ;;
     --eio) shift ;;
     --no-eio) NO_EIO=1; shift ;;
@@ -72,7 +71,7 @@ while [ $# -gt 0 ]; do
     --retention) RETENTION=1; shift ;;
     --all) ALL=1; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -88,7 +87,7 @@ esac
 cd "$ROOT"
 cargo test -q --release -p tern-broker --test sim --no-run 2>/dev/null \
   || cargo test --release -p tern-broker --test sim --no-run
-export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY" TERN_SIM_LINGER="$LINGER" TERN_SIM_PUB_DROPS="$PUB_DROPS" TERN_SIM_STOP_AT_FIRST="$FIRST" TERN_SIM_JOBS="$JOBS" TERN_SIM_NO_EIO="$NO_EIO" TERN_SIM_GROUPS="$SHARE_GROUPS" TERN_SIM_RETENTION="$RETENTION" TERN_SIM_ALL="$ALL"
+export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY" TERN_SIM_LINGER="$LINGER" TERN_SIM_STOP_AT_FIRST="$FIRST" TERN_SIM_JOBS="$JOBS" TERN_SIM_NO_EIO="$NO_EIO" TERN_SIM_GROUPS="$SHARE_GROUPS" TERN_SIM_RETENTION="$RETENTION" TERN_SIM_ALL="$ALL"
 if [ -n "$SEED" ]; then export TERN_SIM_SEED="$SEED"; else unset TERN_SIM_SEED; fi
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT

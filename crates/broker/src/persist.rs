@@ -276,14 +276,17 @@ pub trait MessageStore: Send + Sync + 'static {
     /// PUBACK / PUBCOMP (or a v5 PUBREC with a failure reason) from a subscriber: the
     /// outbound exchange is over; a stored QoS 2 message is never sent to it again.
     fn outbound_completed(&self, _client_id: &str, _packet_id: u16) {}
-    /// A persistent session started (`fresh`) or resumed with this expiry.
+    /// A persistent session started (`fresh`) or resumed with this expiry. The CONNACK leaves
+    /// once the returned write is durable: a client told its session exists must find it
+    /// after a power loss (its QoS 2 received set hangs on the session's incarnation).
     fn session_opened(
         &self,
         _client_id: &str,
         _protocol: Protocol,
         _expiry_interval_s: u32,
         _fresh: bool,
-    ) {
+    ) -> Option<Ticket> {
+        None
     }
     /// A persistent session with a finite expiry lost its connection: its expiry interval
     /// (`expiry_interval_s`, possibly changed by DISCONNECT) runs from now.
@@ -353,9 +356,10 @@ pub trait MessageStore: Send + Sync + 'static {
     /// CONNECT: the new connection's will (`None`: it has none) and its Will Delay Interval,
     /// for sessions of every expiry. Replaces any earlier will of `client_id`. Returns the
     /// token that names this will in [`MessageStore::will_delayed`] and
-    /// [`MessageStore::will_cleared`] (calls with an older token do nothing).
-    fn will_set(&self, _client_id: &str, _will: Option<(&Message, u32)>) -> u64 {
-        0
+    /// [`MessageStore::will_cleared`] (calls with an older token do nothing), and the write
+    /// the CONNACK waits for (if one was issued).
+    fn will_set(&self, _client_id: &str, _will: Option<(&Message, u32)>) -> (u64, Option<Ticket>) {
+        (0, None)
     }
     /// The connection closed without a clean DISCONNECT; its will waits for its delay, which
     /// runs from now.

@@ -51,8 +51,12 @@ pub fn to_message(will: &Will, now: Instant) -> Arc<Message> {
 }
 
 /// CONNECT: records the new connection's will (or that it has none) in the store; the token
-/// names it in later calls.
-pub fn record(shared: &Shared, client_id: &str, will: Option<&Will>) -> u64 {
+/// names it in later calls; the CONNACK waits for the ticket.
+pub fn record(
+    shared: &Shared,
+    client_id: &str,
+    will: Option<&Will>,
+) -> (u64, Option<crate::persist::Ticket>) {
     let message = will.map(|w| to_message(w, Instant::now()));
     let delay_s = will.map_or(0, |w| w.properties.will_delay_interval_s.unwrap_or(0));
     shared

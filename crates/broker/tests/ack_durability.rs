@@ -74,8 +74,9 @@ impl MessageStore for HandStore {
         }
         None
     }
-    fn session_opened(&self, client_id: &str, _: Protocol, _: u32, _: bool) {
+    fn session_opened(&self, client_id: &str, _: Protocol, _: u32, _: bool) -> Option<Ticket> {
         self.persistent.lock().insert(client_id.to_string());
+        None
     }
     fn session_subscribed(
         &self,

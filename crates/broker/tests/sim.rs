@@ -4,8 +4,8 @@
 //! subscribers, v3.1.1 and v5, QoS 1 and 2, share groups whose members leave and come back,
 //! stalled clients, retention limits) driven by raw MQTT clients (`sim/client.rs`: connections
 //! and publishers; `sim/subscriber.rs`), and a checker of the delivery guarantees
-//! (`sim/check.rs`). `sim/run.rs` runs one seed (boots, faults, kills); `sim/probes.rs` holds
-//! scripted regression scenarios for bugs seeds found.
+//! (`sim/check.rs`). `sim/run.rs` runs one seed (boots, faults, kills); `sim/probes.rs` and
+//! `sim/probes_a.rs` hold scripted regression scenarios for bugs seeds found.
 //!
 //! `cargo test -p tern-broker --test sim` runs `TERN_SIM_SEEDS` seeds (default
 //! [`DEFAULT_SEEDS`]) from `TERN_SIM_SEED_BASE`, or the one seed `TERN_SIM_SEED`, with the
@@ -20,6 +20,7 @@ mod sim {
     pub mod eio;
     pub mod plan;
     pub mod probes;
+    pub mod probes_a;
     pub mod probes_b;
     pub mod run;
     pub mod subscriber;
@@ -79,7 +80,6 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
     for (on, flag) in [
         (crash_only, " --crash-only"),
         (linger, " --linger"),
-        (env_flag("TERN_SIM_PUB_DROPS"), " --pub-drops"),
         (env_flag("TERN_SIM_NO_EIO"), " --no-eio"),
         (env_flag("TERN_SIM_GROUPS"), " --groups"),
         (env_flag("TERN_SIM_RETENTION"), " --retention"),
@@ -295,5 +295,55 @@ fn a_qos2_resend_of_a_refused_write_is_not_acknowledged() {
     assert!(
         !sim::eio::probe_pubrec_for_a_refused_write(),
         "PUBREC for the resend of a QoS 2 message the failed store refused"
+    );
+}
+
+/// Found by `--pub-drops` (finding 3 in docs/simulation.md; seeds 3, 14, 16, 23, ... of 100):
+/// a publisher that dropped its connection while a QoS 2 write was pending saw the message
+/// delivered by the old connection's close path after messages it sent later on its next
+/// connection. Fixed: a new connection of a client waits, before it reads anything, until its
+/// predecessor has routed everything (`connection::close::await_predecessor`).
+#[test]
+fn a_reconnecting_publisher_keeps_its_order() {
+    let _one = one_at_a_time();
+    let order = sim::probes_a::probe_reconnect_keeps_publisher_order();
+    let order: Vec<String> = order
+        .iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    assert_eq!(
+        order,
+        ["0:1:", "0:2:"],
+        "first deliveries out of the publisher's order (MQTT-4.6.0-6)"
+    );
+}
+
+/// Finding 4 (seed 32, about one run in seven): a new persistent session's CONNACK left before
+/// its record was durable; a power loss then lost the session while the QoS 2 message the
+/// publisher had PUBREC'd survived, and its resend was delivered again. Fixed: the CONNACK
+/// waits for the session's (and the will's) record, as a SUBACK does.
+#[test]
+fn a_session_acknowledged_by_connack_survives_a_power_loss() {
+    let _one = one_at_a_time();
+    assert_eq!(
+        sim::probes_a::probe_connack_then_power_loss(),
+        sim::probes_a::AfterPowerLoss {
+            session_present: true,
+            delivered: 1,
+        },
+        "the session (and its QoS 2 received set) did not survive the power loss"
+    );
+}
+
+/// Finding 4's fix, will half: a will whose connection got its CONNACK survives a power loss
+/// (the CONNACK waits for the will's record) and is published after the restart
+/// (MQTT-3.1.2-8: the connection did not end with a DISCONNECT).
+#[test]
+fn a_will_acknowledged_by_connack_survives_a_power_loss() {
+    let _one = one_at_a_time();
+    assert_eq!(
+        sim::probes_a::probe_will_after_connack_and_power_loss().as_deref(),
+        Some(&b"gone"[..]),
+        "the will of a connection that had its CONNACK was lost to a power loss"
     );
 }

@@ -7,6 +7,7 @@ use tern_wire::{Disconnect, Packet, Properties, ReasonCode, Str, encoded_len};
 use tokio::task::JoinHandle;
 
 use super::{Close, Conn};
+use crate::broker::Shared;
 use crate::metrics::Metrics;
 use crate::outbound::encode_packet;
 use crate::session::registry;
@@ -59,6 +60,9 @@ impl Conn {
         for message in self.pipeline.abandon() {
             self.shared.store.message_released(&message);
         }
+        // Everything this connection will ever route is out: the next connection of this
+        // client, waiting in its handshake, may start (`close::await_predecessor`).
+        self.ctl.set_routed();
         let final_reason = match close {
             Close::Protocol(reason) => Some(reason),
             Close::KeepAlive => Some(ReasonCode::KEEP_ALIVE_TIMEOUT),
@@ -131,6 +135,34 @@ impl Conn {
         {
             abort.abort();
         }
+    }
+}
+
+/// How long a new connection waits for its client's previous connection to route what its
+/// close path releases: that path waits up to `PIPELINE_DRAIN_TIMEOUT_MS` for its writes, and
+/// a kicked read loop ends at its next poll.
+const PREDECESSOR_ROUTED_TIMEOUT_MS: u64 = PIPELINE_DRAIN_TIMEOUT_MS + 1_000;
+
+/// The takeover of MQTT-3.1.4-3, ahead of the attach: closes the client's live connection (v5:
+/// DISCONNECT 0x8E) and waits until its close path has routed the deliveries its pending writes
+/// release (QoS 2 messages recorded as received before the client dropped the connection).
+/// Without the wait the new connection's messages overtook them: first deliveries out of
+/// per-publisher order (MQTT-4.6.0-6), and an older retained value applied after a newer one
+/// (docs/simulation.md finding 3).
+pub(super) async fn await_predecessor(shared: &Shared, client_id: &str) {
+    let Some(session) = shared.sessions.get(client_id) else {
+        return;
+    };
+    let Some(ctl) = session.state.lock().conn.clone() else {
+        return;
+    };
+    ctl.kick(ReasonCode::SESSION_TAKEN_OVER);
+    let wait = Duration::from_millis(PREDECESSOR_ROUTED_TIMEOUT_MS);
+    if tokio::time::timeout(wait, ctl.routed()).await.is_err() {
+        tracing::warn!(
+            client_id,
+            "the previous connection did not close in time; taking over"
+        );
     }
 }
 

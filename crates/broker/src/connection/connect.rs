@@ -21,6 +21,7 @@ use crate::auth::{Access, AclView, Verdict, Who};
 use crate::broker::Shared;
 use crate::metrics::Metrics;
 use crate::outbound::{WriterState, encode_packet};
+use crate::persist::Ticket;
 use crate::read_order::ReadSlot;
 use crate::session::registry::{self, AttachRequest};
 use crate::topic_alias::InboundAliases;
@@ -36,7 +37,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
     buf: &mut BytesMut,
     stop: &mut watch::Receiver<bool>,
     info: ConnectionInfo,
-) -> Option<(Conn, (W, WriterState))> {
+) -> Option<(Conn, (W, WriterState, Option<Ticket>))> {
     let config = &shared.config;
     // Only what the CONNECT needs of `info` is kept across the reads below.
     let info_peer = info.peer.ip();
@@ -404,7 +405,7 @@ async fn accept<W: TransportWrite>(
     connect: Connect,
     mut writer: W,
     client: Client,
-) -> Option<(Conn, (W, WriterState))> {
+) -> Option<(Conn, (W, WriterState, Option<Ticket>))> {
     let config = &shared.config;
     let protocol = connect.protocol;
     let v5 = protocol.is_v5();
@@ -516,6 +517,8 @@ async fn accept<W: TransportWrite>(
         properties.shared_subscription_available = Some(1);
     }
 
+    // Before the read slot takes its ticket: no ticket may be held across this wait.
+    super::close::await_predecessor(shared, &client_id).await;
     // Before the CONNACK is queued: what the client sends once it has it is ordered from here.
     let read_slot = ReadSlot::new(shared.read_order.clone());
     let attached = registry::attach(
@@ -536,7 +539,10 @@ async fn accept<W: TransportWrite>(
     );
     let will = connect.will.map(crate::will::keep);
     // Replaces (or, without a will, deletes) the stored will of an earlier connection.
-    let will_token = crate::will::record(shared, &client_id, will.as_deref());
+    let (will_token, will_written) = crate::will::record(shared, &client_id, will.as_deref());
+    // The CONNACK (queued first) leaves once the session's and the will's records are durable
+    // (`outbound::run_writer`), as a SUBACK waits for its subscription's.
+    let connack_after = Ticket::join(attached.durable, will_written);
     let conn = Conn {
         shared: shared.clone(),
         session: attached.session,
@@ -561,7 +567,7 @@ async fn accept<W: TransportWrite>(
         _slot: slot,
     };
     let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
-    Some((conn, (writer, writer_state)))
+    Some((conn, (writer, writer_state, connack_after)))
 }
 
 #[cfg(test)]

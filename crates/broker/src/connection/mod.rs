@@ -39,7 +39,7 @@ use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::outbound::encode_packet;
 use crate::read_order::{CloseOnDrop, ReadSlot};
-use crate::session::{ConnCtl, Session};
+use crate::session::{ConnCtl, RoutedOnDrop, Session};
 use crate::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, Transport, TransportRead};
 use read::{ordered_readable, settle, try_read_chunk};
@@ -175,7 +175,11 @@ pub async fn run<T: Transport>(
         conn.conn_gen,
         writer.0,
         writer.1,
+        writer.2,
     ));
+    // Whatever way the task ends (also by abort), a later connection of this client must not
+    // wait for it (`close::await_predecessor`).
+    let _routed = RoutedOnDrop(conn.ctl.clone());
     // Whatever way the loop ends (also by abort), its tickets must not hold other readers back.
     let tickets = CloseOnDrop(conn.read_slot.clone());
     let reason = conn.read_loop(&mut reader, &mut buf, &mut stop).await;
@@ -481,6 +485,7 @@ mod tests {
             0,
             w,
             crate::outbound::WriterState::new(tern_wire::Protocol::V5, 0, 0),
+            None,
         );
         eprintln!(
             "SIZES reader={} writer={} conn={} session={} ctl={}",

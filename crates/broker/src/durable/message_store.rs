@@ -144,7 +144,7 @@ impl MessageStore for DurableStore {
         protocol: Protocol,
         expiry_interval_s: u32,
         fresh: bool,
-    ) {
+    ) -> Option<Ticket> {
         let record = {
             let mut mirror = self.mirror.lock();
             let record = mirror.entry(client_id.to_string()).or_default();
@@ -166,7 +166,10 @@ impl MessageStore for DurableStore {
                 .lock()
                 .insert(client_id.to_string(), floors);
         }
-        drop(self.put_session(client_id, &record));
+        // The `s` record goes after the cursor (the same stream) and the rx resets (a reset
+        // lost with it leaves the old rx records void anyway: they carry the old
+        // incarnation): its ticket covers the session's start.
+        Some(self.put_session(client_id, &record))
     }
 
     fn session_closed(&self, client_id: &str, expiry_interval_s: u32) {
@@ -378,7 +381,7 @@ impl MessageStore for DurableStore {
         self.group_gone(share);
     }
 
-    fn will_set(&self, client_id: &str, will: Option<(&Message, u32)>) -> u64 {
+    fn will_set(&self, client_id: &str, will: Option<(&Message, u32)>) -> (u64, Option<Ticket>) {
         self.set_will(client_id, will)
     }
 

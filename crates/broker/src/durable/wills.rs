@@ -98,24 +98,35 @@ pub(super) fn decode(value: &Bytes) -> Option<WillRecord> {
 }
 
 impl DurableStore {
-    pub(super) fn set_will(&self, client_id: &str, will: Option<(&Message, u32)>) -> u64 {
+    /// Records (or deletes) the will of a new connection; returns its token and the write the
+    /// CONNACK waits for: a client told its will is registered must not lose it to a power
+    /// loss, nor see an earlier connection's will come back.
+    pub(super) fn set_will(
+        &self,
+        client_id: &str,
+        will: Option<(&Message, u32)>,
+    ) -> (u64, Option<Ticket>) {
         let token = self.will_tokens.fetch_add(1, Ordering::Relaxed);
         let mut wills = self.will_state.lock();
-        match will {
+        let written = match will {
             Some((message, delay_s)) => {
                 let value = encode(message, delay_s);
-                if let Err(error) = self.wills.put(client_id.as_bytes(), &value) {
-                    tracing::error!(%error, client_id, "cannot write will");
-                }
+                let written = self.wills.put(client_id.as_bytes(), &value);
                 wills.insert(client_id.to_string(), (token, value));
+                Some(written)
             }
-            None => {
-                if wills.remove(client_id).is_some() {
-                    let _ = self.wills.delete(client_id.as_bytes());
-                }
+            None => wills
+                .remove(client_id)
+                .map(|_| self.wills.delete(client_id.as_bytes())),
+        };
+        let ticket = written.map(|written| match written {
+            Ok(t) => Ticket::from_store(t),
+            Err(error) => {
+                tracing::error!(%error, client_id, "cannot write will");
+                Ticket::failed(io_error(error))
             }
-        }
-        token
+        });
+        (token, ticket)
     }
 
     pub(super) fn delay_will(&self, client_id: &str, token: u64) {

@@ -11,6 +11,7 @@ use super::Outgoing;
 use super::batch::BatchEnv;
 use crate::message::Message;
 use crate::metrics::Metrics;
+use crate::persist::Ticket;
 use crate::session::{ConnCtl, Session};
 use crate::topic_alias::OutboundAliases;
 use crate::transport::TransportWrite;
@@ -132,7 +133,9 @@ pub fn encode_packet(packet: &Packet, protocol: Protocol, scratch: &mut BytesMut
 
 /// The writer task of one connection. Ends when the connection closes (after sending the
 /// final packet, if any), when the socket fails, or when the session moved to another
-/// connection and this one is closing.
+/// connection and this one is closing. Nothing is written before `connack_after` (the
+/// session's and the will's records) is durable: the CONNACK is the first packet queued; if
+/// that write failed, the connection closes without it.
 pub async fn run_writer<W: TransportWrite>(
     shared: Arc<crate::broker::Shared>,
     session: Arc<Session>,
@@ -140,7 +143,16 @@ pub async fn run_writer<W: TransportWrite>(
     conn_gen: u64,
     mut socket: W,
     mut writer: WriterState,
+    connack_after: Option<Ticket>,
 ) {
+    if let Some(mut ticket) = connack_after {
+        if let Err(error) = ticket.wait().await {
+            tracing::error!(%error, client_id = %session.client_id, "session state not written; closing the connection without CONNACK");
+            ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
+            let _ = socket.shutdown().await;
+            return;
+        }
+    }
     let mut parts: Vec<Bytes> = Vec::new();
     loop {
         let mut gate_failed = false;

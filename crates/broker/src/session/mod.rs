@@ -21,4 +21,4 @@ pub mod restore;
 pub mod state;
 
 pub use registry::Registry;
-pub use state::{ConnCtl, ConnInfo, Session, SessionState, SubRecord};
+pub use state::{ConnCtl, ConnInfo, RoutedOnDrop, Session, SessionState, SubRecord};

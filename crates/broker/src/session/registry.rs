@@ -51,6 +51,8 @@ pub struct Attached {
     pub session_present: bool,
     pub conn_gen: u64,
     pub ctl: Arc<ConnCtl>,
+    /// The persistent session's record: the CONNACK leaves once it is durable.
+    pub durable: Option<crate::persist::Ticket>,
 }
 
 /// What the new connection asks for.
@@ -138,14 +140,16 @@ pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
     }
     session.set_online(true);
     drop(sessions);
-    if request.expiry_interval_s > 0 {
+    let durable = if request.expiry_interval_s > 0 {
         shared.store.session_opened(
             request.client_id,
             request.protocol,
             request.expiry_interval_s,
             !session_present,
-        );
-    }
+        )
+    } else {
+        None
+    };
     // Messages that waited for a member of its share groups (behind the CONNACK and what the
     // session holds).
     groups::flush_member(shared, &session);
@@ -154,6 +158,7 @@ pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
         session_present,
         conn_gen,
         ctl,
+        durable,
     }
 }
 

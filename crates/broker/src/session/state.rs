@@ -34,6 +34,10 @@ pub struct ConnCtl {
     final_packet: Mutex<Option<Bytes>>,
     /// Who is connected (for the admin API), set once the handshake is done.
     info: OnceLock<ConnInfo>,
+    /// The connection has handed out every delivery it will ever route (its close path drained
+    /// its ack pipeline, or it is gone): a later connection of the same client may start.
+    routed: AtomicBool,
+    routed_notify: Notify,
 }
 
 /// What the admin API shows of a live connection.
@@ -93,6 +97,39 @@ impl ConnCtl {
 
     pub fn info(&self) -> Option<&ConnInfo> {
         self.info.get()
+    }
+
+    /// Called once the connection routes nothing more (see [`ConnCtl::routed`]).
+    pub fn set_routed(&self) {
+        self.routed.store(true, Ordering::Release);
+        self.routed_notify.notify_waiters();
+    }
+
+    /// Resolves once [`ConnCtl::set_routed`] was called. A new connection of the same client
+    /// waits for this before it reads anything, so that the old connection's deliveries (QoS 2
+    /// messages whose writes were pending when it died, released by its close path) keep their
+    /// place before the new connection's (MQTT-4.6.0-6; docs/simulation.md finding 3).
+    pub async fn routed(&self) {
+        loop {
+            let notified = self.routed_notify.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a `set_routed` in between is not missed.
+            notified.as_mut().enable();
+            if self.routed.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Marks its connection routed when dropped: a connection task that ends any other way than
+/// through its close path (aborted at shutdown) must not hold its successor back.
+pub struct RoutedOnDrop(pub Arc<ConnCtl>);
+
+impl Drop for RoutedOnDrop {
+    fn drop(&mut self) {
+        self.0.set_routed();
     }
 }
 

@@ -101,6 +101,21 @@ pub struct Conn {
 impl Conn {
     /// Connects to the broker's current address; `None` if it is down or refuses.
     pub async fn connect(net: &Net, connect: Connect) -> Option<Conn> {
+        let mut c = Conn::open(net, connect).await?;
+        let boot = c.boot;
+        match c.recv(Duration::from_secs(3)).await {
+            Ok(Some(Packet::ConnAck(ca)))
+                if ca.reason == ReasonCode::SUCCESS && net.alive(boot) =>
+            {
+                c.session_present = ca.session_present;
+                Some(c)
+            }
+            _ => None,
+        }
+    }
+
+    /// Sends the CONNECT without waiting for the CONNACK (it is the next packet to read).
+    pub async fn open(net: &Net, connect: Connect) -> Option<Conn> {
         let addr = (*net.addr.lock())?;
         let boot = net.boot.load(Ordering::Relaxed);
         if !net.alive(boot) {
@@ -118,18 +133,9 @@ impl Conn {
             session_present: false,
             boot,
         };
-        if !c.send(&Packet::Connect(Box::new(connect))).await {
-            return None;
-        }
-        match c.recv(Duration::from_secs(3)).await {
-            Ok(Some(Packet::ConnAck(ca)))
-                if ca.reason == ReasonCode::SUCCESS && net.alive(boot) =>
-            {
-                c.session_present = ca.session_present;
-                Some(c)
-            }
-            _ => None,
-        }
+        c.send(&Packet::Connect(Box::new(connect)))
+            .await
+            .then_some(c)
     }
 
     pub async fn send(&mut self, packet: &Packet) -> bool {

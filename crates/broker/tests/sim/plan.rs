@@ -111,9 +111,9 @@ fn protocol(rng: &mut SimRng) -> Protocol {
 }
 
 /// Parts of the workload that are off by default because they trip open findings
-/// (docs/simulation.md): on with `TERN_SIM_GROUPS`, `TERN_SIM_PUB_DROPS` (or `TERN_SIM_ALL`),
-/// and share groups whenever the bug that needs them to be found is injected. Retention limits
-/// are always on (in 3 seeds of 10); disk errors are on unless `TERN_SIM_NO_EIO`. Off, a part is
+/// (docs/simulation.md): share groups, on with `TERN_SIM_GROUPS` (or `TERN_SIM_ALL`) and whenever
+/// the bug that needs them to be found is injected. Retention limits (in 3 seeds of 10) and
+/// publisher drops are always on; disk errors are on unless `TERN_SIM_NO_EIO`. Off, a part is
 /// still drawn (the other draws of a seed stay the same) and then left out.
 #[derive(Debug, Clone, Copy)]
 pub struct Features {
@@ -131,7 +131,8 @@ impl Features {
             // On by default since finding 5 was fixed (2,000 seeds clean); the flag is kept
             // so that older replay commands still parse.
             retention: true,
-            pub_drops: flag("TERN_SIM_PUB_DROPS"),
+            // On by default since finding 3's fix (2,000 seeds clean).
+            pub_drops: true,
             // On by default since finding 6's fix; `TERN_SIM_NO_EIO` (`--no-eio`) turns it off.
             eio: !super::super::env_flag("TERN_SIM_NO_EIO"),
         }

@@ -60,7 +60,10 @@ pub fn probe_retry_while_write_pending() -> bool {
             "the write was not held"
         );
         drop(c);
-        let mut c = Conn::connect(&net, connect()).await.expect("reconnect");
+        // The resend follows the CONNECT at once: the new connection does not read it before
+        // the old connection is done (finding 3), and its PUBREC must not come before the
+        // write is durable either way.
+        let mut c = Conn::open(&net, connect()).await.expect("reconnect");
         assert!(c.send(&publish(true)).await);
         let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
         loop {
