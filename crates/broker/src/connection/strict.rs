@@ -24,12 +24,19 @@ pub(crate) enum TopicRefusal {
 /// True if `s` holds U+0001..U+001F or U+007F..U+009F.
 pub(crate) fn has_control_chars(s: &str) -> bool {
     let bytes = s.as_bytes();
-    bytes.iter().enumerate().any(|(i, &b)| {
-        b < 0x20 || b == 0x7F || (b == 0xC2 && bytes.get(i + 1).is_some_and(|n| *n <= 0x9F))
-    })
+    // A branch-free pass first (it vectorizes): any candidate byte at all? 0xC2 is only a
+    // candidate; what follows it decides.
+    let candidate = bytes
+        .iter()
+        .fold(false, |c, &b| c | (b < 0x20) | (b == 0x7F) | (b == 0xC2));
+    candidate
+        && bytes.iter().enumerate().any(|(i, &b)| {
+            b < 0x20 || b == 0x7F || (b == 0xC2 && bytes.get(i + 1).is_some_and(|n| *n <= 0x9F))
+        })
 }
 
-/// Checks a topic name or filter against the strict rule and the limits.
+/// Checks a topic name or filter against the strict rule and the limits (on every PUBLISH:
+/// the cheap tests first, the level count only when the length could exceed the limit).
 pub(crate) fn check_topic(config: &BrokerConfig, topic: &str) -> Result<(), TopicRefusal> {
     if config.reject_control_chars && has_control_chars(topic) {
         return Err(TopicRefusal::ControlChar);
@@ -37,9 +44,13 @@ pub(crate) fn check_topic(config: &BrokerConfig, topic: &str) -> Result<(), Topi
     if topic.len() > config.max_topic_length_bytes {
         return Err(TopicRefusal::Limit);
     }
-    let levels = topic.bytes().filter(|&b| b == b'/').count() + 1;
-    if levels > config.max_topic_levels {
-        return Err(TopicRefusal::Limit);
+    // n bytes hold at most n + 1 levels (`//` is an empty level): short topics never need
+    // the count.
+    if topic.len() + 1 > config.max_topic_levels {
+        let levels = topic.bytes().filter(|&b| b == b'/').count() + 1;
+        if levels > config.max_topic_levels {
+            return Err(TopicRefusal::Limit);
+        }
     }
     Ok(())
 }
@@ -100,6 +111,9 @@ mod tests {
         assert_eq!(check_topic(&config, "a/b"), Ok(()));
         assert_eq!(check_topic(&config, "a/b/c"), Err(TopicRefusal::Limit));
         assert_eq!(check_topic(&config, "abcdef"), Err(TopicRefusal::Limit));
+        // Empty levels count: `//` is three levels in two bytes.
+        assert_eq!(check_topic(&config, "//"), Err(TopicRefusal::Limit));
+        assert_eq!(check_topic(&config, "/"), Ok(()));
         assert_eq!(
             check_topic(&config, "a\u{1}"),
             Err(TopicRefusal::ControlChar)
