@@ -13,9 +13,8 @@ use tern_wire::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::Conn;
-use super::read::read_some;
 use super::strict::{self, TopicRefusal};
+use super::{Conn, read::read_some};
 use crate::ack_pipeline::AckPipeline;
 use crate::auth::{Access, AclView, Verdict, Who};
 use crate::broker::Shared;
