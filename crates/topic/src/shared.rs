@@ -15,8 +15,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// The members of one share group on one topic filter.
 #[derive(Debug)]
 pub struct SharedGroup<K, V> {
-    /// Slot in the trie's [`GroupSlab`].
-    pub(crate) id: usize,
     name: Box<str>,
     filter: Box<str>,
     members: Vec<(K, V)>,
@@ -26,7 +24,6 @@ pub struct SharedGroup<K, V> {
 impl<K: Eq, V> SharedGroup<K, V> {
     pub(crate) fn new(name: &str, filter: &str) -> Self {
         SharedGroup {
-            id: 0,
             name: name.into(),
             filter: filter.into(),
             members: Vec::new(),
@@ -152,9 +149,8 @@ impl<K, V> Default for GroupSlab<K, V> {
 }
 
 impl<K, V> GroupSlab<K, V> {
-    pub(crate) fn insert(&mut self, mut group: SharedGroup<K, V>) -> usize {
+    pub(crate) fn insert(&mut self, group: SharedGroup<K, V>) -> usize {
         let id = self.free.pop().unwrap_or(self.slots.len());
-        group.id = id;
         if id == self.slots.len() {
             self.slots.push(Some(group));
         } else {
