@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tern_broker::Broker;
 use tern_broker::admin::{ActionError, Page, StreamStats, page, page_limit};
 
 use super::{ApiError, HttpState};
@@ -56,6 +57,23 @@ fn unix_ms(time: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// One page of a broker list (`?limit=&after=`) as JSON, each item through `item`.
+fn list<T>(
+    state: &HttpState,
+    query: ListParams,
+    fetch: impl FnOnce(&Broker, Option<&str>, usize) -> Page<T>,
+    item: impl Fn(&T) -> Value,
+) -> Result<Response, ApiError> {
+    let broker = state.broker()?;
+    let q = list_query(query)?;
+    let page = fetch(
+        broker,
+        q.after.as_deref(),
+        page_limit(q.limit, DEFAULT_PAGE_LIMIT),
+    );
+    Ok(Json(page_json(page, item)).into_response())
+}
+
 fn page_json<T>(page: Page<T>, item: impl Fn(&T) -> Value) -> Value {
     json!({
         "items": page.items.iter().map(item).collect::<Vec<_>>(),
@@ -67,10 +85,7 @@ async fn clients(
     State(state): State<Arc<HttpState>>,
     query: ListParams,
 ) -> Result<Response, ApiError> {
-    let broker = state.broker()?;
-    let q = list_query(query)?;
-    let page = broker.clients(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
-    Ok(Json(page_json(page, |c| {
+    list(&state, query, Broker::clients, |c| {
         json!({
             "client_id": c.client_id,
             "peer": c.peer.map(|p| p.to_string()),
@@ -80,18 +95,14 @@ async fn clients(
             "queued": c.queued,
             "connected_since_unix_ms": c.connected_since.map(unix_ms),
         })
-    }))
-    .into_response())
+    })
 }
 
 async fn sessions(
     State(state): State<Arc<HttpState>>,
     query: ListParams,
 ) -> Result<Response, ApiError> {
-    let broker = state.broker()?;
-    let q = list_query(query)?;
-    let page = broker.sessions(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
-    Ok(Json(page_json(page, |s| {
+    list(&state, query, Broker::sessions, |s| {
         json!({
             "client_id": s.client_id,
             "online": s.online,
@@ -101,26 +112,21 @@ async fn sessions(
             "inflight": s.inflight,
             "queued": s.queued,
         })
-    }))
-    .into_response())
+    })
 }
 
 async fn subscriptions(
     State(state): State<Arc<HttpState>>,
     query: ListParams,
 ) -> Result<Response, ApiError> {
-    let broker = state.broker()?;
-    let q = list_query(query)?;
-    let page = broker.subscriptions(q.after.as_deref(), page_limit(q.limit, DEFAULT_PAGE_LIMIT));
-    Ok(Json(page_json(page, |s| {
+    list(&state, query, Broker::subscriptions, |s| {
         json!({
             "client_id": s.client_id,
             "filter": s.filter,
             "qos": s.qos,
             "subscription_id": s.subscription_id,
         })
-    }))
-    .into_response())
+    })
 }
 
 fn stream_json(s: &StreamStats) -> Value {
