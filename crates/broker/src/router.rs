@@ -206,8 +206,11 @@ pub fn route(shared: &Shared, message: Arc<Message>) {
     // The arrival time stands in for "now" (queue-full tracking): one clock read less per
     // message, and the two differ by the routing time only.
     let now = message.arrived_at;
+    // The ACL is taken once per message, not once per delivery (a fan-out would otherwise
+    // clone one shared `Arc` per subscriber).
+    let acl = shared.auth.acl();
     for (session, item) in targets {
-        deliver(shared, &session, item, now);
+        deliver_with(shared, acl.as_deref(), &session, item, now);
     }
     for item in to_groups {
         if let Some(share) = item.share.clone() {
@@ -218,15 +221,25 @@ pub fn route(shared: &Shared, message: Arc<Message>) {
 
 /// Pushes one delivery into a session's queue and wakes its writer.
 pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
-    let qos = item.qos;
     // `None` (no ACL file) costs one atomic load.
-    let acl = shared.auth.acl();
+    deliver_with(shared, shared.auth.acl().as_deref(), session, item, now);
+}
+
+/// [`deliver`] under `acl` (read access checked on the message's topic), taken by the caller.
+fn deliver_with(
+    shared: &Shared,
+    acl: Option<&crate::auth::Acl>,
+    session: &Session,
+    item: Outgoing,
+    now: Instant,
+) {
+    let qos = item.qos;
     let (result, dropped_oldest, dropped_now, online, first_kick) = {
         let mut state = session.state.lock();
         if state.ended {
             return;
         }
-        if let Some(acl) = &acl {
+        if let Some(acl) = acl {
             let who = crate::auth::Who {
                 username: state.username.as_deref(),
                 client_id: &session.client_id,
