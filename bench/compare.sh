@@ -18,6 +18,8 @@
 #   NO_REPORT=1                        only collect bench/results/*.jsonl
 #   NO_BUILD=1                         use the tern and tern-bench already in CARGO_TARGET_DIR
 #   TERN_ARGS="--http 127.0.0.1:18080"  extra arguments of `tern serve` (e.g. the HTTP listener on)
+#   TERN_BASE=/path/to/tern            a second Tern binary, listed in BROKERS as `tern-base`
+#                                      (before/after of a change in one run, ratios to `tern`)
 set -euo pipefail
 
 BENCH_NAME=compare
@@ -68,8 +70,8 @@ init_work
 # port_of NAME [CELL]: the broker's plain port, or its TLS port for a tls_* cell.
 port_of() {
   case "$1:${2:-}" in
-    tern:tls_*) echo 18842 ;; mosquitto:tls_*) echo 18841 ;;
-    tern:*) echo 18832 ;; mosquitto:*) echo 18831 ;; rumqttd:*) echo 18833 ;; nats:*) echo 18835 ;;
+    tern:tls_* | tern-base:tls_*) echo 18842 ;; mosquitto:tls_*) echo 18841 ;;
+    tern:* | tern-base:*) echo 18832 ;; mosquitto:*) echo 18831 ;; rumqttd:*) echo 18833 ;; nats:*) echo 18835 ;;
   esac
 }
 
@@ -100,7 +102,7 @@ make_tls
 
 version_of() {
   case $1 in
-    tern) "$TERN" --version 2>/dev/null | head -1 ;;
+    tern | tern-base) "$(tern_bin "$1")" --version 2>/dev/null | head -1 ;;
     mosquitto) mosquitto -h 2>/dev/null | head -1 | sed 's/^mosquitto version /mosquitto /' ;;
     nats) nats-server --version 2>/dev/null | head -1 ;;
     rumqttd) echo "rumqttd $(rumqttd --version 2>/dev/null | awk '{print $2}')" ;;
@@ -117,9 +119,11 @@ launch_broker() {
     return 1
   fi
   case $name in
-    tern)
+    tern | tern-base)
+      local bin
+      bin=$(tern_bin "$name") || return 1
       rm -rf "$WORK/tern-data"
-      "$TERN" serve --config "$WORK/tern.toml" --data-dir "$WORK/tern-data" --log warn ${TERN_ARGS:-} >"$logf" 2>&1 &
+      "$bin" serve --config "$WORK/tern.toml" --data-dir "$WORK/tern-data" --log warn ${TERN_ARGS:-} >"$logf" 2>&1 &
       ;;
     mosquitto)
       mosquitto -c "$WORK/mosquitto.conf" >"$logf" 2>&1 &

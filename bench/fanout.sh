@@ -14,9 +14,12 @@
 #   conns      10,000 idle connections: broker RSS growth / connections
 #   lat1       open loop, 1 pub -> 1 sub, QoS 1, $LAT1_RATE msg/s
 #   lat100     open loop, 1 pub -> 100 subs, QoS 0, $LAT100_RATE msg/s
+#   lat1000    open loop, 1 pub -> 1,000 subs, QoS 0, $LAT1000_RATE msg/s (issue 15's latency cell)
 #
 # Knobs: REPEATS=3  BROKERS="tern mosquitto nats rumqttd"  CELLS="..."  Q0_DELIVERIES=1000000
-#        Q1_DELIVERIES=300000  LAT1_RATE=10000  LAT100_RATE=1000  LAT_S=5  CONNS_REPEATS=1
+#        Q1_DELIVERIES=300000  LAT1_RATE=10000  LAT100_RATE=1000  LAT1000_RATE=200  LAT_S=5
+#        CONNS_REPEATS=1  CONNS_N=10000 (idle connections of the conns cell, 5,000 per source address)
+#        TERN_BASE=/path/to/tern with `tern-base` in BROKERS: a second Tern binary (before/after)
 #        CARGO_TARGET_DIR (default target/ of the repository)  NO_BUILD=1
 #        REPORT_ONLY="a.jsonl b.jsonl"  only rebuild the table from earlier raw reports (runs of
 #                                       other latency rates add rows)
@@ -34,6 +37,8 @@ Q0_DELIVERIES=${Q0_DELIVERIES:-1000000}
 Q1_DELIVERIES=${Q1_DELIVERIES:-300000}
 LAT1_RATE=${LAT1_RATE:-10000}
 LAT100_RATE=${LAT100_RATE:-1000}
+LAT1000_RATE=${LAT1000_RATE:-200}
+CONNS_N=${CONNS_N:-10000}
 LAT_S=${LAT_S:-5}
 OUT_MD=${OUT_MD:-$ROOT/bench/results/fanout.md}
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
@@ -43,7 +48,7 @@ OUT_JSONL=${OUT_JSONL:-$ROOT/bench/results/fanout-$STAMP.jsonl}
 need_nofile 20000
 
 for name in $BROKERS; do
-  case $name in nats) tool=nats-server ;; tern) continue ;; *) tool=$name ;; esac
+  case $name in nats) tool=nats-server ;; tern | tern-base) continue ;; *) tool=$name ;; esac
   command -v "$tool" >/dev/null || { log "missing $tool (bench/compare.sh installs it)"; exit 2; }
 done
 command -v python3 >/dev/null || { log "missing python3"; exit 2; }
@@ -58,7 +63,7 @@ init_work
 
 port_of() {
   case $1 in
-    tern) echo 19832 ;; mosquitto) echo 19831 ;; rumqttd) echo 19833 ;; nats) echo 19835 ;;
+    tern | tern-base) echo 19832 ;; mosquitto) echo 19831 ;; rumqttd) echo 19833 ;; nats) echo 19835 ;;
   esac
 }
 
@@ -70,9 +75,11 @@ done
 launch_broker() {
   local name=$1 logf=$3
   case $name in
-    tern)
+    tern | tern-base)
+      local bin
+      bin=$(tern_bin "$name") || return 1
       rm -rf "$WORK/tern-data"
-      "$TERN" serve --config "$WORK/tern.toml" --data-dir "$WORK/tern-data" --log warn >"$logf" 2>&1 &
+      "$bin" serve --config "$WORK/tern.toml" --data-dir "$WORK/tern-data" --log warn >"$logf" 2>&1 &
       ;;
     mosquitto) mosquitto -c "$WORK/mosquitto.conf" >"$logf" 2>&1 & ;;
     nats)
@@ -99,7 +106,8 @@ cell_args() {
       ;;
     lat1) echo "latency --qos 1 --rate $LAT1_RATE --duration-s $LAT_S --subscribers 1" ;;
     lat100) echo "latency --qos 0 --rate $LAT100_RATE --duration-s $LAT_S --subscribers 100" ;;
-    conns) echo "conns -n 10000 --per-source 5000 --hold-s 2 --connect-concurrency 128" ;;
+    lat1000) echo "latency --qos 0 --rate $LAT1000_RATE --duration-s $LAT_S --subscribers 1000 --connect-concurrency 128" ;;
+    conns) echo "conns -n $CONNS_N --per-source 5000 --hold-s 2 --connect-concurrency 128" ;;
   esac
 }
 
@@ -197,7 +205,7 @@ def row(label, cell, get, unit, higher_better):
         cells.append(s)
     return f"| {label} | " + " | ".join(cells) + " |"
 
-names = {"tern": "Tern", "mosquitto": "mosquitto", "nats": "nats-server", "rumqttd": "rumqttd"}
+names = {"tern": "Tern", "tern-base": "Tern (base)", "mosquitto": "mosquitto", "nats": "nats-server", "rumqttd": "rumqttd"}
 out = []
 out.append("# Fan-out, idle memory and latency: Tern vs mosquitto, nats-server, rumqttd\n")
 out.append(f"`bench/fanout.sh` run {machine.get('started')} on {machine.get('cpus')} CPUs, kernel "
@@ -221,7 +229,7 @@ out.append("\n## Open-loop latency at a fixed offered rate (p50 / p99)\n")
 out += [head, sep]
 lat_cells = sorted({c for (_, c) in runs if c.startswith("lat")},
                    key=lambda c: (c.split("@")[0], int(c.split("@")[1]) if "@" in c else 0))
-labels = {"lat1": "1 → 1, QoS 1", "lat100": "1 → 100, QoS 0"}
+labels = {"lat1": "1 → 1, QoS 1", "lat100": "1 → 100, QoS 0", "lat1000": "1 → 1,000, QoS 0"}
 for cell in lat_cells:
     base, _, rate = cell.partition("@")
     label = f"{labels.get(base, base)}, {rate or '?'} msg/s"

@@ -18,6 +18,19 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 export PATH="$PATH:$HOME/.cargo/bin:/usr/sbin"
 TERN="$CARGO_TARGET_DIR/release/tern"
 TB="$CARGO_TARGET_DIR/release/tern-bench"
+# A second Tern binary, measured as the broker `tern-base` with Tern's config and port: the
+# before/after of a change from one run (e.g. TERN_BASE=/work/base/tern BROKERS="tern tern-base").
+TERN_BASE=${TERN_BASE:-}
+
+# tern_bin NAME: the binary behind the broker name `tern` or `tern-base`.
+tern_bin() {
+  if [ "$1" = tern-base ]; then
+    [ -x "$TERN_BASE" ] || { log "tern-base needs TERN_BASE=/path/to/tern (got '$TERN_BASE')"; return 1; }
+    echo "$TERN_BASE"
+  else
+    echo "$TERN"
+  fi
+}
 
 log() { printf '[%s %s] %s\n' "$BENCH_NAME" "$(date -u +%H:%M:%S)" "$*" >&2; }
 

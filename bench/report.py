@@ -16,8 +16,8 @@ from pathlib import Path
 
 BEGIN = "<!-- compare:begin -->"
 END = "<!-- compare:end -->"
-ORDER = ["tern", "mosquitto", "nats", "rumqttd"]
-DISPLAY = {"tern": "Tern", "mosquitto": "mosquitto", "nats": "nats-server", "rumqttd": "rumqttd"}
+ORDER = ["tern", "tern-base", "mosquitto", "nats", "rumqttd"]
+DISPLAY = {"tern": "Tern", "tern-base": "Tern (base)", "mosquitto": "mosquitto", "nats": "nats-server", "rumqttd": "rumqttd"}
 CELLS = {
     "q0": "QoS 0, 1 pub → 1 sub",
     "q1w1": "QoS 1, window 1",
