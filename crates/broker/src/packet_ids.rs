@@ -6,14 +6,40 @@
 //!   so allocation always finds a free id when the caller respects the window.
 
 use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// Capacity an empty id set may keep.
 const IDLE_CAPACITY: usize = 64;
 
+/// Hashes a packet id by one multiplication. The ids in the set are chosen by the broker
+/// (`allocate`, or ids it handed out before a restart), never by a client, so nobody can pick
+/// colliding keys. An allocate + release (once per QoS>0 delivery) cost 22-53 ns with
+/// SipHash and 10-14 ns with this, window 256, in a loop on this project's VM; SipHash and
+/// the set's insert were ~4% of a QoS 1 fan-out to 1,000 in perf.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u16(&mut self, id: u16) {
+        // Sequential ids spread over both the low bits (bucket) and the top 7 (tag).
+        self.0 = u64::from(id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct PacketIds {
     next: u16,
-    in_use: HashSet<u16>,
+    in_use: HashSet<u16, BuildHasherDefault<IdHasher>>,
 }
 
 impl PacketIds {
@@ -55,7 +81,7 @@ impl PacketIds {
     /// so ids keep rotating).
     pub fn shrink_if_idle(&mut self) {
         if self.in_use.is_empty() && self.in_use.capacity() > IDLE_CAPACITY {
-            self.in_use = HashSet::new();
+            self.in_use = HashSet::default();
         }
     }
 }
