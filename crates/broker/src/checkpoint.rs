@@ -266,16 +266,14 @@ fn drop_removed_everywhere(shared: &Shared, removed: &[(u16, std::ops::RangeIncl
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    use bytes::Bytes;
     use parking_lot::Mutex;
-    use tern_wire::{Properties, Protocol, QoS, Str};
+    use tern_wire::{Protocol, QoS};
 
     use super::*;
     use crate::broker::Broker;
     use crate::config::BrokerConfig;
-    use crate::message::Message;
-    use crate::outbound::Outgoing;
-    use crate::persist::{MessageStore, StoreRef};
+    use crate::outbound::stored_item;
+    use crate::persist::MessageStore;
 
     /// A store that counts the cursors it is asked to write, per client.
     #[derive(Default)]
@@ -345,26 +343,6 @@ mod tests {
         assert_eq!(total, 800);
     }
 
-    fn item(seq: u64) -> Outgoing {
-        let message = Message::new(
-            Str::from_static("t"),
-            Bytes::from_static(b"x"),
-            QoS::AtLeastOnce,
-            false,
-            Properties::default(),
-            None,
-            Instant::now(),
-        );
-        let _ = message.stored.set(StoreRef { stream: 0, seq });
-        Outgoing {
-            message: Arc::new(message),
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            subscription_ids: Vec::new(),
-            share: None,
-        }
-    }
-
     #[tokio::test]
     async fn a_session_whose_queue_changes_is_visited_every_pass() {
         let (broker, store) = broker(400);
@@ -377,10 +355,12 @@ mod tests {
         let busy = broker.shared().sessions.get("c7").unwrap();
         let before = calls(&store, "c7");
         for seq in 1..=5 {
-            busy.state
-                .lock()
-                .out
-                .push(item(seq), false, &config, Instant::now());
+            busy.state.lock().out.push(
+                stored_item(b"x", QoS::AtLeastOnce, seq),
+                false,
+                &config,
+                Instant::now(),
+            );
             checkpointer.pass(broker.shared());
         }
         // Each pass after a change wrote its cursor (the sweep alone would not come back to

@@ -2,17 +2,14 @@
 //! packet id is being recorded, and every PUBREL, leave only once their writes are durable,
 //! in order, with the deliveries behind them kept behind them.
 
-use std::sync::Arc;
-
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use parking_lot::Mutex;
-use tern_wire::{Packet, Properties, Protocol, QoS, ReasonCode, Str, decode};
+use tern_wire::{Packet, Protocol, QoS, ReasonCode, decode};
 use tokio::time::Instant;
 
 use super::batch::BatchEnv;
 use super::*;
 use crate::config::BrokerConfig;
-use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::persist::{MessageStore, OutboundSent, StoreRef, Ticket, TicketCompleter};
 
@@ -62,26 +59,6 @@ impl MessageStore for HandStore {
         _: Option<StoreRef>,
     ) -> Option<Ticket> {
         self.ticket("pubrel", packet_id)
-    }
-}
-
-fn stored_item(payload: &'static [u8], qos: QoS, seq: u64) -> Outgoing {
-    let message = Message::new(
-        Str::from_static("t"),
-        Bytes::from_static(payload),
-        QoS::ExactlyOnce,
-        false,
-        Properties::default(),
-        None,
-        Instant::now(),
-    );
-    let _ = message.stored.set(StoreRef { stream: 0, seq });
-    Outgoing {
-        message: Arc::new(message),
-        qos,
-        retain: false,
-        subscription_ids: Vec::new(),
-        share: None,
     }
 }
 

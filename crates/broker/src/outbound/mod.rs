@@ -519,6 +519,30 @@ impl Outbound {
     }
 }
 
+/// A queued copy of a stored QoS 2 message at `seq` of stream 0, delivered at `qos` (tests).
+#[cfg(test)]
+pub(crate) fn stored_item(payload: &'static [u8], qos: QoS, seq: u64) -> Outgoing {
+    let message = crate::message::Message::new(
+        tern_wire::Str::from_static("t"),
+        bytes::Bytes::from_static(payload),
+        QoS::ExactlyOnce,
+        false,
+        tern_wire::Properties::default(),
+        None,
+        Instant::now(),
+    );
+    let _ = message
+        .stored
+        .set(crate::persist::StoreRef { stream: 0, seq });
+    Outgoing {
+        message: Arc::new(message),
+        qos,
+        retain: false,
+        subscription_ids: Vec::new(),
+        share: None,
+    }
+}
+
 #[cfg(test)]
 mod gate_tests;
 #[cfg(test)]
