@@ -10,8 +10,10 @@
 //!   promises. Its digests are printed: they differ from run to run (scheduling decides
 //!   group commits and the order of calls across streams), which is what stepping removes.
 //! - `one_thread_never_blocks`: a full queue, a flush, a blocking ticket under an interval
-//!   policy, a removal and a close all complete on one thread with nobody stepping, and an
-//!   async ticket stays pending until a step completes it.
+//!   policy, a removal and a close all complete on one thread with nobody stepping, an
+//!   async ticket stays pending until a step completes it, and kv streams step through
+//!   their store.
+//! - `injected_bugs_act_when_stepped`: `ack_before_fsync` still acknowledges too early.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -21,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tern_store::sim::{SimConfig, SimDisk, SimRng};
+use tern_store::sim::{Bugs, FaultAction, OpKind, ScriptedFault, SimConfig, SimDisk, SimRng};
 use tern_store::{FilterSet, Limits, NewRecord, Store, Stream, StreamConfig, SyncPolicy, Ticket};
 
 /// Virtual time at the start of a run, ns since the epoch.
@@ -391,6 +393,14 @@ fn one_thread_never_blocks() {
         )
         .expect("stream");
     assert!(!store.step(), "nothing to do yet");
+    // Keyed state is stepped through its store like any stream.
+    let kv = store.kv("k", StreamConfig::default()).expect("kv");
+    let put = kv.put(b"key", b"v1").expect("put");
+    assert!(!put.is_done());
+    assert!(store.step());
+    assert!(put.is_done());
+    assert_eq!(kv.get(b"key").expect("get").as_deref(), Some(&b"v1"[..]));
+    assert!(!store.step(), "nothing left to do");
     // No thread takes records off the queue: they wait for a step.
     let first = s.append(b"t", b"", &[1; 100]).expect("append");
     assert_eq!(s.info().written_seq, 0);
@@ -440,8 +450,63 @@ fn one_thread_never_blocks() {
     let seq = t.seq();
     drop(s);
     assert_eq!(t.wait().expect("closed stream wrote its queue"), seq);
-    drop(store);
+    drop((kv, store));
     let store = Store::open_with_vfs(dir.path(), disk.vfs()).expect("reopen");
     let s = store.stream("s", StreamConfig::default()).expect("stream");
     assert_eq!(s.info().last_seq, Some(seq));
+}
+
+/// Injected store bugs act with stepped writers too. `ack_before_fsync`: a power loss
+/// inside a commit's `fdatasync` finds the ticket already completed, and on some seeds the
+/// record is gone after the reopen; without the bug the ticket fails instead.
+#[test]
+fn injected_bugs_act_when_stepped() {
+    for bug in [false, true] {
+        let mut acked_then_lost = 0;
+        for seed in 0..20 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let disk = SimDisk::new(
+                dir.path(),
+                seed,
+                SimConfig {
+                    stepped_writers: true,
+                    bugs: Bugs {
+                        ack_before_fsync: bug,
+                        ..Bugs::NONE
+                    },
+                    ..SimConfig::default()
+                },
+            );
+            let store = Store::open_with_vfs(dir.path(), disk.vfs()).expect("open");
+            let s = store.stream("s", StreamConfig::default()).expect("stream");
+            s.append(b"t", b"", b"kept")
+                .expect("append")
+                .wait()
+                .expect("durable");
+            disk.update_config(|c| {
+                c.faults.push(ScriptedFault {
+                    op: OpKind::Sync,
+                    path_contains: "streams/s/".into(),
+                    nth: 1,
+                    action: FaultAction::PowerLoss,
+                });
+            });
+            let t = s.append(b"t", b"", b"lost?").expect("append");
+            let seq = t.seq();
+            assert!(store.step(), "the append is work");
+            let acked = matches!(t.try_result(), Some(Ok(_)));
+            assert_eq!(acked, bug, "seed {seed}: ticket outcome");
+            drop((t, s, store));
+            let store = Store::open_with_vfs(dir.path(), disk.vfs()).expect("reopen");
+            let s = store.stream("s", StreamConfig::default()).expect("stream");
+            if acked && s.info().last_seq < Some(seq) {
+                acked_then_lost += 1;
+            }
+        }
+        assert_eq!(
+            acked_then_lost > 0,
+            bug,
+            "bug {bug}: {acked_then_lost} seeds"
+        );
+    }
 }
