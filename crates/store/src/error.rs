@@ -58,7 +58,7 @@ pub enum StoreError {
     /// it would wait forever.
     #[error("stream {stream}: nothing queued can complete sequence {seq} (stepped writer)")]
     Stalled { stream: String, seq: u64 },
-    /// The stream was closed (its writer thread stopped).
+    /// The stream was closed (its writer stopped).
     #[error("stream {0} is closed")]
     Closed(String),
 }

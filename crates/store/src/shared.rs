@@ -1,10 +1,10 @@
-//! State shared by a stream's handles, its writer thread and its tickets.
+//! State shared by a stream's handles, its writer (thread, or stepped) and its tickets.
 //!
 //! # Invariants
 //! - Every sequence `<= durable_seq` has completed: it is durable under the sync policy, or
 //!   it was rejected by a `Discard::New` limit (then `rejected` holds its error until its
 //!   ticket reads or drops it).
-//! - `durable_seq` only grows, and only the writer thread stores it.
+//! - `durable_seq` only grows, and only the writer stores it (one turn at a time).
 //! - Once `failed` is set it is never cleared; the stream must be reopened.
 
 use std::collections::{BTreeMap, HashMap};
@@ -58,7 +58,7 @@ pub(crate) struct Shared {
     pub space_cv: Condvar,
     pub durable_seq: AtomicU64,
     /// Highest sequence the writer has handled: written to the file (synced or not) or
-    /// rejected. Only the writer thread stores it, at the end of a commit.
+    /// rejected. Only the writer stores it, at the end of a commit.
     pub written_seq: AtomicU64,
     /// Retention limits never remove a record at or above this sequence (`u64::MAX`: no pin).
     pub retention_floor: AtomicU64,

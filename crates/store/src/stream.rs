@@ -1,4 +1,4 @@
-//! A stream handle: appends (tickets), reads, removals. Cheap to clone; the writer thread
+//! A stream handle: appends (tickets), reads, removals. Cheap to clone; the writer
 //! stops (after writing everything queued) when the last handle is dropped.
 //!
 //! # Invariants

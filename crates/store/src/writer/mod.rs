@@ -1,5 +1,5 @@
-//! The writer thread of one stream: group commit, block rolling (limits and removals in
-//! `limits`).
+//! The writer of one stream: group commit, block rolling (limits and removals in `limits`;
+//! how its turns are driven, by a thread or stepped, in `drive`).
 //!
 //! Each turn drains everything queued, applies it to the in-memory view under the state
 //! lock, then, without the lock, issues **one** `pwrite` for the new bytes and one
