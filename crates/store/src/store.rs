@@ -108,7 +108,9 @@ impl Store {
     /// on this thread, for every open stream (kv streams included) that has records or ops
     /// queued or a timer due by `Vfs::monotonic_ns`, in stream name order. Returns whether
     /// any turn ran. Always false with writer threads (production), where turns run by
-    /// themselves.
+    /// themselves. A turn wakes the wakers of the tickets it completes; a waker must not
+    /// step or drop the stream synchronously (the turn holds its writer), which no async
+    /// runtime's waker does.
     pub fn step(&self) -> bool {
         let mut any = false;
         for sh in self.open_streams() {
