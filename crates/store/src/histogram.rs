@@ -1,5 +1,5 @@
 //! Fixed-bucket histograms of the writer's work (fsync latency, group-commit batch size), for
-//! monitoring. The writer thread is the only one that records, so an observation is a few
+//! monitoring. The writer is the only one that records, so an observation is a few
 //! relaxed atomic adds on lines no other thread writes: no lock, no allocation.
 //!
 //! # Invariants

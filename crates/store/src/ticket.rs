@@ -2,7 +2,8 @@
 //!
 //! A ticket is two words (a stream pointer and a sequence). Completion is one atomic load of
 //! the stream's durable sequence; no allocation per ticket. As a `Future` it registers its
-//! `Waker` with the stream, and the writer thread wakes it after the covering sync.
+//! `Waker` with the stream, and the writer wakes it after the covering sync (with stepped
+//! writers, in the `Store::step` that runs that turn).
 
 use std::future::Future;
 use std::pin::Pin;

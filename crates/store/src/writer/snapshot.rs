@@ -1,5 +1,5 @@
 //! Snapshots: a copy of the stream as it is at the end of one writer turn, for online
-//! backups. Runs on the writer thread after the turn's commit: the stream directory changes
+//! backups. Runs in the writer turn after its commit: the stream directory changes
 //! only in the writer's turns, so nothing moves while the copy is made.
 //!
 //! # Invariants
