@@ -263,7 +263,7 @@ fn deliver_with(
             }
             // Waking under the lock saves an Arc clone per delivery; the wake only queues
             // the writer task.
-            conn.wake.notify_one();
+            conn.wake.notify();
         }
         (
             result,

@@ -17,7 +17,7 @@ impl Conn {
             self.shared
                 .store
                 .outbound_completed(&self.client_id, ack.packet_id);
-            self.ctl.wake.notify_one(); // the window opened
+            self.ctl.wake.notify(); // the window opened
         }
         Ok(())
     }
@@ -39,7 +39,7 @@ impl Conn {
                         .store
                         .outbound_completed(&self.client_id, ack.packet_id);
                 }
-                self.ctl.wake.notify_one();
+                self.ctl.wake.notify();
                 return Ok(());
             }
             let reason = if known || !self.protocol.is_v5() {
@@ -60,7 +60,7 @@ impl Conn {
             };
             state.out.hold_pubrel(ack.packet_id, reason, ticket);
         }
-        self.ctl.wake.notify_one();
+        self.ctl.wake.notify();
         Ok(())
     }
 
@@ -76,7 +76,7 @@ impl Conn {
             self.shared
                 .store
                 .outbound_completed(&self.client_id, ack.packet_id);
-            self.ctl.wake.notify_one();
+            self.ctl.wake.notify();
         }
         Ok(())
     }

@@ -1,9 +1,9 @@
 //! The outbound side of a session: control packets, the ordered delivery queue, the in-flight
-//! window, the release gate of packets that wait for a store write (`gate`), and the writer
-//! task that drains them into the socket with vectored writes (`writer`).
+//! window, the release gate of packets that wait for a store write (`gate`), and the
+//! connection's [`Outflow`] that drains them into the socket with vectored writes (`writer`).
 //!
-//! Publishers push [`Outgoing`] items under the session lock and wake the writer
-//! ([`crate::session::ConnCtl::wake`]); the writer takes a batch under the same lock
+//! Publishers push [`Outgoing`] items under the session lock and wake the connection's task
+//! ([`crate::session::ConnCtl::wake`]); its `Outflow` takes a batch under the same lock
 //! ([`Outbound::fill_batch`], in `batch`), releases it and writes.
 //!
 //! # Invariants
@@ -58,7 +58,7 @@ use crate::persist::Ticket;
 
 pub use batch::BatchEnv;
 pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
-pub use writer::{WriterState, encode_packet, run_writer};
+pub use writer::{OutEnv, Outflow, WriteFailed, WriterState, encode_packet};
 
 /// Packets taken per batch: enough to amortise the syscall (64 → 256 took 1 pub → 1 sub QoS 0
 /// from ~850k to ~1M msg/s), small enough to keep the session lock short (~10 µs).

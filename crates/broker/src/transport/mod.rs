@@ -4,8 +4,8 @@
 //! ([`tokio::net::TcpStream`]) and [`StreamTransport`], any `AsyncRead + AsyncWrite` byte stream
 //! (TLS, WebSocket, TLS under WebSocket, the in-memory [`duplex`]). Plain TCP keeps the path it
 //! had before the seam: readiness through the connection's `ReadSlot`, `try_read` into a stack
-//! chunk, `write_vectored` of the writer's parts, and no buffer of its own (an idle connection
-//! holds none).
+//! chunk, `write_vectored` of the outbound batch's parts, and no buffer of its own (an idle
+//! connection holds none).
 //!
 //! # Read order for stream transports (ARCHITECTURE §2.1)
 //! [`TransportRead::readable`] is polled with the connection's `ReadSlot` as waker. A stream
@@ -28,9 +28,11 @@ mod stream;
 
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
@@ -42,7 +44,8 @@ pub use stream::{ByteStream, StreamRead, StreamTransport, StreamWrite, duplex};
 /// At most this many parts go into one `write_vectored` call (Linux's `IOV_MAX` is 1024).
 pub(crate) const MAX_IO_SLICES: usize = 512;
 
-/// A connected byte stream, split into the reader's and the writer's half.
+/// A connected byte stream, split into its reading and its writing half (both driven by the
+/// connection's one task).
 pub trait Transport: Send + 'static {
     type Read: TransportRead;
     type Write: TransportWrite;
@@ -58,13 +61,23 @@ pub trait TransportRead: Send + Sync + 'static {
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
 }
 
-/// The writing half, owned by the connection's writer task.
+/// The writing half, owned by the connection's task.
 pub trait TransportWrite: Send + 'static {
-    /// Writes every part, in order; on return `parts` is empty.
+    /// Writes `parts` in order, as far as the transport takes them without waiting: written
+    /// parts leave `parts`, a part written in part is advanced. `Ready(Ok)` once every part was
+    /// written (and flushed), with `parts` empty.
+    fn poll_write_parts(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>>;
+    /// Writes every part, waiting for the transport as needed (the handshake and the close).
     fn write_parts<'a>(
         &'a mut self,
         parts: &'a mut Vec<Bytes>,
-    ) -> impl Future<Output = io::Result<()>> + Send + 'a;
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
+        std::future::poll_fn(move |cx| self.poll_write_parts(cx, parts))
+    }
     /// Flushes and closes the writing direction.
     fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send + '_;
 }
@@ -88,11 +101,12 @@ impl TransportRead for OwnedReadHalf {
 }
 
 impl TransportWrite for OwnedWriteHalf {
-    fn write_parts<'a>(
-        &'a mut self,
-        parts: &'a mut Vec<Bytes>,
-    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
-        write_vectored_all(self, parts)
+    fn poll_write_parts(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        poll_write_vectored_all(Pin::new(self), cx, parts)
     }
     fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send + '_ {
         AsyncWriteExt::shutdown(self)
@@ -100,16 +114,34 @@ impl TransportWrite for OwnedWriteHalf {
 }
 
 /// Writes `parts` with as few `write_vectored` calls as the socket takes.
-async fn write_vectored_all(socket: &mut OwnedWriteHalf, parts: &mut Vec<Bytes>) -> io::Result<()> {
+fn poll_write_vectored_all(
+    mut socket: Pin<&mut OwnedWriteHalf>,
+    cx: &mut Context<'_>,
+    parts: &mut Vec<Bytes>,
+) -> Poll<io::Result<()>> {
     let mut first = 0;
-    while first < parts.len() {
-        let end = parts.len().min(first + MAX_IO_SLICES);
-        let slices: Vec<IoSlice<'_>> = parts[first..end].iter().map(|b| IoSlice::new(b)).collect();
-        let mut written = socket.write_vectored(&slices).await?;
-        drop(slices);
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
+    let result = loop {
+        if first >= parts.len() {
+            break Ok(());
         }
+        let end = parts.len().min(first + MAX_IO_SLICES);
+        let mut slices = [IoSlice::new(&[]); MAX_IO_SLICES];
+        for (slice, part) in slices.iter_mut().zip(&parts[first..end]) {
+            *slice = IoSlice::new(part);
+        }
+        let mut written = match socket
+            .as_mut()
+            .poll_write_vectored(cx, &slices[..end - first])
+        {
+            Poll::Pending => {
+                // What was written leaves the list; the rest waits for the socket.
+                parts.drain(..first);
+                return Poll::Pending;
+            }
+            Poll::Ready(Err(error)) => break Err(error),
+            Poll::Ready(Ok(0)) => break Err(io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(written)) => written,
+        };
         while written > 0 {
             let Some(part) = parts.get_mut(first) else {
                 break;
@@ -125,7 +157,7 @@ async fn write_vectored_all(socket: &mut OwnedWriteHalf, parts: &mut Vec<Bytes>)
         while parts.get(first).is_some_and(|p| p.is_empty()) {
             first += 1;
         }
-    }
+    };
     parts.clear();
-    Ok(())
+    Poll::Ready(result)
 }
