@@ -36,7 +36,7 @@ impl Conn {
         }
     }
 
-    pub(super) async fn finish<W: TransportWrite>(mut self, close: Close, out: Outflow<W>) {
+    pub(super) async fn finish<W: TransportWrite>(&mut self, close: Close, out: &mut Outflow<W>) {
         // Writes already issued still complete: deliver what they made durable (a QoS 2
         // message recorded as received must reach its subscribers, since the client's retry
         // will be answered as a duplicate). Acknowledgements are not sent any more.

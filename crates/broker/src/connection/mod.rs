@@ -28,7 +28,7 @@ mod read;
 mod strict;
 mod subscribe;
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::sync::Arc;
 use std::task::Poll;
@@ -48,7 +48,7 @@ use crate::read_order::{CloseOnDrop, ReadSlot};
 use crate::session::{ConnCtl, RoutedOnDrop, Session};
 use crate::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, Transport, TransportRead, TransportWrite};
-use read::{ordered_readable, settle, try_read_chunk};
+use read::{poll_ordered, settle, try_read_chunk};
 
 /// Control packets (acks, SUBACK, PINGRESP) queued for the writer beyond which the reader
 /// stops reading: a client that sends without reading cannot grow the queue without bound.
@@ -143,29 +143,53 @@ enum Event {
 
 /// Serves one accepted connection to the end. `info` says where it came from (listener,
 /// peer, client certificate).
-pub async fn run<T: Transport>(
+pub fn run<T: Transport>(
+    shared: Arc<Shared>,
+    transport: T,
+    info: ConnectionInfo,
+    stop: watch::Receiver<bool>,
+) -> impl Future<Output = ()> + Send + 'static {
+    // Boxed: the handshake's state, and the arguments only it needs, are large and short-lived;
+    // kept out of line they do not inflate the future every idle connection keeps for its
+    // whole life (an async fn keeps its arguments' room to the end).
+    let connecting = Box::pin(establish(shared, transport, info, stop));
+    async move {
+        // Served in place: a binding moved out of the `Option` would keep its room twice.
+        let mut live = connecting.await;
+        if let Some(live) = &mut live {
+            live.serve().await;
+        }
+    }
+}
+
+/// What a connection lives on after its handshake.
+struct Live<R, W> {
+    conn: Conn,
+    reader: R,
+    /// Bytes read and not decoded yet (empty, without an allocation, while idle).
+    buf: BytesMut,
+    stop: watch::Receiver<bool>,
+    out: Outflow<W>,
+}
+
+/// Logged if a connection's info was never set (it always is before its loop starts).
+const UNKNOWN_PEER: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    0,
+));
+
+/// The handshake, then what the connection's life starts with.
+async fn establish<T: Transport>(
     shared: Arc<Shared>,
     transport: T,
     info: ConnectionInfo,
     mut stop: watch::Receiver<bool>,
-) {
+) -> Option<Live<T::Read, T::Write>> {
     let peer = info.peer;
     let (mut reader, writer) = transport.split();
     let mut buf = BytesMut::new();
-    // Boxed: the handshake and close states are large and short-lived; kept out of line they
-    // do not inflate the future every idle connection keeps for its whole life.
-    let Some((mut conn, writer)) = Box::pin(connect::handshake(
-        &shared,
-        &mut reader,
-        writer,
-        &mut buf,
-        &mut stop,
-        info,
-    ))
-    .await
-    else {
-        return;
-    };
+    let (conn, (socket, writer, connack_after)) =
+        connect::handshake(&shared, &mut reader, writer, &mut buf, &mut stop, info).await?;
     let keep_alive_s = conn.keep_alive.map_or(0, |d| {
         u16::try_from(d.as_millis() / 1500).unwrap_or(u16::MAX)
     });
@@ -176,19 +200,38 @@ pub async fn run<T: Transport>(
     });
     tracing::info!(%peer, client_id = %conn.client_id, protocol = ?conn.protocol, keep_alive_s, "client connected");
     Metrics::add(&shared.metrics.clients_connected, 1);
-    let mut out = Outflow::new(writer.0, writer.1, writer.2);
-    // Whatever way the task ends (also by abort), a later connection of this client must not
-    // wait for it (`close::await_predecessor`).
-    let _routed = RoutedOnDrop(conn.ctl.clone());
-    // Whatever way the loop ends (also by abort), its tickets must not hold other readers back.
-    let tickets = CloseOnDrop(conn.read_slot.clone());
-    let reason = conn
-        .read_loop(&mut reader, &mut buf, &mut stop, &mut out)
-        .await;
-    drop(tickets);
-    drop(reader);
-    tracing::info!(%peer, client_id = %conn.client_id, reason = %reason, "client disconnected");
-    Box::pin(conn.finish(reason, out)).await;
+    Some(Live {
+        conn,
+        reader,
+        buf,
+        stop,
+        out: Outflow::new(socket, writer, connack_after),
+    })
+}
+
+impl<R: TransportRead, W: TransportWrite> Live<R, W> {
+    /// The connection's life: the read loop (which also writes), then the close. By reference:
+    /// a value moved into an async fn keeps its room in the caller's future and the callee's.
+    async fn serve(&mut self) {
+        // Whatever way the task ends (also by abort), a later connection of this client must
+        // not wait for it (`close::await_predecessor`).
+        let _routed = RoutedOnDrop(self.conn.ctl.clone());
+        // Whatever way the loop ends (also by abort), its tickets must not hold other readers
+        // back.
+        let tickets = CloseOnDrop(self.conn.read_slot.clone());
+        let reason = self
+            .conn
+            .read_loop(&self.reader, &mut self.buf, &mut self.stop, &mut self.out)
+            .await;
+        drop(tickets);
+        {
+            // Set before the loop started (the peer is not kept in the future for this line).
+            let peer = self.conn.ctl.info().map_or(UNKNOWN_PEER, |info| info.peer);
+            tracing::info!(%peer, client_id = %self.conn.client_id, reason = %reason, "client disconnected");
+        }
+        // Boxed like the handshake: only a closing connection needs the close path's state.
+        Box::pin(self.conn.finish(reason, &mut self.out)).await;
+    }
 }
 
 /// The DISCONNECT reason for a packet that failed to decode.
@@ -208,7 +251,7 @@ const TOPIC_ALIAS_PROPERTY_ID: u8 = 0x23;
 impl Conn {
     async fn read_loop<R: TransportRead, W: TransportWrite>(
         &mut self,
-        reader: &mut R,
+        reader: &R,
         buf: &mut BytesMut,
         stop: &mut watch::Receiver<bool>,
         out: &mut Outflow<W>,
@@ -227,18 +270,14 @@ impl Conn {
             .unwrap_or(far_future);
         let keep_alive_timer = tokio::time::sleep_until(first_deadline);
         tokio::pin!(keep_alive_timer);
-        // Kept alive (registered with the driver) across the loop while reading is on.
+        // Registered with the driver (through the slot) across the loop while reading is on.
         let slot = self.read_slot.clone();
-        let reader = &*reader;
-        let fresh = || ordered_readable(reader, &slot);
-        let readable = fresh();
-        tokio::pin!(readable);
         // Bytes the handshake read after the CONNECT go with the connection's first ticket.
         let mut ticket = None;
         let mut ended = false;
         if !buf.is_empty() {
             ticket = self.read_slot.leftovers();
-            ended = settle(reader, buf, readable.as_mut(), &fresh).await.ended;
+            ended = settle(reader, buf, &slot).await.ended;
         }
         loop {
             let read_ticket = ticket.take();
@@ -296,16 +335,19 @@ impl Conn {
             let backlogged = self.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
             let reading = !self.pipeline.is_full() && !backlogged;
             if !reading {
-                // Not registered while not reading: no ticket may wait for this connection.
-                readable.set(fresh());
+                // Not armed while not reading: no ticket may wait for this connection.
                 self.read_slot.not_reading();
             }
             let event = tokio::select! {
                 biased;
                 _ = poll_fn(|cx| self.ctl.wake.poll(cx)) => Event::Woken,
                 _ = stop.changed() => Event::Shutdown,
-                _ = self.pipeline.wait_front(&mut self.released), if waiting => Event::Durable,
-                ready = &mut readable, if reading => Event::Readable(ready),
+                _ = poll_fn(|cx| self.pipeline.poll_front(cx, &mut self.released)), if waiting => {
+                    Event::Durable
+                }
+                ready = poll_fn(|cx| poll_ordered(reader, &slot, cx)), if reading => {
+                    Event::Readable(ready)
+                }
                 wrote = poll_fn(|cx| out.poll_step(cx, &env)) => Event::Wrote(wrote),
                 _ = &mut keep_alive_timer, if self.keep_alive.is_some() => Event::KeepAliveDue,
             };
@@ -326,7 +368,6 @@ impl Conn {
                 }
                 Event::Readable(Err(_)) => return Close::Lost,
                 Event::Readable(Ok(())) => {
-                    readable.set(fresh());
                     let n = match try_read_chunk(reader, buf) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Ok(0) | Err(_) => return Close::Lost,
@@ -335,7 +376,7 @@ impl Conn {
                     ticket = Some(self.read_slot.read_done());
                     // One clock read per socket read: packets of one read arrived together.
                     self.now = Instant::now();
-                    let settled = settle(reader, buf, readable.as_mut(), &fresh).await;
+                    let settled = settle(reader, buf, &slot).await;
                     ended = settled.ended;
                     let bytes = n + settled.more;
                     Metrics::add(&self.shared.metrics.bytes_received, bytes as u64);
@@ -484,10 +525,10 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     /// What every idle connection keeps besides its socket: the one task's future (`Conn`, the
-    /// outbound half and the read loop's state inline), its `ConnCtl` and its session. Before
-    /// the writer moved into the connection's task the two futures were 1,304 + 384 B in
-    /// release (ARCHITECTURE §6.2).
-    const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 1700;
+    /// outbound half and the read loop's state inline, 1,048 B), its `ConnCtl` (136 B) and its
+    /// session. With a reader and a writer task the futures were 1,304 + 384 B in release
+    /// (1,624 + 488 B in a test build) and `ConnCtl` 240 B (BENCHMARKS.md "Session 4").
+    const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 1100;
     const CONN_CTL_MAX_BYTES: usize = 160;
     const SESSION_MAX_BYTES: usize = 512;
 

@@ -254,7 +254,7 @@ impl<W: TransportWrite> Outflow<W> {
     /// The close: finishes the batch being written (nothing new is taken: the session was
     /// detached), writes `final_packet` (our DISCONNECT) and shuts the socket. Nothing leaves
     /// before the CONNACK's records are durable. The caller bounds it in time.
-    pub async fn close(mut self, metrics: &Metrics, final_packet: Option<Bytes>) {
+    pub async fn close(&mut self, metrics: &Metrics, final_packet: Option<Bytes>) {
         if let Some(mut ticket) = self.connack_after.take() {
             if ticket.wait().await.is_err() {
                 let _ = self.socket.shutdown().await;

@@ -8,8 +8,8 @@
 //! connection holds none).
 //!
 //! # Read order for stream transports (ARCHITECTURE §2.1)
-//! [`TransportRead::readable`] is polled with the connection's `ReadSlot` as waker. A stream
-//! transport reads in `readable` itself (an `AsyncRead` has no readiness without a read), so
+//! [`TransportRead::poll_readable`] is polled with the connection's `ReadSlot` as waker. A stream
+//! transport reads in `poll_readable` itself (an `AsyncRead` has no readiness without a read), so
 //! the waker reaches the socket under it (TLS and WebSocket wrap a `TcpStream`): the driver's
 //! wake still takes the ticket in driver order. What differs from plain TCP: a wake for bytes
 //! that do not complete a TLS record or a WebSocket frame finds nothing to hand over, and the
@@ -18,7 +18,7 @@
 //!
 //! # Invariants
 //! - [`TransportRead::try_read`] never registers a waker: after `WouldBlock` the caller polls
-//!   `readable` before it waits, so the waker registered is always the slot's.
+//!   `poll_readable` before it waits, so the waker registered is always the slot's.
 //! - A stream transport holds a read buffer only while bytes it read wait for `try_read`, and
 //!   a write buffer only during a write.
 
@@ -54,9 +54,10 @@ pub trait Transport: Send + 'static {
 
 /// The reading half, shared by reference with the read loop's readiness future.
 pub trait TransportRead: Send + Sync + 'static {
-    /// Resolves once [`TransportRead::try_read`] may return data, end of stream or an error.
-    /// Polled with the connection's `ReadSlot` as waker (module doc).
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send + '_;
+    /// `Ready` once [`TransportRead::try_read`] may return data, end of stream or an error;
+    /// `Pending` registers `cx`'s waker (the connection's `ReadSlot`, module doc) with the
+    /// socket. A poll, not a future: the connection waits for it without keeping a future.
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     /// Reads what is there without waiting: `WouldBlock` when nothing is, `Ok(0)` at the end.
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
 }
@@ -92,8 +93,14 @@ impl Transport for TcpStream {
 }
 
 impl TransportRead for OwnedReadHalf {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send + '_ {
-        OwnedReadHalf::readable(self)
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Outside the task's coop budget: with the budget spent, tokio answers `Pending` and
+        // wakes the waker at once, and that waker is the slot's: it would take a read ticket
+        // with no data reported (ARCHITECTURE §2.1).
+        let stream: &TcpStream = self.as_ref();
+        let mut ready =
+            tokio::task::unconstrained(std::future::poll_fn(|cx| stream.poll_read_ready(cx)));
+        Pin::new(&mut ready).poll(cx)
     }
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         OwnedReadHalf::try_read(self, buf)

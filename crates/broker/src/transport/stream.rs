@@ -1,7 +1,7 @@
 //! [`StreamTransport`]: any `AsyncRead + AsyncWrite` byte stream as a [`Transport`] (TLS,
 //! WebSocket, the in-memory [`duplex`]).
 
-use std::future::{Future, poll_fn};
+use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
@@ -68,38 +68,36 @@ pub struct StreamRead(Mutex<ReadState>);
 
 struct ReadState {
     half: ReadHalf<Box<dyn ByteStream>>,
-    /// Read by `readable`, not yet taken by `try_read`; empty (no allocation) otherwise.
+    /// Read by `poll_readable`, not yet taken by `try_read`; empty (no allocation) otherwise.
     pending: BytesMut,
     /// The stream ended (or failed) after `pending`.
     ended: bool,
 }
 
 impl TransportRead for StreamRead {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send + '_ {
-        poll_fn(move |cx| {
-            let mut state = self.0.lock();
-            if !state.pending.is_empty() || state.ended {
-                return Poll::Ready(Ok(()));
-            }
-            let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK_BYTES];
-            let mut read = ReadBuf::uninit(&mut chunk);
-            match Pin::new(&mut state.half).poll_read(cx, &mut read) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(Ok(())) => {
-                    let filled = read.filled();
-                    if filled.is_empty() {
-                        state.ended = true;
-                    } else {
-                        state.pending.extend_from_slice(filled);
-                    }
-                    Poll::Ready(Ok(()))
-                }
-                Poll::Ready(Err(error)) => {
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut state = self.0.lock();
+        if !state.pending.is_empty() || state.ended {
+            return Poll::Ready(Ok(()));
+        }
+        let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK_BYTES];
+        let mut read = ReadBuf::uninit(&mut chunk);
+        match Pin::new(&mut state.half).poll_read(cx, &mut read) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => {
+                let filled = read.filled();
+                if filled.is_empty() {
                     state.ended = true;
-                    Poll::Ready(Err(error))
+                } else {
+                    state.pending.extend_from_slice(filled);
                 }
+                Poll::Ready(Ok(()))
             }
-        })
+            Poll::Ready(Err(error)) => {
+                state.ended = true;
+                Poll::Ready(Err(error))
+            }
+        }
     }
 
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
