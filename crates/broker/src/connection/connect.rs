@@ -540,7 +540,7 @@ async fn accept<W: TransportWrite>(
     // Replaces (or, without a will, deletes) the stored will of an earlier connection.
     let (will_token, will_written) = crate::will::record(shared, &client_id, will.as_deref());
     // The CONNACK (queued first) leaves once the session's and the will's records are durable
-    // (`outbound::run_writer`), as a SUBACK waits for its subscription's.
+    // (`outbound::Outflow`), as a SUBACK waits for its subscription's.
     let connack_after = Ticket::join(attached.durable, will_written);
     let conn = Conn {
         shared: shared.clone(),

@@ -130,9 +130,8 @@ pub(crate) struct Conn {
 }
 
 enum Event {
-    /// `ConnCtl::wake`: queued packets, or a kick.
+    /// `ConnCtl::wake`: queued packets, a kick or the shutdown.
     Woken,
-    Shutdown,
     Durable,
     /// The socket is readable (or failed).
     Readable(io::Result<()>),
@@ -142,7 +141,10 @@ enum Event {
 }
 
 /// Serves one accepted connection to the end. `info` says where it came from (listener,
-/// peer, client certificate).
+/// peer, client certificate). `stop` is watched during the handshake only: after it, the
+/// server's shutdown reaches the connection through the registry
+/// ([`crate::session::Registry::shut_down_connections`]), which costs an idle connection no
+/// future of its own.
 pub fn run<T: Transport>(
     shared: Arc<Shared>,
     transport: T,
@@ -162,13 +164,35 @@ pub fn run<T: Transport>(
     }
 }
 
+/// [`run`], also closed as a shutdown does once `stop` turns true: for connections served
+/// outside of a listener (tests, the simulator), which the server's shutdown does not reach.
+pub(crate) async fn run_until_stopped<T: Transport>(
+    shared: Arc<Shared>,
+    transport: T,
+    info: ConnectionInfo,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut live = Box::pin(establish(shared, transport, info, stop.clone())).await;
+    let Some(live) = &mut live else {
+        return;
+    };
+    let ctl = live.conn.ctl.clone();
+    let serving = live.serve();
+    tokio::pin!(serving);
+    tokio::select! {
+        biased;
+        _ = &mut serving => return,
+        _ = stop.wait_for(|stopped| *stopped) => ctl.shut_down(),
+    }
+    serving.await;
+}
+
 /// What a connection lives on after its handshake.
 struct Live<R, W> {
     conn: Conn,
     reader: R,
     /// Bytes read and not decoded yet (empty, without an allocation, while idle).
     buf: BytesMut,
-    stop: watch::Receiver<bool>,
     out: Outflow<W>,
 }
 
@@ -200,11 +224,15 @@ async fn establish<T: Transport>(
     });
     tracing::info!(%peer, client_id = %conn.client_id, protocol = ?conn.protocol, keep_alive_s, "client connected");
     Metrics::add(&shared.metrics.clients_connected, 1);
+    if *stop.borrow() {
+        // The shutdown's pass over the registry may have run before the attach; if it did
+        // not, it reaches this connection too (`ConnCtl::shut_down` is idempotent).
+        conn.ctl.shut_down();
+    }
     Some(Live {
         conn,
         reader,
         buf,
-        stop,
         out: Outflow::new(socket, writer, connack_after),
     })
 }
@@ -221,7 +249,7 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
         let tickets = CloseOnDrop(self.conn.read_slot.clone());
         let reason = self
             .conn
-            .read_loop(&self.reader, &mut self.buf, &mut self.stop, &mut self.out)
+            .read_loop(&self.reader, &mut self.buf, &mut self.out)
             .await;
         drop(tickets);
         {
@@ -253,15 +281,11 @@ impl Conn {
         &mut self,
         reader: &R,
         buf: &mut BytesMut,
-        stop: &mut watch::Receiver<bool>,
         out: &mut Outflow<W>,
     ) -> Close {
         let max_packet_size = self.shared.config.max_packet_size_bytes;
         let mut last_packet_at = Instant::now();
         let mut decoded = 0usize;
-        if *stop.borrow() {
-            return Close::Shutdown;
-        }
         // One timer for the connection's life, re-armed only when it fires early (traffic
         // moved the deadline): no timer churn per packet.
         let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
@@ -277,7 +301,9 @@ impl Conn {
         let mut ended = false;
         if !buf.is_empty() {
             ticket = self.read_slot.leftovers();
-            ended = settle(reader, buf, &slot).await.ended;
+            ended = poll_fn(|cx| Poll::Ready(settle(reader, buf, &slot, cx)))
+                .await
+                .ended;
         }
         loop {
             let read_ticket = ticket.take();
@@ -331,6 +357,9 @@ impl Conn {
             if let Some(reason) = self.ctl.kick_reason() {
                 return Close::Kicked(reason);
             }
+            if self.ctl.is_shut_down() {
+                return Close::Shutdown;
+            }
             let waiting = self.pipeline.has_pending_ticket();
             let backlogged = self.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
             let reading = !self.pipeline.is_full() && !backlogged;
@@ -341,7 +370,6 @@ impl Conn {
             let event = tokio::select! {
                 biased;
                 _ = poll_fn(|cx| self.ctl.wake.poll(cx)) => Event::Woken,
-                _ = stop.changed() => Event::Shutdown,
                 _ = poll_fn(|cx| self.pipeline.poll_front(cx, &mut self.released)), if waiting => {
                     Event::Durable
                 }
@@ -352,13 +380,12 @@ impl Conn {
                 _ = &mut keep_alive_timer, if self.keep_alive.is_some() => Event::KeepAliveDue,
             };
             match event {
-                // A kick is seen at the top of the loop.
+                // A kick or the shutdown is seen at the top of the loop.
                 Event::Woken => out.wake(),
                 Event::Wrote(Ok(())) => {}
                 Event::Wrote(Err(WriteFailed)) => {
                     self.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
                 }
-                Event::Shutdown => return Close::Shutdown,
                 Event::Durable => {
                     self.flush_released();
                     if self.pipeline.failed() {
@@ -376,7 +403,7 @@ impl Conn {
                     ticket = Some(self.read_slot.read_done());
                     // One clock read per socket read: packets of one read arrived together.
                     self.now = Instant::now();
-                    let settled = settle(reader, buf, &slot).await;
+                    let settled = poll_fn(|cx| Poll::Ready(settle(reader, buf, &slot, cx))).await;
                     ended = settled.ended;
                     let bytes = n + settled.more;
                     Metrics::add(&self.shared.metrics.bytes_received, bytes as u64);
@@ -525,10 +552,11 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     /// What every idle connection keeps besides its socket: the one task's future (`Conn`, the
-    /// outbound half and the read loop's state inline, 1,048 B), its `ConnCtl` (136 B) and its
+    /// outbound half and the read loop's state inline, 896 B), its `ConnCtl` (136 B) and its
     /// session. With a reader and a writer task the futures were 1,304 + 384 B in release
-    /// (1,624 + 488 B in a test build) and `ConnCtl` 240 B (BENCHMARKS.md "Session 4").
-    const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 1100;
+    /// (1,624 + 488 B in a test build) and `ConnCtl` 240 B (BENCHMARKS.md "Session 4"). Under
+    /// ~920 B the task's cell (future, header, trailer; tokio rounds it to 128 B) is 1,024 B.
+    const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 920;
     const CONN_CTL_MAX_BYTES: usize = 160;
     const SESSION_MAX_BYTES: usize = 512;
 

@@ -63,10 +63,13 @@ pub(super) struct Settled {
 /// driver order, instead of being found by the next read with a ticket taken only then. Stops
 /// reading at [`SETTLE_MAX_BYTES`] in the buffer (a connection that always has more is ordered
 /// by its reads).
-pub(super) async fn settle<R: TransportRead>(
+/// `cx` registers the connection (the caller's task) for the readiness; nothing here waits, so
+/// no future of its own is kept in the connection's state.
+pub(super) fn settle<R: TransportRead>(
     reader: &R,
     buf: &mut BytesMut,
     slot: &Arc<ReadSlot>,
+    cx: &mut Context<'_>,
 ) -> Settled {
     let mut settled = Settled {
         more: 0,
@@ -80,7 +83,7 @@ pub(super) async fn settle<R: TransportRead>(
                 continue;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                match poll_fn(|cx| Poll::Ready(poll_ordered(reader, slot, cx))).await {
+                match poll_ordered(reader, slot, cx) {
                     Poll::Pending => {} // registered
                     // Data came in between: read it too.
                     Poll::Ready(Ok(())) => continue,

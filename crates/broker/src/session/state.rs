@@ -24,9 +24,11 @@ pub struct SubRecord {
 /// What the connection's task and the rest of the broker share about one live connection.
 #[derive(Debug, Default)]
 pub struct ConnCtl {
-    /// Wakes the connection's task: new outbound data, a window opening, a kick.
+    /// Wakes the connection's task: new outbound data, a window opening, a kick, the shutdown.
     pub wake: Signal,
     kick_reason: Mutex<Option<ReasonCode>>,
+    /// The server is shutting down (`Close::Shutdown`: the will stays owed, not published).
+    shut_down: AtomicBool,
     /// Who is connected (for the admin API), set once the handshake is done.
     info: OnceLock<ConnInfo>,
     /// The connection has handed out every delivery it will ever route (its close path drained
@@ -58,6 +60,16 @@ impl ConnCtl {
         };
         self.wake.notify();
         first
+    }
+
+    /// Closes the connection because the server shuts down.
+    pub fn shut_down(&self) {
+        self.shut_down.store(true, Ordering::Release);
+        self.wake.notify();
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
     }
 
     /// The reason of the first [`ConnCtl::kick`], if there was one.
