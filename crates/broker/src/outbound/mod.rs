@@ -399,6 +399,11 @@ impl Outbound {
         self.gate.poll_front(cx)
     }
 
+    /// True while packets wait in the gate (or its failure is pending).
+    pub fn gate_holds_packets(&self) -> bool {
+        !self.gate.is_empty()
+    }
+
     /// True once a store write the gate waited for failed (the connection must close).
     pub fn gate_failed(&self) -> bool {
         self.gate.failed()

@@ -147,6 +147,10 @@ pub struct Outflow<W> {
     connack_after: Option<Box<Ticket>>,
     /// Take a batch at the next step: the connection was woken, or the last write completed.
     want_batch: bool,
+    /// The gate held packets at the last batch: its front write must be polled. Packets enter
+    /// the gate only during a batch or with a wake (`hold_pubrel`), so while this is false an
+    /// idle step takes no lock: the loop steps once per read.
+    gate_busy: bool,
 }
 
 /// The connection cannot write any more (logged where it happened).
@@ -169,6 +173,7 @@ impl<W: TransportWrite> Outflow<W> {
             connack_after: connack_after.map(Box::new),
             // The CONNACK is queued.
             want_batch: true,
+            gate_busy: false,
         }
     }
 
@@ -196,6 +201,10 @@ impl<W: TransportWrite> Outflow<W> {
             }
         }
         while self.parts.is_empty() {
+            if !self.want_batch && !self.gate_busy {
+                self.release_idle();
+                return Poll::Pending;
+            }
             let mut state = env.session.state.lock();
             if state.conn_gen != env.conn_gen || state.ended {
                 return Poll::Pending;
@@ -203,6 +212,7 @@ impl<W: TransportWrite> Outflow<W> {
             // Polled before the batch: a store write completing after it wakes the task.
             let gate_ready = state.out.poll_gate(cx).is_ready();
             if !self.want_batch && !gate_ready {
+                self.gate_busy = state.out.gate_holds_packets();
                 drop(state);
                 self.release_idle();
                 return Poll::Pending;
@@ -219,6 +229,7 @@ impl<W: TransportWrite> Outflow<W> {
             state
                 .out
                 .fill_batch(&mut self.writer, &batch, &mut self.parts);
+            self.gate_busy = state.out.gate_holds_packets();
             if state.out.gate_failed() && self.parts.is_empty() {
                 // A write the session's packets waited for failed: nothing more can leave
                 // safely.
