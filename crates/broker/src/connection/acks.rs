@@ -16,7 +16,7 @@ impl Conn {
         if done {
             self.shared
                 .store
-                .outbound_completed(&self.client_id, ack.packet_id);
+                .outbound_completed(&self.session.client_id, ack.packet_id);
             self.ctl.wake.notify(); // the window opened
         }
         Ok(())
@@ -37,7 +37,7 @@ impl Conn {
                     // v5: a PUBREC with a failure reason ends the exchange (MQTT-4.3.3-4 note).
                     self.shared
                         .store
-                        .outbound_completed(&self.client_id, ack.packet_id);
+                        .outbound_completed(&self.session.client_id, ack.packet_id);
                 }
                 self.ctl.wake.notify();
                 return Ok(());
@@ -52,9 +52,11 @@ impl Conn {
             // with the write issued under the session lock so that the gate's order is the
             // write order.
             let ticket = if known {
-                self.shared
-                    .store
-                    .outbound_pubrel_pending(&self.client_id, ack.packet_id, stored)
+                self.shared.store.outbound_pubrel_pending(
+                    &self.session.client_id,
+                    ack.packet_id,
+                    stored,
+                )
             } else {
                 None
             };
@@ -75,7 +77,7 @@ impl Conn {
         if done {
             self.shared
                 .store
-                .outbound_completed(&self.client_id, ack.packet_id);
+                .outbound_completed(&self.session.client_id, ack.packet_id);
             self.ctl.wake.notify();
         }
         Ok(())

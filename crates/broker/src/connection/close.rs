@@ -46,7 +46,7 @@ impl Conn {
         )
         .await;
         if drained.is_err() {
-            tracing::warn!(client_id = %self.client_id, "store writes did not complete in time at close");
+            tracing::warn!(client_id = %self.session.client_id, "store writes did not complete in time at close");
         }
         for item in std::mem::take(&mut self.released) {
             if let crate::ack_pipeline::Released::Deliver(message) = item {
@@ -111,7 +111,7 @@ impl Conn {
                     self.will_token,
                 ),
                 // MQTT-3.1.2-10: removed from the session state, durably.
-                Some(false) => will::cancel(&self.shared, &self.client_id, self.will_token),
+                Some(false) => will::cancel(&self.shared, &self.session.client_id, self.will_token),
                 None => {}
             }
         }

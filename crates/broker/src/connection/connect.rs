@@ -4,7 +4,6 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use tern_wire::{
@@ -474,8 +473,8 @@ async fn accept<W: TransportWrite>(
         keep_alive_s = config.max_keep_alive_s;
         properties.server_keep_alive_s = Some(keep_alive_s);
     }
-    let keep_alive =
-        (keep_alive_s > 0).then(|| Duration::from_millis(u64::from(keep_alive_s) * 1500));
+    // At most 65,535 s × 1.5: fits a u32 of milliseconds.
+    let keep_alive_ms = u32::from(keep_alive_s) * 1500;
 
     let requested_expiry_s = if v5 {
         connect.properties.session_expiry_interval_s.unwrap_or(0)
@@ -547,11 +546,10 @@ async fn accept<W: TransportWrite>(
         session: attached.session,
         ctl: attached.ctl,
         conn_gen: attached.conn_gen,
-        client_id,
         username,
         acl: AclView::default(),
         protocol,
-        keep_alive,
+        keep_alive_ms,
         will,
         will_token,
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),

@@ -13,7 +13,9 @@
 //!   waits, so neither a busy socket nor a busy queue holds the other direction back.
 //! - Every control packet this task sends goes through the session's control queue, and only
 //!   while the session still belongs to this connection (`conn_gen`).
-//! - Every `tokio::select!` is `biased;` (its order is the order of the branches).
+//! - The loop waits in one poll function that looks at its sources in a fixed order (wake,
+//!   pipeline, socket, outbound, keep alive), as a `biased` select would, without the select's
+//!   futures in every idle connection's state.
 //! - The loop reads through the connection's `ReadSlot` and acts on what one read returned only
 //!   once every read with a smaller ticket was handled, then completes its ticket before it
 //!   awaits anything else ([`crate::read_order`]: packets take effect across connections in the
@@ -30,14 +32,16 @@ mod subscribe;
 
 use std::future::{Future, poll_fn};
 use std::io;
+use std::num::NonZeroU64;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tern_wire::{DecodeError, Packet, Protocol, ReasonCode, Will, decode};
 use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use crate::ack_pipeline::{AckKind, AckPipeline, Released};
 use crate::broker::Shared;
@@ -101,14 +105,14 @@ pub(crate) struct Conn {
     session: Arc<Session>,
     ctl: Arc<ConnCtl>,
     conn_gen: u64,
-    client_id: Arc<str>,
     /// The CONNECT's username (checked against the password file, if there is one).
     username: Option<Arc<str>>,
     /// The ACL as this connection last saw it (`crate::auth`).
     acl: crate::auth::AclView,
     protocol: Protocol,
-    /// 1.5 × the keep alive in force; `None` when keep alive is off.
-    keep_alive: Option<Duration>,
+    /// 1.5 × the keep alive in force, in milliseconds; 0 when keep alive is off (a `u32`, not
+    /// an `Option<Duration>`: 12 bytes less in every idle connection).
+    keep_alive_ms: u32,
     will: Option<Box<Will>>,
     /// Names `will` in the store (`crate::will`).
     will_token: u64,
@@ -214,15 +218,13 @@ async fn establish<T: Transport>(
     let mut buf = BytesMut::new();
     let (conn, (socket, writer, connack_after)) =
         connect::handshake(&shared, &mut reader, writer, &mut buf, &mut stop, info).await?;
-    let keep_alive_s = conn.keep_alive.map_or(0, |d| {
-        u16::try_from(d.as_millis() / 1500).unwrap_or(u16::MAX)
-    });
+    let keep_alive_s = u16::try_from(conn.keep_alive_ms / 1500).unwrap_or(u16::MAX);
     conn.ctl.set_info(crate::session::ConnInfo {
         peer,
         keep_alive_s,
         connected_at: std::time::SystemTime::now(),
     });
-    tracing::info!(%peer, client_id = %conn.client_id, protocol = ?conn.protocol, keep_alive_s, "client connected");
+    tracing::info!(%peer, client_id = %conn.session.client_id, protocol = ?conn.protocol, keep_alive_s, "client connected");
     Metrics::add(&shared.metrics.clients_connected, 1);
     if *stop.borrow() {
         // The shutdown's pass over the registry may have run before the attach; if it did
@@ -247,15 +249,12 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
         // Whatever way the loop ends (also by abort), its tickets must not hold other readers
         // back.
         let tickets = CloseOnDrop(self.conn.read_slot.clone());
-        let reason = self
-            .conn
-            .read_loop(&self.reader, &mut self.buf, &mut self.out)
-            .await;
+        let reason = self.read_loop().await;
         drop(tickets);
         {
             // Set before the loop started (the peer is not kept in the future for this line).
             let peer = self.conn.ctl.info().map_or(UNKNOWN_PEER, |info| info.peer);
-            tracing::info!(%peer, client_id = %self.conn.client_id, reason = %reason, "client disconnected");
+            tracing::info!(%peer, client_id = %self.conn.session.client_id, reason = %reason, "client disconnected");
         }
         // Boxed like the handshake: only a closing connection needs the close path's state.
         Box::pin(self.conn.finish(reason, &mut self.out)).await;
@@ -276,68 +275,76 @@ fn decode_error_reason(error: &DecodeError) -> ReasonCode {
 /// Property identifier of Topic Alias.
 const TOPIC_ALIAS_PROPERTY_ID: u8 = 0x23;
 
-impl Conn {
-    async fn read_loop<R: TransportRead, W: TransportWrite>(
-        &mut self,
-        reader: &R,
-        buf: &mut BytesMut,
-        out: &mut Outflow<W>,
-    ) -> Close {
-        let max_packet_size = self.shared.config.max_packet_size_bytes;
+impl<R: TransportRead, W: TransportWrite> Live<R, W> {
+    /// Reads, decodes and dispatches until the connection ends; writes between reads. Its
+    /// state is every idle connection's: fields are borrowed from `self` (arguments would be
+    /// kept twice, as arguments and as locals), and what it waits for is polled.
+    async fn read_loop(&mut self) -> Close {
+        let Live {
+            conn,
+            reader,
+            buf,
+            out,
+        } = self;
+        let reader: &R = reader;
         let mut last_packet_at = Instant::now();
-        let mut decoded = 0usize;
+        // Packets were decoded since the last wait.
+        let mut decoded = false;
         // One timer for the connection's life, re-armed only when it fires early (traffic
         // moved the deadline): no timer churn per packet.
         let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
         let first_deadline = last_packet_at
-            .checked_add(self.keep_alive.unwrap_or(Duration::MAX))
+            .checked_add(conn.keep_alive().unwrap_or(Duration::MAX))
             .unwrap_or(far_future);
         let keep_alive_timer = tokio::time::sleep_until(first_deadline);
         tokio::pin!(keep_alive_timer);
-        // Registered with the driver (through the slot) across the loop while reading is on.
-        let slot = self.read_slot.clone();
         // Bytes the handshake read after the CONNECT go with the connection's first ticket.
+        // (Tickets start at 1: `NonZeroU64` keeps the option in 8 bytes of the idle state.)
         let mut ticket = None;
         let mut ended = false;
         if !buf.is_empty() {
-            ticket = self.read_slot.leftovers();
-            ended = poll_fn(|cx| Poll::Ready(settle(reader, buf, &slot, cx)))
+            ticket = conn.read_slot.leftovers().and_then(NonZeroU64::new);
+            ended = poll_fn(|cx| Poll::Ready(settle(reader, buf, &conn.read_slot, cx)))
                 .await
                 .ended;
         }
         loop {
-            let read_ticket = ticket.take();
-            if let Some(ticket) = read_ticket {
+            // Scoped: it is not kept across the wait below.
+            let had_ticket = ticket.is_some();
+            if let Some(ticket) = ticket.take() {
                 // Every read the driver reported before this one takes effect first.
-                self.read_slot.order().turn(ticket).await;
+                conn.read_slot.order().turn(ticket.get()).await;
             }
-            while !self.pipeline.is_full() {
-                match decode(buf, self.protocol, max_packet_size) {
+            while !conn.pipeline.is_full() {
+                let max_packet_size = conn.shared.config.max_packet_size_bytes;
+                match decode(buf, conn.protocol, max_packet_size) {
                     Ok(Some(packet)) => {
-                        decoded += 1;
-                        if let Err(close) = self.handle(packet) {
+                        decoded = true;
+                        if let Err(close) = conn.handle(packet) {
                             return close;
                         }
                     }
                     Ok(None) => break,
                     Err(error) => {
-                        tracing::debug!(client_id = %self.client_id, %error, "malformed packet");
+                        tracing::debug!(client_id = %conn.session.client_id, %error, "malformed packet");
                         return Close::Protocol(decode_error_reason(&error));
                     }
                 }
             }
-            if read_ticket.is_some() {
-                self.read_slot.handled();
+            if had_ticket {
+                conn.read_slot.handled();
             }
             if ended {
                 return Close::Lost;
             }
-            if buf.is_empty() && buf.capacity() > 0 {
+            if buf.is_empty() {
+                // Also when its capacity is 0: a buffer split to its end still holds the read
+                // it came from (measured: the CONNECT's ~100 B on every idle connection).
                 *buf = BytesMut::new();
             }
-            if decoded > 0 {
-                last_packet_at = self.now;
-                decoded = 0;
+            if decoded {
+                last_packet_at = conn.now;
+                decoded = false;
                 // The writers this batch woke sit in this worker's LIFO slot, which the other
                 // worker cannot steal: without a yield a fast publisher starves them and their
                 // queues overflow (measured: 89% of QoS 0 dropped at 1 pub -> 1 sub; 0% after).
@@ -345,50 +352,45 @@ impl Conn {
             }
             // One outbound step per turn, before waiting: a connection that always has bytes
             // to read still writes (its acks), one that always has packets to write still reads.
-            let env = OutEnv {
-                shared: &self.shared,
-                session: &self.session,
-                conn_gen: self.conn_gen,
-            };
-            let step = poll_fn(|cx| Poll::Ready(out.poll_step(cx, &env))).await;
+            let step = poll_fn(|cx| {
+                let env = OutEnv {
+                    shared: &conn.shared,
+                    session: &conn.session,
+                    conn_gen: conn.conn_gen,
+                };
+                Poll::Ready(out.poll_step(cx, &env))
+            })
+            .await;
             if let Poll::Ready(Err(WriteFailed)) = step {
-                self.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
+                conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
             }
-            if let Some(reason) = self.ctl.kick_reason() {
+            if let Some(reason) = conn.ctl.kick_reason() {
                 return Close::Kicked(reason);
             }
-            if self.ctl.is_shut_down() {
+            if conn.ctl.is_shut_down() {
                 return Close::Shutdown;
             }
-            let waiting = self.pipeline.has_pending_ticket();
-            let backlogged = self.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
-            let reading = !self.pipeline.is_full() && !backlogged;
+            let waiting = conn.pipeline.has_pending_ticket();
+            let backlogged = conn.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
+            let reading = !conn.pipeline.is_full() && !backlogged;
             if !reading {
                 // Not armed while not reading: no ticket may wait for this connection.
-                self.read_slot.not_reading();
+                conn.read_slot.not_reading();
             }
-            let event = tokio::select! {
-                biased;
-                _ = poll_fn(|cx| self.ctl.wake.poll(cx)) => Event::Woken,
-                _ = poll_fn(|cx| self.pipeline.poll_front(cx, &mut self.released)), if waiting => {
-                    Event::Durable
-                }
-                ready = poll_fn(|cx| poll_ordered(reader, &slot, cx)), if reading => {
-                    Event::Readable(ready)
-                }
-                wrote = poll_fn(|cx| out.poll_step(cx, &env)) => Event::Wrote(wrote),
-                _ = &mut keep_alive_timer, if self.keep_alive.is_some() => Event::KeepAliveDue,
-            };
+            let mut timer = keep_alive_timer.as_mut();
+            let event =
+                poll_fn(|cx| poll_event(conn, reader, out, timer.as_mut(), waiting, reading, cx))
+                    .await;
             match event {
                 // A kick or the shutdown is seen at the top of the loop.
                 Event::Woken => out.wake(),
                 Event::Wrote(Ok(())) => {}
                 Event::Wrote(Err(WriteFailed)) => {
-                    self.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
+                    conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
                 }
                 Event::Durable => {
-                    self.flush_released();
-                    if self.pipeline.failed() {
+                    conn.flush_released();
+                    if conn.pipeline.failed() {
                         // Not acknowledged: the client resends after reconnecting.
                         return Close::Protocol(ReasonCode::UNSPECIFIED_ERROR);
                     }
@@ -400,18 +402,19 @@ impl Conn {
                         Ok(0) | Err(_) => return Close::Lost,
                         Ok(n) => n,
                     };
-                    ticket = Some(self.read_slot.read_done());
+                    ticket = NonZeroU64::new(conn.read_slot.read_done());
                     // One clock read per socket read: packets of one read arrived together.
-                    self.now = Instant::now();
-                    let settled = poll_fn(|cx| Poll::Ready(settle(reader, buf, &slot, cx))).await;
+                    conn.now = Instant::now();
+                    let settled =
+                        poll_fn(|cx| Poll::Ready(settle(reader, buf, &conn.read_slot, cx))).await;
                     ended = settled.ended;
                     let bytes = n + settled.more;
-                    Metrics::add(&self.shared.metrics.bytes_received, bytes as u64);
+                    Metrics::add(&conn.shared.metrics.bytes_received, bytes as u64);
                 }
                 Event::KeepAliveDue => {
                     // MQTT-3.1.2-22: nothing received within 1.5 x keep alive.
                     // Not kept in a local across the loop's awaits: 16 B of every idle future.
-                    let deadline = last_packet_at + self.keep_alive.unwrap_or(Duration::MAX);
+                    let deadline = last_packet_at + conn.keep_alive().unwrap_or(Duration::MAX);
                     if Instant::now() >= deadline {
                         return Close::KeepAlive;
                     }
@@ -419,6 +422,50 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+/// One wait of the read loop: what `tokio::select! { biased; ... }` over these sources would
+/// return, in one poll function, so that no select futures are kept in every idle connection's
+/// state (the closure calling it holds a few references).
+fn poll_event<R: TransportRead, W: TransportWrite>(
+    conn: &mut Conn,
+    reader: &R,
+    out: &mut Outflow<W>,
+    keep_alive_timer: Pin<&mut Sleep>,
+    waiting: bool,
+    reading: bool,
+    cx: &mut Context<'_>,
+) -> Poll<Event> {
+    if conn.ctl.wake.poll(cx).is_ready() {
+        return Poll::Ready(Event::Woken);
+    }
+    if waiting && conn.pipeline.poll_front(cx, &mut conn.released).is_ready() {
+        return Poll::Ready(Event::Durable);
+    }
+    if reading {
+        if let Poll::Ready(ready) = poll_ordered(reader, &conn.read_slot, cx) {
+            return Poll::Ready(Event::Readable(ready));
+        }
+    }
+    let env = OutEnv {
+        shared: &conn.shared,
+        session: &conn.session,
+        conn_gen: conn.conn_gen,
+    };
+    if let Poll::Ready(wrote) = out.poll_step(cx, &env) {
+        return Poll::Ready(Event::Wrote(wrote));
+    }
+    if conn.keep_alive_ms > 0 && keep_alive_timer.poll(cx).is_ready() {
+        return Poll::Ready(Event::KeepAliveDue);
+    }
+    Poll::Pending
+}
+
+impl Conn {
+    /// 1.5 × the keep alive in force; `None` when keep alive is off.
+    fn keep_alive(&self) -> Option<Duration> {
+        (self.keep_alive_ms > 0).then(|| Duration::from_millis(u64::from(self.keep_alive_ms)))
     }
 
     fn handle(&mut self, packet: Packet) -> Result<(), Close> {
@@ -552,11 +599,12 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     /// What every idle connection keeps besides its socket: the one task's future (`Conn`, the
-    /// outbound half and the read loop's state inline, 896 B), its `ConnCtl` (136 B) and its
+    /// outbound half and the read loop's state inline, 776 B), its `ConnCtl` (136 B) and its
     /// session. With a reader and a writer task the futures were 1,304 + 384 B in release
-    /// (1,624 + 488 B in a test build) and `ConnCtl` 240 B (BENCHMARKS.md "Session 4"). Under
-    /// ~920 B the task's cell (future, header, trailer; tokio rounds it to 128 B) is 1,024 B.
-    const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 920;
+    /// (1,624 + 488 B in a test build) and `ConnCtl` 240 B (BENCHMARKS.md "Session 4"). Up to
+    /// 792 B the task's cell (32 B header, 24 B core, the future, 48 B trailer; tokio rounds it
+    /// to 128 B) is 896 B.
+    const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 792;
     const CONN_CTL_MAX_BYTES: usize = 160;
     const SESSION_MAX_BYTES: usize = 512;
 
