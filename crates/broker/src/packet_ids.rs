@@ -5,7 +5,7 @@
 //! - `in_use.len()` is bounded by the in-flight window (at most 65_534 by config validation),
 //!   so allocation always finds a free id when the caller respects the window.
 
-use std::collections::HashSet;
+use crate::small_hash::SmallHashSet;
 
 /// Capacity an empty id set may keep.
 const IDLE_CAPACITY: usize = 64;
@@ -13,7 +13,7 @@ const IDLE_CAPACITY: usize = 64;
 #[derive(Debug, Default)]
 pub struct PacketIds {
     next: u16,
-    in_use: HashSet<u16>,
+    in_use: SmallHashSet<u16>,
 }
 
 impl PacketIds {
@@ -55,7 +55,7 @@ impl PacketIds {
     /// so ids keep rotating).
     pub fn shrink_if_idle(&mut self) {
         if self.in_use.is_empty() && self.in_use.capacity() > IDLE_CAPACITY {
-            self.in_use = HashSet::new();
+            self.in_use = SmallHashSet::default();
         }
     }
 }
