@@ -600,8 +600,8 @@ impl Conn {
 mod tests {
     /// What every idle connection keeps besides its socket: the one task's future (`Conn`, the
     /// outbound half and the read loop's state inline, 776 B), its `ConnCtl` (136 B) and its
-    /// session. With a reader and a writer task the futures were 1,304 + 384 B in release
-    /// (1,624 + 488 B in a test build) and `ConnCtl` 240 B (BENCHMARKS.md "Session 4"). Up to
+    /// session. With a reader and a writer task the futures were 1,624 + 488 B and `ConnCtl`
+    /// 240 B (BENCHMARKS.md "Session 4: idle memory"). Up to
     /// 792 B the task's cell (32 B header, 24 B core, the future, 48 B trailer; tokio rounds it
     /// to 128 B) is 896 B.
     const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 792;
