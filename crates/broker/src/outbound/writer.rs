@@ -145,6 +145,8 @@ pub struct Outflow<W> {
     parts: Vec<Bytes>,
     /// Boxed: waited for once, then gone; inline it would be in every idle connection.
     connack_after: Option<Box<Ticket>>,
+    /// `connack_after` failed: nothing may be written (a ticket reports its outcome once).
+    connack_failed: bool,
     /// Take a batch at the next step: the connection was woken, or the last write completed.
     want_batch: bool,
     /// The gate held packets at the last batch: its front write must be polled. Packets enter
@@ -171,6 +173,7 @@ impl<W: TransportWrite> Outflow<W> {
             writer,
             parts: Vec::new(),
             connack_after: connack_after.map(Box::new),
+            connack_failed: false,
             // The CONNACK is queued.
             want_batch: true,
             gate_busy: false,
@@ -190,11 +193,17 @@ impl<W: TransportWrite> Outflow<W> {
         cx: &mut Context<'_>,
         env: &OutEnv<'_>,
     ) -> Poll<Result<(), WriteFailed>> {
+        if self.connack_failed {
+            // Also when stepped again before the connection closes: nothing may leave.
+            return Poll::Ready(Err(WriteFailed));
+        }
         if let Some(ticket) = &mut self.connack_after {
             match ticket.poll_wait(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(error)) => {
                     tracing::error!(%error, client_id = %env.session.client_id, "session state not written; closing the connection without CONNACK");
+                    self.connack_after = None;
+                    self.connack_failed = true;
                     return Poll::Ready(Err(WriteFailed));
                 }
                 Poll::Ready(Ok(())) => self.connack_after = None,
@@ -267,10 +276,11 @@ impl<W: TransportWrite> Outflow<W> {
     /// before the CONNACK's records are durable. The caller bounds it in time.
     pub async fn close(&mut self, metrics: &Metrics, final_packet: Option<Bytes>) {
         if let Some(mut ticket) = self.connack_after.take() {
-            if ticket.wait().await.is_err() {
-                let _ = self.socket.shutdown().await;
-                return;
-            }
+            self.connack_failed = ticket.wait().await.is_err();
+        }
+        if self.connack_failed {
+            let _ = self.socket.shutdown().await;
+            return;
         }
         if let Some(packet) = final_packet {
             // The batch's parts were counted when it was taken.
