@@ -141,8 +141,11 @@ pub fn encode_packet(packet: &Packet, protocol: Protocol, scratch: &mut BytesMut
 pub struct Outflow<W> {
     socket: W,
     writer: WriterState,
-    /// The batch being written (empty: none).
+    /// What of the batch being written the transport has not taken yet.
     parts: Vec<Bytes>,
+    /// A batch is being written. Not `!parts.is_empty()`: a stream transport takes the parts
+    /// into its own buffer before the stream takes them, and that write must still be driven.
+    writing: bool,
     /// Boxed: waited for once, then gone; inline it would be in every idle connection.
     connack_after: Option<Box<Ticket>>,
     /// `connack_after` failed: nothing may be written (a ticket reports its outcome once).
@@ -172,6 +175,7 @@ impl<W: TransportWrite> Outflow<W> {
             socket,
             writer,
             parts: Vec::new(),
+            writing: false,
             connack_after: connack_after.map(Box::new),
             connack_failed: false,
             // The CONNACK is queued.
@@ -209,7 +213,7 @@ impl<W: TransportWrite> Outflow<W> {
                 Poll::Ready(Ok(())) => self.connack_after = None,
             }
         }
-        while self.parts.is_empty() {
+        while !self.writing {
             if !self.want_batch && !self.gate_busy {
                 self.release_idle();
                 return Poll::Pending;
@@ -246,6 +250,7 @@ impl<W: TransportWrite> Outflow<W> {
             }
             drop(state);
             count_sent(&self.parts, &env.shared.metrics);
+            self.writing = !self.parts.is_empty();
         }
         match self.socket.poll_write_parts(cx, &mut self.parts) {
             Poll::Pending => Poll::Pending,
@@ -254,6 +259,7 @@ impl<W: TransportWrite> Outflow<W> {
                 Poll::Ready(Err(WriteFailed))
             }
             Poll::Ready(Ok(())) => {
+                self.writing = false;
                 self.want_batch = true;
                 Poll::Ready(Ok(()))
             }
@@ -287,7 +293,8 @@ impl<W: TransportWrite> Outflow<W> {
             Metrics::add(&metrics.bytes_sent, packet.len() as u64);
             self.parts.push(packet);
         }
-        if !self.parts.is_empty() && self.socket.write_parts(&mut self.parts).await.is_err() {
+        let unfinished = self.writing || !self.parts.is_empty();
+        if unfinished && self.socket.write_parts(&mut self.parts).await.is_err() {
             return;
         }
         let _ = self.socket.shutdown().await;
