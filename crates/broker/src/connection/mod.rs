@@ -54,7 +54,7 @@ use crate::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, Transport, TransportRead, TransportWrite};
 use read::{poll_ordered, settle, try_read_chunk};
 
-/// Control packets (acks, SUBACK, PINGRESP) queued for the writer beyond which the reader
+/// Control packets (acks, SUBACK, PINGRESP) waiting to be written beyond which the connection
 /// stops reading: a client that sends without reading cannot grow the queue without bound.
 const MAX_CONTROL_BACKLOG: usize = 1024;
 
