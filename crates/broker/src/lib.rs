@@ -15,10 +15,11 @@
 //!   its module doc); [`checkpoint`]: the periodic write of persistent sessions' cursors.
 //! - [`session`]: session state, the registry (takeover, resume), share-group queues, expiry
 //!   and will timers.
+//! - [`small_hash`]: hash maps without a hasher state per map (per-session state).
 //! - [`router`]: trie lookups, per-session merging, share-group member choice, delivery.
 //! - [`transport`]: the seam between a connection and its byte stream: plain TCP, or any
 //!   `AsyncRead + AsyncWrite` (TLS, WebSocket, in memory); listener and peer context.
-//! - [`outbound`]: per-session queue, in-flight window and the vectored writer task.
+//! - [`outbound`]: per-session queue, in-flight window and the connection's vectored writes.
 //! - [`retained`], [`will`], [`sys`] (`$SYS/broker/...`), [`topic_alias`], [`packet_ids`],
 //!   [`message`] (a routed message, encoded once per protocol), [`metrics`].
 //! - [`admin`]: paged lists and actions for operators; [`exposition`]: `/metrics` (Prometheus
@@ -46,6 +47,7 @@ pub mod read_order;
 pub mod retained;
 pub mod router;
 pub mod session;
+pub mod small_hash;
 pub mod sys;
 pub mod topic_alias;
 pub mod transport;
