@@ -145,8 +145,13 @@ impl Broker {
         self.shared.ready.store(true, Ordering::Release);
         loop {
             let accept = poll_fn(|cx| poll_accept_any(&listeners, &mut next_listener, cx));
+            // `biased` (as every select in this crate): branches are polled in order, not from
+            // a random start, so a simulated run is one execution. Finished connections are
+            // reaped before the next accept, so a flood of connects cannot grow the set.
             tokio::select! {
+                biased;
                 _ = &mut shutdown => break,
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 (index, accepted) = accept => match accepted {
                     Ok((stream, peer)) => {
                         self.spawn_connection(&mut connections, &listeners[index], stream, peer, &stop_rx);
@@ -156,7 +161,6 @@ impl Broker {
                         tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_BACKOFF_MS)).await;
                     }
                 },
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }
         drop(listeners);
@@ -234,6 +238,7 @@ impl Broker {
             let _slot = slot;
             let deadline = Instant::now() + shared.config.connect_timeout();
             let upgraded = tokio::select! {
+                biased;
                 upgraded = tokio::time::timeout_at(deadline, upgrade.upgrade(socket)) => upgraded,
                 _ = stop.changed() => return,
             };

@@ -283,6 +283,7 @@ impl Conn {
                 self.read_slot.not_reading();
             }
             let event = tokio::select! {
+                biased;
                 reason = self.ctl.kicked() => Event::Kicked(reason),
                 _ = stop.changed() => Event::Shutdown,
                 _ = self.pipeline.wait_front(&mut self.released), if waiting => Event::Durable,

@@ -198,6 +198,7 @@ pub async fn run_writer<W: TransportWrite>(
                 }
             });
             tokio::select! {
+                biased;
                 _ = ctl.wake.notified() => {}
                 _ = gate => {}
             }
