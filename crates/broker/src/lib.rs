@@ -52,7 +52,7 @@ pub mod transport;
 pub mod will;
 
 pub use auth::{Auth, AuthRules};
-pub use broker::{Broker, Shared};
+pub use broker::{Background, Broker, Shared};
 pub use config::{BrokerConfig, ConfigError};
 pub use durable::{Durability, DurableConfig, DurableStore, Keep, SessionLimits, StreamSpec};
 pub use persist::{

@@ -24,6 +24,7 @@ mod sim {
     pub mod probes_b;
     pub mod run;
     pub mod subscriber;
+    pub mod tcp;
     pub mod timers;
 }
 
@@ -130,14 +131,17 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
 fn report(seed: u64, out: &Outcome, flags: &str, verbose: bool) {
     let mut text = String::new();
     if out.violations.is_empty() {
-        text.push_str(&format!("sim: seed {seed} ok ({:.1?})\n", out.elapsed));
+        text.push_str(&format!(
+            "sim: seed {seed} ok ({:.1?}, digest {:016x})\n",
+            out.elapsed, out.digest
+        ));
         if verbose {
             text.push_str(&format!("{}\n", out.log));
         }
     } else {
         text.push_str(&format!(
-            "sim: seed {seed} FAILED ({:.1?}; replay: scripts/sim.sh --seed {seed}{flags})\n",
-            out.elapsed
+            "sim: seed {seed} FAILED ({:.1?}, digest {:016x}; replay: scripts/sim.sh --seed {seed}{flags})\n",
+            out.elapsed, out.digest
         ));
         for v in &out.violations {
             text.push_str(&format!("sim:   {v}\n"));

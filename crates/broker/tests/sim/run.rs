@@ -1,71 +1,149 @@
 //! One seed: the plan drawn from it, the broker's boots on the simulated disk, the faults,
-//! and the checker.
+//! and the checker, in one turmoil simulation: the broker is the host [`BROKER_HOST`], every
+//! client a turmoil client of its own, the network turmoil's and the clock virtual (1 ms a
+//! step, [`TICK`]). The controller is the step loop: it steps until a condition holds (so
+//! many messages acknowledged, every subscriber subscribed), then strikes a fault. The
+//! store's writer threads still run on their own (real) time.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tern_broker::transport::{ConnectionInfo, ListenerContext, StreamTransport, TransportKind};
 use tern_broker::{Broker, BrokerConfig, DurableConfig, DurableStore, StreamSpec};
 use tern_store::sim::{FaultAction, ScriptedFault, SimConfig, SimDisk};
 use tern_wire::Protocol;
-use tokio::net::TcpListener;
 
 use super::check::{self, Context};
-use super::client::{Net, PubSpec, PubState, run_publisher};
+use super::client::{BROKER_HOST, BROKER_PORT, Endpoint, Net, PubSpec, PubState, run_publisher};
 use super::plan::{Fault, Features, Injected, plan};
 use super::subscriber::{SubSpec, SubState, run_subscriber};
 
-/// One broker "process": its own runtime, so that killing it drops every task it has
-/// (connections, writers, timers, checkpointer) at once.
-pub(super) struct Boot {
-    rt: tokio::runtime::Runtime,
+/// Virtual time per simulation step.
+const TICK: Duration = Duration::from_millis(1);
+/// Virtual time a seed may take at most (turmoil fails the step past it).
+const SIM_LIMIT: Duration = Duration::from_secs(600);
+
+/// A client's software.
+pub(super) type Task = Pin<Box<dyn Future<Output = ()>>>;
+
+/// The broker host's software: opens the store on the disk (recovery), starts the broker,
+/// and serves every turmoil connection through the stream transport. Called again by
+/// turmoil on every restart (bounce).
+fn broker_software(
+    disk: SimDisk,
+    dir: PathBuf,
+    config: DurableConfig,
+    net: Arc<Net>,
+) -> impl Fn() -> Pin<Box<dyn Future<Output = turmoil::Result>>> {
+    move || {
+        let (disk, dir, config, net) = (disk.clone(), dir.clone(), config.clone(), net.clone());
+        Box::pin(async move {
+            let store = open_store(&disk, &dir, &config)?;
+            let broker = Broker::with_store(BrokerConfig::default(), Arc::new(store))
+                .map_err(|e| e.to_string())?;
+            let listener = turmoil::net::TcpListener::bind(("0.0.0.0", BROKER_PORT)).await?;
+            // The sender stays alive as long as the host: a crash, not a shutdown, ends it.
+            let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+            let _background = broker.start_background(stop.clone());
+            let context = Arc::new(ListenerContext::new(0, "sim", TransportKind::Memory));
+            net.boot.store(disk.boot(), Ordering::Relaxed);
+            if let Endpoint::Sim(up) = &net.endpoint {
+                up.store(true, Ordering::Relaxed);
+            }
+            loop {
+                let (stream, peer) = listener.accept().await?;
+                let broker = broker.clone();
+                let info = ConnectionInfo::new(context.clone(), peer);
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let transport = StreamTransport::new(stream);
+                    broker.run_connection(transport, info, stop).await;
+                });
+            }
+        })
+    }
 }
 
-pub(super) fn boot(
-    disk: &SimDisk,
-    dir: &Path,
-    config: &DurableConfig,
-    net: &Net,
-) -> Result<Boot, String> {
-    // The old process's last references may take a moment to go (its store holds the lock).
+fn open_store(disk: &SimDisk, dir: &Path, config: &DurableConfig) -> Result<DurableStore, String> {
+    // The old process's store may take a moment to let go of its lock (its writer threads).
     let started = Instant::now();
-    let store = loop {
+    loop {
         match DurableStore::open_with_vfs(dir, config.clone(), disk.vfs()) {
-            Ok(s) => break s,
+            Ok(s) => return Ok(s),
             Err(e) if started.elapsed() > Duration::from_secs(5) => {
                 return Err(format!("store does not open: {e}"));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let broker = {
-        let _guard = rt.enter();
-        Broker::with_store(BrokerConfig::default(), Arc::new(store)).map_err(|e| e.to_string())?
-    };
-    let listener = rt
-        .block_on(TcpListener::bind("127.0.0.1:0"))
-        .map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    rt.spawn(async move {
-        let _ = broker.serve(listener, std::future::pending::<()>()).await;
-    });
-    net.boot.store(disk.boot(), Ordering::Relaxed);
-    *net.addr.lock() = Some(addr);
-    Ok(Boot { rt })
+    }
 }
 
-/// Stops the process abruptly: no clean shutdown, no last checkpoint.
-pub(super) fn kill(boot: Boot, net: &Net) {
-    *net.addr.lock() = None;
-    boot.rt.shutdown_timeout(Duration::from_secs(5));
+/// The simulation and the controller's view of it.
+pub(super) struct Run<'a> {
+    sim: turmoil::Sim<'a>,
+    net: Arc<Net>,
+    /// The broker host failed (its store did not open): the error, once.
+    failed: Option<String>,
+}
+
+impl Run<'_> {
+    /// Starts `task` as a turmoil client named `name`.
+    pub(super) fn client(&mut self, name: &str, task: Task) {
+        self.sim.client(name, async move {
+            task.await;
+            Ok(())
+        });
+    }
+
+    /// Virtual time since the start.
+    pub(super) fn now(&self) -> Duration {
+        self.sim.elapsed()
+    }
+
+    /// Steps until `f(now)` holds or `timeout` of virtual time passed; whether it held.
+    pub(super) fn step_until(
+        &mut self,
+        timeout: Duration,
+        mut f: impl FnMut(Duration) -> bool,
+    ) -> bool {
+        let deadline = self.sim.elapsed() + timeout;
+        loop {
+            if f(self.sim.elapsed()) {
+                return true;
+            }
+            if self.sim.elapsed() >= deadline {
+                return false;
+            }
+            if let Err(e) = self.sim.step() {
+                self.failed.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+
+    /// Steps for `d` of virtual time.
+    pub(super) fn step_for(&mut self, d: Duration) {
+        self.step_until(d, |_| false);
+    }
+
+    fn set_up(&self, up: bool) {
+        if let Endpoint::Sim(flag) = &self.net.endpoint {
+            flag.store(up, Ordering::Relaxed);
+        }
+    }
+
+    /// Kills the broker process abruptly (no clean shutdown, no last checkpoint) and starts
+    /// it again on what the disk kept.
+    fn restart(&mut self) {
+        self.set_up(false);
+        self.sim.crash(BROKER_HOST);
+        self.sim.bounce(BROKER_HOST);
+    }
 }
 
 /// The outcome of one seed.
@@ -74,6 +152,8 @@ pub struct Outcome {
     /// The plan, the faults as they happened and the disk's last events.
     pub log: String,
     pub elapsed: Duration,
+    /// The disk's trace digest and the clients' event digest: equal for equal runs.
+    pub digest: u64,
 }
 
 /// Runs one seed; with `crash_only` every fault is a process crash (the draws stay the same);
@@ -105,27 +185,35 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         streams: vec![spec],
         ..DurableConfig::default()
     };
-    let net = Arc::new(Net {
-        addr: Mutex::new(None),
-        stop: AtomicBool::new(false),
-        acks: AtomicU64::new(0),
-        boot: AtomicU64::new(0),
-        disk: disk.clone(),
+    let net = Arc::new(Net::new(
+        Endpoint::Sim(AtomicBool::new(false)),
+        &disk,
         linger,
-    });
-    let clients = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("client runtime");
-    let mut violations = Vec::new();
-    let mut current = match boot(&disk, dir.path(), &config, &net) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            violations.push(format!("first boot: {e}"));
-            None
-        }
+    ));
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .tick_duration(TICK)
+        .simulation_duration(SIM_LIMIT)
+        .min_message_latency(Duration::ZERO)
+        .max_message_latency(TICK)
+        .build();
+    sim.host(
+        BROKER_HOST,
+        broker_software(disk.clone(), dir.path().to_owned(), config, net.clone()),
+    );
+    let mut run = Run {
+        sim,
+        net: net.clone(),
+        failed: None,
     };
+    let mut violations = Vec::new();
+    let up = |net: &Net| match &net.endpoint {
+        Endpoint::Sim(up) => up.load(Ordering::Relaxed),
+        Endpoint::Tcp(_) => false,
+    };
+    if !run.step_until(Duration::from_secs(10), |_| up(&net)) {
+        violations.push(format!("first boot: {:?}", run.failed.take()));
+    }
     let subs: Vec<(SubSpec, Arc<Mutex<SubState>>)> = plan
         .subscribers
         .iter()
@@ -136,49 +224,51 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         .iter()
         .map(|p| (p.clone(), Arc::default()))
         .collect();
-    let mut tasks = Vec::new();
     for (spec, state) in &subs {
-        tasks.push(clients.spawn(run_subscriber(spec.clone(), state.clone(), net.clone())));
+        let task = run_subscriber(spec.clone(), state.clone(), net.clone());
+        run.client(&spec.client_id(), Box::pin(task));
     }
     // Every subscription is acknowledged (durable) before the first message is published.
-    let all_subscribed = || subs.iter().all(|(_, s)| s.lock().subscribed);
-    if !wait(Duration::from_secs(10), all_subscribed) {
+    let all_subscribed = |_| subs.iter().all(|(_, s)| s.lock().subscribed);
+    if !run.step_until(Duration::from_secs(10), all_subscribed) {
         violations.push("subscribers got no SUBACK".into());
     }
     for (spec, state) in &pubs {
-        tasks.push(clients.spawn(run_publisher(spec.clone(), state.clone(), net.clone())));
+        let task = run_publisher(spec.clone(), state.clone(), net.clone());
+        run.client(&spec.client_id(), Box::pin(task));
     }
     let pubs_done = || pubs.iter().all(|(p, s)| s.lock().done(p.limit));
     // Clean sessions and QoS 0 beside the persistent workload (`clean.rs`).
     let clean = super::clean::draw(seed).map(super::clean::Clean::new);
     if let Some(c) = &clean {
         let _ = writeln!(log, "clean sessions: {:?}", c.spec);
-        tasks.extend(c.spawn(&clients, &net));
+        for (name, task) in c.tasks(&net) {
+            run.client(name, task);
+        }
     }
     // Wills with a delay and session expiry (`timers.rs`), in one seed of ten each.
     let timers = super::timers::Timers::new(super::timers::draw(seed));
     if let Some(t) = &timers {
         let _ = writeln!(log, "timers: {:?}", t.spec);
-        tasks.extend(t.spawn(&clients, &net));
+        for (name, task) in t.tasks(&net) {
+            run.client(name, task);
+        }
     }
+    let mut alive = run.failed.is_none();
     for &(at, fault) in &plan.faults {
-        if current.is_none() {
+        if !alive {
             break;
         }
-        wait(Duration::from_secs(20), || {
+        run.step_until(Duration::from_secs(20), |_| {
             net.acks.load(Ordering::Relaxed) >= at || pubs_done()
         });
         let acks = net.acks.load(Ordering::Relaxed);
-        strike(&disk, fault, &mut log);
-        kill(current.take().expect("up"), &net);
-        let _ = writeln!(
-            log,
-            "{fault:?} after {acks} acks (t={:?})",
-            started.elapsed()
-        );
-        match boot(&disk, dir.path(), &config, &net) {
-            Ok(b) => current = Some(b),
-            Err(e) => violations.push(format!("restart after {fault:?}: {e}")),
+        strike(&mut run, &disk, fault, &mut log);
+        run.restart();
+        let _ = writeln!(log, "{fault:?} after {acks} acks (t={:?})", run.now());
+        if !run.step_until(Duration::from_secs(10), |_| up(&net)) {
+            violations.push(format!("restart after {fault:?}: {:?}", run.failed.take()));
+            alive = false;
         }
     }
     if let Some(t) = &timers {
@@ -187,17 +277,17 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
     // Let the workload finish: every message published and acknowledged, every subscriber
     // holding what it is owed with no QoS 2 exchange open.
     let mut finished = false;
-    if current.is_some() {
-        finished = wait(Duration::from_secs(30), pubs_done);
+    if alive {
+        finished = run.step_until(Duration::from_secs(30), |_| pubs_done());
         if !finished {
             violations.push("publishers did not finish (stalled)".into());
         }
-        settle(&pubs, &subs, plan.max_msgs.is_some());
+        settle(&mut run, &pubs, &subs, plan.max_msgs.is_some());
         if let Some(c) = &clean {
-            wait(Duration::from_secs(3), || c.settled());
+            run.step_until(Duration::from_secs(3), |_| c.settled());
         }
         if let Some(t) = &timers {
-            wait(Duration::from_secs(6), || t.settled());
+            run.step_until(Duration::from_secs(6), |_| t.settled());
             t.end(&net);
         }
         for (p, st) in pubs.iter().filter(|(p, _)| p.retain) {
@@ -205,19 +295,35 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
                 let st = st.lock();
                 (st.acked.last().copied(), st.next)
             };
-            if let Err(v) = clients.block_on(check_retained(&net, p, acked, next)) {
-                violations.push(v);
+            let result: Arc<Mutex<Option<Result<(), String>>>> = Arc::default();
+            let (n, p2, r) = (net.clone(), p.clone(), result.clone());
+            run.client(
+                &format!("retained-{}", p.index),
+                Box::pin(async move {
+                    let out = check_retained(&n, &p2, acked, next).await;
+                    *r.lock() = Some(out);
+                }),
+            );
+            run.step_until(Duration::from_secs(10), |_| result.lock().is_some());
+            match result.lock().take() {
+                Some(Ok(())) => {}
+                Some(Err(v)) => violations.push(v),
+                None => {
+                    violations.push(format!("{}: the retained check did not end", p.client_id()))
+                }
             }
         }
     }
     net.stop.store(true, Ordering::Relaxed);
-    if let Some(b) = current.take() {
-        kill(b, &net);
-    }
-    for t in tasks {
-        let _ = clients.block_on(t);
-    }
-    clients.shutdown_timeout(Duration::from_secs(2));
+    // Every client sees the stop within a poll interval or a reconnect back-off.
+    run.step_for(Duration::from_millis(100));
+    let digest = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (disk.trace_digest(), net.events_digest()).hash(&mut h);
+        h.finish()
+    };
+    drop(run);
     let ctx = Context {
         retention: plan.max_msgs.is_some(),
         finished,
@@ -254,11 +360,12 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         violations,
         log,
         elapsed: started.elapsed(),
+        digest,
     }
 }
 
 /// Makes `fault` happen to the disk (the caller then kills the broker).
-fn strike(disk: &SimDisk, fault: Fault, log: &mut String) {
+fn strike(run: &mut Run, disk: &SimDisk, fault: Fault, log: &mut String) {
     let scripted = |op, path: &str, nth, action| {
         disk.update_config(|c| {
             c.faults.push(ScriptedFault {
@@ -284,7 +391,7 @@ fn strike(disk: &SimDisk, fault: Fault, log: &mut String) {
             let before = disk.power_losses();
             scripted(op, path, nth, FaultAction::PowerLoss);
             // The workload may be over and the disk idle: then the power fails anyway.
-            if !wait(Duration::from_secs(2), || disk.power_losses() > before) {
+            if !run.step_until(Duration::from_secs(2), |_| disk.power_losses() > before) {
                 let _ = writeln!(log, "{fault:?} did not strike: power loss instead");
                 disarm();
                 disk.power_loss();
@@ -297,9 +404,9 @@ fn strike(disk: &SimDisk, fault: Fault, log: &mut String) {
             };
             let before = errors();
             scripted(op, path, nth, FaultAction::Eio);
-            if wait(Duration::from_secs(2), || errors() > before) {
+            if run.step_until(Duration::from_secs(2), |_| errors() > before) {
                 // The broker runs on with the failed write; its clients see what it acks.
-                std::thread::sleep(Duration::from_millis(50));
+                run.step_for(Duration::from_millis(50));
             } else {
                 let _ = writeln!(log, "{fault:?} did not strike");
                 disarm();
@@ -312,7 +419,7 @@ fn strike(disk: &SimDisk, fault: Fault, log: &mut String) {
 /// The retained value of `p`'s topic, read by a new clean-start client, is the last message
 /// acknowledged or a later one sent (`acked..next`): never an older one, never none.
 async fn check_retained(
-    net: &Net,
+    net: &Arc<Net>,
     p: &PubSpec,
     acked: Option<u64>,
     next: u64,
@@ -373,22 +480,22 @@ async fn check_retained(
 /// still be on its way to another (given back by a member that left before handling it),
 /// and an exchange that starts after the run stops would count as never released (campaign
 /// 6, seed 565: finding 9 in docs/simulation.md).
-fn settle(pubs: &check::Pubs, subs: &check::Subs, retention: bool) {
+fn settle(run: &mut Run, pubs: &check::Pubs, subs: &check::Subs, retention: bool) {
     let receivers = check::receivers(subs);
     let expected = check::expected(pubs, &receivers);
     let groups = receivers.iter().any(|r| r.group);
-    let mut last = (usize::MAX, Instant::now());
-    let mut quiet = (usize::MAX, Instant::now());
-    wait(Duration::from_secs(5), || {
+    let mut last = (usize::MAX, run.now());
+    let mut quiet = (usize::MAX, run.now());
+    run.step_until(Duration::from_secs(5), |now| {
         if check::complete(subs, &receivers, &expected) {
             if !groups {
                 return true;
             }
             let seen: usize = subs.iter().map(|(_, s)| s.lock().seen.len()).sum();
             if seen != quiet.0 {
-                quiet = (seen, Instant::now());
+                quiet = (seen, now);
             }
-            if quiet.1.elapsed() > Duration::from_millis(GROUP_QUIET_MS) {
+            if now - quiet.1 > Duration::from_millis(GROUP_QUIET_MS) {
                 return true;
             }
         } else {
@@ -400,22 +507,11 @@ fn settle(pubs: &check::Pubs, subs: &check::Subs, retention: bool) {
         let got: usize = subs.iter().map(|(_, s)| s.lock().got.len()).sum();
         let open = subs.iter().any(|(_, s)| !s.lock().received.is_empty());
         if got != last.0 || open {
-            last = (got, Instant::now());
+            last = (got, now);
         }
-        last.1.elapsed() > Duration::from_millis(300)
+        now - last.1 > Duration::from_millis(300)
     });
 }
 
 /// How long a run with a share group must stay complete, with nothing arriving, to end.
 const GROUP_QUIET_MS: u64 = 100;
-
-fn wait(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    f()
-}

@@ -2,8 +2,8 @@
 //! whose MQTT session state (the QoS 2 received set, held messages) lives in the client and
 //! survives every fault; they stall, leave and come back as their spec says.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -75,7 +75,7 @@ pub struct SubState {
     /// The SUBACK came (the subscription is durable).
     pub subscribed: bool,
     /// QoS 2 packet ids received and not yet released, with the held message (AtPubrel).
-    pub received: HashMap<u16, Option<(usize, u64)>>,
+    pub received: BTreeMap<u16, Option<(usize, u64)>>,
     pub got: Vec<Delivery>,
     /// Every PUBLISH that came, for the log: (publisher, number, connection, DUP, QoS).
     pub seen: Vec<(usize, u64, u64, bool, u8)>,
