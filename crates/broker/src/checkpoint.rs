@@ -6,13 +6,13 @@
 //! - The store's floors are read before any session's held messages are listed (see the
 //!   cursor invariant in [`crate::durable`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::broker::Shared;
+use crate::hash::{Map, Set};
 use crate::metrics::Metrics;
 use crate::session::Session;
 
@@ -38,7 +38,7 @@ struct Seen {
 /// State kept between passes.
 #[derive(Default)]
 pub struct Checkpointer {
-    seen: HashMap<Arc<str>, (Seen, Instant)>,
+    seen: Map<Arc<str>, (Seen, Instant)>,
     /// Where the next pass starts in the session list (round robin under the write cap).
     start: usize,
 }
@@ -119,7 +119,7 @@ impl Checkpointer {
             return true;
         }
         if self.seen.len() > clients.len() {
-            let live: std::collections::HashSet<&Arc<str>> = clients.iter().collect();
+            let live: Set<&Arc<str>> = clients.iter().collect();
             self.seen.retain(|k, _| live.contains(k));
         }
         let now = Instant::now();

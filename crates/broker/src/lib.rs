@@ -9,6 +9,7 @@
 //! - [`auth`]: password file and ACL (mosquitto formats), replaced whole on reload.
 //! - [`connect_rate`]: the token bucket per source address behind `max_connect_rate_per_ip`.
 //! - [`fuzz`]: one input through a whole in-process connection (the fuzz target's core).
+//! - [`hash`]: the keyed hasher of maps whose iteration order decides behaviour.
 //! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
 //! - [`persist`]: the [`MessageStore`] seam and tickets; [`MemoryStore`] keeps nothing.
 //! - [`durable`]: [`DurableStore`], the `MessageStore` over `tern-store` (on-disk schema in
@@ -35,6 +36,7 @@ pub mod connection;
 pub mod durable;
 pub mod exposition;
 pub mod fuzz;
+pub mod hash;
 #[doc(hidden)]
 pub mod inject;
 pub mod message;

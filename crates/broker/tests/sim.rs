@@ -47,8 +47,14 @@ pub(crate) fn env_flag(name: &str) -> bool {
 }
 
 /// The broker's injected bugs are process-wide: one broker at a time in this binary.
+/// Every test takes it before it starts a broker, so it also fixes the broker's hash keys
+/// (`tern_broker::hash`) before the first map is made: the same iteration orders in every run.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    assert!(
+        tern_broker::hash::fix_keys(SIM_HASH_KEYS.0, SIM_HASH_KEYS.1),
+        "the broker's hash keys were drawn before the simulator fixed them"
+    );
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -160,6 +166,9 @@ fn seeds(default_count: u64) -> Vec<u64> {
     let count = env_u64("TERN_SIM_SEEDS").unwrap_or(default_count);
     (base..base + count).collect()
 }
+
+/// The broker's hash keys in the simulator (any fixed pair).
+const SIM_HASH_KEYS: (u64, u64) = (0x7465_726e, 0x0073_696d);
 
 /// Seeds `cargo test` runs (debug).
 const DEFAULT_SEEDS: u64 = 200;

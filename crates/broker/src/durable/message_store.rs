@@ -2,6 +2,7 @@
 //! module doc's schema (inbound publishes and QoS 2 control records here; sessions, exchanges,
 //! share groups, wills, reclamation in their modules).
 
+use crate::hash::Map;
 use std::sync::atomic::Ordering;
 
 use tern_store::NewRecord;
@@ -80,7 +81,7 @@ impl MessageStore for DurableStore {
                     m.insert(packet_id, rx_ref);
                 }
                 None => {
-                    rx.insert(client_id.to_string(), HashMap::from([(packet_id, rx_ref)]));
+                    rx.insert(client_id.to_string(), Map::from_iter([(packet_id, rx_ref)]));
                 }
             }
             // Under the rx lock (see `reclaim`): limits never remove an open rx record.

@@ -65,7 +65,7 @@ mod recover;
 mod shared;
 mod wills;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
@@ -78,6 +78,7 @@ use tern_wire::QoS;
 
 pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, Keep, SessionLimits, StreamSpec};
 
+use crate::hash::Map;
 use crate::message::Message;
 use crate::persist::{
     HeldSeqs, MessageStore, OutboundSent, PersistError, Recovered, StoreRef, Ticket,
@@ -120,20 +121,20 @@ pub struct DurableStore {
     control_records_read: std::sync::atomic::AtomicU64,
     retained: KvStream,
     /// Persistent sessions as last written to `tern.sessions`.
-    mirror: Mutex<HashMap<String, SessionRecord>>,
+    mirror: Mutex<Map<String, SessionRecord>>,
     /// Inbound QoS 2: client → packet id → its rx record.
-    rx: Mutex<HashMap<String, HashMap<u16, StoreRef>>>,
+    rx: Mutex<Map<String, Map<u16, StoreRef>>>,
     /// Outbound QoS 2 exchanges of persistent sessions, as written.
-    exchanges: Mutex<HashMap<String, ClientExchanges>>,
+    exchanges: Mutex<Map<String, ClientExchanges>>,
     /// Cursors as last written, per client.
-    written_cursors: Mutex<HashMap<String, Vec<u64>>>,
+    written_cursors: Mutex<Map<String, Vec<u64>>>,
     /// Share-group cursors (`shared` module), by `$share/{group}/{filter}`.
     groups: Keyspace,
     /// Share-group cursors as last written: the groups the store keeps.
-    group_cursors: Mutex<HashMap<String, Vec<u64>>>,
+    group_cursors: Mutex<Map<String, Vec<u64>>>,
     /// Wills (`wills` module), and per client the token and encoded record of its will.
     wills: Keyspace,
-    will_state: Mutex<HashMap<String, (u64, Vec<u8>)>>,
+    will_state: Mutex<Map<String, (u64, Vec<u8>)>>,
     will_tokens: AtomicU64,
     limits: config::SessionLimits,
     /// `[store] max_disk_bytes` (see [`DurableStore::disk_budget_reached`]).
@@ -255,12 +256,12 @@ impl DurableStore {
             control_records_read: std::sync::atomic::AtomicU64::new(0),
             retained: kv("tern.retained")?,
             slots,
-            mirror: Mutex::new(HashMap::new()),
-            rx: Mutex::new(HashMap::new()),
-            exchanges: Mutex::new(HashMap::new()),
-            written_cursors: Mutex::new(HashMap::new()),
-            group_cursors: Mutex::new(HashMap::new()),
-            will_state: Mutex::new(HashMap::new()),
+            mirror: Mutex::new(Map::default()),
+            rx: Mutex::new(Map::default()),
+            exchanges: Mutex::new(Map::default()),
+            written_cursors: Mutex::new(Map::default()),
+            group_cursors: Mutex::new(Map::default()),
+            will_state: Mutex::new(Map::default()),
             will_tokens: AtomicU64::new(1),
             limits: config.sessions,
             disk_budget: config.max_disk_bytes,

@@ -23,7 +23,6 @@
 //! one-fsync window. Once published, the will is stored and routed like any PUBLISH (§5: a
 //! QoS>0 will queued for an offline persistent session survives later crashes).
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -32,6 +31,7 @@ use tern_store::StoreError;
 
 use super::codec::{self, SessionRecord};
 use super::{DurableStore, io_error};
+use crate::hash::Map;
 use crate::message::Message;
 use crate::persist::{StoredWill, Ticket};
 
@@ -163,7 +163,7 @@ impl DurableStore {
 /// sessions that survived.
 pub(super) fn recover_wills(
     store: &DurableStore,
-    records: &HashMap<String, SessionRecord>,
+    records: &Map<String, SessionRecord>,
     entries: Vec<(bytes::Bytes, bytes::Bytes)>,
 ) -> Result<Vec<StoredWill>, StoreError> {
     let now = now_ms();

@@ -1,6 +1,5 @@
 //! One session and the control block of the connection attached to it.
 
-use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -11,6 +10,7 @@ use parking_lot::Mutex;
 use tern_wire::{Protocol, ReasonCode, SubscriptionOptions};
 use tokio::sync::Notify;
 
+use crate::hash::{Map, Set};
 use crate::message::Message;
 use crate::outbound::Outbound;
 
@@ -153,10 +153,10 @@ pub struct SessionState {
     /// The username of the last connection (ACL checks on delivery).
     pub username: Option<Arc<str>>,
     /// By the filter as subscribed (with any `$share/{group}/` prefix).
-    pub subscriptions: HashMap<Box<str>, SubRecord>,
+    pub subscriptions: Map<Box<str>, SubRecord>,
     /// QoS 2 packet ids received and not yet released (ARCHITECTURE §3). Bounded by our
     /// Receive Maximum: a client exceeding it is disconnected (0x93).
-    pub qos2_received: HashSet<u16>,
+    pub qos2_received: Set<u16>,
     pub expiry_interval_s: u32,
     /// Set once the session is removed from the registry; nothing is queued after that.
     pub ended: bool,
@@ -176,8 +176,8 @@ impl Session {
                 conn_gen: 0,
                 protocol,
                 username: None,
-                subscriptions: HashMap::new(),
-                qos2_received: HashSet::new(),
+                subscriptions: Map::default(),
+                qos2_received: Set::default(),
                 expiry_interval_s,
                 ended: false,
                 pending_will: None,

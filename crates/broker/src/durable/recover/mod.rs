@@ -6,8 +6,6 @@
 
 mod sessions;
 
-use std::collections::HashMap;
-
 use tern_store::{FilterSet, StoreError, Stream};
 
 use super::codec::{self, SessionRecord};
@@ -15,6 +13,7 @@ use super::{
     DurableStore, RECOVERY_READ_BYTES, RECOVERY_READ_RECORDS, REL_PREFIX, RESET_PREFIX, RX_PREFIX,
     now_ns,
 };
+use crate::hash::Map;
 use crate::persist::{Recovered, StoreRef};
 
 /// Most damaged blocks one recovery read steps over.
@@ -59,7 +58,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     let session_entries = take(store.sessions.prefix());
     let cursor_entries = take(store.cursors.prefix());
     let rx_start_entries = take(store.rx_start.prefix());
-    let mut records: HashMap<String, SessionRecord> = HashMap::new();
+    let mut records: Map<String, SessionRecord> = Map::default();
     for (key, value) in session_entries {
         let Ok(client) = std::str::from_utf8(&key) else {
             continue;
@@ -91,7 +90,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         r.expiry_interval_s -= elapsed_s as u32;
         true
     });
-    let mut cursors: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    let mut cursors: Map<String, Map<String, u64>> = Map::default();
     for (key, value) in cursor_entries {
         if let (Ok(client), Some(pos)) =
             (std::str::from_utf8(&key), codec::decode_positions(&value))
@@ -101,7 +100,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     }
     // Inbound QoS 2 received sets from the control records of every stream, in order, from
     // the rx checkpoint on: below it every rx record was released (`reclaim` module).
-    let mut rx_starts: HashMap<String, u64> = HashMap::new();
+    let mut rx_starts: Map<String, u64> = Map::default();
     for (key, value) in rx_start_entries {
         if let (Ok(name), Some(seq)) = (
             std::str::from_utf8(&key),
@@ -117,7 +116,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         .collect();
     tracing::debug!(elapsed = ?started.elapsed(), "recovery: session records and cursors read");
     let control = FilterSet::new(["$tern/#"]);
-    let mut rx: HashMap<String, HashMap<u16, StoreRef>> = HashMap::new();
+    let mut rx: Map<String, Map<u16, StoreRef>> = Map::default();
     let mut control_read = 0u64;
     for (index, slot) in store.slots.iter().enumerate() {
         let stream = index as u16;
