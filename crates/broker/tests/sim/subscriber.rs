@@ -246,6 +246,11 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
                 if !c.send(&p).await {
                     continue 'connection;
                 }
+                if let Packet::PubRec(a) = &p {
+                    let mut st = state.lock();
+                    let entry = format!("c{}:r{}", st.connections, a.packet_id);
+                    st.trace.push(entry);
+                }
             }
         }
     }
