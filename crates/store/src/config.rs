@@ -132,6 +132,11 @@ impl StreamConfig {
                 return Err(StoreError::InvalidConfig("sync interval of zero".into()));
             }
         }
+        if self.expire_interval.is_zero() {
+            // The expiry timer would always be due: a busy loop, or with stepped writers a
+            // `Store::step` that never runs out of work.
+            return Err(StoreError::InvalidConfig("expire interval of zero".into()));
+        }
         if self.limits.max_msgs_per_topic == Some(0) {
             return Err(StoreError::InvalidConfig(
                 "max_msgs_per_topic of zero".into(),

@@ -53,6 +53,11 @@ pub enum StoreError {
     /// Configuration values that cannot work together.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// Stepped writers (a simulator's mode): a blocking call waits for something no writer
+    /// turn can bring about (e.g. a ticket for a sequence not appended yet); with one thread
+    /// it would wait forever.
+    #[error("stream {stream}: nothing queued can complete sequence {seq} (stepped writer)")]
+    Stalled { stream: String, seq: u64 },
     /// The stream was closed (its writer thread stopped).
     #[error("stream {0} is closed")]
     Closed(String),

@@ -1,5 +1,7 @@
 //! tern-store: Tern's durable stream store (ARCHITECTURE.md §4). No async runtime inside:
-//! one std writer thread per stream does group commit; tickets are plain `Future`s.
+//! one std writer thread per stream does group commit; tickets are plain `Future`s. A
+//! simulator can have no thread at all instead: with stepped writers (`Vfs::stepped_writers`)
+//! turns run when it calls [`Store::step`], and time is `Vfs::now_ns` / `Vfs::monotonic_ns`.
 //!
 //! Module map:
 //! - [`store`]: a directory of named streams behind a lock file.
@@ -8,7 +10,8 @@
 //! - [`kv`]: keyed state (sessions, retained) on a one-record-per-topic stream.
 //! - [`ticket`]: completion handles (`Future`, `is_done`, `wait`).
 //! - [`config`]: block size, sync policy, retention limits.
-//! - `writer`: the per-stream group-commit thread; `queue`: the bounded hand-off to it.
+//! - `writer`: the per-stream group commit (its turns driven by a thread, or stepped);
+//!   `queue`: the bounded hand-off to it.
 //! - `state`: the in-memory view (blocks, entries, topic index); `compact`: block rewrites.
 //! - `recovery`: opening a stream, torn tails, quarantine; [`format`](mod@format): the on-disk layout.
 //! - [`histogram`]: the writer's fsync latency and batch size histograms.
@@ -37,7 +40,8 @@
 //!   records, and for up to `index_cache_blocks` other sealed blocks; the rest are reloaded
 //!   from their index files on demand.
 //! - **Removing data costs per block.** Whole blocks are removed by renaming them into
-//!   `trash/` (one directory fsync per call); a reaper thread frees the data afterwards.
+//!   `trash/` (one directory fsync per call); a reaper thread frees the data afterwards
+//!   (with stepped writers, the turn itself does).
 //! - **Corruption** is never skipped silently: a sealed block that fails a checksum (on open
 //!   with `verify_on_open`, on a read, or in `Stream::verify`) is moved to `quarantine/` and
 //!   reported with its sequence range; everything else keeps being served.

@@ -10,15 +10,18 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::Waker;
 
 use crate::config::StreamConfig;
-use crate::error::StoreError;
+use crate::error::{Result, StoreError};
 use crate::histogram::{BATCH_BOUNDS_RECORDS, FSYNC_BOUNDS_US, Histogram};
 use crate::queue::Queue;
+use crate::queue::Removed;
 use crate::state::State;
 use crate::vfs::Vfs;
+use crate::writer::Writer;
 
 /// Locks a mutex, taking the data even if another thread panicked while holding it: every
 /// structure behind our mutexes is left consistent between statements that can panic.
@@ -69,6 +72,10 @@ pub(crate) struct Shared {
     blocked: AtomicUsize,
     rejected: Mutex<HashMap<u64, StoreError>>,
     rejected_count: AtomicUsize,
+    /// Stepped writers (`Vfs::stepped_writers`): the writer lives here instead of on a
+    /// thread, from the stream's open until its last handle is dropped (which takes it out,
+    /// breaking the cycle through the writer's own `Arc<Shared>`). `None` in production.
+    stepper: Option<Mutex<Option<Writer>>>,
 }
 
 impl Shared {
@@ -81,6 +88,7 @@ impl Shared {
         queue: Queue,
         durable_seq: u64,
     ) -> Self {
+        let vfs_stepped = vfs.stepped_writers();
         let retention_floor = if config.start_pinned { 0 } else { u64::MAX };
         Shared {
             counters: Counters {
@@ -113,6 +121,7 @@ impl Shared {
             blocked: AtomicUsize::new(0),
             rejected: Mutex::new(HashMap::new()),
             rejected_count: AtomicUsize::new(0),
+            stepper: vfs_stepped.then(|| Mutex::new(None)),
         }
     }
 
@@ -217,10 +226,14 @@ impl Shared {
         self.done_cv.notify_all();
     }
 
-    /// Blocks until `seq` completes.
+    /// Blocks until `seq` completes. With stepped writers it runs writer turns on this
+    /// thread instead of sleeping, syncing at once what would wait for an interval timer.
     pub fn wait(&self, seq: u64) -> Result<u64, StoreError> {
         if let Some(r) = self.outcome(seq, true) {
             return r;
+        }
+        if self.stepper.is_some() {
+            return self.drive_until(|| self.outcome(seq, true), seq)?;
         }
         self.blocked.fetch_add(1, Ordering::SeqCst);
         let mut g = lock(&self.done_lock);
@@ -233,5 +246,82 @@ impl Shared {
         drop(g);
         self.blocked.fetch_sub(1, Ordering::SeqCst);
         r
+    }
+
+    /// Whether this stream's writer is stepped by its callers rather than a thread.
+    pub fn is_stepped(&self) -> bool {
+        self.stepper.is_some()
+    }
+
+    /// Stepped writers: hands the stream's writer over (at open).
+    pub fn install_stepper(&self, w: Writer) {
+        if let Some(m) = &self.stepper {
+            *lock(m) = Some(w);
+        }
+    }
+
+    /// Stepped writers: takes the writer out (the last handle is going).
+    pub fn take_stepper(&self) -> Option<Writer> {
+        self.stepper.as_ref().and_then(|m| lock(m).take())
+    }
+
+    /// Stepped writers: one writer turn on this thread, if there is work, a due timer, or
+    /// (`force_sync`) written data to sync. False without a stepped writer, or once closed.
+    pub fn step(&self, force_sync: bool) -> bool {
+        let Some(m) = &self.stepper else { return false };
+        lock(m).as_mut().is_some_and(|w| w.step(force_sync))
+    }
+
+    /// Stepped writers: when the next timer of this stream fires (`Vfs::monotonic_ns`).
+    pub fn next_timer_ns(&self) -> Option<u64> {
+        let m = self.stepper.as_ref()?;
+        lock(m).as_ref().and_then(Writer::next_timer_ns)
+    }
+
+    /// Waits for the writer's reply to an op (with stepped writers, running turns on this
+    /// thread until it comes; `waits_for` names the op's place in the stream for errors).
+    pub fn reply(&self, rx: &Receiver<Result<Removed>>, waits_for: u64) -> Result<Removed> {
+        if self.stepper.is_none() {
+            return rx
+                .recv()
+                .map_err(|_| StoreError::Closed(self.name.clone()))?;
+        }
+        self.drive_until(
+            || match rx.try_recv() {
+                Ok(r) => Some(r),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => Some(Err(StoreError::Closed(self.name.clone()))),
+            },
+            waits_for,
+        )?
+    }
+
+    /// Stepped writers: runs turns on this thread until `done` answers. A turn is forced to
+    /// sync when nothing else is left (what waits for an interval sync, whose timer only a
+    /// simulator's clock can move). Fails with `Stalled` when no turn can help (`seq`, for
+    /// the error, is what the caller waits for), `Closed` once the writer is gone.
+    pub fn drive_until<T>(
+        &self,
+        mut done: impl FnMut() -> Option<T>,
+        seq: u64,
+    ) -> Result<T, StoreError> {
+        loop {
+            if let Some(r) = done() {
+                return Ok(r);
+            }
+            if self.step(false) || self.step(true) {
+                continue;
+            }
+            if let Some(r) = done() {
+                return Ok(r);
+            }
+            if self.stepper.as_ref().is_some_and(|m| lock(m).is_none()) {
+                return Err(StoreError::Closed(self.name.clone()));
+            }
+            return Err(StoreError::Stalled {
+                stream: self.name.clone(),
+                seq,
+            });
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! Layout: `<dir>/LOCK`, `<dir>/streams/<name>/<base_seq>.blk|.idx`, and per stream a
 //! `quarantine/` directory for damaged blocks.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -11,7 +11,7 @@ use crate::config::StreamConfig;
 use crate::error::{Result, StoreError};
 use crate::kv::KvStream;
 use crate::lockfile::LockFile;
-use crate::shared::lock;
+use crate::shared::{Shared, lock};
 use crate::stream::Stream;
 use crate::vfs::{RealVfs, Vfs};
 
@@ -29,8 +29,13 @@ struct Inner {
     dir: PathBuf,
     vfs: Arc<dyn Vfs>,
     lock: Arc<LockFile>,
-    open: Mutex<HashMap<String, Weak<()>>>,
+    /// Open streams by name: the token marks a stream open, the shared state is what
+    /// `step` drives (name order).
+    open: Mutex<BTreeMap<String, OpenStream>>,
 }
+
+/// An entry of `Inner::open`: the stream's open token and its shared state.
+type OpenStream = (Weak<()>, Weak<Shared>);
 
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -59,7 +64,7 @@ impl Store {
                 dir,
                 vfs,
                 lock,
-                open: Mutex::new(HashMap::new()),
+                open: Mutex::new(BTreeMap::new()),
             }),
         })
     }
@@ -80,7 +85,7 @@ impl Store {
     pub fn stream(&self, name: &str, config: StreamConfig) -> Result<Stream> {
         let dir = self.stream_dir(name)?;
         let mut open = lock(&self.inner.open);
-        if open.get(name).is_some_and(|w| w.strong_count() > 0) {
+        if open.get(name).is_some_and(|(w, _)| w.strong_count() > 0) {
             return Err(StoreError::AlreadyOpen(name.to_string()));
         }
         let token = Arc::new(());
@@ -92,8 +97,42 @@ impl Store {
             Some(self.inner.lock.clone()),
             Some(token.clone()),
         )?;
-        open.insert(name.to_string(), Arc::downgrade(&token));
+        open.insert(
+            name.to_string(),
+            (Arc::downgrade(&token), Arc::downgrade(s.sh())),
+        );
         Ok(s)
+    }
+
+    /// Stepped writers (`Vfs::stepped_writers`, a simulator's mode): runs one writer turn,
+    /// on this thread, for every open stream (kv streams included) that has records or ops
+    /// queued or a timer due by `Vfs::monotonic_ns`, in stream name order. Returns whether
+    /// any turn ran. Always false with writer threads (production), where turns run by
+    /// themselves.
+    pub fn step(&self) -> bool {
+        let mut any = false;
+        for sh in self.open_streams() {
+            any |= sh.step(false);
+        }
+        any
+    }
+
+    /// Stepped writers: the earliest next timer of any open stream (`Vfs::monotonic_ns`):
+    /// once nothing is queued, the time a simulator's clock must reach for `step` to have
+    /// work again. None with writer threads.
+    pub fn next_timer_ns(&self) -> Option<u64> {
+        self.open_streams()
+            .iter()
+            .filter_map(|sh| sh.next_timer_ns())
+            .min()
+    }
+
+    /// The open streams' shared state, in name order (taken out of the lock, so that a
+    /// turn never runs under it).
+    fn open_streams(&self) -> Vec<Arc<Shared>> {
+        let mut open = lock(&self.inner.open);
+        open.retain(|_, (token, _)| token.strong_count() > 0);
+        open.values().filter_map(|(_, sh)| sh.upgrade()).collect()
     }
 
     /// Opens (creating if needed) a keyed-state stream.

@@ -26,7 +26,7 @@ use crate::shared::{Shared, lock};
 use crate::state::{Corruption, RemovedLog};
 use crate::ticket::Ticket;
 use crate::vfs::Vfs;
-use crate::writer::{Writer, now_ns};
+use crate::writer::Writer;
 
 /// Most entries one `read_from` call walks (matching or not) before it returns, so that a
 /// sparse filter cannot hold the stream lock for long.
@@ -99,6 +99,9 @@ impl Drop for Handle {
         if let Some(j) = lock(&self.writer).take() {
             let _ = j.join();
         }
+        if let Some(w) = self.sh.take_stepper() {
+            w.close();
+        }
     }
 }
 
@@ -138,15 +141,22 @@ impl Stream {
             queue,
             durable,
         ));
-        let writer = Writer::new(sh.clone(), o.active_file, o.active_len, durable, o.reemit);
-        let j = std::thread::Builder::new()
-            .name(format!("tern-store-{name}"))
-            .spawn(move || writer.run())
-            .map_err(|e| StoreError::io("spawn writer thread", &name, &e))?;
+        let mut writer = Writer::new(sh.clone(), o.active_file, o.active_len, durable, o.reemit);
+        let thread = if sh.is_stepped() {
+            writer.start();
+            sh.install_stepper(writer);
+            None
+        } else {
+            let j = std::thread::Builder::new()
+                .name(format!("tern-store-{name}"))
+                .spawn(move || writer.run())
+                .map_err(|e| StoreError::io("spawn writer thread", &name, &e))?;
+            Some(j)
+        };
         Ok(Stream {
             h: Arc::new(Handle {
                 sh,
-                writer: Mutex::new(Some(j)),
+                writer: Mutex::new(thread),
                 report: o.report,
                 _lock: lockfile,
                 _token: token,
@@ -276,12 +286,12 @@ impl Stream {
                 limit_bytes: MAX_BATCH_BYTES,
             });
         }
+        let sh = self.sh();
         let now = if recs.iter().any(|r| r.time_ns.is_none()) {
-            now_ns()
+            sh.vfs.now_ns()
         } else {
             0
         };
-        let sh = self.sh();
         let mut q = lock(&sh.queue);
         loop {
             if sh.failed.load(std::sync::atomic::Ordering::SeqCst) {
@@ -297,6 +307,13 @@ impl Stream {
                 return Err(StoreError::QueueFull {
                     stream: sh.name.clone(),
                 });
+            }
+            if sh.is_stepped() {
+                // No writer thread will make room: a turn on this thread does.
+                drop(q);
+                sh.step(false);
+                q = lock(&sh.queue);
+                continue;
             }
             q.appenders_waiting += 1;
             if q.writer_waiting {
@@ -358,7 +375,7 @@ impl Stream {
     fn op(&self, op: Op) -> Result<Removed> {
         let sh = self.sh();
         let (tx, rx) = sync_channel(1);
-        {
+        let waits_for = {
             let mut q = lock(&sh.queue);
             if sh.failed.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(sh.failed_error());
@@ -372,8 +389,9 @@ impl Stream {
                 q.writer_waiting = false;
                 sh.writer_cv.notify_one();
             }
-        }
-        rx.recv().map_err(|_| StoreError::Closed(sh.name.clone()))?
+            q.next_seq - 1
+        };
+        sh.reply(&rx, waits_for)
     }
 
     /// A second ticket for a record already appended (`seq` from an earlier ticket): it
@@ -395,6 +413,19 @@ impl Stream {
     /// The sequence the next append will get.
     pub fn next_seq(&self) -> u64 {
         lock(&self.sh().queue).next_seq
+    }
+
+    /// Stepped writers (`Vfs::stepped_writers`): runs one writer turn of this stream on
+    /// this thread if records or ops are queued or a timer is due (by `Vfs::monotonic_ns`).
+    /// Returns whether a turn ran; always false with writer threads.
+    pub fn step(&self) -> bool {
+        self.sh().step(false)
+    }
+
+    /// Stepped writers: when this stream's next writer timer fires (`Vfs::monotonic_ns`),
+    /// if one is armed. None with writer threads.
+    pub fn next_timer_ns(&self) -> Option<u64> {
+        self.sh().next_timer_ns()
     }
 
     /// Blocks until everything appended before the call is durable.
@@ -427,7 +458,7 @@ impl Stream {
 
     /// `expire` with the system clock.
     pub fn expire_now(&self) -> Result<Removed> {
-        self.expire(now_ns())
+        self.expire(self.sh().vfs.now_ns())
     }
 
     /// Removes every record below `floor` (e.g. what no consumer still needs).

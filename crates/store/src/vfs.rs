@@ -11,7 +11,9 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// An open file.
 pub trait VFile: Send + Sync + Debug {
@@ -46,6 +48,22 @@ pub trait Vfs: Send + Sync + Debug {
             io::ErrorKind::Unsupported,
             "hard links are not supported by this file system layer",
         ))
+    }
+    /// How the writers of streams on this file system run: `false` (production), each on a
+    /// thread of its own; `true`, stepped by the caller (`Store::step`, `Stream::step`) on
+    /// the caller's thread, so that a simulator running everything on one thread decides
+    /// the order of every writer turn. See `writer::drive`.
+    fn stepped_writers(&self) -> bool {
+        false
+    }
+    /// Wall-clock time in ns since the Unix epoch: record times and `max_age` expiry.
+    fn now_ns(&self) -> u64 {
+        system_now_ns()
+    }
+    /// A monotonic clock in ns from an arbitrary origin: the writer's timers (interval
+    /// syncs, the expiry timer). A simulator answers virtual time for both clocks.
+    fn monotonic_ns(&self) -> u64 {
+        process_monotonic_ns()
     }
     /// Defects the store should give itself, so a test can prove its checker finds them.
     /// Exists only with the `sim` feature; only a simulated disk answers anything but none.
@@ -249,6 +267,21 @@ impl Vfs for FaultyVfs {
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
         RealVfs.list_dir(dir)
     }
+}
+
+/// The system clock in ns since the Unix epoch (0 before 1970).
+pub fn system_now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// `Instant::now()` in ns since the first call in this process.
+pub fn process_monotonic_ns() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Joins a directory and a file name.

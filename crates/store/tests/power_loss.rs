@@ -261,6 +261,7 @@ impl Sim {
             bugs: opts.bugs,
             untraced_dirs: vec!["trash".into()],
             record_ops: std::env::var("TERN_SIM_OPLOG").is_ok(),
+            stepped_writers: false,
         };
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().to_path_buf();

@@ -56,14 +56,20 @@
 //! Unlinks are exempt from faults and from the trace when their directory is listed in
 //! `SimConfig::untraced_dirs`, because the store's reaper thread issues them on its own time.
 //!
+//! With `SimConfig::stepped_writers` the store runs no thread of its own: writer turns (and
+//! the reaper's unlinks, inline) run when the caller steps the store (`Store::step`) or
+//! blocks on it, and [`SimDisk::set_clock`] gives it virtual time. A single-threaded
+//! simulation then makes every call in an order of its own choosing, and a seed replays
+//! exactly whatever its workload does across streams.
+//!
 //! The store's lock file is not part of the model: `Store::open_with_vfs` takes a real
 //! `flock` in the (real) directory the disk is mounted at.
 
 mod disk;
 
 pub use disk::{
-    FaultAction, MetadataOrder, OpKind, ScriptedFault, SimConfig, SimDisk, SimStats, SimVfs,
-    SyncErrorModel,
+    FaultAction, MetadataOrder, OpKind, ScriptedFault, SimClock, SimConfig, SimDisk, SimStats,
+    SimVfs, SyncErrorModel,
 };
 
 /// Deliberate defects the store can be told to have, to prove that a checker finds them.

@@ -159,7 +159,7 @@ impl Writer {
             }
             self.file_dirty = false;
             self.synced_len = self.active_len;
-            self.last_sync = Instant::now();
+            self.last_sync_ns = sh.vfs.monotonic_ns();
         }
         let all_durable = sync_now || sh.config.sync == SyncPolicy::Never;
         if all_durable {

@@ -170,8 +170,9 @@ impl Writer {
     /// Makes the removal of emptied blocks durable at a cost per block, not per byte: each
     /// block file and its index are renamed into `trash/` (metadata changes) and the
     /// directory fsynced; freeing the data, which costs the kernel time in proportion to
-    /// the file size, is left to the reaper thread, which touches nothing but `trash/` (so
-    /// the stream directory changes only in the writer's turns). Recovery empties `trash/`.
+    /// the file size, is left to the reaper thread (done inline by stepped writers), which
+    /// touches nothing but `trash/` (so the stream directory changes only in the writer's
+    /// turns). Recovery empties `trash/`.
     /// Blocks go oldest first, and a block holding delete markers only once the removals
     /// before it are durable (one more directory fsync then).
     pub(crate) fn remove_blocks(&mut self) -> Result<()> {
@@ -215,15 +216,21 @@ impl Writer {
         sh.vfs
             .sync_dir(&sh.dir)
             .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
-        if let Err(
-            std::sync::mpsc::TrySendError::Full(paths)
-            | std::sync::mpsc::TrySendError::Disconnected(paths),
-        ) = self.reaper.try_send(reap)
-        {
-            // The reaper is behind (or gone): free the space here rather than queue without bound.
-            for p in paths {
-                let _ = sh.vfs.remove_file(&p);
-            }
+        let inline = match &self.reaper {
+            Some(reaper) => match reaper.try_send(reap) {
+                Ok(()) => Vec::new(),
+                // The reaper is behind (or gone): free the space here rather than queue
+                // without bound.
+                Err(
+                    std::sync::mpsc::TrySendError::Full(paths)
+                    | std::sync::mpsc::TrySendError::Disconnected(paths),
+                ) => paths,
+            },
+            // Stepped writers: no thread, so the unlinks happen in this turn, in its order.
+            None => reap,
+        };
+        for p in inline {
+            let _ = sh.vfs.remove_file(&p);
         }
         Ok(())
     }

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use crate::config::{Discard, SyncPolicy};
 use crate::error::{Result, StoreError};
@@ -38,6 +38,7 @@ use crate::shared::{Shared, lock};
 use crate::state::{Block, State, block_file_name};
 use crate::vfs::{VFile, path_in};
 
+mod drive;
 mod io;
 mod limits;
 mod snapshot;
@@ -73,13 +74,6 @@ impl Injected {
 const AUTO_COMPACT_BLOCKS: usize = 4;
 /// Most ranges in one delete marker record (16 bytes each).
 const MAX_RANGES_PER_MARKER: usize = 4096;
-
-pub(crate) fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
 
 struct Parsed<'a> {
     len: usize,
@@ -130,8 +124,10 @@ pub(crate) struct Writer {
     seal_replies: Vec<SyncSender<Result<Removed>>>,
     written_seq: u64,
     synced_seq: u64,
-    last_sync: Instant,
-    next_expiry: Option<Instant>,
+    /// When the active block was last synced (`Vfs::monotonic_ns`).
+    last_sync_ns: u64,
+    /// When the expiry timer fires next (`Vfs::monotonic_ns`).
+    next_expiry_ns: Option<u64>,
     failed: bool,
     /// Bytes were written to the active file since its last sync.
     file_dirty: bool,
@@ -140,8 +136,14 @@ pub(crate) struct Writer {
     compact_replies: Vec<SyncSender<Result<Removed>>>,
     /// Snapshots asked for in this turn, taken after its commit (`snapshot` module).
     snapshots: Vec<(PathBuf, SyncSender<Result<Removed>>)>,
-    reaper: SyncSender<Vec<PathBuf>>,
+    /// Hands trash to the reaper thread; `None` with stepped writers, which unlink inline.
+    reaper: Option<SyncSender<Vec<PathBuf>>>,
     reaper_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A duration in ns, saturating (a timer centuries away never fires).
+fn duration_ns(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Where removed block files wait for the reaper thread to unlink them.
@@ -157,19 +159,25 @@ impl Writer {
         written_seq: u64,
         reemit: Vec<(u64, u64)>,
     ) -> Self {
-        let next_expiry = Some(Instant::now() + sh.config.expire_interval);
-        let (reaper, rx) = std::sync::mpsc::sync_channel::<Vec<PathBuf>>(MAX_REAPER_BACKLOG);
-        let vfs = sh.vfs.clone();
-        let reaper_thread = std::thread::Builder::new()
-            .name(format!("tern-reap-{}", sh.name))
-            .spawn(move || {
-                for batch in rx {
-                    for p in batch {
-                        let _ = vfs.remove_file(&p);
+        let now = sh.vfs.monotonic_ns();
+        let next_expiry_ns = Some(now.saturating_add(duration_ns(sh.config.expire_interval)));
+        let (reaper, reaper_thread) = if sh.vfs.stepped_writers() {
+            (None, None)
+        } else {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<PathBuf>>(MAX_REAPER_BACKLOG);
+            let vfs = sh.vfs.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("tern-reap-{}", sh.name))
+                .spawn(move || {
+                    for batch in rx {
+                        for p in batch {
+                            let _ = vfs.remove_file(&p);
+                        }
                     }
-                }
-            })
-            .ok();
+                })
+                .ok();
+            (Some(tx), thread)
+        };
         Writer {
             sh,
             reaper,
@@ -191,8 +199,8 @@ impl Writer {
             seal_replies: Vec::new(),
             written_seq,
             synced_seq: written_seq,
-            last_sync: Instant::now(),
-            next_expiry,
+            last_sync_ns: now,
+            next_expiry_ns,
             failed: false,
             // Recovery synced the active block.
             file_dirty: false,
@@ -200,110 +208,6 @@ impl Writer {
             compact_replies: Vec::new(),
             snapshots: Vec::new(),
         }
-    }
-
-    pub fn run(mut self) {
-        // If this thread ever panics, fail the stream so no ticket waits forever.
-        struct FailOnPanic(Arc<Shared>);
-        impl Drop for FailOnPanic {
-            fn drop(&mut self) {
-                if std::thread::panicking() {
-                    self.0.fail("the writer thread panicked".into());
-                }
-            }
-        }
-        let _guard = FailOnPanic(self.sh.clone());
-        // Limits may have been lowered since the stream was last open.
-        self.turn(0, Vec::new(), vec![Op::Flush], false);
-        loop {
-            let (first_seq, ops, closed) = {
-                let mut q = lock(&self.sh.queue);
-                let mut timed_out = false;
-                while q.is_empty() && !q.closed && !timed_out {
-                    q.writer_waiting = true;
-                    match self.next_deadline() {
-                        None => q = self.sh.writer_cv.wait(q).unwrap_or_else(|e| e.into_inner()),
-                        Some(d) => {
-                            let (g, t) = self
-                                .sh
-                                .writer_cv
-                                .wait_timeout(q, d)
-                                .unwrap_or_else(|e| e.into_inner());
-                            q = g;
-                            timed_out = t.timed_out();
-                        }
-                    }
-                    q.writer_waiting = false;
-                }
-                std::mem::swap(&mut q.buf, &mut self.inbox);
-                let first = q.buf_first_seq;
-                q.buf_first_seq = q.next_seq;
-                q.records = 0;
-                let ops = std::mem::take(&mut q.ops);
-                if q.appenders_waiting > 0 {
-                    self.sh.space_cv.notify_all();
-                }
-                (first, ops, q.closed)
-            };
-            let timer_op = self.due_expiry();
-            let force = self.interval_due();
-            self.turn(first_seq, ops, timer_op, force);
-            self.inbox.clear();
-            if closed && lock(&self.sh.queue).is_empty() {
-                self.final_sync();
-                let (tx, _) = std::sync::mpsc::sync_channel(1);
-                drop(std::mem::replace(&mut self.reaper, tx));
-                if let Some(j) = self.reaper_thread.take() {
-                    let _ = j.join();
-                }
-                return;
-            }
-        }
-    }
-
-    fn next_deadline(&self) -> Option<Duration> {
-        let now = Instant::now();
-        let mut d: Option<Instant> = self.next_expiry;
-        if let SyncPolicy::Interval(iv) = self.sh.config.sync {
-            if self.written_seq > self.synced_seq {
-                let t = self.last_sync + iv;
-                d = Some(d.map_or(t, |x| x.min(t)));
-            }
-        }
-        d.map(|t| {
-            t.saturating_duration_since(now)
-                .max(Duration::from_micros(100))
-        })
-    }
-
-    fn interval_due(&self) -> bool {
-        match self.sh.config.sync {
-            SyncPolicy::Interval(iv) => self.last_sync.elapsed() >= iv,
-            _ => false,
-        }
-    }
-
-    /// Housekeeping due on the timer: expiry by age, and compaction once deleted records
-    /// take more room than live ones.
-    fn due_expiry(&mut self) -> Vec<Op> {
-        let mut ops = Vec::new();
-        let Some(at) = self.next_expiry else {
-            return ops;
-        };
-        if Instant::now() < at {
-            return ops;
-        }
-        self.next_expiry = Some(Instant::now() + self.sh.config.expire_interval);
-        if self.sh.config.limits.max_age.is_some() {
-            ops.push(Op::Expire { now_ns: now_ns() });
-        }
-        let st = lock(&self.sh.state);
-        if crate::compact::garbage_bytes(&st) > st.live_bytes.max(self.sh.config.block_size_bytes) {
-            ops.push(Op::Compact {
-                max_blocks: AUTO_COMPACT_BLOCKS,
-            });
-        }
-        ops
     }
 
     /// One group commit: apply queued records and ops, write, sync, publish, reply.
@@ -447,7 +351,7 @@ impl Writer {
             // Markers follow the records staged before them.
             self.unstage_run(buf);
             for chunk in ranges.chunks(MAX_RANGES_PER_MARKER) {
-                encode_delete(&mut self.out, high, now_ns(), chunk);
+                encode_delete(&mut self.out, high, sh.vfs.now_ns(), chunk);
                 st.active().markers.extend_from_slice(chunk);
             }
         }

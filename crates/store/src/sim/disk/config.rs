@@ -84,6 +84,11 @@ pub struct SimConfig {
     pub untraced_dirs: Vec<String>,
     /// Keep a line per traced call (see [`SimDisk::op_log`]), to diff two runs of a seed.
     pub record_ops: bool,
+    /// Stores on this disk get stepped writers (`Vfs::stepped_writers`): no writer or
+    /// reaper threads; turns run when the simulator calls `Store::step` (or blocks on a
+    /// ticket, a flush, a removal, a full queue), so a single-threaded simulation decides
+    /// their order and replays a seed call for call.
+    pub stepped_writers: bool,
 }
 
 impl Default for SimConfig {
@@ -101,6 +106,7 @@ impl Default for SimConfig {
             bugs: Bugs::NONE,
             untraced_dirs: Vec::new(),
             record_ops: false,
+            stepped_writers: false,
         }
     }
 }

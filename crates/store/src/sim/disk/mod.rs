@@ -21,9 +21,14 @@ use state::*;
 use vfs::SimFile;
 pub use vfs::SimVfs;
 
+/// A clock in ns: both the wall clock (`Vfs::now_ns`) and the monotonic one.
+pub type SimClock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
 struct Inner {
     st: Mutex<DiskState>,
     cv: Condvar,
+    /// The time the store reads through this disk's `Vfs`; the real clocks when unset.
+    clock: Mutex<Option<SimClock>>,
 }
 
 /// The simulated disk, mounted at a directory path. Cheap to clone (shared state).
@@ -72,6 +77,7 @@ impl SimDisk {
                     op_log: Vec::new(),
                 }),
                 cv: Condvar::new(),
+                clock: Mutex::new(None),
             }),
         }
     }
@@ -150,8 +156,27 @@ impl SimDisk {
         self.lock().events.iter().cloned().collect()
     }
 
+    /// From now on the store's clocks (`Vfs::now_ns` for record times and `max_age`,
+    /// `Vfs::monotonic_ns` for the writer's timers) read `clock`, e.g. a simulation's
+    /// virtual time in ns since the epoch (it must never go back). Kept across boots.
+    pub fn set_clock(&self, clock: SimClock) {
+        *self.inner.clock.lock().unwrap_or_else(|e| e.into_inner()) = Some(clock);
+    }
+
+    /// What the store's clocks read: the clock set by `set_clock`, or `real`.
+    fn clock_ns(&self, real: fn() -> u64) -> u64 {
+        let clock = self
+            .inner
+            .clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        clock.map_or_else(real, |c| c())
+    }
+
     /// The next `write_all_at` on a file under `under` blocks until [`release`](Self::release)
-    /// (or a power loss or crash). With it a test makes group commit deterministic: append,
+    /// (or a power loss or crash). Not for stepped writers, whose write would hold the
+    /// only thread. With it a test makes group commit deterministic: append,
     /// wait until the writer thread is held in that turn's write, queue more records (they
     /// form the next turn), release.
     pub fn hold_next_write(&self, under: &Path) {

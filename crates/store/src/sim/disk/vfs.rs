@@ -46,6 +46,15 @@ impl Vfs for SimVfs {
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
         self.disk.list_dir(self.boot, dir)
     }
+    fn stepped_writers(&self) -> bool {
+        self.disk.lock().cfg.stepped_writers
+    }
+    fn now_ns(&self) -> u64 {
+        self.disk.clock_ns(crate::vfs::system_now_ns)
+    }
+    fn monotonic_ns(&self) -> u64 {
+        self.disk.clock_ns(crate::vfs::process_monotonic_ns)
+    }
     fn injected_bugs(&self) -> Bugs {
         self.disk.lock().cfg.bugs
     }
