@@ -360,3 +360,87 @@ fn a_will_acknowledged_by_connack_survives_a_power_loss() {
         "the will of a connection that had its CONNACK was lost to a power loss"
     );
 }
+
+/// The first seeds (below 500) whose plans strike each kind of fault: a power loss, a power
+/// loss inside a call, a process crash, a disk error (EIO), and a seed with wills or session
+/// expiry (virtual-time timers).
+fn seeds_with_each_fault() -> Vec<u64> {
+    use sim::plan::{Fault, Features, plan};
+    let kinds: [fn(&Fault) -> bool; 4] = [
+        |f| matches!(f, Fault::PowerLoss),
+        |f| matches!(f, Fault::PowerLossIn(..)),
+        |f| matches!(f, Fault::Crash),
+        |f| matches!(f, Fault::EioIn(..)),
+    ];
+    let features = || Features {
+        groups: false,
+        retention: true,
+        pub_drops: true,
+        eio: true,
+    };
+    let mut picked: Vec<u64> = kinds
+        .iter()
+        .filter_map(|kind| {
+            (0..500).find(|&seed| {
+                plan(seed, false, features())
+                    .faults
+                    .iter()
+                    .any(|(_, f)| kind(f))
+            })
+        })
+        .collect();
+    picked.extend((0..500).find(|&seed| sim::timers::draw(seed).wills.is_some()));
+    picked.sort_unstable();
+    picked.dedup();
+    picked
+}
+
+/// Issue 12, "a failing seed replays identically": each seed run twice gives the same
+/// digest (every disk call and its outcome, every packet every client sent and received,
+/// with its virtual time).
+#[test]
+fn a_seed_replays_identically() {
+    if std::env::var("TERN_SIM_SEED").is_ok() || std::env::var("TERN_SIM_INJECT").is_ok() {
+        return; // A replay or a scripted run: sim_seeds does the work.
+    }
+    let _one = one_at_a_time();
+    tern_broker::inject::set(None);
+    let seeds = seeds_with_each_fault();
+    assert!(seeds.len() >= 4, "seeds with each fault: {seeds:?}");
+    for seed in seeds {
+        let runs: Vec<_> = (0..2)
+            .map(|_| run_seed(seed, bugs(None).expect("no bug"), false, false))
+            .collect();
+        assert!(
+            runs[0].violations.is_empty(),
+            "seed {seed}: {:?}",
+            runs[0].violations
+        );
+        assert_eq!(
+            runs[0].digest, runs[1].digest,
+            "seed {seed} did not replay identically"
+        );
+    }
+}
+
+/// An injected bug's failing seed fails again, with the same violations and digest.
+#[test]
+fn a_failing_seed_replays_its_violations() {
+    if std::env::var("TERN_SIM_SEED").is_ok() || std::env::var("TERN_SIM_INJECT").is_ok() {
+        return;
+    }
+    let _one = one_at_a_time();
+    let injected = bugs(Some("ack-before-fsync")).expect("known bug");
+    tern_broker::inject::set(injected.broker);
+    let failing = (0..20)
+        .map(|seed| (seed, run_seed(seed, injected, false, false)))
+        .find(|(_, out)| !out.violations.is_empty());
+    let Some((seed, first)) = failing else {
+        tern_broker::inject::set(None);
+        panic!("ack-before-fsync not found in 20 seeds");
+    };
+    let again = run_seed(seed, injected, false, false);
+    tern_broker::inject::set(None);
+    assert_eq!(first.violations, again.violations, "seed {seed}");
+    assert_eq!(first.digest, again.digest, "seed {seed}");
+}

@@ -151,7 +151,7 @@ impl MessageStore for DurableStore {
             let record = mirror.entry(client_id.to_string()).or_default();
             if fresh {
                 record.subscriptions.clear();
-                record.incarnation = now_ns().max(record.incarnation + 1);
+                record.incarnation = self.now_ns().max(record.incarnation + 1);
             }
             record.protocol_level = protocol.level();
             record.expiry_interval_s = expiry_interval_s;
@@ -180,7 +180,7 @@ impl MessageStore for DurableStore {
                 return;
             };
             record.expiry_interval_s = expiry_interval_s;
-            record.closed_at_unix_s = now_ns() / 1_000_000_000;
+            record.closed_at_unix_s = self.now_ns() / 1_000_000_000;
             record.clone()
         };
         drop(self.put_session(client_id, &record));

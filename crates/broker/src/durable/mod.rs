@@ -141,7 +141,10 @@ pub struct DurableStore {
     disk_budget: Option<u64>,
     /// Bytes of every stream's blocks as last measured, plus what was appended since.
     disk_used: AtomicU64,
-    _store: Store,
+    store: Store,
+    /// The file system the store runs on, and the wall clock the broker's records use
+    /// (`Vfs::now_ns`: the system clock in production, virtual time in the simulator).
+    vfs: std::sync::Arc<dyn tern_store::vfs::Vfs>,
 }
 
 /// Framing of one record on disk beyond its topic, properties and payload (header, CRC,
@@ -150,12 +153,6 @@ const RECORD_OVERHEAD_ESTIMATE: u64 = 48;
 
 fn io_error(e: StoreError) -> PersistError {
     PersistError(e.to_string())
-}
-
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 fn report_damage(stream: &Stream) {
@@ -174,6 +171,20 @@ fn report_damage(stream: &Stream) {
 }
 
 impl DurableStore {
+    /// The wall clock in ns since the Unix epoch, as the store's file system tells it: session
+    /// close times, will close times, record ages.
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.vfs.now_ns()
+    }
+
+    /// Stepped writers (a simulator's disk, `Vfs::stepped_writers`): runs one writer turn of
+    /// every stream the store has open, in name order (`Store::step`), on this thread; the
+    /// simulator calls it on its own schedule so that each commit happens at a point of its
+    /// choosing. Returns whether any turn ran; always false with writer threads (production).
+    pub fn step_writers(&self) -> bool {
+        self.store.step()
+    }
+
     /// Opens (creating if needed) the store in `dir` and the configured streams (plus the
     /// default stream when none captures every topic, [`DurableConfig::with_default_stream`]),
     /// reporting any damage found by recovery in the log.
@@ -191,7 +202,7 @@ impl DurableStore {
     ) -> Result<DurableStore, StoreError> {
         config.validate().map_err(StoreError::InvalidConfig)?;
         let config = config.with_default_stream();
-        let store = Store::open_with_vfs(dir, vfs)?;
+        let store = Store::open_with_vfs(dir, vfs.clone())?;
         let mut slots = Vec::with_capacity(config.streams.len());
         for spec in &config.streams {
             let mut stream_config = spec.store.clone();
@@ -266,7 +277,8 @@ impl DurableStore {
             limits: config.sessions,
             disk_budget: config.max_disk_bytes,
             disk_used: AtomicU64::new(0),
-            _store: store,
+            store,
+            vfs,
         };
         durable.refresh_disk_usage();
         Ok(durable)

@@ -28,10 +28,10 @@ use std::time::Duration;
 
 use tern_store::{FilterSet, StoreError};
 
+use super::DurableStore;
 use super::codec::{self, SessionRecord};
 use super::exchanges::ClientExchanges;
 use super::recover::read_damage_tolerant;
-use super::{DurableStore, now_ns};
 use crate::hash::{Map, Set};
 use crate::message::Message;
 use crate::persist::{HeldSeqs, StoreRef, StoredGroup};
@@ -232,7 +232,7 @@ fn replay(
     };
     let fs = FilterSet::new([filter]);
     let max_pending = store.limits.max_pending_per_session;
-    let now = now_ns();
+    let now = store.now_ns();
     let mut dropped = 0u64;
     for (index, slot) in store.slots.iter().enumerate() {
         let mut from = cursor.get(index).copied().unwrap_or(1);

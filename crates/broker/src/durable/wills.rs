@@ -39,12 +39,6 @@ const VERSION: u8 = 1;
 const OPEN: u8 = 0;
 const CLOSED: u8 = 1;
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// One `w` value: version u8, state u8 (0 open, 1 closed), closed at (Unix ms, u64 BE), delay
 /// (s, u32 BE), topic length (u16 BE), topic, then [`codec::encode_retained`] of the message.
 #[derive(Debug)]
@@ -137,7 +131,7 @@ impl DurableStore {
         if *current != token {
             return;
         }
-        set_closed(value, now_ms());
+        set_closed(value, self.now_ns() / 1_000_000);
         if let Err(error) = self.wills.put(client_id.as_bytes(), value) {
             tracing::error!(%error, client_id, "cannot write will");
         }
@@ -166,7 +160,7 @@ pub(super) fn recover_wills(
     records: &Map<String, SessionRecord>,
     entries: Vec<(bytes::Bytes, bytes::Bytes)>,
 ) -> Result<Vec<StoredWill>, StoreError> {
-    let now = now_ms();
+    let now = store.now_ns() / 1_000_000;
     let mut out = Vec::new();
     for (key, value) in entries {
         let Ok(client) = std::str::from_utf8(&key) else {

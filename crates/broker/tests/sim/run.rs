@@ -2,15 +2,17 @@
 //! and the checker, in one turmoil simulation: the broker is the host [`BROKER_HOST`], every
 //! client a turmoil client of its own, the network turmoil's and the clock virtual (1 ms a
 //! step, [`TICK`]). The controller is the step loop: it steps until a condition holds (so
-//! many messages acknowledged, every subscriber subscribed), then strikes a fault. The
-//! store's writer threads still run on their own (real) time.
+//! many messages acknowledged, every subscriber subscribed), then strikes a fault. The store
+//! has no threads (`SimConfig::stepped_writers`): the broker host's disk task runs one writer
+//! turn per stream every disk tick, and the store's clock is the simulation's. Everything
+//! runs on the seed's thread, in an order the seed decides: a seed is one execution.
 
 use std::fmt::Write as _;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -26,8 +28,14 @@ use super::subscriber::{SubSpec, SubState, run_subscriber};
 
 /// Virtual time per simulation step.
 const TICK: Duration = Duration::from_millis(1);
+/// The disk task's period without latency: a commit takes at least this long.
+const DISK_TICK: Duration = Duration::from_millis(1);
 /// Virtual time a seed may take at most (turmoil fails the step past it).
 const SIM_LIMIT: Duration = Duration::from_secs(600);
+
+/// The wall clock of the simulated world at its start (ns since the Unix epoch,
+/// 2026-01-01): the store's and the broker's record times read it plus the virtual time.
+const EPOCH_NS: u64 = 1_767_225_600 * 1_000_000_000;
 
 /// A client's software.
 pub(super) type Task = Pin<Box<dyn Future<Output = ()>>>;
@@ -35,18 +43,30 @@ pub(super) type Task = Pin<Box<dyn Future<Output = ()>>>;
 /// The broker host's software: opens the store on the disk (recovery), starts the broker,
 /// and serves every turmoil connection through the stream transport. Called again by
 /// turmoil on every restart (bounce).
+/// `disk_tick`: how often the disk task steps the store's writers (a commit takes that
+/// long in virtual time).
 fn broker_software(
     disk: SimDisk,
     dir: PathBuf,
     config: DurableConfig,
     net: Arc<Net>,
+    disk_tick: Duration,
 ) -> impl Fn() -> Pin<Box<dyn Future<Output = turmoil::Result>>> {
     move || {
         let (disk, dir, config, net) = (disk.clone(), dir.clone(), config.clone(), net.clone());
         Box::pin(async move {
-            let store = open_store(&disk, &dir, &config)?;
-            let broker = Broker::with_store(BrokerConfig::default(), Arc::new(store))
-                .map_err(|e| e.to_string())?;
+            let store = Arc::new(open_store(&disk, &dir, &config)?);
+            // The disk task: one writer turn per stream with work, every disk tick. It runs
+            // on the broker host, so a crash stops it with everything else.
+            let writers = store.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(disk_tick).await;
+                    writers.step_writers();
+                }
+            });
+            let broker =
+                Broker::with_store(BrokerConfig::default(), store).map_err(|e| e.to_string())?;
             let listener = turmoil::net::TcpListener::bind(("0.0.0.0", BROKER_PORT)).await?;
             // The sender stays alive as long as the host: a crash, not a shutdown, ends it.
             let (_stop_tx, stop) = tokio::sync::watch::channel(false);
@@ -71,23 +91,18 @@ fn broker_software(
 }
 
 fn open_store(disk: &SimDisk, dir: &Path, config: &DurableConfig) -> Result<DurableStore, String> {
-    // The old process's store may take a moment to let go of its lock (its writer threads).
-    let started = Instant::now();
-    loop {
-        match DurableStore::open_with_vfs(dir, config.clone(), disk.vfs()) {
-            Ok(s) => return Ok(s),
-            Err(e) if started.elapsed() > Duration::from_secs(5) => {
-                return Err(format!("store does not open: {e}"));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
+    // With stepped writers the old process's store is gone once its host crashed: no thread
+    // of it holds the lock.
+    DurableStore::open_with_vfs(dir, config.clone(), disk.vfs())
+        .map_err(|e| format!("store does not open: {e}"))
 }
 
 /// The simulation and the controller's view of it.
 pub(super) struct Run<'a> {
     sim: turmoil::Sim<'a>,
     net: Arc<Net>,
+    /// The store's clock: [`EPOCH_NS`] plus the virtual time, set before every step.
+    clock_ns: Arc<AtomicU64>,
     /// The broker host failed (its store did not open): the error, once.
     failed: Option<String>,
 }
@@ -120,6 +135,10 @@ impl Run<'_> {
             if self.sim.elapsed() >= deadline {
                 return false;
             }
+            self.clock_ns.store(
+                EPOCH_NS + self.sim.elapsed().as_nanos() as u64,
+                Ordering::Relaxed,
+            );
             if let Err(e) = self.sim.step() {
                 self.failed.get_or_insert_with(|| e.to_string());
             }
@@ -170,13 +189,18 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         dir.path(),
         seed,
         SimConfig {
-            latency: (plan.latency_us > 0).then(|| Duration::from_micros(plan.latency_us)),
+            // No real sleeps: the plan's latency lengthens the disk tick instead.
+            latency: None,
             metadata_order: plan.metadata_order,
             bugs,
-            untraced_dirs: vec!["trash".into()],
+            stepped_writers: true,
             ..SimConfig::default()
         },
     );
+    let clock_ns = Arc::new(AtomicU64::new(EPOCH_NS));
+    let clock = clock_ns.clone();
+    disk.set_clock(Arc::new(move || clock.load(Ordering::Relaxed)));
+    let disk_tick = DISK_TICK + Duration::from_micros(plan.latency_us);
     let mut spec = StreamSpec::default_stream();
     spec.store.block_size_bytes = plan.block_size;
     spec.store.sync = plan.sync;
@@ -199,11 +223,18 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         .build();
     sim.host(
         BROKER_HOST,
-        broker_software(disk.clone(), dir.path().to_owned(), config, net.clone()),
+        broker_software(
+            disk.clone(),
+            dir.path().to_owned(),
+            config,
+            net.clone(),
+            disk_tick,
+        ),
     );
     let mut run = Run {
         sim,
         net: net.clone(),
+        clock_ns,
         failed: None,
     };
     let mut violations = Vec::new();

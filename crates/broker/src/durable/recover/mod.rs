@@ -11,7 +11,6 @@ use tern_store::{FilterSet, StoreError, Stream};
 use super::codec::{self, SessionRecord};
 use super::{
     DurableStore, RECOVERY_READ_BYTES, RECOVERY_READ_RECORDS, REL_PREFIX, RESET_PREFIX, RX_PREFIX,
-    now_ns,
 };
 use crate::hash::Map;
 use crate::persist::{Recovered, StoreRef};
@@ -71,7 +70,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         }
     }
     // Sessions whose expiry ran out while the broker was down end now.
-    let now_s = now_ns() / 1_000_000_000;
+    let now_s = store.now_ns() / 1_000_000_000;
     records.retain(|client, r| {
         if r.closed_at_unix_s == 0 || r.expiry_interval_s == u32::MAX {
             return true;

@@ -18,7 +18,7 @@ use tern_wire::QoS;
 
 use super::super::codec::{self, SessionRecord};
 use super::super::exchanges::{ClientExchanges, LivePhase};
-use super::super::{DurableStore, RECOVERY_READ_BYTES, now_ns};
+use super::super::{DurableStore, RECOVERY_READ_BYTES};
 use super::read_damage_tolerant;
 use crate::hash::{Map, Set};
 use crate::message::Message;
@@ -139,7 +139,7 @@ fn replay_all(
     } else {
         FilterSet::all()
     };
-    let now = now_ns();
+    let now = store.now_ns();
     let mut matched: Vec<u32> = Vec::new();
     for (index, slot) in store.slots.iter().enumerate() {
         let stream = index as u16;
@@ -298,7 +298,7 @@ fn read_one(store: &DurableStore, at: StoreRef) -> Option<Arc<Message>> {
         .into_iter()
         .next()
         .filter(|r| r.seq == at.seq)?;
-    let age = Duration::from_nanos(now_ns().saturating_sub(r.time_ns));
+    let age = Duration::from_nanos(store.now_ns().saturating_sub(r.time_ns));
     let message = codec::decode_message(&r.topic, &r.properties, r.payload, age)?;
     let _ = message.stored.set(at);
     Some(Arc::new(message))
