@@ -193,6 +193,11 @@ impl<D> AckPipeline<D> {
         for slot in self.slots.iter_mut().filter(|s| !s.durable) {
             if let Some(result) = slot.entry.ticket.as_mut().and_then(Ticket::try_result) {
                 if !Self::settle(slot, result) {
+                    // What precedes the failed write and is durable is still released
+                    // (delivered, acknowledged in order): dropped, it would be durable yet
+                    // never routed, and the publisher's retry, finding it durable, would be
+                    // acknowledged without a delivery (docs/simulation.md finding 10).
+                    self.advance(out);
                     self.failed = true;
                     return;
                 }
