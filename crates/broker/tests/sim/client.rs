@@ -21,6 +21,8 @@ use tern_wire::{Ack, Connect, Packet, Properties, Protocol, Publish, QoS, Reason
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub(super) const POLL: Duration = Duration::from_millis(20);
+/// How long a packet may take to be accepted by the connection before it counts as dead.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where the broker listens.
 pub enum Endpoint {
@@ -214,10 +216,16 @@ impl Conn {
             return false;
         }
         self.net.log(&self.client_id, 0, &out);
-        self.stream.write_all(&out).await.is_ok()
+        // A write to a crashed broker can wait forever (turmoil's socket buffer full, its peer
+        // gone: seed 493's subscriber hung in a PUBACK): a connection that takes this long to
+        // accept a packet is dead.
+        let write = self.stream.write_all(&out);
+        matches!(tokio::time::timeout(SEND_TIMEOUT, write).await, Ok(Ok(())))
     }
 
-    /// `Ok(None)` on timeout, `Err(())` once the connection is gone.
+    /// `Ok(None)` on timeout, `Err(())` once the connection is gone. What a broker sent
+    /// before the controller killed it is still read, as a client would (an ack sent after a
+    /// power loss struck inside a call shows `ack-before-fsync`).
     pub async fn recv(&mut self, timeout: Duration) -> Result<Option<Packet>, ()> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {

@@ -115,6 +115,12 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
         let subscribe = {
             let mut st = state.lock();
             st.connections += 1;
+            let entry = format!(
+                "c{}:boot{}",
+                st.connections,
+                net.boot.load(Ordering::Relaxed)
+            );
+            st.trace.push(entry);
             if st.subscribed && !c.session_present {
                 // The subscription was acknowledged: the session must have survived.
                 st.sessions_lost += 1;
