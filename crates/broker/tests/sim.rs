@@ -394,7 +394,7 @@ fn seeds_with_each_fault() -> Vec<u64> {
         |f| matches!(f, Fault::EioIn(..)),
     ];
     let features = || Features {
-        groups: false,
+        groups: true,
         retention: true,
         pub_drops: true,
         eio: true,

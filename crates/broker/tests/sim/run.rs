@@ -181,7 +181,7 @@ pub struct Outcome {
 pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -> Outcome {
     let started = Instant::now();
     let bugs = injected.store;
-    let plan = plan(seed, crash_only, Features::from_env(injected.broker));
+    let plan = plan(seed, crash_only, Features::from_env());
     let mut log = String::new();
     let _ = writeln!(log, "plan: {plan:#?}");
     let dir = tempfile::tempdir().expect("tempdir");
