@@ -23,13 +23,10 @@
 #                 loss: what the crash tests can see (the store bugs go unnoticed)
 #   --linger      let clients reconnect to a broker whose disk just died (power loss inside
 #                 a call) until it is killed: a disk that fails under a running broker
-#   Parts of the workload that are off by default because they trip open findings
-#   (docs/simulation.md); the injected bugs that need them turn them on:
-#   --groups      share groups whose members leave and come back (open finding 9)
-#   --all         the same (every part that is off by default)
-#   On by default (their flags are accepted so that old replay lines still parse):
-#   retention limits (a small max_msgs in 3 seeds of 10; `--retention`), publisher drops at
-#   packet boundaries (`--pub-drops`), disk errors (`--eio`):
+#   On by default (their flags are accepted so that old replay lines still parse): share
+#   groups whose members leave and come back (`--groups`, `--all`), retention limits (a
+#   small max_msgs in 3 seeds of 10; `--retention`), publisher drops at packet boundaries
+#   (`--pub-drops`), disk errors (`--eio`):
 #   --no-eio      leave out the disk errors (EIO on a write or fdatasync under a running
 #                 broker, then a power loss)
 #   --jobs J      seeds run at once (default: one per core; a seed is CPU-bound, virtual time)
@@ -72,7 +69,7 @@ while [ $# -gt 0 ]; do
     --retention) RETENTION=1; shift ;;
     --all) ALL=1; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
