@@ -4,8 +4,9 @@
 //! subscribers, v3.1.1 and v5, QoS 1 and 2, share groups whose members leave and come back,
 //! stalled clients, retention limits) driven by raw MQTT clients (`sim/client.rs`: connections
 //! and publishers; `sim/subscriber.rs`), and a checker of the delivery guarantees
-//! (`sim/check.rs`). `sim/run.rs` runs one seed (boots, faults, kills); `sim/probes.rs` and
-//! `sim/probes_a.rs` hold scripted regression scenarios for bugs seeds found.
+//! (`sim/check.rs`). `sim/run.rs` runs one seed in turmoil (boots, faults, kills; its end in
+//! `sim/settle.rs`); `sim/probes*.rs` and `sim/eio.rs` hold scripted regression scenarios for
+//! bugs seeds found, run on loopback TCP by `sim/tcp.rs`.
 //!
 //! `cargo test -p tern-broker --test sim` runs `TERN_SIM_SEEDS` seeds (default
 //! [`DEFAULT_SEEDS`]) from `TERN_SIM_SEED_BASE`, or the one seed `TERN_SIM_SEED`, with the
@@ -26,6 +27,7 @@ mod sim {
     pub mod probes_a;
     pub mod probes_b;
     pub mod run;
+    pub mod settle;
     pub mod subscriber;
     pub mod tcp;
     pub mod timers;

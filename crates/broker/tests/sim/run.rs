@@ -19,11 +19,11 @@ use parking_lot::Mutex;
 use tern_broker::transport::{ConnectionInfo, ListenerContext, StreamTransport, TransportKind};
 use tern_broker::{Broker, BrokerConfig, DurableConfig, DurableStore, StreamSpec};
 use tern_store::sim::{FaultAction, ScriptedFault, SimConfig, SimDisk};
-use tern_wire::Protocol;
 
 use super::check::{self, Context};
 use super::client::{BROKER_HOST, BROKER_PORT, Endpoint, Net, PubSpec, PubState, run_publisher};
-use super::plan::{Fault, Features, Injected, plan};
+use super::plan::{Fault, Features, Injected, Plan, plan};
+use super::settle::{check_retained, settle};
 use super::subscriber::{SubSpec, SubState, run_subscriber};
 
 /// Virtual time per simulation step.
@@ -175,234 +175,334 @@ pub struct Outcome {
     pub digest: u64,
 }
 
+/// One seed's simulation: its plan, disk, network, turmoil run, log and violations.
+struct SeedRun {
+    plan: Plan,
+    disk: SimDisk,
+    /// The directory the disk is mounted at (removed with the run).
+    _dir: tempfile::TempDir,
+    net: Arc<Net>,
+    run: Run<'static>,
+    log: String,
+    violations: Vec<String>,
+}
+
+/// The seed's clients and what they saw.
+struct Clients {
+    subs: Vec<(SubSpec, Arc<Mutex<SubState>>)>,
+    pubs: Vec<(PubSpec, Arc<Mutex<PubState>>)>,
+    clean: Option<super::clean::Clean>,
+    timers: Option<super::timers::Timers>,
+}
+
+impl Clients {
+    fn pubs_done(&self) -> bool {
+        self.pubs.iter().all(|(p, s)| s.lock().done(p.limit))
+    }
+}
+
 /// Runs one seed; with `crash_only` every fault is a process crash (the draws stay the same);
 /// with `linger` clients may reconnect to a broker whose disk died until it is killed.
 /// The broker's injected bug (`injected.broker`) is set by the caller, process-wide.
 pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -> Outcome {
     let started = Instant::now();
-    let bugs = injected.store;
-    let plan = plan(seed, crash_only, Features::from_env());
-    let mut log = String::new();
-    let _ = writeln!(log, "plan: {plan:#?}");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let disk = SimDisk::new(
-        dir.path(),
-        seed,
-        SimConfig {
-            // No real sleeps: the plan's latency lengthens the disk tick instead.
-            latency: None,
-            metadata_order: plan.metadata_order,
-            bugs,
-            stepped_writers: true,
-            ..SimConfig::default()
-        },
-    );
-    let clock_ns = Arc::new(AtomicU64::new(EPOCH_NS));
-    let clock = clock_ns.clone();
-    disk.set_clock(Arc::new(move || clock.load(Ordering::Relaxed)));
-    let disk_tick = DISK_TICK + Duration::from_micros(plan.latency_us);
-    let mut spec = StreamSpec::default_stream();
-    spec.store.block_size_bytes = plan.block_size;
-    spec.store.sync = plan.sync;
-    spec.store.limits.max_msgs = plan.max_msgs;
-    let config = DurableConfig {
-        streams: vec![spec],
-        ..DurableConfig::default()
+    let mut s = SeedRun::new(seed, injected, crash_only, linger);
+    if !s.step_until_up() {
+        let failed = s.run.failed.take();
+        s.violations.push(format!("first boot: {failed:?}"));
+    }
+    let clients = s.start_clients(seed);
+    let alive = s.run.failed.is_none() && s.strike_faults(&clients);
+    if let Some(t) = &clients.timers {
+        t.go();
+    }
+    let finished = alive && s.finish(&clients);
+    s.stop_clients(&clients);
+    let digest = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (s.disk.trace_digest(), s.net.events_digest()).hash(&mut h);
+        h.finish()
     };
-    let net = Arc::new(Net::new(
-        Endpoint::Sim(AtomicBool::new(false)),
-        &disk,
-        linger,
-    ));
-    let mut sim = turmoil::Builder::new()
-        .rng_seed(seed)
-        .tick_duration(TICK)
-        .simulation_duration(SIM_LIMIT)
-        .min_message_latency(Duration::ZERO)
-        .max_message_latency(TICK)
-        .build();
-    sim.host(
-        BROKER_HOST,
-        broker_software(
+    let (violations, log) = s.check(&clients, finished);
+    Outcome {
+        violations,
+        log,
+        elapsed: started.elapsed(),
+        digest,
+    }
+}
+
+impl SeedRun {
+    fn new(seed: u64, injected: Injected, crash_only: bool, linger: bool) -> SeedRun {
+        let plan = plan(seed, crash_only, Features::from_env());
+        let mut log = String::new();
+        let _ = writeln!(log, "plan: {plan:#?}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let disk = SimDisk::new(
+            dir.path(),
+            seed,
+            SimConfig {
+                // No real sleeps: the plan's latency lengthens the disk tick instead.
+                latency: None,
+                metadata_order: plan.metadata_order,
+                bugs: injected.store,
+                stepped_writers: true,
+                ..SimConfig::default()
+            },
+        );
+        let clock_ns = Arc::new(AtomicU64::new(EPOCH_NS));
+        let clock = clock_ns.clone();
+        disk.set_clock(Arc::new(move || clock.load(Ordering::Relaxed)));
+        let disk_tick = DISK_TICK + Duration::from_micros(plan.latency_us);
+        let mut spec = StreamSpec::default_stream();
+        spec.store.block_size_bytes = plan.block_size;
+        spec.store.sync = plan.sync;
+        spec.store.limits.max_msgs = plan.max_msgs;
+        let config = DurableConfig {
+            streams: vec![spec],
+            ..DurableConfig::default()
+        };
+        let net = Arc::new(Net::new(
+            Endpoint::Sim(AtomicBool::new(false)),
+            &disk,
+            linger,
+        ));
+        let mut sim = turmoil::Builder::new()
+            .rng_seed(seed)
+            .tick_duration(TICK)
+            .simulation_duration(SIM_LIMIT)
+            .min_message_latency(Duration::ZERO)
+            .max_message_latency(TICK)
+            .build();
+        let software = broker_software(
             disk.clone(),
             dir.path().to_owned(),
             config,
             net.clone(),
             disk_tick,
-        ),
-    );
-    let mut run = Run {
-        sim,
-        net: net.clone(),
-        clock_ns,
-        failed: None,
-    };
-    let mut violations = Vec::new();
-    let up = |net: &Net| match &net.endpoint {
-        Endpoint::Sim(up) => up.load(Ordering::Relaxed),
-        Endpoint::Tcp(_) => false,
-    };
-    if !run.step_until(Duration::from_secs(10), |_| up(&net)) {
-        violations.push(format!("first boot: {:?}", run.failed.take()));
-    }
-    let subs: Vec<(SubSpec, Arc<Mutex<SubState>>)> = plan
-        .subscribers
-        .iter()
-        .map(|s| (s.clone(), Arc::default()))
-        .collect();
-    let pubs: Vec<(PubSpec, Arc<Mutex<PubState>>)> = plan
-        .publishers
-        .iter()
-        .map(|p| (p.clone(), Arc::default()))
-        .collect();
-    for (spec, state) in &subs {
-        let task = run_subscriber(spec.clone(), state.clone(), net.clone());
-        run.client(&spec.client_id(), Box::pin(task));
-    }
-    // Every subscription is acknowledged (durable) before the first message is published.
-    let all_subscribed = |_| subs.iter().all(|(_, s)| s.lock().subscribed);
-    if !run.step_until(Duration::from_secs(10), all_subscribed) {
-        violations.push("subscribers got no SUBACK".into());
-    }
-    for (spec, state) in &pubs {
-        let task = run_publisher(spec.clone(), state.clone(), net.clone());
-        run.client(&spec.client_id(), Box::pin(task));
-    }
-    let pubs_done = || pubs.iter().all(|(p, s)| s.lock().done(p.limit));
-    // Clean sessions and QoS 0 beside the persistent workload (`clean.rs`).
-    let clean = super::clean::draw(seed).map(super::clean::Clean::new);
-    if let Some(c) = &clean {
-        let _ = writeln!(log, "clean sessions: {:?}", c.spec);
-        for (name, task) in c.tasks(&net) {
-            run.client(name, task);
+        );
+        sim.host(BROKER_HOST, software);
+        let run = Run {
+            sim,
+            net: net.clone(),
+            clock_ns,
+            failed: None,
+        };
+        SeedRun {
+            plan,
+            disk,
+            _dir: dir,
+            net,
+            run,
+            log,
+            violations: Vec::new(),
         }
     }
-    // Wills with a delay and session expiry (`timers.rs`), in one seed of ten each.
-    let timers = super::timers::Timers::new(super::timers::draw(seed));
-    if let Some(t) = &timers {
-        let _ = writeln!(log, "timers: {:?}", t.spec);
-        for (name, task) in t.tasks(&net) {
-            run.client(name, task);
-        }
+
+    /// Steps until the broker host listens (10 s at most).
+    fn step_until_up(&mut self) -> bool {
+        let net = self.net.clone();
+        self.run
+            .step_until(Duration::from_secs(10), |_| match &net.endpoint {
+                Endpoint::Sim(up) => up.load(Ordering::Relaxed),
+                Endpoint::Tcp(_) => false,
+            })
     }
-    let mut alive = run.failed.is_none();
-    for &(at, fault) in &plan.faults {
-        if !alive {
-            break;
+
+    /// Starts the subscribers, waits for their SUBACKs, then the publishers and the side
+    /// parts (clean sessions, timers).
+    fn start_clients(&mut self, seed: u64) -> Clients {
+        let net = self.net.clone();
+        let subs: Vec<(SubSpec, Arc<Mutex<SubState>>)> = self
+            .plan
+            .subscribers
+            .iter()
+            .map(|s| (s.clone(), Arc::default()))
+            .collect();
+        let pubs: Vec<(PubSpec, Arc<Mutex<PubState>>)> = self
+            .plan
+            .publishers
+            .iter()
+            .map(|p| (p.clone(), Arc::default()))
+            .collect();
+        for (spec, state) in &subs {
+            let task = run_subscriber(spec.clone(), state.clone(), net.clone());
+            self.run.client(&spec.client_id(), Box::pin(task));
         }
-        run.step_until(Duration::from_secs(20), |_| {
-            net.acks.load(Ordering::Relaxed) >= at || pubs_done()
-        });
-        let acks = net.acks.load(Ordering::Relaxed);
-        strike(&mut run, &disk, fault, &mut log);
-        run.restart();
-        let _ = writeln!(log, "{fault:?} after {acks} acks (t={:?})", run.now());
-        if !run.step_until(Duration::from_secs(10), |_| up(&net)) {
-            violations.push(format!("restart after {fault:?}: {:?}", run.failed.take()));
-            alive = false;
+        // Every subscription is acknowledged (durable) before the first message is published.
+        let all_subscribed = |_| subs.iter().all(|(_, s)| s.lock().subscribed);
+        if !self.run.step_until(Duration::from_secs(10), all_subscribed) {
+            self.violations.push("subscribers got no SUBACK".into());
         }
-    }
-    if let Some(t) = &timers {
-        t.go();
-    }
-    // Let the workload finish: every message published and acknowledged, every subscriber
-    // holding what it is owed with no QoS 2 exchange open.
-    let mut finished = false;
-    if alive {
-        finished = run.step_until(Duration::from_secs(30), |_| pubs_done());
-        if !finished {
-            violations.push("publishers did not finish (stalled)".into());
+        for (spec, state) in &pubs {
+            let task = run_publisher(spec.clone(), state.clone(), net.clone());
+            self.run.client(&spec.client_id(), Box::pin(task));
         }
-        settle(&mut run, &pubs, &subs, plan.max_msgs.is_some());
+        // Clean sessions and QoS 0 beside the persistent workload (`clean.rs`).
+        let clean = super::clean::draw(seed).map(super::clean::Clean::new);
         if let Some(c) = &clean {
-            run.step_until(Duration::from_secs(3), |_| c.settled());
+            let _ = writeln!(self.log, "clean sessions: {:?}", c.spec);
+            for (name, task) in c.tasks(&net) {
+                self.run.client(name, task);
+            }
         }
+        // Wills with a delay and session expiry (`timers.rs`).
+        let timers = super::timers::Timers::new(super::timers::draw(seed));
         if let Some(t) = &timers {
-            run.step_until(Duration::from_secs(6), |_| t.settled());
-            t.end(&net);
+            let _ = writeln!(self.log, "timers: {:?}", t.spec);
+            for (name, task) in t.tasks(&net) {
+                self.run.client(name, task);
+            }
         }
-        for (p, st) in pubs.iter().filter(|(p, _)| p.retain) {
+        Clients {
+            subs,
+            pubs,
+            clean,
+            timers,
+        }
+    }
+
+    /// Strikes the plan's faults, each once its count of acknowledged messages is reached,
+    /// and restarts the broker after each; false if a restart failed.
+    fn strike_faults(&mut self, clients: &Clients) -> bool {
+        let net = self.net.clone();
+        let faults = self.plan.faults.clone();
+        for (at, fault) in faults {
+            self.run.step_until(Duration::from_secs(20), |_| {
+                net.acks.load(Ordering::Relaxed) >= at || clients.pubs_done()
+            });
+            let acks = net.acks.load(Ordering::Relaxed);
+            strike(&mut self.run, &self.disk, fault, &mut self.log);
+            self.run.restart();
+            let _ = writeln!(
+                self.log,
+                "{fault:?} after {acks} acks (t={:?})",
+                self.run.now()
+            );
+            if !self.step_until_up() {
+                let failed = self.run.failed.take();
+                self.violations
+                    .push(format!("restart after {fault:?}: {failed:?}"));
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Lets the workload finish: every message published and acknowledged, every subscriber
+    /// holding what it is owed with no QoS 2 exchange open; then the retained checks.
+    /// Returns whether the publishers finished.
+    fn finish(&mut self, clients: &Clients) -> bool {
+        let finished = self
+            .run
+            .step_until(Duration::from_secs(30), |_| clients.pubs_done());
+        if !finished {
+            self.violations
+                .push("publishers did not finish (stalled)".into());
+        }
+        let retention = self.plan.max_msgs.is_some();
+        settle(&mut self.run, &clients.pubs, &clients.subs, retention);
+        if let Some(c) = &clients.clean {
+            self.run.step_until(Duration::from_secs(3), |_| c.settled());
+        }
+        if let Some(t) = &clients.timers {
+            self.run.step_until(Duration::from_secs(6), |_| t.settled());
+            t.end(&self.net);
+        }
+        for (p, st) in clients.pubs.iter().filter(|(p, _)| p.retain) {
             let (acked, next) = {
                 let st = st.lock();
                 (st.acked.last().copied(), st.next)
             };
             let result: Arc<Mutex<Option<Result<(), String>>>> = Arc::default();
-            let (n, p2, r) = (net.clone(), p.clone(), result.clone());
-            run.client(
+            let (n, p2, r) = (self.net.clone(), p.clone(), result.clone());
+            self.run.client(
                 &format!("retained-{}", p.index),
                 Box::pin(async move {
                     let out = check_retained(&n, &p2, acked, next).await;
                     *r.lock() = Some(out);
                 }),
             );
-            run.step_until(Duration::from_secs(10), |_| result.lock().is_some());
+            self.run
+                .step_until(Duration::from_secs(10), |_| result.lock().is_some());
             match result.lock().take() {
                 Some(Ok(())) => {}
-                Some(Err(v)) => violations.push(v),
-                None => {
-                    violations.push(format!("{}: the retained check did not end", p.client_id()))
-                }
+                Some(Err(v)) => self.violations.push(v),
+                None => self
+                    .violations
+                    .push(format!("{}: the retained check did not end", p.client_id())),
             }
         }
+        finished
     }
-    // The clients stop at a step boundary where no subscriber holds an open QoS 2 exchange:
-    // one that started after the run was complete (a share group passing a message on while
-    // its members come and go) finishes first; one the broker forgot stays open until the
-    // timeout and is reported (finding 9 in docs/simulation.md).
-    run.step_until(Duration::from_secs(5), |_| {
-        let idle = subs.iter().all(|(_, s)| s.lock().received.is_empty());
-        if idle {
-            net.stop.store(true, Ordering::Relaxed);
+
+    /// Stops the clients at a step boundary where no subscriber holds an open QoS 2
+    /// exchange: one that started after the run was complete (a share group passing a
+    /// message on while its members come and go) finishes first; one the broker forgot
+    /// stays open until the timeout and is reported (finding 9 in docs/simulation.md).
+    fn stop_clients(&mut self, clients: &Clients) {
+        let net = self.net.clone();
+        self.run.step_until(Duration::from_secs(5), |_| {
+            let idle = clients
+                .subs
+                .iter()
+                .all(|(_, s)| s.lock().received.is_empty());
+            if idle {
+                net.stop.store(true, Ordering::Relaxed);
+            }
+            idle
+        });
+        net.stop.store(true, Ordering::Relaxed);
+        // Every client sees the stop within a poll interval or a reconnect back-off.
+        self.run.step_for(Duration::from_millis(100));
+    }
+
+    /// Ends the simulation (the broker and its store go), checks what the clients saw and
+    /// completes the log: (violations, log).
+    fn check(self, clients: &Clients, finished: bool) -> (Vec<String>, String) {
+        let SeedRun {
+            plan,
+            disk,
+            run,
+            mut log,
+            mut violations,
+            ..
+        } = self;
+        drop(run);
+        let ctx = Context {
+            retention: plan.max_msgs.is_some(),
+            finished,
+        };
+        check::check(&clients.pubs, &clients.subs, &ctx, &mut violations);
+        if let Some(c) = &clients.clean {
+            c.check(&mut violations);
+            let _ = writeln!(log, "{}", c.summary());
         }
-        idle
-    });
-    net.stop.store(true, Ordering::Relaxed);
-    // Every client sees the stop within a poll interval or a reconnect back-off.
-    run.step_for(Duration::from_millis(100));
-    let digest = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (disk.trace_digest(), net.events_digest()).hash(&mut h);
-        h.finish()
-    };
-    drop(run);
-    let ctx = Context {
-        retention: plan.max_msgs.is_some(),
-        finished,
-    };
-    check::check(&pubs, &subs, &ctx, &mut violations);
-    if let Some(c) = &clean {
-        c.check(&mut violations);
-        let _ = writeln!(log, "{}", c.summary());
-    }
-    if let Some(t) = &timers {
-        t.check(plan.max_msgs.is_some(), &mut violations);
-        let _ = writeln!(log, "{}", t.summary());
-    }
-    for (p, st) in &pubs {
-        let st = st.lock();
-        let _ = writeln!(
-            log,
-            "{}: connections to boots {:?}, reconnects without its session {}",
-            p.client_id(),
-            st.boots,
-            st.sessions_lost
-        );
-    }
-    for (s, st) in &subs {
-        let st = st.lock();
-        if s.share.is_some() || !st.received.is_empty() {
-            let _ = writeln!(log, "{}: {}", s.client_id(), st.trace.join(" "));
+        if let Some(t) = &clients.timers {
+            t.check(plan.max_msgs.is_some(), &mut violations);
+            let _ = writeln!(log, "{}", t.summary());
         }
-    }
-    for e in disk.events() {
-        let _ = writeln!(log, "disk: {e}");
-    }
-    Outcome {
-        violations,
-        log,
-        elapsed: started.elapsed(),
-        digest,
+        for (p, st) in &clients.pubs {
+            let st = st.lock();
+            let _ = writeln!(
+                log,
+                "{}: connections to boots {:?}, reconnects without its session {}",
+                p.client_id(),
+                st.boots,
+                st.sessions_lost
+            );
+        }
+        for (s, st) in &clients.subs {
+            let st = st.lock();
+            if s.share.is_some() || !st.received.is_empty() {
+                let _ = writeln!(log, "{}: {}", s.client_id(), st.trace.join(" "));
+            }
+        }
+        for e in disk.events() {
+            let _ = writeln!(log, "disk: {e}");
+        }
+        (violations, log)
     }
 }
 
@@ -457,103 +557,3 @@ fn strike(run: &mut Run, disk: &SimDisk, fault: Fault, log: &mut String) {
         }
     }
 }
-
-/// The retained value of `p`'s topic, read by a new clean-start client, is the last message
-/// acknowledged or a later one sent (`acked..next`): never an older one, never none.
-async fn check_retained(
-    net: &Arc<Net>,
-    p: &PubSpec,
-    acked: Option<u64>,
-    next: u64,
-) -> Result<(), String> {
-    use super::client::{Conn, clean_connect, parse, s};
-    use tern_wire::{Packet, Properties, QoS, Subscribe, SubscriptionOptions};
-    let Some(last) = acked else {
-        return Ok(());
-    };
-    let who = format!(
-        "{} (retained, {:?}, QoS {})",
-        p.client_id(),
-        p.protocol,
-        p.qos
-    );
-    let Some(mut c) = Conn::connect(net, clean_connect(Protocol::V5, "sim-retained")).await else {
-        return Err(format!("{who}: the retained check could not connect"));
-    };
-    let sub = Subscribe {
-        packet_id: 1,
-        properties: Properties::default(),
-        filters: vec![(
-            s(&p.topic),
-            SubscriptionOptions {
-                qos: QoS::AtMostOnce,
-                ..SubscriptionOptions::default()
-            },
-        )],
-    };
-    if !c.send(&Packet::Subscribe(sub)).await {
-        return Err(format!("{who}: the retained check could not subscribe"));
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    while tokio::time::Instant::now() < deadline {
-        match c.recv(Duration::from_millis(50)).await {
-            Ok(Some(Packet::Publish(m))) if m.retain => {
-                return match parse(&m.payload) {
-                    Some((_, n)) if n >= last && n < next => Ok(()),
-                    got => Err(format!(
-                        "{who}: retained value {got:?}, the last acknowledged is {last} (sent up to {})",
-                        next - 1
-                    )),
-                };
-            }
-            Err(()) => break,
-            _ => {}
-        }
-    }
-    Err(format!(
-        "{who}: no retained value, the last acknowledged is {last}"
-    ))
-}
-
-/// Waits (5 s at most) until every receiver holds what it is owed with no QoS 2 exchange
-/// open; under a retention limit, which may have removed some of it, until no exchange is
-/// open and nothing arrived for 300 ms. With a share group, complete must also hold with
-/// nothing arriving for [`GROUP_QUIET_MS`]: a group message one member got at QoS 1 may
-/// still be on its way to another (given back by a member that left before handling it),
-/// and an exchange that starts after the run stops would count as never released (campaign
-/// 6, seed 565: finding 9 in docs/simulation.md).
-fn settle(run: &mut Run, pubs: &check::Pubs, subs: &check::Subs, retention: bool) {
-    let receivers = check::receivers(subs);
-    let expected = check::expected(pubs, &receivers);
-    let groups = receivers.iter().any(|r| r.group);
-    let mut last = (usize::MAX, run.now());
-    let mut quiet = (usize::MAX, run.now());
-    run.step_until(Duration::from_secs(5), |now| {
-        if check::complete(subs, &receivers, &expected) {
-            if !groups {
-                return true;
-            }
-            let seen: usize = subs.iter().map(|(_, s)| s.lock().seen.len()).sum();
-            if seen != quiet.0 {
-                quiet = (seen, now);
-            }
-            if now - quiet.1 > Duration::from_millis(GROUP_QUIET_MS) {
-                return true;
-            }
-        } else {
-            quiet.0 = usize::MAX;
-        }
-        if !retention {
-            return false;
-        }
-        let got: usize = subs.iter().map(|(_, s)| s.lock().got.len()).sum();
-        let open = subs.iter().any(|(_, s)| !s.lock().received.is_empty());
-        if got != last.0 || open {
-            last = (got, now);
-        }
-        now - last.1 > Duration::from_millis(300)
-    });
-}
-
-/// How long a run with a share group must stay complete, with nothing arriving, to end.
-const GROUP_QUIET_MS: u64 = 100;
