@@ -354,6 +354,35 @@ mod tests {
         );
     }
 
+    /// Simulator finding 10 (docs/simulation.md): the front and the next write completed in
+    /// the turn whose later write failed. The durable entries ahead of the failure are still
+    /// delivered and acknowledged; nothing from the failed one on.
+    #[tokio::test]
+    async fn durable_entries_before_a_failed_write_are_released() {
+        let mut p = AckPipeline::new(8);
+        let mut out = Vec::new();
+        let (first, t1) = ticket();
+        let (second, t2) = ticket();
+        let (third, t3) = ticket();
+        p.push(entry(1, AckKind::PubRec, "a", t1, true), &mut out);
+        p.push(entry(2, AckKind::PubRec, "b", t2, true), &mut out);
+        p.push(entry(3, AckKind::PubRec, "c", t3, true), &mut out);
+        first.complete(Ok(()));
+        second.complete(Ok(()));
+        third.complete(Err(PersistError("EIO".into())));
+        p.wait_front(&mut out).await;
+        assert_eq!(
+            out,
+            vec![
+                Released::Deliver("a"),
+                Released::Deliver("b"),
+                ack(AckKind::PubRec, 1),
+                ack(AckKind::PubRec, 2),
+            ]
+        );
+        assert!(p.failed());
+    }
+
     #[tokio::test]
     async fn qos1_with_write_delivers_at_once_but_acks_wait_in_order() {
         let mut p = AckPipeline::new(8);
