@@ -7,8 +7,8 @@
 #
 # Usage: scripts/sim.sh [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--all] [--jobs J] [--first] [--verbose]
 #   --seeds N     run N seeds (default 100), from --base (default 0)
-#   --seed S      run seed S alone (replays its plan and fault schedule; the interleaving
-#                 of threads is not fixed yet, so a failure may need a few runs)
+#   --seed S      run seed S alone: a seed is one execution, so this replays it exactly
+#                 (the same digest on the seed's line, the same violations)
 #   --inject BUG  run with a known bug injected, to see the simulator find it:
 #     into the store (tern-store feature `sim`):
 #       ack-before-fsync                   tickets complete (the broker acks) before the fdatasync
@@ -23,19 +23,17 @@
 #                 loss: what the crash tests can see (the store bugs go unnoticed)
 #   --linger      let clients reconnect to a broker whose disk just died (power loss inside
 #                 a call) until it is killed: a disk that fails under a running broker
-#   Parts of the workload that are off by default because they trip open findings
-#   (docs/simulation.md); the injected bugs that need them turn them on:
-#   --groups      share groups whose members leave and come back (open finding 9)
-#   --all         the same (every part that is off by default)
-#   On by default (their flags are accepted so that old replay lines still parse):
-#   retention limits (a small max_msgs in 3 seeds of 10; `--retention`), publisher drops at
-#   packet boundaries (`--pub-drops`), disk errors (`--eio`):
+#   On by default (their flags are accepted so that old replay lines still parse): share
+#   groups whose members leave and come back (`--groups`, `--all`), retention limits (a
+#   small max_msgs in 3 seeds of 10; `--retention`), publisher drops at packet boundaries
+#   (`--pub-drops`), disk errors (`--eio`):
 #   --no-eio      leave out the disk errors (EIO on a write or fdatasync under a running
 #                 broker, then a power loss)
-#   --jobs J      seeds run at once (default 4: a seed mostly waits on the real clock)
+#   --jobs J      seeds run at once (default: one per core; a seed is CPU-bound, virtual time)
 #   --first       stop at the first failing seed (how many seeds a bug takes to find)
 #   --verbose     print every seed's plan and fault log, not only the failing ones'
-# Prints each failing seed (violations, replay command, plan, faults, the disk's events),
+# Prints each seed's line with its digest (the disk's trace and every client packet: equal
+# digests, the same run), each failing seed (violations, replay command, plan, faults, the disk's events),
 # then the first failing seed, and ends with the line `sim: seeds=N violations=V` (V: seeds
 # that violated a guarantee). Exits 0 iff V is 0.
 set -euo pipefail
@@ -49,7 +47,7 @@ VERBOSE=0
 CRASH_ONLY=0
 LINGER=0
 FIRST=0
-JOBS=4
+JOBS="$(nproc 2>/dev/null || echo 2)"
 NO_EIO=0
 SHARE_GROUPS=0  # not GROUPS: bash ignores assignments to its own $GROUPS (the user's group ids)
 RETENTION=0
@@ -71,7 +69,7 @@ while [ $# -gt 0 ]; do
     --retention) RETENTION=1; shift ;;
     --all) ALL=1; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -67,6 +67,19 @@ impl Shared {
     }
 }
 
+/// The tasks [`Broker::start_background`] started; dropping it aborts them.
+pub struct Background {
+    sys: tokio::task::JoinHandle<()>,
+    checkpoints: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.sys.abort();
+        self.checkpoints.abort();
+    }
+}
+
 /// The broker: build with [`Broker::new`], run with [`Broker::serve`].
 #[derive(Clone)]
 pub struct Broker {
@@ -136,17 +149,19 @@ impl Broker {
     ) -> io::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut connections = JoinSet::new();
-        let sys = tokio::spawn(crate::sys::run(self.shared.clone(), stop_rx.clone()));
-        crate::session::restore::arm_expiry(&self.shared);
-        crate::will::arm_recovered(&self.shared);
-        let checkpoints = tokio::spawn(crate::checkpoint::run_checkpoints(self.shared.clone()));
+        let background = self.start_background(stop_rx.clone());
         tokio::pin!(shutdown);
         let mut next_listener = 0;
         self.shared.ready.store(true, Ordering::Release);
         loop {
             let accept = poll_fn(|cx| poll_accept_any(&listeners, &mut next_listener, cx));
+            // `biased` (as every select in this crate): branches are polled in order, not from
+            // a random start, so a simulated run is one execution. Finished connections are
+            // reaped before the next accept, so a flood of connects cannot grow the set.
             tokio::select! {
+                biased;
                 _ = &mut shutdown => break,
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 (index, accepted) = accept => match accepted {
                     Ok((stream, peer)) => {
                         self.spawn_connection(&mut connections, &listeners[index], stream, peer, &stop_rx);
@@ -156,7 +171,6 @@ impl Broker {
                         tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_BACKOFF_MS)).await;
                     }
                 },
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }
         drop(listeners);
@@ -177,11 +191,23 @@ impl Broker {
             );
             connections.abort_all();
         }
-        sys.abort();
-        checkpoints.abort();
+        drop(background);
         // A clean stop leaves exact cursors: nothing is replayed at the next start.
         crate::checkpoint::checkpoint_once(&self.shared);
         Ok(())
+    }
+
+    /// Starts what runs beside the connections: the `$SYS` publisher (until `stop` turns
+    /// true), session expiry and the wills recovered from the store, and the checkpointer.
+    /// [`Broker::serve_listeners`] calls it; a caller that accepts connections itself (the
+    /// simulator, through [`Broker::run_connection`]) calls it once before the first one.
+    /// Dropping the result stops the `$SYS` publisher and the checkpointer.
+    pub fn start_background(&self, stop: watch::Receiver<bool>) -> Background {
+        let sys = tokio::spawn(crate::sys::run(self.shared.clone(), stop));
+        crate::session::restore::arm_expiry(&self.shared);
+        crate::will::arm_recovered(&self.shared);
+        let checkpoints = tokio::spawn(crate::checkpoint::run_checkpoints(self.shared.clone()));
+        Background { sys, checkpoints }
     }
 
     /// Serves one connection on any transport to its end, outside of a listener: the
@@ -236,6 +262,7 @@ impl Broker {
             let _slot = slot;
             let deadline = Instant::now() + shared.config.connect_timeout();
             let upgraded = tokio::select! {
+                biased;
                 upgraded = tokio::time::timeout_at(deadline, upgrade.upgrade(socket)) => upgraded,
                 _ = stop.changed() => return,
             };

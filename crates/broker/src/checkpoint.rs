@@ -6,13 +6,13 @@
 //! - The store's floors are read before any session's held messages are listed (see the
 //!   cursor invariant in [`crate::durable`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::broker::Shared;
+use crate::hash::{Map, Set};
 use crate::metrics::Metrics;
 use crate::persist::HeldSeqs;
 use crate::session::Session;
@@ -55,7 +55,7 @@ struct Seen {
 pub struct Checkpointer {
     /// Each visited session's state at its last visit, when that was, and the last pass that
     /// put it in `active`.
-    seen: HashMap<Arc<str>, (Seen, Instant, u64)>,
+    seen: Map<Arc<str>, (Seen, Instant, u64)>,
     /// Passes run (numbers `active` membership).
     pass_no: u64,
     /// The persistent sessions as of the sweep's start, and where the sweep is in them.
@@ -168,7 +168,7 @@ impl Checkpointer {
         self.clients = shared.store.persistent_sessions();
         self.sweep_at = 0;
         if self.seen.len() > self.clients.len() {
-            let live: std::collections::HashSet<&Arc<str>> = self.clients.iter().collect();
+            let live: Set<&Arc<str>> = self.clients.iter().collect();
             self.seen.retain(|k, _| live.contains(k));
         }
     }
@@ -264,6 +264,7 @@ fn drop_removed_everywhere(shared: &Shared, removed: &[(u16, std::ops::RangeIncl
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use parking_lot::Mutex;

@@ -9,13 +9,13 @@
 //! - [`auth`]: password file and ACL (mosquitto formats), replaced whole on reload.
 //! - [`connect_rate`]: the token bucket per source address behind `max_connect_rate_per_ip`.
 //! - [`fuzz`]: one input through a whole in-process connection (the fuzz target's core).
+//! - [`hash`]: the keyed hasher of maps whose iteration order decides behaviour.
 //! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
 //! - [`persist`]: the [`MessageStore`] seam and tickets; [`MemoryStore`] keeps nothing.
 //! - [`durable`]: [`DurableStore`], the `MessageStore` over `tern-store` (on-disk schema in
 //!   its module doc); [`checkpoint`]: the periodic write of persistent sessions' cursors.
 //! - [`session`]: session state, the registry (takeover, resume), share-group queues, expiry
 //!   and will timers.
-//! - [`small_hash`]: hash maps without a hasher state per map (per-session state).
 //! - [`router`]: trie lookups, per-session merging, share-group member choice, delivery.
 //! - [`transport`]: the seam between a connection and its byte stream: plain TCP, or any
 //!   `AsyncRead + AsyncWrite` (TLS, WebSocket, in memory); listener and peer context.
@@ -36,6 +36,7 @@ pub mod connection;
 pub mod durable;
 pub mod exposition;
 pub mod fuzz;
+pub mod hash;
 #[doc(hidden)]
 pub mod inject;
 pub mod message;
@@ -47,14 +48,13 @@ pub mod read_order;
 pub mod retained;
 pub mod router;
 pub mod session;
-pub mod small_hash;
 pub mod sys;
 pub mod topic_alias;
 pub mod transport;
 pub mod will;
 
 pub use auth::{Auth, AuthRules};
-pub use broker::{Broker, Shared};
+pub use broker::{Background, Broker, Shared};
 pub use config::{BrokerConfig, ConfigError};
 pub use durable::{Durability, DurableConfig, DurableStore, Keep, SessionLimits, StreamSpec};
 pub use persist::{

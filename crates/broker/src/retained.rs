@@ -7,13 +7,13 @@
 //! - No node is left without a message and without children (cleared branches are pruned).
 //! - The tree is at most [`MAX_RETAINED_TOPIC_LEVELS`] deep.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use crate::ack_pipeline::ReleaseHook;
 use crate::broker::Shared;
+use crate::hash::Map;
 use crate::message::Message;
 use crate::persist::Ticket;
 
@@ -24,7 +24,7 @@ pub const MAX_RETAINED_TOPIC_LEVELS: usize = tern_topic::DEFAULT_MAX_FILTER_LEVE
 /// One topic level of the retained tree.
 #[derive(Debug, Default)]
 struct Node {
-    children: HashMap<Box<str>, Node>,
+    children: Map<Box<str>, Node>,
     message: Option<Arc<Message>>,
 }
 

@@ -25,6 +25,7 @@ pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
     loop {
         tokio::select! {
+            biased;
             _ = ticker.tick() => publish_all(&shared),
             _ = stop.changed() => return,
         }

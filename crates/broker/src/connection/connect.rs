@@ -71,6 +71,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
             }
         }
         tokio::select! {
+            biased;
             read = tokio::time::timeout_at(deadline, read_some(reader, buf)) => match read {
                 Ok(Ok(n)) if n > 0 => Metrics::add(&shared.metrics.bytes_received, n as u64),
                 _ => return None,

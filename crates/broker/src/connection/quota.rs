@@ -17,7 +17,7 @@
 //! - An id leaves `ids` only when the pipeline releases the acknowledgement of a counted entry
 //!   that ends its exchange ([`ends_exchange`]).
 
-use crate::small_hash::SmallHashSet;
+use crate::hash::Set;
 
 use tern_wire::ReasonCode;
 
@@ -28,7 +28,7 @@ const IDLE_CAPACITY: usize = 64;
 
 #[derive(Debug, Default)]
 pub(super) struct InboundQuota {
-    ids: SmallHashSet<u16>,
+    ids: Set<u16>,
 }
 
 /// The client sent more than our Receive Maximum.
@@ -58,7 +58,7 @@ impl InboundQuota {
         if ends_exchange(kind, reason) {
             self.ids.remove(&packet_id);
             if self.ids.is_empty() && self.ids.capacity() > IDLE_CAPACITY {
-                self.ids = SmallHashSet::default();
+                self.ids = Set::default();
             }
         }
     }

@@ -88,7 +88,7 @@ impl DurableStore {
                 "backup label `{label}`: 1 to {MAX_BACKUP_LABEL_BYTES} letters, digits, - _ ., not starting with ."
             )));
         }
-        let root = self._store.dir().join(BACKUP_DIR).join(label);
+        let root = self.store.dir().join(BACKUP_DIR).join(label);
         if root.exists() {
             return Err(ActionError::Invalid(format!("{} exists", root.display())));
         }

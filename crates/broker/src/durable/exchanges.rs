@@ -19,11 +19,12 @@
 //!   order: a later record durable implies the earlier ones are (group commit writes in order).
 //! - The in-memory `ClientExchanges` mirror the live keys written for that client.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use tern_store::StoreError;
 
 use super::{DurableStore, codec, io_error};
+use crate::hash::Map;
 use crate::persist::{OutboundSent, StoreRef, Ticket};
 
 /// Where an outbound QoS 2 exchange stands.
@@ -44,7 +45,7 @@ pub(super) struct Live {
 /// One persistent session's outbound QoS 2 state.
 #[derive(Debug, Default)]
 pub(super) struct ClientExchanges {
-    pub live: HashMap<u16, Live>,
+    pub live: Map<u16, Live>,
     /// Completed messages still above the session's cursor.
     pub done: BTreeSet<StoreRef>,
 }
@@ -332,9 +333,9 @@ impl DurableStore {
     pub(super) fn load_exchanges(
         &self,
         live_clients: &dyn Fn(&str) -> bool,
-        entries: &mut HashMap<u8, Vec<(bytes::Bytes, bytes::Bytes)>>,
-    ) -> HashMap<String, ClientExchanges> {
-        let name_index: HashMap<&str, u16> = self
+        entries: &mut Map<u8, Vec<(bytes::Bytes, bytes::Bytes)>>,
+    ) -> Map<String, ClientExchanges> {
+        let name_index: Map<&str, u16> = self
             .slots
             .iter()
             .enumerate()
@@ -349,7 +350,7 @@ impl DurableStore {
                         .map(|&stream| StoreRef { stream, seq })
                 })
         };
-        let mut out: HashMap<String, ClientExchanges> = HashMap::new();
+        let mut out: Map<String, ClientExchanges> = Map::default();
         // `p` first: an `o` entry for the same id is the later phase and replaces it.
         for (keyspace, phase) in [
             (&self.sent, LivePhase::Sent),

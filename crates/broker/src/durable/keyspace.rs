@@ -1,6 +1,7 @@
 //! One key space of the shared session-state stream `tern.sessions`: keys carry a one-byte
 //! prefix, so several kinds of record share one stream and its log order.
 
+use crate::hash::Map;
 use tern_store::{FilterSet, KvStream, StoreError};
 
 /// One key space of the shared session-state stream: keys carry a one-byte prefix.
@@ -38,8 +39,8 @@ impl Keyspace {
     pub(super) fn read_all(
         kv: &KvStream,
         all: &FilterSet,
-    ) -> Result<std::collections::HashMap<u8, Vec<(bytes::Bytes, bytes::Bytes)>>, StoreError> {
-        let mut out: std::collections::HashMap<u8, Vec<_>> = std::collections::HashMap::new();
+    ) -> Result<Map<u8, Vec<(bytes::Bytes, bytes::Bytes)>>, StoreError> {
+        let mut out: Map<u8, Vec<_>> = Map::default();
         for (k, v) in kv.entries(all)? {
             if let Some(&prefix) = k.first() {
                 out.entry(prefix).or_default().push((k.slice(1..), v));

@@ -2,6 +2,7 @@
 //! module doc's schema (inbound publishes and QoS 2 control records here; sessions, exchanges,
 //! share groups, wills, reclamation in their modules).
 
+use crate::hash::Map;
 use std::sync::atomic::Ordering;
 
 use tern_store::NewRecord;
@@ -80,7 +81,7 @@ impl MessageStore for DurableStore {
                     m.insert(packet_id, rx_ref);
                 }
                 None => {
-                    rx.insert(client_id.to_string(), HashMap::from([(packet_id, rx_ref)]));
+                    rx.insert(client_id.to_string(), Map::from_iter([(packet_id, rx_ref)]));
                 }
             }
             // Under the rx lock (see `reclaim`): limits never remove an open rx record.
@@ -150,7 +151,7 @@ impl MessageStore for DurableStore {
             let record = mirror.entry(client_id.to_string()).or_default();
             if fresh {
                 record.subscriptions.clear();
-                record.incarnation = now_ns().max(record.incarnation + 1);
+                record.incarnation = self.now_ns().max(record.incarnation + 1);
             }
             record.protocol_level = protocol.level();
             record.expiry_interval_s = expiry_interval_s;
@@ -179,7 +180,7 @@ impl MessageStore for DurableStore {
                 return;
             };
             record.expiry_interval_s = expiry_interval_s;
-            record.closed_at_unix_s = now_ns() / 1_000_000_000;
+            record.closed_at_unix_s = self.now_ns() / 1_000_000_000;
             record.clone()
         };
         drop(self.put_session(client_id, &record));

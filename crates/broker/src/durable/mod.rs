@@ -65,7 +65,7 @@ mod recover;
 mod shared;
 mod wills;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 
@@ -78,6 +78,7 @@ use tern_wire::QoS;
 
 pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, Keep, SessionLimits, StreamSpec};
 
+use crate::hash::Map;
 use crate::message::Message;
 use crate::persist::{
     HeldSeqs, MessageStore, OutboundSent, PersistError, Recovered, StoreRef, Ticket,
@@ -120,27 +121,30 @@ pub struct DurableStore {
     control_records_read: std::sync::atomic::AtomicU64,
     retained: KvStream,
     /// Persistent sessions as last written to `tern.sessions`.
-    mirror: Mutex<HashMap<String, SessionRecord>>,
+    mirror: Mutex<Map<String, SessionRecord>>,
     /// Inbound QoS 2: client → packet id → its rx record.
-    rx: Mutex<HashMap<String, HashMap<u16, StoreRef>>>,
+    rx: Mutex<Map<String, Map<u16, StoreRef>>>,
     /// Outbound QoS 2 exchanges of persistent sessions, as written.
-    exchanges: Mutex<HashMap<String, ClientExchanges>>,
+    exchanges: Mutex<Map<String, ClientExchanges>>,
     /// Cursors as last written, per client.
-    written_cursors: Mutex<HashMap<String, Vec<u64>>>,
+    written_cursors: Mutex<Map<String, Vec<u64>>>,
     /// Share-group cursors (`shared` module), by `$share/{group}/{filter}`.
     groups: Keyspace,
     /// Share-group cursors as last written: the groups the store keeps.
-    group_cursors: Mutex<HashMap<String, Vec<u64>>>,
+    group_cursors: Mutex<Map<String, Vec<u64>>>,
     /// Wills (`wills` module), and per client the token and encoded record of its will.
     wills: Keyspace,
-    will_state: Mutex<HashMap<String, (u64, Vec<u8>)>>,
+    will_state: Mutex<Map<String, (u64, Vec<u8>)>>,
     will_tokens: AtomicU64,
     limits: config::SessionLimits,
     /// `[store] max_disk_bytes` (see [`DurableStore::disk_budget_reached`]).
     disk_budget: Option<u64>,
     /// Bytes of every stream's blocks as last measured, plus what was appended since.
     disk_used: AtomicU64,
-    _store: Store,
+    store: Store,
+    /// The file system the store runs on, and the wall clock the broker's records use
+    /// (`Vfs::now_ns`: the system clock in production, virtual time in the simulator).
+    vfs: std::sync::Arc<dyn tern_store::vfs::Vfs>,
 }
 
 /// Framing of one record on disk beyond its topic, properties and payload (header, CRC,
@@ -149,12 +153,6 @@ const RECORD_OVERHEAD_ESTIMATE: u64 = 48;
 
 fn io_error(e: StoreError) -> PersistError {
     PersistError(e.to_string())
-}
-
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 fn report_damage(stream: &Stream) {
@@ -173,6 +171,20 @@ fn report_damage(stream: &Stream) {
 }
 
 impl DurableStore {
+    /// The wall clock in ns since the Unix epoch, as the store's file system tells it: session
+    /// close times, will close times, record ages.
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.vfs.now_ns()
+    }
+
+    /// Stepped writers (a simulator's disk, `Vfs::stepped_writers`): runs one writer turn of
+    /// every stream the store has open, in name order (`Store::step`), on this thread; the
+    /// simulator calls it on its own schedule so that each commit happens at a point of its
+    /// choosing. Returns whether any turn ran; always false with writer threads (production).
+    pub fn step_writers(&self) -> bool {
+        self.store.step()
+    }
+
     /// Opens (creating if needed) the store in `dir` and the configured streams (plus the
     /// default stream when none captures every topic, [`DurableConfig::with_default_stream`]),
     /// reporting any damage found by recovery in the log.
@@ -190,7 +202,7 @@ impl DurableStore {
     ) -> Result<DurableStore, StoreError> {
         config.validate().map_err(StoreError::InvalidConfig)?;
         let config = config.with_default_stream();
-        let store = Store::open_with_vfs(dir, vfs)?;
+        let store = Store::open_with_vfs(dir, vfs.clone())?;
         let mut slots = Vec::with_capacity(config.streams.len());
         for spec in &config.streams {
             let mut stream_config = spec.store.clone();
@@ -255,17 +267,18 @@ impl DurableStore {
             control_records_read: std::sync::atomic::AtomicU64::new(0),
             retained: kv("tern.retained")?,
             slots,
-            mirror: Mutex::new(HashMap::new()),
-            rx: Mutex::new(HashMap::new()),
-            exchanges: Mutex::new(HashMap::new()),
-            written_cursors: Mutex::new(HashMap::new()),
-            group_cursors: Mutex::new(HashMap::new()),
-            will_state: Mutex::new(HashMap::new()),
+            mirror: Mutex::new(Map::default()),
+            rx: Mutex::new(Map::default()),
+            exchanges: Mutex::new(Map::default()),
+            written_cursors: Mutex::new(Map::default()),
+            group_cursors: Mutex::new(Map::default()),
+            will_state: Mutex::new(Map::default()),
             will_tokens: AtomicU64::new(1),
             limits: config.sessions,
             disk_budget: config.max_disk_bytes,
             disk_used: AtomicU64::new(0),
-            _store: store,
+            store,
+            vfs,
         };
         durable.refresh_disk_usage();
         Ok(durable)

@@ -30,7 +30,11 @@
 //! - Unrouted floors are read before the rx map, so an rx record appended but not yet in
 //!   the map lies above its message, which is unrouted until `append_publish` returned.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock (the same as std's outside a paused runtime) so that reclamation runs in a
+// simulation's virtual time.
+use tokio::time::Instant;
 
 use super::{DurableStore, Keep};
 use crate::durable::config::Durability;

@@ -22,16 +22,17 @@
 //!   the members' in a checkpoint pass: a completed shared QoS 2 message is never replayed to
 //!   the group.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tern_store::{FilterSet, StoreError};
 
+use super::DurableStore;
 use super::codec::{self, SessionRecord};
 use super::exchanges::ClientExchanges;
 use super::recover::read_damage_tolerant;
-use super::{DurableStore, now_ns};
+use crate::hash::{Map, Set};
 use crate::message::Message;
 use crate::persist::{HeldSeqs, StoreRef, StoredGroup};
 
@@ -144,12 +145,12 @@ impl DurableStore {
 /// of (see the module doc); deletes the records of groups without one.
 pub(super) fn recover_groups(
     store: &DurableStore,
-    records: &HashMap<String, SessionRecord>,
-    cursors: &HashMap<String, HashMap<String, u64>>,
-    exchanges: &HashMap<String, ClientExchanges>,
+    records: &Map<String, SessionRecord>,
+    cursors: &Map<String, Map<String, u64>>,
+    exchanges: &Map<String, ClientExchanges>,
     entries: Vec<(bytes::Bytes, bytes::Bytes)>,
 ) -> Result<Vec<StoredGroup>, StoreError> {
-    let mut members: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut members: Map<&str, Vec<&str>> = Map::default();
     for (client, record) in records {
         for (filter, _) in &record.subscriptions {
             if is_share(filter) {
@@ -157,14 +158,14 @@ pub(super) fn recover_groups(
             }
         }
     }
-    let slot_cursor = |positions: &HashMap<String, u64>| -> Vec<u64> {
+    let slot_cursor = |positions: &Map<String, u64>| -> Vec<u64> {
         store
             .slots
             .iter()
             .map(|s| positions.get(&s.spec.name).copied().unwrap_or(1))
             .collect()
     };
-    let mut written: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut written: Map<String, Vec<u64>> = Map::default();
     for (key, value) in entries {
         let Ok(share) = std::str::from_utf8(&key) else {
             continue;
@@ -190,7 +191,7 @@ pub(super) fn recover_groups(
             Some(c) => c,
             None => {
                 // Never checkpointed: start where the earliest member stood.
-                let empty = HashMap::new();
+                let empty = Map::default();
                 let mut c = vec![u64::MAX; store.slots.len()];
                 for client in &clients {
                     let m = slot_cursor(cursors.get(*client).unwrap_or(&empty));
@@ -202,7 +203,7 @@ pub(super) fn recover_groups(
                 c
             }
         };
-        let excluded: HashSet<StoreRef> = clients
+        let excluded: Set<StoreRef> = clients
             .iter()
             .filter_map(|c| exchanges.get(*c))
             .flat_map(|e| e.excluded())
@@ -222,7 +223,7 @@ fn replay(
     store: &DurableStore,
     share: &str,
     cursor: &[u64],
-    excluded: &HashSet<StoreRef>,
+    excluded: &Set<StoreRef>,
 ) -> Result<VecDeque<Message>, StoreError> {
     let mut pending = VecDeque::new();
     let Some(Ok((_, filter))) = tern_topic::parse_shared_filter(share) else {
@@ -231,7 +232,7 @@ fn replay(
     };
     let fs = FilterSet::new([filter]);
     let max_pending = store.limits.max_pending_per_session;
-    let now = now_ns();
+    let now = store.now_ns();
     let mut dropped = 0u64;
     for (index, slot) in store.slots.iter().enumerate() {
         let mut from = cursor.get(index).copied().unwrap_or(1);

@@ -23,7 +23,6 @@
 //! one-fsync window. Once published, the will is stored and routed like any PUBLISH (§5: a
 //! QoS>0 will queued for an offline persistent session survives later crashes).
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -32,18 +31,13 @@ use tern_store::StoreError;
 
 use super::codec::{self, SessionRecord};
 use super::{DurableStore, io_error};
+use crate::hash::Map;
 use crate::message::Message;
 use crate::persist::{StoredWill, Ticket};
 
 const VERSION: u8 = 1;
 const OPEN: u8 = 0;
 const CLOSED: u8 = 1;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 /// One `w` value: version u8, state u8 (0 open, 1 closed), closed at (Unix ms, u64 BE), delay
 /// (s, u32 BE), topic length (u16 BE), topic, then [`codec::encode_retained`] of the message.
@@ -137,7 +131,7 @@ impl DurableStore {
         if *current != token {
             return;
         }
-        set_closed(value, now_ms());
+        set_closed(value, self.now_ns() / 1_000_000);
         if let Err(error) = self.wills.put(client_id.as_bytes(), value) {
             tracing::error!(%error, client_id, "cannot write will");
         }
@@ -163,10 +157,10 @@ impl DurableStore {
 /// sessions that survived.
 pub(super) fn recover_wills(
     store: &DurableStore,
-    records: &HashMap<String, SessionRecord>,
+    records: &Map<String, SessionRecord>,
     entries: Vec<(bytes::Bytes, bytes::Bytes)>,
 ) -> Result<Vec<StoredWill>, StoreError> {
-    let now = now_ms();
+    let now = store.now_ns() / 1_000_000;
     let mut out = Vec::new();
     for (key, value) in entries {
         let Ok(client) = std::str::from_utf8(&key) else {

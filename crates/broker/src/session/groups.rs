@@ -21,7 +21,6 @@
 //! - After a message is queued for a group, the group is flushed if a member is online (the
 //!   groups mutex orders that check after any concurrent attach's flush).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -29,6 +28,7 @@ use tern_wire::QoS;
 use tokio::time::Instant;
 
 use crate::broker::Shared;
+use crate::hash::Map;
 use crate::metrics::Metrics;
 use crate::outbound::{Outbound, Outgoing, PushResult};
 use crate::persist::HeldSeqs;
@@ -39,7 +39,7 @@ use crate::session::Session;
 /// `$share/{group}/{filter}`.
 #[derive(Debug, Default)]
 pub struct Groups {
-    pub(crate) map: Mutex<HashMap<Arc<str>, Outbound>>,
+    pub(crate) map: Mutex<Map<Arc<str>, Outbound>>,
 }
 
 impl Groups {

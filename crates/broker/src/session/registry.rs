@@ -8,20 +8,20 @@
 //!   same session (pointer-equal) from the registry, so a newer session under the same client
 //!   id never loses its subscriptions.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tern_wire::{ConnAck, Packet, Protocol, ReasonCode};
 
 use crate::broker::Shared;
+use crate::hash::Map;
 use crate::metrics::Metrics;
 use crate::outbound::encode_packet;
 use crate::session::{ConnCtl, Session, groups};
 
 #[derive(Debug, Default)]
 pub struct Registry {
-    pub(crate) map: Mutex<HashMap<Arc<str>, Arc<Session>>>,
+    pub(crate) map: Mutex<Map<Arc<str>, Arc<Session>>>,
 }
 
 impl Registry {

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use super::signal::Signal;
 use crate::message::Message;
 use crate::outbound::Outbound;
-use crate::small_hash::{SmallHashMap, SmallHashSet};
+use crate::hash::{Map, Set};
 
 /// One subscription as the session remembers it (for retain handling 1, resubscribe, store).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,10 +140,10 @@ pub struct SessionState {
     /// The username of the last connection (ACL checks on delivery).
     pub username: Option<Arc<str>>,
     /// By the filter as subscribed (with any `$share/{group}/` prefix).
-    pub subscriptions: SmallHashMap<Box<str>, SubRecord>,
+    pub subscriptions: Map<Box<str>, SubRecord>,
     /// QoS 2 packet ids received and not yet released (ARCHITECTURE §3). Bounded by our
     /// Receive Maximum: a client exceeding it is disconnected (0x93).
-    pub qos2_received: SmallHashSet<u16>,
+    pub qos2_received: Set<u16>,
     pub expiry_interval_s: u32,
     /// Set once the session is removed from the registry; nothing is queued after that.
     pub ended: bool,
@@ -163,8 +163,8 @@ impl Session {
                 conn_gen: 0,
                 protocol,
                 username: None,
-                subscriptions: SmallHashMap::default(),
-                qos2_received: SmallHashSet::default(),
+                subscriptions: Map::default(),
+                qos2_received: Set::default(),
                 expiry_interval_s,
                 ended: false,
                 pending_will: None,

@@ -3,7 +3,7 @@
 //! A **receiver** is who must get a publisher's acknowledged messages: one subscriber, or a
 //! share group (any one of its members, MQTT 5 §4.8.2).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -302,7 +302,7 @@ fn check_pair(
         // then arrives after later messages.
         return;
     }
-    let mut seen = HashSet::new();
+    let mut seen = BTreeSet::new();
     let mut last: Option<u64> = None;
     let mut reordered = Vec::new();
     for (_, d) in mine {

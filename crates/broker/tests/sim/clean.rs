@@ -18,10 +18,10 @@
 //!   that the publisher sent after that connection's SUBACK and had acknowledged: at least
 //!   once, QoS 2 exactly once.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tern_store::sim::SimRng;
@@ -31,6 +31,10 @@ use tern_wire::{
 };
 
 use super::client::{Conn, Net, POLL, ack, clean_connect, parse, payload, s};
+use super::run::Task;
+
+/// When something happened, as [`Net::stamp`] orders it.
+type Stamp = u64;
 
 /// The payloads' publisher number (`90:n:`), apart from the persistent publishers'.
 const PUBLISHER: usize = 90;
@@ -82,9 +86,9 @@ pub fn draw(seed: u64) -> Option<CleanSpec> {
 pub struct CleanPub {
     pub next: u64,
     /// Number → (the publisher's connection, when its PUBLISH was sent).
-    sent: BTreeMap<u64, (u64, Instant)>,
+    sent: BTreeMap<u64, (u64, Stamp)>,
     /// Number → when its PUBACK / PUBREC came.
-    acked: BTreeMap<u64, Instant>,
+    acked: BTreeMap<u64, Stamp>,
     connections: u64,
     session_present: u64,
     /// Every message sent and every exchange on the last connection ended.
@@ -94,8 +98,8 @@ pub struct CleanPub {
 /// One subscriber connection.
 #[derive(Default)]
 struct SubConn {
-    subscribe_sent: Option<Instant>,
-    suback: Option<Instant>,
+    subscribe_sent: Option<Stamp>,
+    suback: Option<Stamp>,
     ended: bool,
     /// (number, QoS) handed to the application, in order.
     got: Vec<(u64, u8)>,
@@ -104,7 +108,7 @@ struct SubConn {
 #[derive(Default)]
 pub struct CleanSub {
     conns: Vec<SubConn>,
-    held: HashSet<u16>,
+    held: BTreeSet<u16>,
     foreign: Vec<String>,
     session_present: u64,
     bad_subacks: Vec<String>,
@@ -125,22 +129,25 @@ impl Clean {
         }
     }
 
-    pub fn spawn(
-        &self,
-        rt: &tokio::runtime::Runtime,
-        net: &Arc<Net>,
-    ) -> Vec<tokio::task::JoinHandle<()>> {
+    /// The clients' software: (turmoil client name, task).
+    pub fn tasks(&self, net: &Arc<Net>) -> Vec<(&'static str, Task)> {
         vec![
-            rt.spawn(run_sub(
-                self.spec.clone(),
-                self.subscriber.clone(),
-                net.clone(),
-            )),
-            rt.spawn(run_pub(
-                self.spec.clone(),
-                self.publisher.clone(),
-                net.clone(),
-            )),
+            (
+                "sim-clean-sub",
+                Box::pin(run_sub(
+                    self.spec.clone(),
+                    self.subscriber.clone(),
+                    net.clone(),
+                )),
+            ),
+            (
+                "sim-clean-pub",
+                Box::pin(run_pub(
+                    self.spec.clone(),
+                    self.publisher.clone(),
+                    net.clone(),
+                )),
+            ),
         ]
     }
 
@@ -160,7 +167,7 @@ impl Clean {
         let Some(suback) = last.suback else {
             return Vec::new();
         };
-        let got: HashSet<u64> = last.got.iter().map(|g| g.0).collect();
+        let got: BTreeSet<u64> = last.got.iter().map(|g| g.0).collect();
         p.acked
             .keys()
             .filter(|n| p.sent.get(n).is_some_and(|&(_, at)| at > suback))
@@ -204,10 +211,10 @@ impl Clean {
             ));
         }
         let want_qos = spec.pub_qos.min(spec.sub_qos);
-        let mut seen: HashMap<u64, usize> = HashMap::new();
+        let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
         for (k, c) in s.conns.iter().enumerate() {
-            let mut last_per_conn: HashMap<u64, u64> = HashMap::new();
-            let mut first = HashSet::new();
+            let mut last_per_conn: BTreeMap<u64, u64> = BTreeMap::new();
+            let mut first = BTreeSet::new();
             for &(n, qos) in &c.got {
                 *seen.entry(n).or_default() += 1;
                 if !p.sent.contains_key(&n) {
@@ -220,7 +227,7 @@ impl Clean {
                         k + 1
                     ));
                 }
-                let subscribed = c.subscribe_sent.unwrap_or(Instant::now());
+                let subscribed = c.subscribe_sent.unwrap_or(Stamp::MAX);
                 if p.acked.get(&n).is_some_and(|&at| at < subscribed) {
                     v.push(format!("connection {}: message {n}, acknowledged before it subscribed, delivered to the new session", k + 1));
                 }
@@ -292,7 +299,7 @@ async fn publish_on(
     conn: u64,
 ) -> bool {
     let qos = QoS::from_u8(spec.pub_qos).expect("qos");
-    let mut inflight: HashMap<u16, u64> = HashMap::new();
+    let mut inflight: BTreeMap<u16, u64> = BTreeMap::new();
     let mut next_id = 0u16;
     loop {
         if net.stop.load(Ordering::Relaxed) {
@@ -306,7 +313,7 @@ async fn publish_on(
                 }
                 let number = st.next;
                 st.next += 1;
-                st.sent.insert(number, (conn, Instant::now()));
+                st.sent.insert(number, (conn, net.stamp()));
                 number
             };
             next_id = next_id.wrapping_add(1).max(1);
@@ -337,7 +344,7 @@ async fn publish_on(
             Ok(Some(Packet::PubAck(a))) => {
                 if let Some(n) = inflight.remove(&a.packet_id) {
                     if a.reason.is_success() {
-                        st.lock().acked.insert(n, Instant::now());
+                        st.lock().acked.insert(n, net.stamp());
                     }
                 }
                 None
@@ -349,7 +356,7 @@ async fn publish_on(
             }
             Ok(Some(Packet::PubRec(a))) => {
                 if let Some(&n) = inflight.get(&a.packet_id) {
-                    st.lock().acked.entry(n).or_insert_with(Instant::now);
+                    st.lock().acked.entry(n).or_insert_with(|| net.stamp());
                 }
                 Some(Packet::PubRel(ack(a.packet_id)))
             }
@@ -395,7 +402,7 @@ async fn run_sub(spec: CleanSpec, st: Arc<Mutex<CleanSub>>, net: Arc<Net>) {
                 },
             )],
         };
-        st.lock().conns.last_mut().expect("conn").subscribe_sent = Some(Instant::now());
+        st.lock().conns.last_mut().expect("conn").subscribe_sent = Some(net.stamp());
         let mut publishes = 0u64;
         if c.send(&Packet::Subscribe(sub)).await {
             publishes = serve_sub(&spec, &st, &net, &mut c).await;
@@ -431,7 +438,7 @@ async fn serve_sub(spec: &CleanSpec, st: &Mutex<CleanSub>, net: &Net, c: &mut Co
             Ok(Some(Packet::SubAck(sa))) => {
                 let mut st = st.lock();
                 if sa.reasons == vec![ReasonCode(spec.sub_qos)] {
-                    st.conns.last_mut().expect("conn").suback = Some(Instant::now());
+                    st.conns.last_mut().expect("conn").suback = Some(net.stamp());
                 } else {
                     st.bad_subacks.push(format!("{:?}", sa.reasons));
                 }

@@ -7,7 +7,7 @@
 //! Their state sits behind a mutex the controller reads (progress, completion, the checker),
 //! locked only between awaits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,18 +15,31 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
+use tern_broker::transport::ByteStream;
 use tern_store::sim::SimDisk;
 use tern_wire::{Ack, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 pub(super) const POLL: Duration = Duration::from_millis(20);
+/// How long a packet may take to be accepted by the connection before it counts as dead.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// What the clients share with the controller: where the broker listens (`None` while it is
-/// down), a stop flag, and the number of messages acknowledged so far (faults strike at
-/// seeded values of it).
+/// Where the broker listens.
+pub enum Endpoint {
+    /// Real loopback TCP (the scripted probes' runner, `tcp.rs`): `None` while it is down.
+    Tcp(Mutex<Option<SocketAddr>>),
+    /// The turmoil host [`BROKER_HOST`] (the seed runner, `run.rs`): whether it is up.
+    Sim(AtomicBool),
+}
+
+/// The turmoil host name of the broker and the port it listens on.
+pub const BROKER_HOST: &str = "broker";
+pub const BROKER_PORT: u16 = 1883;
+
+/// What the clients share with the controller: where the broker listens, a stop flag, and
+/// the number of messages acknowledged so far (faults strike at seeded values of it).
 pub struct Net {
-    pub addr: Mutex<Option<SocketAddr>>,
+    pub endpoint: Endpoint,
     pub stop: AtomicBool,
     pub acks: AtomicU64,
     /// The broker's boot (0 = first), as the controller last started it.
@@ -37,12 +50,50 @@ pub struct Net {
     /// Let clients connect to such a broker all the same: a broker whose disk failed under
     /// it (`--linger`; how seed 9 found the QoS 2 retry bug, docs/simulation.md).
     pub linger: bool,
+    /// A digest of every packet every client sent and received, in order, with the
+    /// simulation's virtual time (equal digests: the clients saw the same run).
+    events: Mutex<u64>,
+    /// A counter that orders events across clients (`clean.rs`): the run is one thread.
+    stamps: AtomicU64,
 }
 
 impl Net {
+    pub fn new(endpoint: Endpoint, disk: &SimDisk, linger: bool) -> Net {
+        Net {
+            endpoint,
+            stop: AtomicBool::new(false),
+            acks: AtomicU64::new(0),
+            boot: AtomicU64::new(0),
+            disk: disk.clone(),
+            linger,
+            events: Mutex::new(0),
+            stamps: AtomicU64::new(0),
+        }
+    }
+
     /// Whether the broker at the advertised address still has its disk.
     fn alive(&self, boot: u64) -> bool {
         self.linger || self.disk.boot() == boot
+    }
+
+    /// The next value of a counter that orders what the clients do.
+    pub fn stamp(&self) -> u64 {
+        self.stamps.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Folds one client event (who, direction, bytes) into the event digest, with the
+    /// simulation's virtual time.
+    fn log(&self, who: &str, dir: u8, bytes: &[u8]) {
+        use std::hash::{Hash, Hasher};
+        let mut digest = self.events.lock();
+        // `DefaultHasher::new()` has fixed keys: the same input hashes the same in every run.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (*digest, who, dir, turmoil::sim_elapsed(), bytes).hash(&mut h);
+        *digest = h.finish();
+    }
+
+    pub fn events_digest(&self) -> u64 {
+        *self.events.lock()
     }
 }
 
@@ -91,7 +142,9 @@ fn connect_with(protocol: Protocol, client_id: &str, receive_maximum: Option<u16
 }
 
 pub struct Conn {
-    stream: TcpStream,
+    stream: Box<dyn ByteStream>,
+    net: Arc<Net>,
+    client_id: String,
     buf: BytesMut,
     protocol: Protocol,
     pub(super) session_present: bool,
@@ -100,7 +153,7 @@ pub struct Conn {
 
 impl Conn {
     /// Connects to the broker's current address; `None` if it is down or refuses.
-    pub async fn connect(net: &Net, connect: Connect) -> Option<Conn> {
+    pub async fn connect(net: &Arc<Net>, connect: Connect) -> Option<Conn> {
         let mut c = Conn::open(net, connect).await?;
         let boot = c.boot;
         match c.recv(Duration::from_secs(3)).await {
@@ -115,19 +168,38 @@ impl Conn {
     }
 
     /// Sends the CONNECT without waiting for the CONNACK (it is the next packet to read).
-    pub async fn open(net: &Net, connect: Connect) -> Option<Conn> {
-        let addr = (*net.addr.lock())?;
+    pub async fn open(net: &Arc<Net>, connect: Connect) -> Option<Conn> {
         let boot = net.boot.load(Ordering::Relaxed);
-        if !net.alive(boot) {
-            return None;
-        }
-        let stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr))
-            .await
-            .ok()?
-            .ok()?;
-        let _ = stream.set_nodelay(true);
+        let stream: Box<dyn ByteStream> = match &net.endpoint {
+            Endpoint::Tcp(addr) => {
+                let addr = (*addr.lock())?;
+                if !net.alive(boot) {
+                    return None;
+                }
+                let connecting = tokio::net::TcpStream::connect(addr);
+                let stream = tokio::time::timeout(Duration::from_secs(1), connecting)
+                    .await
+                    .ok()?
+                    .ok()?;
+                let _ = stream.set_nodelay(true);
+                Box::new(stream)
+            }
+            Endpoint::Sim(up) => {
+                if !up.load(Ordering::Relaxed) || !net.alive(boot) {
+                    return None;
+                }
+                let connecting = turmoil::net::TcpStream::connect((BROKER_HOST, BROKER_PORT));
+                let stream = tokio::time::timeout(Duration::from_secs(1), connecting)
+                    .await
+                    .ok()?
+                    .ok()?;
+                Box::new(stream)
+            }
+        };
         let mut c = Conn {
             stream,
+            net: net.clone(),
+            client_id: connect.client_id.to_string(),
             buf: BytesMut::with_capacity(16 * 1024),
             protocol: connect.protocol,
             session_present: false,
@@ -143,10 +215,17 @@ impl Conn {
         if tern_wire::encode(packet, self.protocol, &mut out).is_err() {
             return false;
         }
-        self.stream.write_all(&out).await.is_ok()
+        self.net.log(&self.client_id, 0, &out);
+        // A write to a crashed broker can wait forever (turmoil's socket buffer full, its peer
+        // gone: seed 493's subscriber hung in a PUBACK): a connection that takes this long to
+        // accept a packet is dead.
+        let write = self.stream.write_all(&out);
+        matches!(tokio::time::timeout(SEND_TIMEOUT, write).await, Ok(Ok(())))
     }
 
-    /// `Ok(None)` on timeout, `Err(())` once the connection is gone.
+    /// `Ok(None)` on timeout, `Err(())` once the connection is gone. What a broker sent
+    /// before the controller killed it is still read, as a client would (an ack sent after a
+    /// power loss struck inside a call shows `ack-before-fsync`).
     pub async fn recv(&mut self, timeout: Duration) -> Result<Option<Packet>, ()> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -157,8 +236,14 @@ impl Conn {
             }
             match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf)).await {
                 Err(_) => return Ok(None),
-                Ok(Ok(0)) | Ok(Err(_)) => return Err(()),
-                Ok(Ok(_)) => {}
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    self.net.log(&self.client_id, 2, &[]);
+                    return Err(());
+                }
+                Ok(Ok(n)) => {
+                    let at = self.buf.len() - n;
+                    self.net.log(&self.client_id, 1, &self.buf[at..]);
+                }
             }
         }
     }
@@ -166,7 +251,7 @@ impl Conn {
 
 /// Waits for a connection, backing off while the broker is down; `None` once stopped.
 pub(super) async fn reconnect(
-    net: &Net,
+    net: &Arc<Net>,
     protocol: Protocol,
     client_id: &str,
     receive_maximum: Option<u16>,
@@ -231,7 +316,7 @@ pub struct PubState {
     pub next: u64,
     /// In flight: number → (packet id, PUBREC received).
     pub inflight: BTreeMap<u64, (u16, bool)>,
-    by_packet_id: HashMap<u16, u64>,
+    by_packet_id: BTreeMap<u16, u64>,
     next_packet_id: u16,
     /// Numbers whose PUBACK (QoS 1) or PUBREC (QoS 2) arrived: the broker owes them.
     pub acked: BTreeSet<u64>,

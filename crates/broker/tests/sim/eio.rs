@@ -8,8 +8,7 @@ use tern_store::sim::{FaultAction, OpKind, ScriptedFault, SimConfig, SimDisk};
 use tern_wire::{Packet, Properties, Protocol, Publish, QoS};
 
 use super::client::{Conn, persistent_connect, s};
-use super::probes::net;
-use super::run::{boot, kill};
+use super::tcp::{boot, kill, net};
 
 /// What seeds 21, 54 and 97 found with `--eio`: the message stream fails (EIO on an
 /// fdatasync); a QoS 2 PUBLISH that arrives afterwards is refused by the store at once, but

@@ -110,11 +110,11 @@ fn protocol(rng: &mut SimRng) -> Protocol {
     }
 }
 
-/// Parts of the workload that are off by default because they trip open findings
-/// (docs/simulation.md): share groups, on with `TERN_SIM_GROUPS` (or `TERN_SIM_ALL`) and whenever
-/// the bug that needs them to be found is injected. Retention limits (in 3 seeds of 10) and
-/// publisher drops are always on; disk errors are on unless `TERN_SIM_NO_EIO`. Off, a part is
-/// still drawn (the other draws of a seed stay the same) and then left out.
+/// Parts of the workload a run may leave out. Share groups, retention limits (in 3 seeds of
+/// 10) and publisher drops are always on (groups since the deterministic runner's 2,000-seed
+/// `--groups` campaign was clean; `TERN_SIM_GROUPS` / `--groups` still parse); disk errors
+/// are on unless `TERN_SIM_NO_EIO`. Off, a part is still drawn (the other draws of a seed
+/// stay the same) and then left out.
 #[derive(Debug, Clone, Copy)]
 pub struct Features {
     pub groups: bool,
@@ -124,10 +124,10 @@ pub struct Features {
 }
 
 impl Features {
-    pub fn from_env(bug: Option<InjectBug>) -> Features {
-        let flag = |name| super::super::env_flag(name) || super::super::env_flag("TERN_SIM_ALL");
+    pub fn from_env() -> Features {
         Features {
-            groups: flag("TERN_SIM_GROUPS") || bug == Some(InjectBug::DropShareQueueOnLeave),
+            // On by default since campaign 13 (docs/simulation.md).
+            groups: true,
             // On by default since finding 5 was fixed (2,000 seeds clean); the flag is kept
             // so that older replay commands still parse.
             retention: true,

@@ -1,27 +1,13 @@
 //! Scripted probes: one scenario each, for a bug a seed found (its regression test), driven
 //! step by step rather than drawn from a seed.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tern_broker::DurableConfig;
 use tern_store::sim::{SimConfig, SimDisk};
 use tern_wire::Protocol;
 
-use super::client::Net;
-use super::run::{boot, kill};
-
-pub(super) fn net(disk: &SimDisk) -> Net {
-    Net {
-        addr: Mutex::new(None),
-        stop: AtomicBool::new(false),
-        acks: AtomicU64::new(0),
-        boot: AtomicU64::new(0),
-        disk: disk.clone(),
-        linger: false,
-    }
-}
+use super::tcp::{boot, kill, net};
 
 /// Probe for the QoS 2 received-set bug without any disk error (docs/simulation.md,
 /// finding 1): a QoS 2 PUBLISH whose write is held pending in the disk, its connection lost,

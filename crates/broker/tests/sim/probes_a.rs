@@ -2,28 +2,15 @@
 //! whose deliveries were overtaken by its next connection's, and a CONNACK sent before the
 //! session's record was durable.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use tern_broker::DurableConfig;
 use tern_store::sim::{SimConfig, SimDisk};
 use tern_wire::{Packet, Properties, Protocol, Publish, QoS, Subscribe, SubscriptionOptions};
 
-use super::client::{Conn, Net, ack, persistent_connect, s};
-use super::run::{boot, kill};
-
-fn net(disk: &SimDisk) -> Net {
-    Net {
-        addr: Mutex::new(None),
-        stop: AtomicBool::new(false),
-        acks: AtomicU64::new(0),
-        boot: AtomicU64::new(0),
-        disk: disk.clone(),
-        linger: false,
-    }
-}
+use super::client::{Conn, ack, persistent_connect, s};
+use super::tcp::{boot, kill, net};
 
 fn publish(qos: QoS, packet_id: u16, payload: &'static [u8]) -> Packet {
     Packet::Publish(Publish {

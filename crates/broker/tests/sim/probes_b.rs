@@ -2,32 +2,20 @@
 //! start on a message retention already removed (`--retention`; seeds 28, 87, 473, 513, ...),
 //! and reclamation must keep what a share group still holds (`--groups`; seeds 343, 50).
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tern_broker::{DurableConfig, StreamSpec};
 use tern_store::sim::{SimConfig, SimDisk};
 use tern_wire::{Ack, Packet, Properties, Protocol, Publish, QoS, ReasonCode};
 
 use super::client::{Conn, Net, persistent_connect, s};
-use super::run::{boot, kill};
+use super::tcp::{boot, kill, net};
 
 /// Messages the stream keeps (`max_msgs`).
 const MAX_MSGS: u64 = 8;
 /// Messages published while the subscriber is away: most of them are removed.
 const BURST: u16 = 40;
-
-fn net(disk: &SimDisk) -> Net {
-    Net {
-        addr: Mutex::new(None),
-        stop: AtomicBool::new(false),
-        acks: AtomicU64::new(0),
-        boot: AtomicU64::new(0),
-        disk: disk.clone(),
-        linger: false,
-    }
-}
 
 fn ack(packet_id: u16) -> Packet {
     Packet::PubRel(Ack {
@@ -85,7 +73,7 @@ async fn subscribe(c: &mut Conn, filter: &str) {
 
 /// Publishes `n` QoS 2 messages `0:{i}:` (padded with `pad` bytes) to `probe/t` and
 /// completes their exchanges.
-async fn publish_burst(net: &Net, n: u16, pad: usize) {
+async fn publish_burst(net: &Arc<Net>, n: u16, pad: usize) {
     let mut p = Conn::connect(net, persistent_connect(Protocol::V5, "probe-pub"))
         .await
         .expect("publisher connects");

@@ -2,8 +2,8 @@
 //! whose MQTT session state (the QoS 2 received set, held messages) lives in the client and
 //! survives every fault; they stall, leave and come back as their spec says.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -75,7 +75,7 @@ pub struct SubState {
     /// The SUBACK came (the subscription is durable).
     pub subscribed: bool,
     /// QoS 2 packet ids received and not yet released, with the held message (AtPubrel).
-    pub received: HashMap<u16, Option<(usize, u64)>>,
+    pub received: BTreeMap<u16, Option<(usize, u64)>>,
     pub got: Vec<Delivery>,
     /// Every PUBLISH that came, for the log: (publisher, number, connection, DUP, QoS).
     pub seen: Vec<(usize, u64, u64, bool, u8)>,
@@ -115,6 +115,12 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
         let subscribe = {
             let mut st = state.lock();
             st.connections += 1;
+            let entry = format!(
+                "c{}:boot{}",
+                st.connections,
+                net.boot.load(Ordering::Relaxed)
+            );
+            st.trace.push(entry);
             if st.subscribed && !c.session_present {
                 // The subscription was acknowledged: the session must have survived.
                 st.sessions_lost += 1;
@@ -245,6 +251,11 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
             if let Some(p) = reply {
                 if !c.send(&p).await {
                     continue 'connection;
+                }
+                if let Packet::PubRec(a) = &p {
+                    let mut st = state.lock();
+                    let entry = format!("c{}:r{}", st.connections, a.packet_id);
+                    st.trace.push(entry);
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! Wills with a delay and session expiry, beside the persistent workload, on their own
 //! topics (`side/will`, `side/exp`). Both timers count whole seconds (MQTT 5), so each part
-//! runs in one seed of ten and takes about two seconds of real time.
+//! runs in four seeds of ten ([`TIMER_CHANCE`]), in virtual time.
 //!
 //! **Wills** (`sim-will`, v5, Will Delay Interval 1 s, QoS 2, session expiry 30 s): each
 //! connection carries its own will (`91:k:` for connection k), then the client leaves: with
@@ -17,7 +17,7 @@
 //! acknowledged message arrives; after expiry Session Present = 0 and none of them does (the
 //! expired session's queue is gone, MQTT-3.1.2-11 / v5 §3.1.2.11.2).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -30,6 +30,7 @@ use tern_wire::{
 };
 
 use super::client::{Conn, Net, POLL, ack, clean_connect, parse, payload, reconnect, s};
+use super::run::Task;
 
 const WILL_TOPIC: &str = "side/will";
 const WILL_PUBLISHER: usize = 91;
@@ -59,9 +60,13 @@ pub struct TimerSpec {
     pub late: bool,
 }
 
+/// The share of seeds with wills, and of seeds with session expiry: 4 in 10 each, now that
+/// their seconds are virtual (1 in 10 while each cost two seconds of real time).
+const TIMER_CHANCE: f64 = 0.4;
+
 pub fn draw(seed: u64) -> TimerSpec {
     let mut r = SimRng::keyed(&[seed, 0x7133]);
-    let wills = r.chance(0.1).then(|| {
+    let wills = r.chance(TIMER_CHANCE).then(|| {
         (0..r.range(1, 2))
             .map(|_| match r.below(3) {
                 0 => Leave::Clean,
@@ -70,7 +75,7 @@ pub fn draw(seed: u64) -> TimerSpec {
             })
             .collect()
     });
-    let expiry_return_early = r.chance(0.1).then(|| r.chance(0.5));
+    let expiry_return_early = r.chance(TIMER_CHANCE).then(|| r.chance(0.5));
     TimerSpec {
         wills,
         expiry_return_early,
@@ -96,7 +101,7 @@ pub struct TimerState {
     will_conns: Vec<WillConn>,
     wills_done: bool,
     watcher_subscribed: bool,
-    received: HashSet<u16>,
+    received: BTreeSet<u16>,
     /// Will instance → deliveries to the watcher's application.
     wills_seen: BTreeMap<u64, u32>,
     exp: Option<ExpOutcome>,
@@ -130,18 +135,24 @@ impl Timers {
         })
     }
 
-    pub fn spawn(
-        &self,
-        rt: &tokio::runtime::Runtime,
-        net: &Arc<Net>,
-    ) -> Vec<tokio::task::JoinHandle<()>> {
-        let mut tasks = Vec::new();
+    /// The clients' software: (turmoil client name, task).
+    pub fn tasks(&self, net: &Arc<Net>) -> Vec<(&'static str, Task)> {
+        let mut tasks: Vec<(&'static str, Task)> = Vec::new();
         if let Some(leaves) = self.spec.wills.clone() {
-            tasks.push(rt.spawn(watch(self.state.clone(), net.clone())));
-            tasks.push(rt.spawn(run_will(leaves, self.state.clone(), net.clone())));
+            tasks.push((
+                "sim-will-watch",
+                Box::pin(watch(self.state.clone(), net.clone())),
+            ));
+            tasks.push((
+                "sim-will",
+                Box::pin(run_will(leaves, self.state.clone(), net.clone())),
+            ));
         }
         if let Some(early) = self.spec.expiry_return_early {
-            tasks.push(rt.spawn(run_expiry(early, self.state.clone(), net.clone())));
+            tasks.push((
+                "sim-exp",
+                Box::pin(run_expiry(early, self.state.clone(), net.clone())),
+            ));
         }
         tasks
     }
@@ -219,7 +230,7 @@ impl Timers {
                         u8::from(e.session_present)
                     ));
                 }
-                let got: HashSet<u64> = e.got.iter().copied().collect();
+                let got: BTreeSet<u64> = e.got.iter().copied().collect();
                 if early && !retention && (0..e.acked).any(|n| !got.contains(&n)) {
                     violations.push(format!(
                         "session expiry: back before expiry, got {:?} of {} acknowledged messages",
@@ -260,7 +271,7 @@ fn v5_connect(client_id: &str, expiry_s: u32, will: Option<Will>) -> Connect {
     }
 }
 
-async fn connect_until(net: &Net, make: impl Fn() -> Connect) -> Option<Conn> {
+async fn connect_until(net: &Arc<Net>, make: impl Fn() -> Connect) -> Option<Conn> {
     while !net.stop.load(Ordering::Relaxed) {
         if let Some(c) = Conn::connect(net, make()).await {
             return Some(c);
@@ -278,7 +289,7 @@ fn disconnect() -> Packet {
 }
 
 /// Waits for the go (`TimerSpec::late`); false once stopped.
-async fn start(st: &Mutex<TimerState>, net: &Net) -> bool {
+async fn start(st: &Mutex<TimerState>, net: &Arc<Net>) -> bool {
     while !st.lock().go {
         if net.stop.load(Ordering::Relaxed) {
             return false;
@@ -497,7 +508,7 @@ async fn run_expiry(early: bool, st: Arc<Mutex<TimerState>>, net: Arc<Net>) {
 
 /// A clean publisher queues [`EXP_MESSAGES`] QoS 1 messages for the absent session; returns
 /// how many were acknowledged (in order, from the first).
-async fn feed(net: &Net) -> u64 {
+async fn feed(net: &Arc<Net>) -> u64 {
     let mut acked = 0;
     if let Some(mut p) = Conn::connect(net, clean_connect(Protocol::V5, "sim-exp-feed")).await {
         for n in 0..EXP_MESSAGES {

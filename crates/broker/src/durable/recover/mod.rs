@@ -6,15 +6,13 @@
 
 mod sessions;
 
-use std::collections::HashMap;
-
 use tern_store::{FilterSet, StoreError, Stream};
 
 use super::codec::{self, SessionRecord};
 use super::{
     DurableStore, RECOVERY_READ_BYTES, RECOVERY_READ_RECORDS, REL_PREFIX, RESET_PREFIX, RX_PREFIX,
-    now_ns,
 };
+use crate::hash::Map;
 use crate::persist::{Recovered, StoreRef};
 
 /// Most damaged blocks one recovery read steps over.
@@ -59,7 +57,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     let session_entries = take(store.sessions.prefix());
     let cursor_entries = take(store.cursors.prefix());
     let rx_start_entries = take(store.rx_start.prefix());
-    let mut records: HashMap<String, SessionRecord> = HashMap::new();
+    let mut records: Map<String, SessionRecord> = Map::default();
     for (key, value) in session_entries {
         let Ok(client) = std::str::from_utf8(&key) else {
             continue;
@@ -72,7 +70,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         }
     }
     // Sessions whose expiry ran out while the broker was down end now.
-    let now_s = now_ns() / 1_000_000_000;
+    let now_s = store.now_ns() / 1_000_000_000;
     records.retain(|client, r| {
         if r.closed_at_unix_s == 0 || r.expiry_interval_s == u32::MAX {
             return true;
@@ -91,7 +89,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         r.expiry_interval_s -= elapsed_s as u32;
         true
     });
-    let mut cursors: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    let mut cursors: Map<String, Map<String, u64>> = Map::default();
     for (key, value) in cursor_entries {
         if let (Ok(client), Some(pos)) =
             (std::str::from_utf8(&key), codec::decode_positions(&value))
@@ -101,7 +99,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     }
     // Inbound QoS 2 received sets from the control records of every stream, in order, from
     // the rx checkpoint on: below it every rx record was released (`reclaim` module).
-    let mut rx_starts: HashMap<String, u64> = HashMap::new();
+    let mut rx_starts: Map<String, u64> = Map::default();
     for (key, value) in rx_start_entries {
         if let (Ok(name), Some(seq)) = (
             std::str::from_utf8(&key),
@@ -117,7 +115,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         .collect();
     tracing::debug!(elapsed = ?started.elapsed(), "recovery: session records and cursors read");
     let control = FilterSet::new(["$tern/#"]);
-    let mut rx: HashMap<String, HashMap<u16, StoreRef>> = HashMap::new();
+    let mut rx: Map<String, Map<u16, StoreRef>> = Map::default();
     let mut control_read = 0u64;
     for (index, slot) in store.slots.iter().enumerate() {
         let stream = index as u16;

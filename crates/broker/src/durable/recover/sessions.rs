@@ -8,7 +8,7 @@
 //! one `Arc<Message>` that every session owed it shares (100,000 offline sessions holding the
 //! same 10 messages hold 10 messages, not a million copies).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +18,9 @@ use tern_wire::QoS;
 
 use super::super::codec::{self, SessionRecord};
 use super::super::exchanges::{ClientExchanges, LivePhase};
-use super::super::{DurableStore, RECOVERY_READ_BYTES, now_ns};
+use super::super::{DurableStore, RECOVERY_READ_BYTES};
 use super::read_damage_tolerant;
+use crate::hash::{Map, Set};
 use crate::message::Message;
 use crate::persist::{StoreRef, StoredInflight, StoredSession};
 
@@ -41,7 +42,7 @@ pub(super) struct SessionInput<'a> {
 struct Replayed {
     pending: VecDeque<Arc<Message>>,
     /// Messages of exchanges in the `Sent` phase, to resend under their ids.
-    resend: HashMap<StoreRef, Arc<Message>>,
+    resend: Map<StoreRef, Arc<Message>>,
     dropped: u64,
     /// Bytes of `pending` (`Message::approx_len`), for `max_pending_bytes_per_session`.
     pending_bytes: usize,
@@ -51,8 +52,8 @@ struct Replayed {
 
 /// Per session: the positions it must not replay as new PUBLISHes, and those to resend.
 struct Exclusions {
-    excluded: HashSet<StoreRef>,
-    sent: HashSet<StoreRef>,
+    excluded: Set<StoreRef>,
+    sent: Set<StoreRef>,
 }
 
 /// Rebuilds every session (see the module doc).
@@ -119,7 +120,7 @@ fn replay_all(
     // One trie of every session's non-shared filters.
     let mut trie: SubscriptionTrie<u32, ()> =
         SubscriptionTrie::with_limits(tern_topic::DEFAULT_MAX_FILTER_LEVELS, usize::MAX);
-    let mut distinct: HashSet<&str> = HashSet::new();
+    let mut distinct: Set<&str> = Set::default();
     for (index, input) in inputs.iter().enumerate() {
         for (filter, _) in &input.record.subscriptions {
             if filter.starts_with("$share/") {
@@ -138,7 +139,7 @@ fn replay_all(
     } else {
         FilterSet::all()
     };
-    let now = now_ns();
+    let now = store.now_ns();
     let mut matched: Vec<u32> = Vec::new();
     for (index, slot) in store.slots.iter().enumerate() {
         let stream = index as u16;
@@ -227,7 +228,7 @@ fn inflight(
     store: &DurableStore,
     client: &str,
     exchanges: &ClientExchanges,
-    resend: &mut HashMap<StoreRef, Arc<Message>>,
+    resend: &mut Map<StoreRef, Arc<Message>>,
 ) -> Vec<StoredInflight> {
     let mut live: Vec<(u16, Option<StoreRef>, LivePhase)> = exchanges
         .live
@@ -297,7 +298,7 @@ fn read_one(store: &DurableStore, at: StoreRef) -> Option<Arc<Message>> {
         .into_iter()
         .next()
         .filter(|r| r.seq == at.seq)?;
-    let age = Duration::from_nanos(now_ns().saturating_sub(r.time_ns));
+    let age = Duration::from_nanos(store.now_ns().saturating_sub(r.time_ns));
     let message = codec::decode_message(&r.topic, &r.properties, r.payload, age)?;
     let _ = message.stored.set(at);
     Some(Arc::new(message))
