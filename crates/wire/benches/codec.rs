@@ -28,6 +28,31 @@ fn publish(qos: QoS) -> Packet {
     })
 }
 
+/// A v5 PUBLISH carrying the properties a request/response client typically sets.
+fn publish_with_properties(qos: QoS) -> Packet {
+    let Packet::Publish(mut publish) = publish(qos) else {
+        unreachable!("publish() builds a PUBLISH")
+    };
+    publish.properties = Properties {
+        message_expiry_interval_s: Some(60),
+        content_type: Some(Str::from_static("application/json")),
+        user: vec![(
+            Str::from_static("trace"),
+            Str::from_static("0af7651916cd43dd"),
+        )],
+        ..Properties::default()
+    };
+    Packet::Publish(publish)
+}
+
+fn puback() -> Packet {
+    Packet::PubAck(Ack {
+        packet_id: 4242,
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::default(),
+    })
+}
+
 fn connect(protocol: Protocol) -> Packet {
     Packet::Connect(Box::new(Connect {
         protocol,
@@ -83,6 +108,13 @@ fn cases() -> Vec<(&'static str, Protocol, Packet)> {
         ),
         ("publish64_qos0_v5", Protocol::V5, publish(QoS::AtMostOnce)),
         ("publish64_qos1_v5", Protocol::V5, publish(QoS::AtLeastOnce)),
+        (
+            "publish64_qos1_v5_props",
+            Protocol::V5,
+            publish_with_properties(QoS::AtLeastOnce),
+        ),
+        ("puback_v311", Protocol::V3_1_1, puback()),
+        ("puback_v5", Protocol::V5, puback()),
         ("connect_v311", Protocol::V3_1_1, connect(Protocol::V3_1_1)),
         ("connect_v5", Protocol::V5, connect(Protocol::V5)),
         ("subscribe_v311", Protocol::V3_1_1, subscribe()),
@@ -125,7 +157,7 @@ fn bench_decode(c: &mut Criterion) {
 fn bench_decode_without_drop(c: &mut Criterion) {
     let mut group = c.benchmark_group("decode_without_drop");
     group.throughput(Throughput::Elements(BATCH as u64));
-    for (name, protocol, packet) in cases().into_iter().take(4) {
+    for (name, protocol, packet) in cases().into_iter().take(7) {
         let mut one = BytesMut::new();
         encode(&packet, protocol, &mut one).unwrap();
         let batch: Vec<u8> = one
