@@ -67,6 +67,6 @@ pub use packet::{
     Ack, Auth, ConnAck, Connect, Disconnect, Packet, PacketType, Protocol, Publish, QoS,
     RetainHandling, Str, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe, Will,
 };
-pub use properties::Properties;
+pub use properties::{Properties, PropertyValues};
 pub use reason::ReasonCode;
 pub use varint::VARINT_MAX;
