@@ -52,12 +52,17 @@ impl Message {
         publisher: Option<Arc<str>>,
         arrived_at: Instant,
     ) -> Message {
-        properties.topic_alias = None;
-        properties.subscription_identifiers.clear();
-        // An interval of 0 is treated as "no expiry", as mosquitto does.
-        if properties.message_expiry_interval_s == Some(0) {
-            properties.message_expiry_interval_s = None;
+        // Edited in place: a message without properties (the common case) allocates nothing.
+        if let Some(values) = properties.values_mut() {
+            values.topic_alias = None;
+            values.subscription_identifiers.clear();
+            // An interval of 0 is treated as "no expiry", as mosquitto does.
+            if values.message_expiry_interval_s == Some(0) {
+                values.message_expiry_interval_s = None;
+            }
         }
+        // A PUBLISH whose only property was its topic alias keeps no block.
+        properties.shrink();
         Message {
             topic,
             payload,
@@ -204,13 +209,15 @@ fn build(
 mod tests {
     use super::*;
     use std::time::Duration;
+    use tern_wire::PropertyValues;
 
     fn message(expiry: Option<u32>, at: Instant) -> Message {
-        let properties = Properties {
+        let properties: Properties = PropertyValues {
             message_expiry_interval_s: expiry,
             topic_alias: Some(3),
-            ..Properties::default()
-        };
+            ..PropertyValues::default()
+        }
+        .into();
         Message::new(
             Str::from_static("a/b"),
             Bytes::from_static(b"x"),
@@ -224,8 +231,10 @@ mod tests {
 
     #[test]
     fn topic_alias_is_never_kept() {
-        let m = message(None, Instant::now());
+        let mut m = message(None, Instant::now());
         assert_eq!(m.properties.topic_alias, None);
+        // It was the only property: the message keeps no property block at all.
+        assert!(m.properties.values_mut().is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -239,5 +248,18 @@ mod tests {
         assert!(m.is_expired(Instant::now()));
         let forever = message(None, Instant::now());
         assert_eq!(forever.remaining_expiry_s(Instant::now()), Some(None));
+    }
+
+    /// One `Message` per published message, kept while any queue holds it: properties live out
+    /// of line (inline they made it 584 bytes).
+    const MAX_MESSAGE_BYTES: usize = 192;
+
+    #[test]
+    fn messages_stay_small() {
+        assert!(
+            size_of::<Message>() <= MAX_MESSAGE_BYTES,
+            "{}",
+            size_of::<Message>()
+        );
     }
 }
