@@ -177,13 +177,17 @@ pub fn copy_str(s: &Str) -> Str {
 /// A copy of the properties a message or will carries, owning its bytes.
 pub fn compact_properties(properties: &Properties) -> Properties {
     let mut copy = properties.clone();
-    copy.content_type = copy.content_type.as_ref().map(copy_str);
-    copy.response_topic = copy.response_topic.as_ref().map(copy_str);
-    copy.correlation_data = copy
+    // Edited in place, so that no properties stay no allocation.
+    let Some(values) = copy.values_mut() else {
+        return copy;
+    };
+    values.content_type = values.content_type.as_ref().map(copy_str);
+    values.response_topic = values.response_topic.as_ref().map(copy_str);
+    values.correlation_data = values
         .correlation_data
         .as_ref()
         .map(|b| Bytes::copy_from_slice(b));
-    for (key, value) in &mut copy.user {
+    for (key, value) in &mut values.user {
         *key = copy_str(key);
         *value = copy_str(value);
     }
@@ -248,6 +252,21 @@ mod tests {
         assert!(m.is_expired(Instant::now()));
         let forever = message(None, Instant::now());
         assert_eq!(forever.remaining_expiry_s(Instant::now()), Some(None));
+    }
+
+    #[test]
+    fn compacting_no_properties_allocates_none() {
+        assert!(
+            compact_properties(&Properties::default())
+                .values_mut()
+                .is_none()
+        );
+        let user: Properties = PropertyValues {
+            user: vec![(Str::from_static("k"), Str::from_static("v"))],
+            ..PropertyValues::default()
+        }
+        .into();
+        assert_eq!(compact_properties(&user), user);
     }
 
     /// One `Message` per published message, kept while any queue holds it: properties live out
