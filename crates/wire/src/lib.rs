@@ -2,8 +2,9 @@
 //!
 //! Module map:
 //! - [`packet`]: the packet model shared by decoder, encoder, broker and bench tool.
-//! - [`properties`]: the MQTT 5.0 properties struct; `property_table` says which packet may
-//!   carry which property.
+//! - [`properties`]: the MQTT 5.0 properties: [`PropertyValues`] holds every property,
+//!   [`Properties`] is the one-pointer handle packets carry (null when there are none);
+//!   `property_table` says which packet may carry which property.
 //! - [`reason`]: reason codes, and their mapping to 3.x return codes.
 //! - [`error`]: [`DecodeError`] (with [`DecodeError::reason_code`]) and [`EncodeError`].
 //! - `varint`: Variable Byte Integers.
