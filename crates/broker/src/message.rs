@@ -52,12 +52,17 @@ impl Message {
         publisher: Option<Arc<str>>,
         arrived_at: Instant,
     ) -> Message {
-        properties.topic_alias = None;
-        properties.subscription_identifiers.clear();
-        // An interval of 0 is treated as "no expiry", as mosquitto does.
-        if properties.message_expiry_interval_s == Some(0) {
-            properties.message_expiry_interval_s = None;
+        // Edited in place: a message without properties (the common case) allocates nothing.
+        if let Some(values) = properties.values_mut() {
+            values.topic_alias = None;
+            values.subscription_identifiers.clear();
+            // An interval of 0 is treated as "no expiry", as mosquitto does.
+            if values.message_expiry_interval_s == Some(0) {
+                values.message_expiry_interval_s = None;
+            }
         }
+        // A PUBLISH whose only property was its topic alias keeps no block.
+        properties.shrink();
         Message {
             topic,
             payload,
@@ -172,13 +177,17 @@ pub fn copy_str(s: &Str) -> Str {
 /// A copy of the properties a message or will carries, owning its bytes.
 pub fn compact_properties(properties: &Properties) -> Properties {
     let mut copy = properties.clone();
-    copy.content_type = copy.content_type.as_ref().map(copy_str);
-    copy.response_topic = copy.response_topic.as_ref().map(copy_str);
-    copy.correlation_data = copy
+    // Edited in place, so that no properties stay no allocation.
+    let Some(values) = copy.values_mut() else {
+        return copy;
+    };
+    values.content_type = values.content_type.as_ref().map(copy_str);
+    values.response_topic = values.response_topic.as_ref().map(copy_str);
+    values.correlation_data = values
         .correlation_data
         .as_ref()
         .map(|b| Bytes::copy_from_slice(b));
-    for (key, value) in &mut copy.user {
+    for (key, value) in &mut values.user {
         *key = copy_str(key);
         *value = copy_str(value);
     }
@@ -204,13 +213,15 @@ fn build(
 mod tests {
     use super::*;
     use std::time::Duration;
+    use tern_wire::PropertyValues;
 
     fn message(expiry: Option<u32>, at: Instant) -> Message {
-        let properties = Properties {
+        let properties: Properties = PropertyValues {
             message_expiry_interval_s: expiry,
             topic_alias: Some(3),
-            ..Properties::default()
-        };
+            ..PropertyValues::default()
+        }
+        .into();
         Message::new(
             Str::from_static("a/b"),
             Bytes::from_static(b"x"),
@@ -224,8 +235,10 @@ mod tests {
 
     #[test]
     fn topic_alias_is_never_kept() {
-        let m = message(None, Instant::now());
+        let mut m = message(None, Instant::now());
         assert_eq!(m.properties.topic_alias, None);
+        // It was the only property: the message keeps no property block at all.
+        assert!(m.properties.values_mut().is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -239,5 +252,33 @@ mod tests {
         assert!(m.is_expired(Instant::now()));
         let forever = message(None, Instant::now());
         assert_eq!(forever.remaining_expiry_s(Instant::now()), Some(None));
+    }
+
+    #[test]
+    fn compacting_no_properties_allocates_none() {
+        assert!(
+            compact_properties(&Properties::default())
+                .values_mut()
+                .is_none()
+        );
+        let user: Properties = PropertyValues {
+            user: vec![(Str::from_static("k"), Str::from_static("v"))],
+            ..PropertyValues::default()
+        }
+        .into();
+        assert_eq!(compact_properties(&user), user);
+    }
+
+    /// One `Message` per published message, kept while any queue holds it: properties live out
+    /// of line (inline they made it 584 bytes).
+    const MAX_MESSAGE_BYTES: usize = 192;
+
+    #[test]
+    fn messages_stay_small() {
+        assert!(
+            size_of::<Message>() <= MAX_MESSAGE_BYTES,
+            "{}",
+            size_of::<Message>()
+        );
     }
 }

@@ -205,7 +205,7 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use std::time::Duration;
-    use tern_wire::{Properties, QoS, Str};
+    use tern_wire::{Properties, PropertyValues, QoS, Str};
 
     fn msg(topic: &'static str, payload: &'static [u8]) -> Arc<Message> {
         Arc::new(Message::new(
@@ -283,10 +283,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn expired_retained_messages_are_not_sent_and_purged() {
         let mut r = Retained::default();
-        let props = Properties {
+        let props: Properties = PropertyValues {
             message_expiry_interval_s: Some(5),
-            ..Properties::default()
-        };
+            ..PropertyValues::default()
+        }
+        .into();
         let m = Arc::new(Message::new(
             Str::from_static("e/t"),
             Bytes::from_static(b"1"),

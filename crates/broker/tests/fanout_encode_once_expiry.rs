@@ -8,16 +8,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tern_broker::message::Message;
-use tern_wire::{Properties, Protocol, QoS, Str, publish_templates_built};
+use tern_wire::{Properties, PropertyValues, Protocol, QoS, Str, publish_templates_built};
 use tokio::time::Instant;
 
 #[test]
 fn an_expiring_message_is_encoded_once_per_remaining_second_not_per_subscriber() {
     let arrived = Instant::now();
-    let properties = Properties {
+    let properties: Properties = PropertyValues {
         message_expiry_interval_s: Some(60),
-        ..Properties::default()
-    };
+        ..PropertyValues::default()
+    }
+    .into();
     let message = Message::new(
         Str::from_static("fan/expiring"),
         Bytes::from_static(b"hello"),

@@ -482,10 +482,11 @@ async fn will_topic_with_wildcard_is_refused() {
 async fn v5_will_payload_not_utf8_connack_0x99() {
     let b = Broker::start();
     let mut c = connect_packet(Protocol::V5, "pfiwill", true, 0);
-    let props = Properties {
+    let props: Properties = tern_wire::PropertyValues {
         payload_format_indicator: Some(1),
-        ..Properties::default()
-    };
+        ..tern_wire::PropertyValues::default()
+    }
+    .into();
     c.will = Some(Will {
         topic: s("will/t"),
         payload: bytes::Bytes::from_static(&[0xff, 0xfe]),

@@ -2,8 +2,9 @@
 //!
 //! Module map:
 //! - [`packet`]: the packet model shared by decoder, encoder, broker and bench tool.
-//! - [`properties`]: the MQTT 5.0 properties struct; `property_table` says which packet may
-//!   carry which property.
+//! - [`properties`]: the MQTT 5.0 properties: [`PropertyValues`] holds every property,
+//!   [`Properties`] is the one-pointer handle packets carry (null when there are none);
+//!   `property_table` says which packet may carry which property.
 //! - [`reason`]: reason codes, and their mapping to 3.x return codes.
 //! - [`error`]: [`DecodeError`] (with [`DecodeError::reason_code`]) and [`EncodeError`].
 //! - `varint`: Variable Byte Integers.
@@ -67,6 +68,6 @@ pub use packet::{
     Ack, Auth, ConnAck, Connect, Disconnect, Packet, PacketType, Protocol, Publish, QoS,
     RetainHandling, Str, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe, Will,
 };
-pub use properties::Properties;
+pub use properties::{Properties, PropertyValues};
 pub use reason::ReasonCode;
 pub use varint::VARINT_MAX;

@@ -33,10 +33,10 @@ fn assert_round_trip(packet: Packet, protocol: Protocol) {
     assert_eq!(round_trip(&packet, protocol), packet, "{protocol:?}");
 }
 
-fn v5_props() -> Properties {
-    Properties {
+fn v5_props() -> PropertyValues {
+    PropertyValues {
         user: vec![(s("k"), s("v")), (s("k"), s("v2"))],
-        ..Properties::default()
+        ..PropertyValues::default()
     }
 }
 
@@ -53,11 +53,12 @@ fn connect_every_version() {
             clean_start: true,
             keep_alive_s: 60,
             properties: if v5 {
-                Properties {
+                PropertyValues {
                     session_expiry_interval_s: Some(3600),
                     receive_maximum: Some(10),
                     ..v5_props()
                 }
+                .into()
             } else {
                 Properties::default()
             },
@@ -68,10 +69,11 @@ fn connect_every_version() {
                 qos: QoS::AtLeastOnce,
                 retain: true,
                 properties: if v5 {
-                    Properties {
+                    PropertyValues {
                         will_delay_interval_s: Some(5),
-                        ..Properties::default()
+                        ..PropertyValues::default()
                     }
+                    .into()
                 } else {
                     Properties::default()
                 },
@@ -88,7 +90,7 @@ fn acks_and_control_every_version() {
     for protocol in all_protocols() {
         let v5 = protocol.is_v5();
         let props = if v5 {
-            v5_props()
+            v5_props().into()
         } else {
             Properties::default()
         };
@@ -178,7 +180,7 @@ fn acks_and_control_every_version() {
 fn v5_only_packets_and_fields() {
     let protocol = Protocol::V5;
     for reason in [ReasonCode::SUCCESS, ReasonCode(0x10), ReasonCode(0x80)] {
-        for properties in [Properties::default(), v5_props()] {
+        for properties in [Properties::default(), v5_props().into()] {
             let ack = Ack {
                 packet_id: 9,
                 reason,
@@ -201,11 +203,12 @@ fn v5_only_packets_and_fields() {
     assert_round_trip(
         Packet::Auth(Auth {
             reason: ReasonCode::CONTINUE_AUTHENTICATION,
-            properties: Properties {
+            properties: PropertyValues {
                 authentication_method: Some(s("SCRAM-SHA-1")),
                 authentication_data: Some(Bytes::from_static(b"\x00\x01")),
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
         }),
         protocol,
     );
@@ -242,11 +245,12 @@ fn publish_every_version_is_zero_copy() {
                 topic: s("sensors/1/temp"),
                 packet_id: if qos == QoS::AtMostOnce { 0 } else { 42 },
                 properties: if protocol.is_v5() {
-                    Properties {
+                    PropertyValues {
                         message_expiry_interval_s: Some(10),
                         correlation_data: Some(Bytes::from_static(b"cd")),
                         ..v5_props()
                     }
+                    .into()
                 } else {
                     Properties::default()
                 },
@@ -302,10 +306,11 @@ fn several_packets_in_one_buffer() {
 fn template_matches_full_encoding() {
     for protocol in all_protocols() {
         let properties = if protocol.is_v5() {
-            Properties {
+            PropertyValues {
                 content_type: Some(s("text/plain")),
                 ..v5_props()
             }
+            .into()
         } else {
             Properties::default()
         };
@@ -412,4 +417,40 @@ fn empty_topic_needs_an_alias_to_encode() {
         encode(&Packet::Publish(publish), Protocol::V3_1_1, &mut out),
         Err(EncodeError::EmptyTopicName)
     );
+}
+
+/// The common path allocates nothing for properties: 3.x never carries them, and a 5.0
+/// packet whose property block is empty (or left out) decodes to an absent block.
+#[test]
+fn packets_without_properties_decode_to_an_absent_block() {
+    let cases: [(Protocol, &[u8]); 6] = [
+        (Protocol::V3_1_1, b"\x30\x05\x00\x01tab"),
+        (Protocol::V5, b"\x30\x06\x00\x01t\x00ab"),
+        (Protocol::V3_1_1, b"\x40\x02\x00\x07"),
+        (Protocol::V5, b"\x40\x02\x00\x07"),
+        (Protocol::V5, b"\x40\x04\x00\x07\x10\x00"),
+        (Protocol::V5, b"\xe0\x02\x04\x00"),
+    ];
+    for (protocol, wire) in cases {
+        let mut buf = BytesMut::from(wire);
+        let packet = decode(&mut buf, protocol, MAX).unwrap().unwrap();
+        let absent = match packet {
+            Packet::Publish(mut publish) => publish.properties.values_mut().is_none(),
+            Packet::PubAck(mut ack) => ack.properties.values_mut().is_none(),
+            Packet::Disconnect(mut disconnect) => disconnect.properties.values_mut().is_none(),
+            other => panic!("unexpected {other:?}"),
+        };
+        assert!(absent, "{protocol:?} {wire:?}");
+    }
+    // A non-empty block is kept, and equals the same values built by hand.
+    let mut buf = BytesMut::from(&b"\x30\x0b\x00\x01t\x05\x02\x00\x00\x00\x3cab"[..]);
+    let Some(Packet::Publish(publish)) = decode(&mut buf, Protocol::V5, MAX).unwrap() else {
+        panic!("not a PUBLISH")
+    };
+    let expected: Properties = PropertyValues {
+        message_expiry_interval_s: Some(60),
+        ..PropertyValues::default()
+    }
+    .into();
+    assert_eq!(publish.properties, expected);
 }

@@ -187,10 +187,11 @@ fn cases() -> Vec<Case> {
         V5,
         "101400044d5154540502003c03210014000470756235",
         Packet::Connect(Box::new(Connect {
-            properties: Properties {
+            properties: PropertyValues {
                 receive_maximum: Some(20),
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
             ..connect(V5, "pub5", true)
         })),
         true,
@@ -201,12 +202,13 @@ fn cases() -> Vec<Case> {
         "332e000c73656e736f72732f74656d70000119020000003c2600016b00017603000a74\
          6578742f706c61696e32312e35",
         Packet::Publish(Publish {
-            properties: Properties {
+            properties: PropertyValues {
                 message_expiry_interval_s: Some(60),
                 content_type: Some(s("text/plain")),
                 user: vec![(s("k"), s("v"))],
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
             ..publish(QoS::AtLeastOnce, true, "sensors/temp", 1, b"21.5")
         }),
         false,
@@ -228,21 +230,23 @@ fn cases() -> Vec<Case> {
         "104400044d51545405d6003c0f1100000e10210014260001610001620005707562357705\
          180000000a000677696c6c2f740004676f6e650005616c6963650006736563726574",
         Packet::Connect(Box::new(Connect {
-            properties: Properties {
+            properties: PropertyValues {
                 session_expiry_interval_s: Some(3600),
                 receive_maximum: Some(20),
                 user: vec![(s("a"), s("b"))],
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
             will: Some(Will {
                 topic: s("will/t"),
                 payload: b(b"gone"),
                 qos: QoS::ExactlyOnce,
                 retain: false,
-                properties: Properties {
+                properties: PropertyValues {
                     will_delay_interval_s: Some(10),
-                    ..Properties::default()
-                },
+                    ..PropertyValues::default()
+                }
+                .into(),
             }),
             username: Some(s("alice")),
             password: Some(b(b"secret")),
@@ -309,11 +313,12 @@ fn cases() -> Vec<Case> {
         V5,
         "101b00044d5154540500003c0811ffffffff2100140006756e73756235",
         Packet::Connect(Box::new(Connect {
-            properties: Properties {
+            properties: PropertyValues {
                 session_expiry_interval_s: Some(u32::MAX),
                 receive_maximum: Some(20),
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
             ..connect(V5, "unsub5", false)
         })),
         true,
@@ -374,11 +379,12 @@ fn cases() -> Vec<Case> {
         "82180001090b072600016b0001760003612f2b010003632f2301",
         Packet::Subscribe(Subscribe {
             packet_id: 1,
-            properties: Properties {
+            properties: PropertyValues {
                 subscription_identifiers: vec![7],
                 user: vec![(s("k"), s("v"))],
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
             filters: vec![
                 (s("a/+"), sub_options(QoS::AtLeastOnce)),
                 (s("c/#"), sub_options(QoS::AtLeastOnce)),
@@ -394,14 +400,15 @@ fn cases() -> Vec<Case> {
         V5,
         "102100044d5154540502003c0f22000a27000003e8170019012100140005737562356b",
         Packet::Connect(Box::new(Connect {
-            properties: Properties {
+            properties: PropertyValues {
                 topic_alias_maximum: Some(10),
                 maximum_packet_size: Some(1000),
                 request_problem_information: Some(0),
                 request_response_information: Some(1),
                 receive_maximum: Some(20),
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
             ..connect(V5, "sub5k", true)
         })),
         false,
@@ -471,11 +478,12 @@ fn cases() -> Vec<Case> {
         Packet::ConnAck(ConnAck {
             session_present: false,
             reason: ReasonCode::SUCCESS,
-            properties: Properties {
+            properties: PropertyValues {
                 topic_alias_maximum: Some(10),
                 receive_maximum: Some(20),
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
         }),
         false,
     );
@@ -502,10 +510,11 @@ fn cases() -> Vec<Case> {
         V5,
         "320d0003612f620001020b0774776f",
         Packet::Publish(Publish {
-            properties: Properties {
+            properties: PropertyValues {
                 subscription_identifiers: vec![7],
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
             ..publish(QoS::AtLeastOnce, false, "a/b", 1, b"two")
         }),
         true,
@@ -606,10 +615,11 @@ fn cases() -> Vec<Case> {
             protocol: V5,
             clean_start: true,
             keep_alive_s: 10,
-            properties: Properties {
+            properties: PropertyValues {
                 session_expiry_interval_s: Some(10),
-                ..Properties::default()
-            },
+                ..PropertyValues::default()
+            }
+            .into(),
             client_id: s("id"),
             will: None,
             username: Some(s("u")),

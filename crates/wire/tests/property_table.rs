@@ -168,10 +168,11 @@ fn each_property_is_accepted_exactly_where_the_spec_allows_it() {
 
 #[test]
 fn the_encoder_refuses_properties_the_packet_cannot_carry() {
-    let props = Properties {
+    let props: Properties = PropertyValues {
         topic_alias: Some(3),
-        ..Properties::default()
-    };
+        ..PropertyValues::default()
+    }
+    .into();
     let ack = Packet::PubAck(Ack {
         packet_id: 1,
         reason: ReasonCode::SUCCESS,

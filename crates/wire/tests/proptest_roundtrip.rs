@@ -88,7 +88,7 @@ fn properties(place: Place) -> impl Strategy<Value = Properties> {
         proptest::option::of(0u8..=1),
     );
     (message, session, limits).prop_map(move |(m, s, l)| {
-        let mut p = Properties {
+        let mut p = PropertyValues {
             payload_format_indicator: m.0,
             message_expiry_interval_s: m.1,
             content_type: m.2,
@@ -118,11 +118,11 @@ fn properties(place: Place) -> impl Strategy<Value = Properties> {
             shared_subscription_available: l.8,
         };
         restrict(&mut p, place);
-        p
+        p.into()
     })
 }
 
-fn restrict(p: &mut Properties, place: Place) {
+fn restrict(p: &mut PropertyValues, place: Place) {
     use Place::*;
     let message = matches!(place, Publish | Will);
     if !message {

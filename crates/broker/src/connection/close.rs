@@ -77,10 +77,11 @@ impl Conn {
                 // Information says, but never at the cost of the client's Maximum Packet Size.
                 let mut packet = Packet::Disconnect(Disconnect {
                     reason,
-                    properties: Properties {
+                    properties: tern_wire::PropertyValues {
                         reason_string: reason_string(reason).map(Str::from_static),
-                        ..Properties::default()
-                    },
+                        ..tern_wire::PropertyValues::default()
+                    }
+                    .into(),
                 });
                 let too_big = encoded_len(&packet, self.protocol)
                     .map_or(true, |len| len > self.client_max_packet_size_bytes as usize);

@@ -295,18 +295,20 @@ pub fn decode_positions(value: &[u8]) -> Option<Vec<(String, u64)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tern_wire::PropertyValues;
 
     #[test]
     fn message_meta_round_trips() {
-        let props = Properties {
+        let props: Properties = PropertyValues {
             payload_format_indicator: Some(1),
             message_expiry_interval_s: Some(60),
             content_type: Some(Str::from_static("text/plain")),
             response_topic: Some(Str::from_static("r/t")),
             correlation_data: Some(Bytes::from_static(b"\x00\x01")),
             user: vec![(Str::from_static("k"), Str::from_static("v"))],
-            ..Properties::default()
-        };
+            ..PropertyValues::default()
+        }
+        .into();
         let m = Message::new(
             Str::from_static("a/b"),
             Bytes::from_static(b"hello"),

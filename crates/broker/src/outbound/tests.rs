@@ -227,10 +227,11 @@ async fn expired_messages_are_dropped_and_the_remaining_interval_forwarded_mqtt_
         message: message(
             "t",
             payload,
-            Properties {
+            tern_wire::PropertyValues {
                 message_expiry_interval_s: Some(seconds),
-                ..Properties::default()
-            },
+                ..tern_wire::PropertyValues::default()
+            }
+            .into(),
         ),
         qos: QoS::AtLeastOnce,
         retain: false,
@@ -423,10 +424,11 @@ async fn a_batch_stops_at_max_batch_bytes() {
 #[tokio::test]
 async fn one_shared_buffer_reaches_every_subscriber_unchanged() {
     let payload: &'static [u8] = b"shared payload: encoded once, written a hundred times";
-    let props = Properties {
+    let props: Properties = tern_wire::PropertyValues {
         content_type: Some(Str::from_static("text/plain")),
-        ..Properties::default()
-    };
+        ..tern_wire::PropertyValues::default()
+    }
+    .into();
     let msg = message("fan/t", payload, props);
     let mut bodies: Vec<(Protocol, *const u8)> = Vec::new();
     let mut qos0_packets: Vec<(Protocol, *const u8)> = Vec::new();

@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tern_broker::{Broker, BrokerConfig};
 use tern_wire::{
-    Ack, ConnAck, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str, Subscribe,
-    SubscriptionOptions, Will, decode, encode,
+    Ack, ConnAck, Connect, Packet, Properties, PropertyValues, Protocol, Publish, QoS, ReasonCode,
+    Str, Subscribe, SubscriptionOptions, Will, decode, encode,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -83,10 +83,11 @@ pub fn will(topic: &str, payload: &'static [u8], delay_s: Option<u32>) -> Will {
         payload: Bytes::from_static(payload),
         qos: QoS::AtLeastOnce,
         retain: false,
-        properties: Properties {
+        properties: PropertyValues {
             will_delay_interval_s: delay_s,
-            ..Properties::default()
-        },
+            ..PropertyValues::default()
+        }
+        .into(),
     }
 }
 

@@ -255,10 +255,11 @@ impl Timers {
 }
 
 fn v5_connect(client_id: &str, expiry_s: u32, will: Option<Will>) -> Connect {
-    let properties = Properties {
+    let properties: Properties = tern_wire::PropertyValues {
         session_expiry_interval_s: Some(expiry_s),
-        ..Properties::default()
-    };
+        ..tern_wire::PropertyValues::default()
+    }
+    .into();
     Connect {
         protocol: Protocol::V5,
         clean_start: false,
@@ -313,10 +314,11 @@ async fn run_will(leaves: Vec<Leave>, st: Arc<Mutex<TimerState>>, net: Arc<Net>)
     let boot = || net.boot.load(Ordering::Relaxed);
     let plan: Vec<Leave> = leaves.into_iter().chain([Leave::Clean]).collect();
     for (k, leave) in plan.into_iter().enumerate() {
-        let will_props = Properties {
+        let will_props: Properties = tern_wire::PropertyValues {
             will_delay_interval_s: Some(WILL_DELAY_S),
-            ..Properties::default()
-        };
+            ..tern_wire::PropertyValues::default()
+        }
+        .into();
         let will = Will {
             topic: s(WILL_TOPIC),
             payload: payload(WILL_PUBLISHER, k as u64, 0),

@@ -7,17 +7,20 @@
 use crate::decode::reader::Reader;
 use crate::error::DecodeError;
 use crate::packet::PacketType;
-use crate::properties::Properties;
+use crate::properties::{Properties, PropertyValues};
 use crate::property_table::{self as id, Place, is_allowed};
 use crate::varint::VARINT_MAX;
 
-/// Reads the property length and the properties that follow it.
+/// Reads the property length and the properties that follow it. An empty block (length 0)
+/// allocates nothing; a non-empty one holds at least one property.
 pub(crate) fn read(reader: &mut Reader<'_>, place: Place) -> Result<Properties, DecodeError> {
-    let mut props = Properties::default();
     let len = reader.varint()? as usize;
-    if len > 0 {
-        read_block(reader, place, len, &mut props)?;
+    if len == 0 {
+        return Ok(Properties::default());
     }
+    let mut props = Properties::default();
+    // Allocates the block once, in place: no 400-byte value is built and moved into it.
+    read_block(reader, place, len, &mut props)?;
     Ok(props)
 }
 
@@ -25,7 +28,7 @@ fn read_block(
     reader: &mut Reader<'_>,
     place: Place,
     len: usize,
-    props: &mut Properties,
+    props: &mut PropertyValues,
 ) -> Result<(), DecodeError> {
     let mut block = reader.sub(len)?;
     let mut seen: u64 = 0;
@@ -76,7 +79,7 @@ fn non_zero_u16(value: u16, prop_id: u8) -> Result<u16, DecodeError> {
 fn read_one(
     block: &mut Reader<'_>,
     prop_id: u8,
-    props: &mut Properties,
+    props: &mut PropertyValues,
 ) -> Result<(), DecodeError> {
     match prop_id {
         id::PAYLOAD_FORMAT_INDICATOR => {

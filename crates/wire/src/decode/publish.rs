@@ -48,7 +48,7 @@ fn tail(frame: &Bytes, start: usize) -> Result<(Properties, usize), DecodeError>
 /// frame is put back in front of `buf`.
 ///
 /// Shaped for speed: the common case (no properties) builds the packet directly in the return
-/// value; only a PUBLISH with properties moves its `Properties` once.
+/// value and allocates nothing for properties.
 #[inline]
 pub(crate) fn publish(
     buf: &mut BytesMut,

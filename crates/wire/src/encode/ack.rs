@@ -7,14 +7,14 @@ use crate::encode::properties::{self, Scope};
 use crate::encode::{Plan, first_byte};
 use crate::error::EncodeError;
 use crate::packet::{Ack, Auth, Disconnect, PacketType};
-use crate::properties::Properties;
+use crate::properties::PropertyValues;
 use crate::property_table::Place;
 use crate::reason::ReasonCode;
 
 /// How much of the optional tail is written.
 fn tail_len(
     reason: ReasonCode,
-    props: &Properties,
+    props: &PropertyValues,
     place: Place,
 ) -> Result<(usize, usize), EncodeError> {
     let props_len = properties::content_len(props, place, Scope::All)?;
@@ -87,7 +87,7 @@ pub(crate) fn plan_auth(auth: &Auth) -> Result<Plan, EncodeError> {
 /// Writes whatever part of the tail the plan counted (nothing, the reason code, or both).
 pub(crate) fn write_reason_tail(
     reason: ReasonCode,
-    props: &Properties,
+    props: &PropertyValues,
     plan: &Plan,
     out: &mut BytesMut,
 ) {

@@ -9,7 +9,7 @@ use bytes::{BufMut, BytesMut};
 
 use crate::encode::fields::{binary_len, put_binary, put_str, str_len};
 use crate::error::EncodeError;
-use crate::properties::Properties;
+use crate::properties::PropertyValues;
 use crate::property_table::{self as id, Place, is_allowed};
 use crate::varint::{self, VARINT_MAX};
 
@@ -35,7 +35,7 @@ fn check(prop_id: u8, place: Place) -> Result<(), EncodeError> {
 
 /// Size of the properties themselves, without the property length prefix.
 pub(crate) fn content_len(
-    props: &Properties,
+    props: &PropertyValues,
     place: Place,
     scope: Scope,
 ) -> Result<usize, EncodeError> {
@@ -140,7 +140,7 @@ pub(crate) fn block_len(content_len: usize) -> usize {
 
 /// Writes the property length and the properties; `content_len` came from [`content_len`]
 /// with the same `scope`.
-pub(crate) fn write(props: &Properties, content_len: usize, scope: Scope, out: &mut BytesMut) {
+pub(crate) fn write(props: &PropertyValues, content_len: usize, scope: Scope, out: &mut BytesMut) {
     varint::write(content_len as u32, out);
     if content_len > 0 {
         write_content(props, scope, out);
@@ -148,7 +148,7 @@ pub(crate) fn write(props: &Properties, content_len: usize, scope: Scope, out: &
 }
 
 /// Writes the properties without the length prefix.
-pub(crate) fn write_content(props: &Properties, scope: Scope, out: &mut BytesMut) {
+pub(crate) fn write_content(props: &PropertyValues, scope: Scope, out: &mut BytesMut) {
     macro_rules! put {
         ($field:ident, $id:expr, $put:ident) => {
             if let Some(value) = props.$field {

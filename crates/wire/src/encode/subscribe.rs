@@ -7,14 +7,14 @@ use crate::encode::properties::{self, Scope};
 use crate::encode::{Plan, first_byte};
 use crate::error::EncodeError;
 use crate::packet::{PacketType, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe};
-use crate::properties::Properties;
+use crate::properties::PropertyValues;
 use crate::property_table::{self as id, Place};
 use crate::reason::ReasonCode;
 
 /// Packet identifier plus (5.0) the property block; returns `(body_len, props_len)`.
 fn head(
     packet_id: u16,
-    props: &Properties,
+    props: &PropertyValues,
     packet_type: PacketType,
     v5: bool,
 ) -> Result<(usize, usize), EncodeError> {
@@ -28,7 +28,7 @@ fn head(
     Ok((2 + properties::block_len(props_len), props_len))
 }
 
-fn write_head(packet_id: u16, props: &Properties, v5: bool, plan: &Plan, out: &mut BytesMut) {
+fn write_head(packet_id: u16, props: &PropertyValues, v5: bool, plan: &Plan, out: &mut BytesMut) {
     out.put_u16(packet_id);
     if v5 {
         properties::write(props, plan.props_len, Scope::All, out);
