@@ -18,6 +18,7 @@
 //! TCP with writer threads and real time.
 
 mod sim {
+    pub mod bounds;
     pub mod check;
     pub mod clean;
     pub mod client;
@@ -400,6 +401,7 @@ fn seeds_with_each_fault() -> Vec<u64> {
         retention: true,
         pub_drops: true,
         eio: true,
+        bounds: true,
     };
     let mut picked: Vec<u64> = kinds
         .iter()

@@ -10,9 +10,9 @@ use tern_wire::{Protocol, ReasonCode, SubscriptionOptions};
 use tokio::sync::Notify;
 
 use super::signal::Signal;
+use crate::hash::{Map, Set};
 use crate::message::Message;
 use crate::outbound::Outbound;
-use crate::hash::{Map, Set};
 
 /// One subscription as the session remembers it (for retain handling 1, resubscribe, store).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

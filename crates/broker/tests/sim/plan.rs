@@ -100,6 +100,12 @@ pub struct Plan {
     /// The message stream's `max_msgs` retention limit: messages queued for a slow session
     /// may be removed (so losses are not counted), open QoS 2 state never.
     pub max_msgs: Option<u64>,
+    /// The broker's `max_queued_bytes_total` (and `max_queued_bytes`, which may not exceed
+    /// it), low enough to bind (`bounds.rs`); `None`: the default (1 GiB).
+    pub memory_cap: Option<usize>,
+    /// `[store] max_disk_bytes`, low enough to bind, in seeds with a retention limit (which
+    /// frees blocks, so that publishing resumes); `None`: no budget.
+    pub disk_budget: Option<u64>,
 }
 
 fn protocol(rng: &mut SimRng) -> Protocol {
@@ -121,6 +127,9 @@ pub struct Features {
     pub retention: bool,
     pub pub_drops: bool,
     pub eio: bool,
+    /// A memory cap in 1 seed of 3 and a disk budget in half the seeds with a retention
+    /// limit (`bounds.rs`); `TERN_SIM_NO_BOUNDS` (`--no-bounds`) turns them off.
+    pub bounds: bool,
 }
 
 impl Features {
@@ -135,6 +144,7 @@ impl Features {
             pub_drops: true,
             // On by default since finding 6's fix; `TERN_SIM_NO_EIO` (`--no-eio`) turns it off.
             eio: !super::super::env_flag("TERN_SIM_NO_EIO"),
+            bounds: !super::super::env_flag("TERN_SIM_NO_BOUNDS"),
         }
     }
 }
@@ -227,6 +237,8 @@ pub fn plan(seed: u64, crash_only: bool, features: Features) -> Plan {
             MetadataOrder::Unordered
         },
         max_msgs: None,
+        memory_cap: None,
+        disk_budget: None,
     };
     // The draws added since v0 use their own generator, so that v0's stay as they were.
     let mut more = SimRng::keyed(&[seed, 0xb0a7]);
@@ -248,7 +260,44 @@ pub fn plan(seed: u64, crash_only: bool, features: Features) -> Plan {
         }
     }
     plan.subscribers = subscribers;
+    bounds(seed, &mut plan, features);
     plan
+}
+
+/// Room the disk budget leaves for the state streams (sessions, cursors, retained values:
+/// about 10 KiB in the sim's runs).
+const STATE_STREAMS_ROOM_BYTES: u64 = 32 * 1024;
+/// A message record's bytes beyond its topic and pad: the payload's numbers and the
+/// record's framing, an upper bound.
+const RECORD_BYTES_BEYOND_PAD: u64 = 128;
+
+/// The resource bounds (`bounds.rs`), drawn from their own generator.
+fn bounds(seed: u64, plan: &mut Plan, features: Features) {
+    let mut rng = SimRng::keyed(&[seed, 0xb0d5]);
+    // A few KiB to tens of KiB: a stalled subscriber queues that much within a few dozen
+    // of the plan's messages (16 B to 1 KB each).
+    let memory_cap = rng
+        .chance(1.0 / 3.0)
+        .then(|| rng.range(4, 32) as usize * 1024);
+    // The budget counts the whole directory. Room for the state streams, then for the
+    // message stream at its retention limit (`max_msgs` of the largest record) and 1 to 3
+    // of its 8 KiB blocks: the messages queued beyond the limit until retention frees their
+    // blocks reach it, and what retention keeps stays below it (publishing resumes).
+    let blocks = rng.range(1, 3);
+    let disk_budget = rng.chance(0.5).then_some(());
+    if features.bounds {
+        plan.memory_cap = memory_cap;
+        if let (Some(max_msgs), Some(())) = (plan.max_msgs, disk_budget) {
+            let record = plan
+                .publishers
+                .iter()
+                .map(|p| (p.topic.len() + p.pad) as u64 + RECORD_BYTES_BEYOND_PAD)
+                .max()
+                .unwrap_or(0);
+            plan.disk_budget =
+                Some(STATE_STREAMS_ROOM_BYTES + max_msgs * record + blocks * plan.block_size);
+        }
+    }
 }
 
 /// Dropped connections and stalled clients.
