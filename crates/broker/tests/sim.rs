@@ -112,6 +112,7 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
         (crash_only, " --crash-only"),
         (linger, " --linger"),
         (env_flag("TERN_SIM_NO_EIO"), " --no-eio"),
+        (env_flag("TERN_SIM_NO_BOUNDS"), " --no-bounds"),
         (env_flag("TERN_SIM_GROUPS"), " --groups"),
         (env_flag("TERN_SIM_RETENTION"), " --retention"),
         (env_flag("TERN_SIM_ALL"), " --all"),

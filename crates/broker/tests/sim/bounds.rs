@@ -13,12 +13,10 @@ use parking_lot::Mutex;
 use tern_broker::DurableStore;
 use tern_broker::broker::Shared;
 
-use super::client::payload;
+use super::check::matches;
+use super::client::{PubSpec, payload};
 use super::plan::Plan;
-
-/// What a QoS 0 push may add past the memory cap: it is dropped only once the total holds
-/// the cap, so the last one let through may pass it by one message per session.
-const QOS0_PUSHES_PAST_CAP: u64 = 1;
+use super::subscriber::SubSpec;
 
 /// How far the whole directory may pass the budget: the state streams' records (PUBREL,
 /// PUBCOMP, cursors, sessions, retained values) are still written at the budget by design,
@@ -26,6 +24,13 @@ const QOS0_PUSHES_PAST_CAP: u64 = 1;
 /// full block awaiting compaction, its compacted copy and the block being written, and
 /// `tern.retained` little (the sim's runs stay under 2.2 MiB). Bounded, not counted.
 const STATE_STREAMS_SLACK_BYTES: u64 = 3 * 1024 * 1024;
+
+/// After a restart the broker queues again, without the cap's check, what it had accepted
+/// before the fault: the restored sessions' queues (at start-up) and their in-flight windows
+/// (as their clients reconnect, within these first samples, 1 ms each, of the boot). The
+/// boot's allowance is the cap or the largest total of its first samples, whichever is
+/// larger; nothing is checked during them.
+const REQUEUE_SAMPLES: u64 = 50;
 
 /// Samples (1 ms steps) without a new acknowledgement, while the broker refuses PUBLISHes
 /// for a bound, after which the publishers count as stalled at it: the run ends its workload
@@ -41,8 +46,6 @@ const RECORD_FRAMING_BYTES: u64 = 2 * 64;
 struct Boot {
     shared: Weak<Shared>,
     store: Weak<DurableStore>,
-    /// Queued bytes restored at start-up (queues are loaded without the cap's check).
-    restored_bytes: u64,
 }
 
 /// The gauges the controller reads after every step, and what it saw.
@@ -57,9 +60,15 @@ pub struct Gauges {
 #[derive(Default, Debug)]
 struct Seen {
     samples: u64,
-    /// Largest queued bytes over the boot's allowance (max(cap, restored)), and where.
+    /// Largest queued bytes over the boot's allowance ([`REQUEUE_SAMPLES`]), and where.
     max_queued_over: i64,
     max_queued: u64,
+    /// Boots so far (the first is 1), and the one where `max_queued_over` was seen.
+    boots: u64,
+    /// Samples in this boot, and the largest total in its first [`REQUEUE_SAMPLES`].
+    boot_samples: u64,
+    boot_requeued: u64,
+    max_queued_over_boot: u64,
     /// Samples at or above the memory cap.
     at_cap: u64,
     /// QoS>0 PUBLISHes refused for the memory cap, summed over boots.
@@ -96,17 +105,18 @@ impl Gauges {
 
     /// A boot's broker and store, once the broker restored its sessions.
     pub fn boot(&self, shared: &Arc<Shared>, store: &Arc<DurableStore>) {
-        let restored = shared.metrics.queued_bytes.load(Ordering::Relaxed) as u64;
         *self.boot.lock() = Boot {
             shared: Arc::downgrade(shared),
             store: Arc::downgrade(store),
-            restored_bytes: restored,
         };
         let mut seen = self.seen.lock();
         seen.refused_memory += std::mem::take(&mut seen.boot_refused_memory);
         seen.refused_disk += std::mem::take(&mut seen.boot_refused_disk);
         seen.dropped_queue_limit += std::mem::take(&mut seen.boot_dropped_queue_limit);
         seen.boot_refused = 0;
+        seen.boots += 1;
+        seen.boot_samples = 0;
+        seen.boot_requeued = 0;
     }
 
     /// Reads the gauges of the running boot (none while the broker is down); `acks`: the
@@ -140,14 +150,25 @@ impl Gauges {
         seen.boot_refused = refused;
         if let Some(cap) = self.memory_cap {
             let queued = shared.metrics.queued_bytes.load(Ordering::Relaxed) as u64;
-            let allowance = (cap as u64).max(boot.restored_bytes);
             seen.max_queued = seen.max_queued.max(queued);
-            seen.max_queued_over = seen.max_queued_over.max(queued as i64 - allowance as i64);
-            seen.at_cap += u64::from(queued >= cap as u64);
-            seen.boot_dropped_queue_limit = shared
-                .metrics
-                .messages_dropped_queue_limit
-                .load(Ordering::Relaxed);
+            seen.boot_samples += 1;
+            let cap = cap as u64;
+            // See [`REQUEUE_SAMPLES`].
+            let allowance = if seen.boots <= 1 {
+                cap
+            } else if seen.boot_samples <= REQUEUE_SAMPLES {
+                seen.boot_requeued = seen.boot_requeued.max(queued);
+                u64::MAX / 2
+            } else {
+                cap.max(seen.boot_requeued)
+            };
+            let over = queued as i64 - allowance as i64;
+            if over > seen.max_queued_over {
+                seen.max_queued_over = over;
+                seen.max_queued_over_boot = seen.boots;
+            }
+            seen.at_cap += u64::from(queued >= cap);
+            seen.boot_dropped_queue_limit = queue_limit_drops(&shared.metrics);
             seen.boot_refused_memory = shared
                 .metrics
                 .publishes_refused_memory_limit
@@ -178,10 +199,11 @@ impl Gauges {
             let _ = writeln!(
                 log,
                 "bounds: memory cap {cap} B, slack {slack} B: max queued {} B ({} B over the \
-                 allowance), at the cap in {} of {} samples, {} PUBLISHes refused, {} dropped at a session's \
+                 allowance, in boot {}), at the cap in {} of {} samples, {} PUBLISHes refused, {} dropped at a queue's \
                  max_queued_bytes",
                 seen.max_queued,
                 seen.max_queued_over,
+                seen.max_queued_over_boot,
                 seen.at_cap,
                 seen.samples,
                 seen.refused_memory,
@@ -189,8 +211,8 @@ impl Gauges {
             );
             if seen.max_queued_over > slack as i64 {
                 violations.push(format!(
-                    "memory bound: queued bytes reached {} B, {} B over max(cap {cap} B, restored), \
-                     more than the slack {slack} B",
+                    "memory bound: queued bytes reached {} B, {} B over the allowance (cap {cap} B; \
+                     after a restart the cap or what it re-queued at start), more than the slack {slack} B",
                     seen.max_queued, seen.max_queued_over
                 ));
             }
@@ -241,39 +263,71 @@ impl Gauges {
         let seen = self.seen.lock();
         seen.dropped_queue_limit + seen.boot_dropped_queue_limit > 0
     }
-
-    /// (seeds' bound reached: memory, disk) as 0 or 1, for the campaign's summary.
-    pub fn reached(&self) -> (bool, bool) {
-        let seen = self.seen.lock();
-        (seen.at_cap > 0, seen.at_budget > 0)
-    }
 }
 
-/// The largest queued measure of one of the plan's messages: topic + payload + the broker's
-/// fixed overhead per message (`MESSAGE_OVERHEAD_BYTES`, 64; 128 here, an upper bound).
+/// QoS>0 messages dropped oldest first at a queue's own `max_queued_bytes`: a session's
+/// (`messages_dropped_queue_limit`) or a share group's (counted in `messages_dropped`
+/// alone: what the other categories do not explain).
+fn queue_limit_drops(m: &tern_broker::metrics::Metrics) -> u64 {
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let named = load(&m.messages_dropped_expired)
+        + load(&m.messages_dropped_retention)
+        + load(&m.messages_dropped_queue_full)
+        + load(&m.messages_dropped_queue_limit)
+        + load(&m.messages_dropped_memory_limit)
+        + load(&m.messages_dropped_disk_budget);
+    load(&m.messages_dropped_queue_limit) + load(&m.messages_dropped).saturating_sub(named)
+}
+
+/// The broker's fixed overhead per queued message (`MESSAGE_OVERHEAD_BYTES`).
+const MESSAGE_OVERHEAD_BYTES: u64 = 64;
+
+/// The queued measure of publisher `p`'s largest message: topic + payload + overhead.
+fn message_bytes(p: &PubSpec) -> u64 {
+    (p.topic.len() + payload(p.index, p.limit, p.pad).len()) as u64 + MESSAGE_OVERHEAD_BYTES
+}
+
+/// The largest of the plan's messages.
 fn largest_message_bytes(plan: &Plan) -> u64 {
-    plan.publishers
-        .iter()
-        .map(|p| (p.topic.len() + payload(p.index, p.limit, p.pad).len() + 128) as u64)
-        .max()
-        .unwrap_or(0)
+    plan.publishers.iter().map(message_bytes).max().unwrap_or(0)
 }
+
+/// Queues a message of `p` is copied into: each plan subscriber whose filter matches, a
+/// share group once (one member gets it).
+fn receivers(plan: &Plan, p: &PubSpec) -> u64 {
+    let matching = |s: &&SubSpec| matches(&s.filter, &p.topic);
+    let plain = plan
+        .subscribers
+        .iter()
+        .filter(|s| s.share.is_none())
+        .filter(matching);
+    let group = plan
+        .subscribers
+        .iter()
+        .filter(|s| s.share.is_some())
+        .any(|s| matching(&s));
+    plain.count() as u64 + u64::from(group)
+}
+
+/// What the side parts may have in flight when the cap is reached: the clean sessions'
+/// publisher (QoS 0 to 2, a window of at most 8 messages of about 100 B, to its few
+/// subscribers) and the timers' wills (a few, small), rounded up.
+const SIDE_SLACK_BYTES: u64 = 4 * 1024;
 
 /// The documented rule: QoS>0 PUBLISHes already accepted when the cap is reached are still
 /// queued, "so the cap is soft by at most what was in flight". In flight: each publisher's
-/// window (accepted, not yet routed), each copied into every session that may receive it
-/// (the plan's subscribers and the side parts' few, [`SIDE_SESSIONS`]); plus one QoS 0 push
-/// per session ([`QOS0_PUSHES_PAST_CAP`]). A publisher's resends after a reconnect are the
-/// same messages (its window).
+/// window (accepted, not yet routed: routing waits for the store write), each message copied
+/// into every queue it matches ([`receivers`]); a resend after a reconnect is one of the
+/// window's. Plus the side parts ([`SIDE_SLACK_BYTES`], the only QoS 0 publisher among
+/// them: a QoS 0 push is dropped only once the total holds the cap).
 fn memory_slack_bytes(plan: &Plan) -> u64 {
-    let in_flight: u64 = plan.publishers.iter().map(|p| p.window as u64).sum();
-    let sessions = plan.subscribers.len() as u64 + SIDE_SESSIONS;
-    (in_flight + QOS0_PUSHES_PAST_CAP) * largest_message_bytes(plan) * sessions
+    let in_flight: u64 = plan
+        .publishers
+        .iter()
+        .map(|p| p.window as u64 * message_bytes(p) * receivers(plan, p))
+        .sum();
+    in_flight + SIDE_SLACK_BYTES
 }
-
-/// Sessions of the side parts (clean sessions, timers) that may subscribe to the plan's
-/// topics: an upper bound.
-const SIDE_SESSIONS: u64 = 4;
 
 /// The documented rule: a new message is refused once the measure (every stream's blocks as
 /// last measured plus an estimate of each append since) holds the budget, so the message

@@ -42,7 +42,7 @@ pub fn receivers(subs: &Subs) -> Vec<Receiver> {
     out
 }
 
-fn matches(filter: &str, topic: &str) -> bool {
+pub(super) fn matches(filter: &str, topic: &str) -> bool {
     tern_store::topic_matches(filter.as_bytes(), topic.as_bytes())
 }
 

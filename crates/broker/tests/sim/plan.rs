@@ -12,7 +12,7 @@ use super::client::PubSpec;
 use super::subscriber::{Deliver, SubSpec};
 
 /// Bugs the simulator can inject (`scripts/sim.sh --inject NAME`), with what they do.
-pub const BUGS: [(&str, &str); 7] = [
+pub const BUGS: [(&str, &str); 8] = [
     (
         "ack-before-fsync",
         "the store completes tickets (so the broker acks) before the commit's fdatasync",
@@ -41,6 +41,10 @@ pub const BUGS: [(&str, &str); 7] = [
         "drop-share-queue-on-leave",
         "a share-group member that leaves drops the group's messages queued for it",
     ),
+    (
+        "ignore-disk-budget",
+        "the store does not check [store] max_disk_bytes (new messages written past it)",
+    ),
 ];
 
 /// The bugs to inject: into the store (the sim disk's `Bugs`) or into the broker
@@ -65,6 +69,7 @@ pub fn bugs(name: Option<&str>) -> Result<Injected, String> {
         Some("random-pubrel-order") => broker = Some(InjectBug::RandomPubrelOrder),
         Some("retention-removes-open-qos2") => broker = Some(InjectBug::RetentionRemovesOpenQos2),
         Some("drop-share-queue-on-leave") => broker = Some(InjectBug::DropShareQueueOnLeave),
+        Some("ignore-disk-budget") => broker = Some(InjectBug::IgnoreDiskBudget),
         Some(other) => return Err(format!("unknown bug {other:?}")),
     }
     Ok(Injected { store: b, broker })
