@@ -219,6 +219,7 @@ fn sim_seeds() {
             .map(|b| format!(", injected {b}"))
             .unwrap_or_default()
     );
+    println!("{}", sim::bounds::summary());
     println!("sim: seeds={ran} violations={bad}");
     assert_eq!(bad, 0, "sim: {bad} of {ran} seeds violated a guarantee");
 }

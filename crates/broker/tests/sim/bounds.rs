@@ -6,7 +6,7 @@
 //! documented rule (docs/ARCHITECTURE.md, the limits table).
 
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -40,6 +40,21 @@ const STALL_SAMPLES: u64 = 2_000;
 /// Framing of one message record beyond topic and payload, an upper bound (the store's own
 /// estimate, `RECORD_OVERHEAD_ESTIMATE`, is 48 a record, twice for a QoS 2 record).
 const RECORD_FRAMING_BYTES: u64 = 2 * 64;
+
+/// Seeds of this process, for the campaign's summary line ([`summary`]): with a memory cap,
+/// that reached it, with a disk budget, that reached it, that stalled at a bound, whose
+/// queues dropped at their own limit.
+static TALLY: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+
+/// The campaign's line on the bounds: how often they were set and reached.
+pub fn summary() -> String {
+    let t: Vec<u64> = TALLY.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    format!(
+        "sim: bounds: memory cap in {} seeds, reached in {}; disk budget in {} seeds, reached in {}; \
+         publishers stalled at a bound in {}; queue-limit drops (losses not counted) in {}",
+        t[0], t[1], t[2], t[3], t[4], t[5]
+    )
+}
 
 /// One boot's broker and store, weakly: a crash ends them with their host.
 #[derive(Default)]
@@ -194,6 +209,17 @@ impl Gauges {
         seen.refused_memory += std::mem::take(&mut seen.boot_refused_memory);
         seen.refused_disk += std::mem::take(&mut seen.boot_refused_disk);
         seen.dropped_queue_limit += std::mem::take(&mut seen.boot_dropped_queue_limit);
+        let tally = [
+            plan.memory_cap.is_some(),
+            seen.at_cap > 0,
+            plan.disk_budget.is_some(),
+            seen.at_budget > 0,
+            seen.samples_since_ack >= STALL_SAMPLES && seen.samples_since_refusal < STALL_SAMPLES,
+            seen.dropped_queue_limit > 0,
+        ];
+        for (count, on) in TALLY.iter().zip(tally) {
+            count.fetch_add(u64::from(on), Ordering::Relaxed);
+        }
         if let Some(cap) = plan.memory_cap {
             let slack = memory_slack_bytes(plan);
             let _ = writeln!(
