@@ -19,6 +19,7 @@
 #       random-pubrel-order                a PUBREL jumps ahead of PUBRELs queued before it
 #       retention-removes-open-qos2        retention limits ignore open QoS 2 state
 #       drop-share-queue-on-leave          a leaving share-group member drops the group's messages
+#       ignore-queued-bytes-total          the memory cap (max_queued_bytes_total) is not checked
 #       ignore-disk-budget                 the disk budget ([store] max_disk_bytes) is not checked
 #   --crash-only  every fault a process crash (kill -9: the page cache survives), no power
 #                 loss: what the crash tests can see (the store bugs go unnoticed)
@@ -74,7 +75,7 @@ while [ $# -gt 0 ]; do
     --retention) RETENTION=1; shift ;;
     --all) ALL=1; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -84,7 +85,7 @@ done
 case "$INJECT" in
   ''|ack-before-fsync|skip-dir-sync-on-roll|skip-sync-on-roll) ;;
   ignore-received-set-after-restart|random-pubrel-order|retention-removes-open-qos2|drop-share-queue-on-leave) ;;
-  ignore-disk-budget) ;;
+  ignore-queued-bytes-total|ignore-disk-budget) ;;
   *) echo "sim.sh: unknown bug '$INJECT' (see --help)" >&2; exit 2 ;;
 esac
 

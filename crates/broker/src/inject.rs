@@ -24,6 +24,9 @@ pub enum Bug {
     /// The disk budget is not checked: new messages are written past `[store]
     /// max_disk_bytes` (`durable/message_store.rs`).
     IgnoreDiskBudget = 16,
+    /// The broker-wide memory cap is not checked: QoS>0 PUBLISHes are accepted and QoS 0
+    /// queued past `max_queued_bytes_total` (`connection/publish.rs`, `outbound/mod.rs`).
+    IgnoreQueuedBytesTotal = 32,
 }
 
 #[cfg(feature = "inject")]

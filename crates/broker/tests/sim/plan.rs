@@ -12,7 +12,7 @@ use super::client::PubSpec;
 use super::subscriber::{Deliver, SubSpec};
 
 /// Bugs the simulator can inject (`scripts/sim.sh --inject NAME`), with what they do.
-pub const BUGS: [(&str, &str); 8] = [
+pub const BUGS: [(&str, &str); 9] = [
     (
         "ack-before-fsync",
         "the store completes tickets (so the broker acks) before the commit's fdatasync",
@@ -42,6 +42,10 @@ pub const BUGS: [(&str, &str); 8] = [
         "a share-group member that leaves drops the group's messages queued for it",
     ),
     (
+        "ignore-queued-bytes-total",
+        "the broker does not check max_queued_bytes_total (QoS>0 accepted, QoS 0 queued past it)",
+    ),
+    (
         "ignore-disk-budget",
         "the store does not check [store] max_disk_bytes (new messages written past it)",
     ),
@@ -69,6 +73,7 @@ pub fn bugs(name: Option<&str>) -> Result<Injected, String> {
         Some("random-pubrel-order") => broker = Some(InjectBug::RandomPubrelOrder),
         Some("retention-removes-open-qos2") => broker = Some(InjectBug::RetentionRemovesOpenQos2),
         Some("drop-share-queue-on-leave") => broker = Some(InjectBug::DropShareQueueOnLeave),
+        Some("ignore-queued-bytes-total") => broker = Some(InjectBug::IgnoreQueuedBytesTotal),
         Some("ignore-disk-budget") => broker = Some(InjectBug::IgnoreDiskBudget),
         Some(other) => return Err(format!("unknown bug {other:?}")),
     }
@@ -292,6 +297,17 @@ fn bounds(seed: u64, plan: &mut Plan, features: Features) {
     let disk_budget = rng.chance(0.5).then_some(());
     if features.bounds {
         plan.memory_cap = memory_cap;
+        if memory_cap.is_some() {
+            // Slow readers and small windows: several queues back up at once (so the total,
+            // not one queue's own limit, is what binds) and little is in flight (a tight
+            // slack).
+            for p in &mut plan.publishers {
+                p.window = p.window.min(2);
+            }
+            for s in plan.subscribers.iter_mut().filter(|s| s.share.is_none()) {
+                s.stall.get_or_insert((4, 10));
+            }
+        }
         if let (Some(max_msgs), Some(())) = (plan.max_msgs, disk_budget) {
             let record = plan
                 .publishers
