@@ -5,7 +5,7 @@
 # losses and process crashes, and a checker of at-least-once / exactly-once / order / open
 # exchanges / retained values. Release.
 #
-# Usage: scripts/sim.sh [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--all] [--jobs J] [--first] [--verbose]
+# Usage: scripts/sim.sh [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--no-bounds] [--all] [--jobs J] [--first] [--verbose]
 #   --seeds N     run N seeds (default 100), from --base (default 0)
 #   --seed S      run seed S alone: a seed is one execution, so this replays it exactly
 #                 (the same digest on the seed's line, the same violations)
@@ -19,6 +19,8 @@
 #       random-pubrel-order                a PUBREL jumps ahead of PUBRELs queued before it
 #       retention-removes-open-qos2        retention limits ignore open QoS 2 state
 #       drop-share-queue-on-leave          a leaving share-group member drops the group's messages
+#       ignore-queued-bytes-total          the memory cap (max_queued_bytes_total) is not checked
+#       ignore-disk-budget                 the disk budget ([store] max_disk_bytes) is not checked
 #   --crash-only  every fault a process crash (kill -9: the page cache survives), no power
 #                 loss: what the crash tests can see (the store bugs go unnoticed)
 #   --linger      let clients reconnect to a broker whose disk just died (power loss inside
@@ -29,6 +31,8 @@
 #   (`--pub-drops`), disk errors (`--eio`):
 #   --no-eio      leave out the disk errors (EIO on a write or fdatasync under a running
 #                 broker, then a power loss)
+#   --no-bounds   leave out the resource bounds (a memory cap in 1 seed of 3, a disk budget
+#                 in half the seeds with a retention limit, checked every step)
 #   --jobs J      seeds run at once (default: one per core; a seed is CPU-bound, virtual time)
 #   --first       stop at the first failing seed (how many seeds a bug takes to find)
 #   --verbose     print every seed's plan and fault log, not only the failing ones'
@@ -49,6 +53,7 @@ LINGER=0
 FIRST=0
 JOBS="$(nproc 2>/dev/null || echo 2)"
 NO_EIO=0
+NO_BOUNDS=0
 SHARE_GROUPS=0  # not GROUPS: bash ignores assignments to its own $GROUPS (the user's group ids)
 RETENTION=0
 ALL=0
@@ -65,11 +70,12 @@ while [ $# -gt 0 ]; do
     --first) FIRST=1; shift ;;
     --eio) shift ;;
     --no-eio) NO_EIO=1; shift ;;
+    --no-bounds) NO_BOUNDS=1; shift ;;
     --groups) SHARE_GROUPS=1; shift ;;
     --retention) RETENTION=1; shift ;;
     --all) ALL=1; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -79,13 +85,14 @@ done
 case "$INJECT" in
   ''|ack-before-fsync|skip-dir-sync-on-roll|skip-sync-on-roll) ;;
   ignore-received-set-after-restart|random-pubrel-order|retention-removes-open-qos2|drop-share-queue-on-leave) ;;
+  ignore-queued-bytes-total|ignore-disk-budget) ;;
   *) echo "sim.sh: unknown bug '$INJECT' (see --help)" >&2; exit 2 ;;
 esac
 
 cd "$ROOT"
 cargo test -q --release -p tern-broker --test sim --no-run 2>/dev/null \
   || cargo test --release -p tern-broker --test sim --no-run
-export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY" TERN_SIM_LINGER="$LINGER" TERN_SIM_STOP_AT_FIRST="$FIRST" TERN_SIM_JOBS="$JOBS" TERN_SIM_NO_EIO="$NO_EIO" TERN_SIM_GROUPS="$SHARE_GROUPS" TERN_SIM_RETENTION="$RETENTION" TERN_SIM_ALL="$ALL"
+export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY" TERN_SIM_LINGER="$LINGER" TERN_SIM_STOP_AT_FIRST="$FIRST" TERN_SIM_JOBS="$JOBS" TERN_SIM_NO_EIO="$NO_EIO" TERN_SIM_NO_BOUNDS="$NO_BOUNDS" TERN_SIM_GROUPS="$SHARE_GROUPS" TERN_SIM_RETENTION="$RETENTION" TERN_SIM_ALL="$ALL"
 if [ -n "$SEED" ]; then export TERN_SIM_SEED="$SEED"; else unset TERN_SIM_SEED; fi
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT

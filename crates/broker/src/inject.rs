@@ -21,6 +21,12 @@ pub enum Bug {
     /// A share-group member that leaves drops the group's messages it held, instead of
     /// handing them to another member or back to the group (`session/groups.rs`).
     DropShareQueueOnLeave = 8,
+    /// The disk budget is not checked: new messages are written past `[store]
+    /// max_disk_bytes` (`durable/message_store.rs`).
+    IgnoreDiskBudget = 16,
+    /// The broker-wide memory cap is not checked: QoS>0 PUBLISHes are accepted and QoS 0
+    /// queued past `max_queued_bytes_total` (`connection/publish.rs`, `outbound/mod.rs`).
+    IgnoreQueuedBytesTotal = 32,
 }
 
 #[cfg(feature = "inject")]

@@ -261,6 +261,7 @@ impl Conn {
                 ("max_disk_bytes", &metrics.publishes_refused_disk_budget)
             }
         } else if qos != QoS::AtMostOnce
+            && !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
             && metrics.queued_bytes.load(Ordering::Relaxed)
                 >= self.shared.config.max_queued_bytes_total
         {

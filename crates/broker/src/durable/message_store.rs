@@ -296,6 +296,9 @@ impl MessageStore for DurableStore {
         let Some(budget) = self.disk_budget else {
             return false;
         };
+        if crate::inject::on(crate::inject::Bug::IgnoreDiskBudget) {
+            return false;
+        }
         self.disk_used.load(Ordering::Relaxed) >= budget && self.writes(topic, qos).is_some()
     }
 

@@ -221,9 +221,11 @@ impl Outbound {
 
     /// True while every session's queues together hold `max_queued_bytes_total` or more.
     fn over_total(&self, config: &BrokerConfig) -> bool {
-        self.total
-            .as_ref()
-            .is_some_and(|t| t.load(Ordering::Relaxed) >= config.max_queued_bytes_total)
+        !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
+            && self
+                .total
+                .as_ref()
+                .is_some_and(|t| t.load(Ordering::Relaxed) >= config.max_queued_bytes_total)
     }
 
     pub fn push(

@@ -42,7 +42,7 @@ pub fn receivers(subs: &Subs) -> Vec<Receiver> {
     out
 }
 
-fn matches(filter: &str, topic: &str) -> bool {
+pub(super) fn matches(filter: &str, topic: &str) -> bool {
     tern_store::topic_matches(filter.as_bytes(), topic.as_bytes())
 }
 
@@ -106,6 +106,10 @@ fn who(s: &SubSpec) -> String {
 pub struct Context {
     /// A retention limit may remove queued messages: losses are not counted.
     pub retention: bool,
+    /// A session's own `max_queued_bytes` dropped QoS>0 messages (oldest first; the memory
+    /// cap's seeds, `bounds.rs`): losses are not counted, and order is not checked (a
+    /// dropped message's store cursor still holds it: a restart delivers it again, late).
+    pub queue_drops: bool,
     /// The workload ran to its end (so open exchanges are a violation, not a timeout).
     pub finished: bool,
 }
@@ -121,7 +125,8 @@ pub struct Context {
 /// - duplicated: handed over more than once (across a group's members too) though publisher
 ///   and subscription are QoS 2;
 /// - reordered (one subscriber only; not for QoS 1 under a retention limit): a first delivery below an earlier first delivery of
-///   the same publisher (one topic per publisher: an Ordered Topic, MQTT-4.6.0-5 / -6; at a
+///   the same publisher, unless the broker refused the lower one at least once, so that it
+///   was published again after the later one (one topic per publisher: an Ordered Topic, MQTT-4.6.0-5 / -6; at a
 ///   subscriber that delivers at PUBREL this also catches PUBRELs out of order, MQTT-4.6.0-4);
 /// - invented: a number its publisher never sent, a message from a publisher the filter does
 ///   not match, or at a QoS other than the lower of the publication's and the subscription's.
@@ -243,7 +248,7 @@ fn check_pair(
         .copied()
         .filter(|n| !count.contains_key(n))
         .collect();
-    if !lost.is_empty() && !ctx.retention {
+    if !lost.is_empty() && !ctx.retention && !ctx.queue_drops {
         let on: Vec<(u64, (u64, u64))> = lost.iter().map(|n| (*n, pst.acked_on[n])).collect();
         // What the receiver's clients saw of them (a PUBLISH dropped as a client left).
         let seen: Vec<(usize, u64, bool, u8)> = r
@@ -293,8 +298,9 @@ fn check_pair(
             ));
         }
     }
-    if r.group {
-        return; // a group's members share its messages in no particular order
+    if r.group || ctx.queue_drops {
+        // A group's members share its messages in no particular order; see `queue_drops`.
+        return;
     }
     if ctx.retention && mine.iter().any(|(_, d)| d.qos == 1) {
         // A retention limit may remove the first copy of a QoS 1 message before it is
@@ -310,7 +316,8 @@ fn check_pair(
             continue;
         }
         if let Some(l) = last {
-            if d.number < l {
+            // A number the broker refused was published again after later ones.
+            if d.number < l && !pst.refused.contains(&d.number) {
                 reordered.push((l, d.number, d.connection));
             }
         }

@@ -310,6 +310,9 @@ impl PubSpec {
     }
 }
 
+/// How long a publisher waits after a refused PUBLISH before it reconnects to resend it.
+const REFUSED_BACKOFF: Duration = Duration::from_millis(20);
+
 #[derive(Default)]
 pub struct PubState {
     /// Next number to publish.
@@ -320,6 +323,10 @@ pub struct PubState {
     next_packet_id: u16,
     /// Numbers whose PUBACK (QoS 1) or PUBREC (QoS 2) arrived: the broker owes them.
     pub acked: BTreeSet<u64>,
+    /// Numbers the broker may have refused (a PUBACK or PUBREC with a reason code of 0x80 or
+    /// more: a failed write, a broker limit; and what was in flight behind it): resent on a
+    /// later connection, so perhaps published after later numbers.
+    pub refused: BTreeSet<u64>,
     /// Number → (connection, broker boot) its PUBACK / PUBREC came on.
     pub acked_on: BTreeMap<u64, (u64, u64)>,
     /// Connection → the broker boot it was made to.
@@ -333,6 +340,19 @@ pub struct PubState {
 impl PubState {
     pub fn done(&self, limit: u64) -> bool {
         self.next >= limit && self.inflight.is_empty()
+    }
+
+    /// A refusal: the client reconnects without reading the answers to what it sent after
+    /// the refused number (the broker may have refused those too, or accepted them), and
+    /// resends everything unacknowledged in flight on the next connection.
+    fn note_refused(&mut self) {
+        let unacked: Vec<u64> = self
+            .inflight
+            .iter()
+            .filter(|(_, (_, released))| !released)
+            .map(|(&n, _)| n)
+            .collect();
+        self.refused.extend(unacked);
     }
 
     fn allocate(&mut self) -> u16 {
@@ -431,6 +451,14 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
             let reply = {
                 let mut st = state.lock();
                 match packet {
+                    Packet::PubAck(a) if spec.qos == 1 && !a.reason.is_success() => {
+                        // Refused (a broker limit, a failed write): not acknowledged, sent
+                        // again on the next connection.
+                        if st.by_packet_id.contains_key(&a.packet_id) {
+                            st.note_refused();
+                        }
+                        Err(())
+                    }
                     Packet::PubAck(a) if spec.qos == 1 => {
                         if let Some(n) = st.by_packet_id.remove(&a.packet_id) {
                             st.inflight.remove(&n);
@@ -440,7 +468,7 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                                 st.acked_on.insert(n, c);
                             }
                         }
-                        None
+                        Ok(None)
                     }
                     Packet::PubRec(a) if spec.qos == 2 => match st.by_packet_id.get(&a.packet_id) {
                         Some(&n) if a.reason.is_success() => {
@@ -452,11 +480,14 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                             if let Some(e) = st.inflight.get_mut(&n) {
                                 e.1 = true;
                             }
-                            Some(Packet::PubRel(ack(a.packet_id)))
+                            Ok(Some(Packet::PubRel(ack(a.packet_id))))
                         }
                         // Refused (e.g. a failed write): sent again on the next connection.
-                        Some(_) => continue 'connection,
-                        None => None,
+                        Some(_) => {
+                            st.note_refused();
+                            Err(())
+                        }
+                        None => Ok(None),
                     },
                     Packet::PubComp(a) if spec.qos == 2 => {
                         let released = st
@@ -469,11 +500,17 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                                 st.inflight.remove(&n);
                             }
                         }
-                        None
+                        Ok(None)
                     }
                     Packet::Disconnect(_) => continue 'connection,
-                    _ => None,
+                    _ => Ok(None),
                 }
+            };
+            let Ok(reply) = reply else {
+                // A real client backs off before it tries again (and the sim's reconnects
+                // would otherwise fill the state streams with session records).
+                tokio::time::sleep(REFUSED_BACKOFF).await;
+                continue 'connection;
             };
             if let Some(p) = reply {
                 if !c.send(&p).await {

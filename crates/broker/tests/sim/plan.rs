@@ -12,7 +12,7 @@ use super::client::PubSpec;
 use super::subscriber::{Deliver, SubSpec};
 
 /// Bugs the simulator can inject (`scripts/sim.sh --inject NAME`), with what they do.
-pub const BUGS: [(&str, &str); 7] = [
+pub const BUGS: [(&str, &str); 9] = [
     (
         "ack-before-fsync",
         "the store completes tickets (so the broker acks) before the commit's fdatasync",
@@ -41,6 +41,14 @@ pub const BUGS: [(&str, &str); 7] = [
         "drop-share-queue-on-leave",
         "a share-group member that leaves drops the group's messages queued for it",
     ),
+    (
+        "ignore-queued-bytes-total",
+        "the broker does not check max_queued_bytes_total (QoS>0 accepted, QoS 0 queued past it)",
+    ),
+    (
+        "ignore-disk-budget",
+        "the store does not check [store] max_disk_bytes (new messages written past it)",
+    ),
 ];
 
 /// The bugs to inject: into the store (the sim disk's `Bugs`) or into the broker
@@ -65,6 +73,8 @@ pub fn bugs(name: Option<&str>) -> Result<Injected, String> {
         Some("random-pubrel-order") => broker = Some(InjectBug::RandomPubrelOrder),
         Some("retention-removes-open-qos2") => broker = Some(InjectBug::RetentionRemovesOpenQos2),
         Some("drop-share-queue-on-leave") => broker = Some(InjectBug::DropShareQueueOnLeave),
+        Some("ignore-queued-bytes-total") => broker = Some(InjectBug::IgnoreQueuedBytesTotal),
+        Some("ignore-disk-budget") => broker = Some(InjectBug::IgnoreDiskBudget),
         Some(other) => return Err(format!("unknown bug {other:?}")),
     }
     Ok(Injected { store: b, broker })
@@ -100,6 +110,12 @@ pub struct Plan {
     /// The message stream's `max_msgs` retention limit: messages queued for a slow session
     /// may be removed (so losses are not counted), open QoS 2 state never.
     pub max_msgs: Option<u64>,
+    /// The broker's `max_queued_bytes_total` (and `max_queued_bytes`, which may not exceed
+    /// it), low enough to bind (`bounds.rs`); `None`: the default (1 GiB).
+    pub memory_cap: Option<usize>,
+    /// `[store] max_disk_bytes`, low enough to bind, in seeds with a retention limit (which
+    /// frees blocks, so that publishing resumes); `None`: no budget.
+    pub disk_budget: Option<u64>,
 }
 
 fn protocol(rng: &mut SimRng) -> Protocol {
@@ -121,6 +137,9 @@ pub struct Features {
     pub retention: bool,
     pub pub_drops: bool,
     pub eio: bool,
+    /// A memory cap in 1 seed of 3 and a disk budget in half the seeds with a retention
+    /// limit (`bounds.rs`); `TERN_SIM_NO_BOUNDS` (`--no-bounds`) turns them off.
+    pub bounds: bool,
 }
 
 impl Features {
@@ -135,6 +154,7 @@ impl Features {
             pub_drops: true,
             // On by default since finding 6's fix; `TERN_SIM_NO_EIO` (`--no-eio`) turns it off.
             eio: !super::super::env_flag("TERN_SIM_NO_EIO"),
+            bounds: !super::super::env_flag("TERN_SIM_NO_BOUNDS"),
         }
     }
 }
@@ -227,6 +247,8 @@ pub fn plan(seed: u64, crash_only: bool, features: Features) -> Plan {
             MetadataOrder::Unordered
         },
         max_msgs: None,
+        memory_cap: None,
+        disk_budget: None,
     };
     // The draws added since v0 use their own generator, so that v0's stay as they were.
     let mut more = SimRng::keyed(&[seed, 0xb0a7]);
@@ -248,7 +270,55 @@ pub fn plan(seed: u64, crash_only: bool, features: Features) -> Plan {
         }
     }
     plan.subscribers = subscribers;
+    bounds(seed, &mut plan, features);
     plan
+}
+
+/// Room the disk budget leaves for the state streams (sessions, cursors, retained values:
+/// about 10 KiB in the sim's runs).
+const STATE_STREAMS_ROOM_BYTES: u64 = 32 * 1024;
+/// A message record's bytes beyond its topic and pad: the payload's numbers and the
+/// record's framing, an upper bound.
+const RECORD_BYTES_BEYOND_PAD: u64 = 128;
+
+/// The resource bounds (`bounds.rs`), drawn from their own generator.
+fn bounds(seed: u64, plan: &mut Plan, features: Features) {
+    let mut rng = SimRng::keyed(&[seed, 0xb0d5]);
+    // A few KiB to tens of KiB: a stalled subscriber queues that much within a few dozen
+    // of the plan's messages (16 B to 1 KB each).
+    let memory_cap = rng
+        .chance(1.0 / 3.0)
+        .then(|| rng.range(4, 32) as usize * 1024);
+    // The budget counts the whole directory. Room for the state streams, then for the
+    // message stream at its retention limit (`max_msgs` of the largest record) and 1 to 3
+    // of its 8 KiB blocks: the messages queued beyond the limit until retention frees their
+    // blocks reach it, and what retention keeps stays below it (publishing resumes).
+    let blocks = rng.range(1, 3);
+    let disk_budget = rng.chance(0.5).then_some(());
+    if features.bounds {
+        plan.memory_cap = memory_cap;
+        if memory_cap.is_some() {
+            // Slow readers and small windows: several queues back up at once (so the total,
+            // not one queue's own limit, is what binds) and little is in flight (a tight
+            // slack).
+            for p in &mut plan.publishers {
+                p.window = p.window.min(2);
+            }
+            for s in plan.subscribers.iter_mut().filter(|s| s.share.is_none()) {
+                s.stall.get_or_insert((4, 10));
+            }
+        }
+        if let (Some(max_msgs), Some(())) = (plan.max_msgs, disk_budget) {
+            let record = plan
+                .publishers
+                .iter()
+                .map(|p| (p.topic.len() + p.pad) as u64 + RECORD_BYTES_BEYOND_PAD)
+                .max()
+                .unwrap_or(0);
+            plan.disk_budget =
+                Some(STATE_STREAMS_ROOM_BYTES + max_msgs * record + blocks * plan.block_size);
+        }
+    }
 }
 
 /// Dropped connections and stalled clients.

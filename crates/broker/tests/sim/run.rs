@@ -20,6 +20,7 @@ use tern_broker::transport::{ConnectionInfo, ListenerContext, StreamTransport, T
 use tern_broker::{Broker, BrokerConfig, DurableConfig, DurableStore, StreamSpec};
 use tern_store::sim::{FaultAction, ScriptedFault, SimConfig, SimDisk};
 
+use super::bounds::Gauges;
 use super::check::{self, Context};
 use super::client::{BROKER_HOST, BROKER_PORT, Endpoint, Net, PubSpec, PubState, run_publisher};
 use super::plan::{Fault, Features, Injected, Plan, plan};
@@ -51,9 +52,11 @@ fn broker_software(
     config: DurableConfig,
     net: Arc<Net>,
     disk_tick: Duration,
+    (broker_config, gauges): (BrokerConfig, Arc<Gauges>),
 ) -> impl Fn() -> Pin<Box<dyn Future<Output = turmoil::Result>>> {
     move || {
         let (disk, dir, config, net) = (disk.clone(), dir.clone(), config.clone(), net.clone());
+        let (broker_config, gauges) = (broker_config.clone(), gauges.clone());
         Box::pin(async move {
             let store = Arc::new(open_store(&disk, &dir, &config)?);
             // The disk task: one writer turn per stream with work, every disk tick. It runs
@@ -66,7 +69,8 @@ fn broker_software(
                 }
             });
             let broker =
-                Broker::with_store(BrokerConfig::default(), store).map_err(|e| e.to_string())?;
+                Broker::with_store(broker_config, store.clone()).map_err(|e| e.to_string())?;
+            gauges.boot(broker.shared(), &store);
             let listener = turmoil::net::TcpListener::bind(("0.0.0.0", BROKER_PORT)).await?;
             // The sender stays alive as long as the host: a crash, not a shutdown, ends it.
             let (_stop_tx, stop) = tokio::sync::watch::channel(false);
@@ -105,6 +109,8 @@ pub(super) struct Run<'a> {
     clock_ns: Arc<AtomicU64>,
     /// The broker host failed (its store did not open): the error, once.
     failed: Option<String>,
+    /// The resource bounds' gauges, read after every step.
+    gauges: Arc<Gauges>,
 }
 
 impl Run<'_> {
@@ -142,6 +148,7 @@ impl Run<'_> {
             if let Err(e) = self.sim.step() {
                 self.failed.get_or_insert_with(|| e.to_string());
             }
+            self.gauges.sample(self.net.acks.load(Ordering::Relaxed));
         }
     }
 
@@ -261,8 +268,16 @@ impl SeedRun {
         spec.store.limits.max_msgs = plan.max_msgs;
         let config = DurableConfig {
             streams: vec![spec],
+            max_disk_bytes: plan.disk_budget,
             ..DurableConfig::default()
         };
+        let mut broker_config = BrokerConfig::default();
+        if let Some(cap) = plan.memory_cap {
+            broker_config.max_queued_bytes_total = cap;
+            // It may not exceed the total (`BrokerConfig::validate`).
+            broker_config.max_queued_bytes = broker_config.max_queued_bytes.min(cap);
+        }
+        let gauges = Arc::new(Gauges::new(&plan));
         let net = Arc::new(Net::new(
             Endpoint::Sim(AtomicBool::new(false)),
             &disk,
@@ -281,6 +296,7 @@ impl SeedRun {
             config,
             net.clone(),
             disk_tick,
+            (broker_config, gauges.clone()),
         );
         sim.host(BROKER_HOST, software);
         let run = Run {
@@ -288,6 +304,7 @@ impl SeedRun {
             net: net.clone(),
             clock_ns,
             failed: None,
+            gauges,
         };
         SeedRun {
             plan,
@@ -369,8 +386,11 @@ impl SeedRun {
         let net = self.net.clone();
         let faults = self.plan.faults.clone();
         for (at, fault) in faults {
+            let gauges = self.run.gauges.clone();
             self.run.step_until(Duration::from_secs(20), |_| {
-                net.acks.load(Ordering::Relaxed) >= at || clients.pubs_done()
+                net.acks.load(Ordering::Relaxed) >= at
+                    || clients.pubs_done()
+                    || gauges.stalled_at_bound()
             });
             let acks = net.acks.load(Ordering::Relaxed);
             strike(&mut self.run, &self.disk, fault, &mut self.log);
@@ -394,10 +414,15 @@ impl SeedRun {
     /// holding what it is owed with no QoS 2 exchange open; then the retained checks.
     /// Returns whether the publishers finished.
     fn finish(&mut self, clients: &Clients) -> bool {
-        let finished = self
-            .run
-            .step_until(Duration::from_secs(30), |_| clients.pubs_done());
-        if !finished {
+        let gauges = self.run.gauges.clone();
+        self.run.step_until(Duration::from_secs(30), |_| {
+            clients.pubs_done() || gauges.stalled_at_bound()
+        });
+        let finished = clients.pubs_done();
+        if !finished && gauges.stalled_at_bound() {
+            // Documented: nothing is accepted while a bound holds.
+            let _ = writeln!(self.log, "bounds: publishers stalled at a bound");
+        } else if !finished {
             self.violations
                 .push("publishers did not finish (stalled)".into());
         }
@@ -469,9 +494,12 @@ impl SeedRun {
             mut violations,
             ..
         } = self;
+        let gauges = run.gauges.clone();
         drop(run);
+        gauges.check(&plan, &mut violations, &mut log);
         let ctx = Context {
             retention: plan.max_msgs.is_some(),
+            queue_drops: gauges.queue_limit_dropped(),
             finished,
         };
         check::check(&clients.pubs, &clients.subs, &ctx, &mut violations);
