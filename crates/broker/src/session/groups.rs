@@ -50,13 +50,17 @@ impl Groups {
 }
 
 fn push(shared: &Shared, queue: &mut Outbound, share: &str, item: Outgoing, now: Instant) {
+    let dropped_before = queue.dropped_oldest;
     match queue.push(item, false, &shared.config, now) {
         PushResult::Queued | PushResult::SlowSubscriber => {}
         PushResult::Dropped | PushResult::DroppedMemoryLimit => {
             Metrics::add(&shared.metrics.messages_dropped, 1)
         }
         PushResult::QueuedDroppedOldest => {
-            Metrics::add(&shared.metrics.messages_dropped, 1);
+            // Counted as a session's queue counts them (`router`): one push may drop several.
+            let dropped_now = queue.dropped_oldest - dropped_before;
+            Metrics::add(&shared.metrics.messages_dropped, dropped_now);
+            Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped_now);
             if queue.dropped_oldest.is_power_of_two() {
                 tracing::warn!(
                     share,
@@ -232,5 +236,41 @@ pub fn restore(shared: &Shared, share: &str, messages: Vec<crate::message::Messa
         if item.qos != QoS::AtMostOnce {
             push(shared, queue, &share, item, now);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::Broker;
+    use crate::config::BrokerConfig;
+    use crate::outbound::stored_item;
+
+    /// Docs/simulation.md finding 14: a share group's queue dropping its oldest QoS>0
+    /// messages at `max_queued_messages` counts each one in `messages/dropped/queue_limit`,
+    /// as a session's queue does, not only in `messages/dropped`.
+    #[tokio::test]
+    async fn a_group_queue_dropping_its_oldest_counts_them_as_queue_limit_drops() {
+        let config = BrokerConfig {
+            max_queued_messages: 3,
+            ..BrokerConfig::default()
+        };
+        let broker = Broker::new(config).unwrap();
+        let shared = broker.shared();
+        let share: Arc<str> = "$share/g/t".into();
+        for seq in 1..=10 {
+            enqueue(
+                shared,
+                &share,
+                stored_item(b"x", QoS::AtLeastOnce, seq),
+                Instant::now(),
+            );
+        }
+        assert_eq!(shared.groups.queued(&share), 3);
+        assert_eq!(
+            Metrics::get(&shared.metrics.messages_dropped_queue_limit),
+            7
+        );
+        assert_eq!(Metrics::get(&shared.metrics.messages_dropped), 7);
     }
 }

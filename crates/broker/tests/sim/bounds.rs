@@ -291,9 +291,10 @@ impl Gauges {
     }
 }
 
-/// QoS>0 messages dropped oldest first at a queue's own `max_queued_bytes`: a session's
-/// (`messages_dropped_queue_limit`) or a share group's (counted in `messages_dropped`
-/// alone: what the other categories do not explain).
+/// QoS>0 messages dropped oldest first at a queue's own `max_queued_bytes`: a session's or
+/// a share group's (`messages_dropped_queue_limit`; a group's counted only in
+/// `messages_dropped` before finding 14's fix), plus what the other categories do not
+/// explain, to stay on the safe side.
 fn queue_limit_drops(m: &tern_broker::metrics::Metrics) -> u64 {
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     let named = load(&m.messages_dropped_expired)
