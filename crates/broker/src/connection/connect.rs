@@ -64,8 +64,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
                     };
                     Box::pin(reject(&mut writer, form, error.reason_code())).await;
                 } else if peek_connect_level(buf) == Some(Protocol::V5.level()) {
-                    // MQTT 5 §3.2.2.2: a v5 CONNECT that is malformed or breaks the protocol
-                    // may be answered with a CONNACK carrying the reason before closing.
+                    // MQTT 5 §3.2.2.2: a bad v5 CONNECT may get a CONNACK with the reason.
                     Box::pin(reject(&mut writer, Protocol::V5, error.reason_code())).await;
                 }
                 return None;
