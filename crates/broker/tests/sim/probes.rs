@@ -7,6 +7,8 @@ use tern_broker::DurableConfig;
 use tern_store::sim::{SimConfig, SimDisk};
 use tern_wire::Protocol;
 
+use super::client::ack;
+use super::probes_a::until;
 use super::tcp::{boot, kill, net};
 
 /// Probe for the QoS 2 received-set bug without any disk error (docs/simulation.md,
@@ -76,7 +78,7 @@ pub fn probe_retry_while_write_pending() -> bool {
 /// got the message again (PUBLISH with DUP under the same packet id).
 pub fn probe_group_message_in_flight_survives_restart() -> bool {
     use super::client::{Conn, persistent_connect, s};
-    use tern_wire::{Ack, Packet, Properties, Publish, QoS, ReasonCode, Subscribe};
+    use tern_wire::{Packet, Properties, Publish, QoS, Subscribe};
     let dir = tempfile::tempdir().expect("tempdir");
     let disk = SimDisk::new(dir.path(), 2, SimConfig::default());
     let net = net(&disk);
@@ -86,23 +88,6 @@ pub fn probe_group_message_in_flight_survives_restart() -> bool {
         .enable_all()
         .build()
         .expect("runtime");
-    let ack = |packet_id| Ack {
-        packet_id,
-        reason: ReasonCode::SUCCESS,
-        properties: Properties::default(),
-    };
-    // Until `want` comes (or the connection ends, or 2 s pass).
-    async fn until(c: &mut Conn, want: impl Fn(&Packet) -> bool) -> Option<Packet> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-        while tokio::time::Instant::now() < deadline {
-            match c.recv(Duration::from_millis(50)).await {
-                Ok(Some(p)) if want(&p) => return Some(p),
-                Err(()) => return None,
-                _ => {}
-            }
-        }
-        None
-    }
     let member = || persistent_connect(Protocol::V5, "member");
     let sent = clients.block_on(async {
         let mut m = Conn::connect(&net, member())

@@ -25,7 +25,7 @@ fn publish(qos: QoS, packet_id: u16, payload: &'static [u8]) -> Packet {
 }
 
 /// Until a packet `want` accepts comes (or the connection ends, or 2 s pass).
-async fn until(c: &mut Conn, want: impl Fn(&Packet) -> bool) -> Option<Packet> {
+pub(super) async fn until(c: &mut Conn, want: impl Fn(&Packet) -> bool) -> Option<Packet> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     while tokio::time::Instant::now() < deadline {
         match c.recv(Duration::from_millis(50)).await {
