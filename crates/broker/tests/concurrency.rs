@@ -112,11 +112,15 @@ async fn run(receive_maximum: Option<u16>) {
 /// came (read before the marker, it reaches B before it). The clients write from the test's
 /// thread pinned to one CPU, so that the kernel delivers B's SUBSCRIBE first (on loopback a
 /// segment goes through the sending CPU's backlog; from two CPUs a later segment could reach
-/// its socket first when one backlog's softirq is deferred). tern's `ordering.rs` has the same
-/// test against the binary.
+/// its socket first when one backlog's softirq is deferred). B and A are each one of `ROTATION`
+/// connections used in turn, so that the broker is not still inside a write to the socket a
+/// round's packet arrives on (such a segment waits in the kernel's socket backlog until the
+/// write returns: tern's `ordering.rs` explains it). tern's `ordering.rs` has the same test
+/// against the binary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribe_takes_effect_before_a_later_publish_from_another_client() {
     const ROUNDS: usize = 1000;
+    const ROTATION: usize = 4;
     let b = TestBroker::start(config()).await;
     // SAFETY: plain syscalls on the calling thread (the one that runs this test body and so
     // writes for every client) with a zeroed, locally owned cpu_set_t.
@@ -128,16 +132,22 @@ async fn subscribe_takes_effect_before_a_later_publish_from_another_client() {
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
         }
     }
-    let mut sub = Client::v5(b.addr, "ord-b").await;
-    let mut publ = Client::v5(b.addr, "ord-a").await;
+    let mut subs = Vec::new();
+    let mut pubs = Vec::new();
+    for i in 0..ROTATION {
+        subs.push(Client::v5(b.addr, &format!("ord-b{i}")).await);
+        pubs.push(Client::v5(b.addr, &format!("ord-a{i}")).await);
+    }
     let mut marker = Client::v5(b.addr, "ord-c").await;
-    for c in [&sub, &publ, &marker] {
+    for c in subs.iter().chain(&pubs).chain([&marker]) {
         // Without it Nagle holds A's PUBLISH back while A's previous one is unacknowledged.
         c.stream.set_nodelay(true).unwrap();
     }
     let mut missed = Vec::new();
     let mut late = Vec::new();
     for round in 0..ROUNDS {
+        let sub = &mut subs[round % ROTATION];
+        let publ = &mut pubs[round % ROTATION];
         let topic = format!("ord/{round}");
         let packet_id = (round % 60_000) as u16 + 1;
         let qos = (round % 2) as u8;
