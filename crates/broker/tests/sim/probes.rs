@@ -40,7 +40,8 @@ pub fn probe_retry_while_write_pending() -> bool {
     let pubrec_while_pending = clients.block_on(async {
         let connect = || persistent_connect(Protocol::V5, "probe");
         let mut c = Conn::connect(&net, connect()).await.expect("connect");
-        disk.hold_next_write(&dir.path().join("streams").join("messages"));
+        // The message's own record (not a control record the writer reaches first).
+        disk.hold_next_write_containing(&dir.path().join("streams").join("messages"), b"0:0:");
         assert!(c.send(&publish(false)).await);
         assert!(
             // Blocking is fine here: the broker runs on its own runtime.
@@ -193,7 +194,7 @@ pub fn probe_retained_qos2_retry_after_power_loss() -> Option<bytes::Bytes> {
         let mut p = Conn::connect(&net, publisher()).await.expect("connect");
         // The retained record's write is held; the message record is durable before it is
         // issued (QoS 2 is released only once durable), then the power fails.
-        disk.hold_next_write(&dir.path().join("streams").join("tern.retained"));
+        disk.hold_next_write_containing(&dir.path().join("streams").join("tern.retained"), b"0:1:");
         assert!(p.send(&publish(false)).await);
         assert!(
             disk.wait_held(Duration::from_secs(2)),

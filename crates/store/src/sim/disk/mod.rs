@@ -180,8 +180,17 @@ impl SimDisk {
     /// wait until the writer thread is held in that turn's write, queue more records (they
     /// form the next turn), release.
     pub fn hold_next_write(&self, under: &Path) {
+        self.hold_next_write_containing(under, &[]);
+    }
+
+    /// As [`hold_next_write`](Self::hold_next_write), for the next write under `under` whose
+    /// bytes contain `needle`: a test that means one record's write (a message by its payload)
+    /// is not fooled by another record the writer reaches first (a control record of an
+    /// earlier step that a loaded machine wrote late).
+    pub fn hold_next_write_containing(&self, under: &Path, needle: &[u8]) {
         self.lock().hold = Some(Hold {
             under: under.to_path_buf(),
+            needle: needle.to_vec(),
             held: false,
         });
     }
@@ -247,10 +256,11 @@ impl SimDisk {
         &'a self,
         mut st: MutexGuard<'a, DiskState>,
         path: &Path,
+        buf: &[u8],
         boot: u64,
     ) -> io::Result<MutexGuard<'a, DiskState>> {
         match st.hold.as_mut() {
-            Some(h) if !h.held && path.starts_with(&h.under) => h.held = true,
+            Some(h) if h.catches(path, buf) => h.held = true,
             _ => return Ok(st),
         }
         self.inner.cv.notify_all();
@@ -289,7 +299,7 @@ impl SimDisk {
         self.latency();
         let st = self.lock();
         st.check_boot(f.boot)?;
-        let mut st = self.hold(st, &f.path, f.boot)?;
+        let mut st = self.hold(st, &f.path, buf, f.boot)?;
         let off = usize::try_from(off).map_err(|_| eio("offset"))?;
         let d = st.decide(OpKind::Write, &f.path);
         if !matches!(d, Decision::Ok) {

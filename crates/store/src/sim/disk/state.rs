@@ -141,7 +141,18 @@ pub(super) struct NsOp {
 #[derive(Debug)]
 pub(super) struct Hold {
     pub(super) under: PathBuf,
+    /// Only a write whose bytes contain this is caught (empty: any write).
+    pub(super) needle: Vec<u8>,
     pub(super) held: bool,
+}
+
+impl Hold {
+    /// Whether this (armed, not yet holding) hold catches a write of `buf` to `path`.
+    pub(super) fn catches(&self, path: &std::path::Path, buf: &[u8]) -> bool {
+        !self.held
+            && path.starts_with(&self.under)
+            && (self.needle.is_empty() || buf.windows(self.needle.len()).any(|w| w == self.needle))
+    }
 }
 
 pub(super) enum Decision {

@@ -123,6 +123,22 @@ fn hold_blocks_a_write_until_released() {
 }
 
 #[test]
+fn a_hold_with_a_needle_lets_other_writes_pass() {
+    let (d, root) = disk(SimConfig::default());
+    let v = d.vfs();
+    let f = v.open_rw(&root.join("a"), true).unwrap();
+    d.hold_next_write_containing(&root, b"mine");
+    // Not the write the hold means: it goes through at once.
+    f.write_all_at(b"control", 0).unwrap();
+    let t = std::thread::spawn(move || f.write_all_at(b"is mine", 7));
+    assert!(d.wait_held(Duration::from_secs(10)));
+    assert_eq!(v.read_file(&root.join("a")).unwrap(), b"control");
+    d.release();
+    t.join().unwrap().unwrap();
+    assert_eq!(v.read_file(&root.join("a")).unwrap(), b"controlis mine");
+}
+
+#[test]
 fn same_history_same_digest() {
     let run = |seed| {
         let cfg = SimConfig {
