@@ -107,6 +107,13 @@ struct Seen {
     samples_since_refusal: u64,
     refused_disk: u64,
     boot_refused_disk: u64,
+    /// Samples since the disk budget last refused a PUBLISH (this boot's count changed).
+    samples_since_disk_refusal: u64,
+    /// Bytes of the message streams and of the state streams at the last sample.
+    message_streams: u64,
+    state_streams: u64,
+    /// The run ended stalled at the disk budget: the message and state streams' bytes then.
+    disk_stall: Option<(u64, u64)>,
 }
 
 impl Gauges {
@@ -196,10 +203,18 @@ impl Gauges {
             seen.max_state_streams = seen.max_state_streams.max(disk - messages);
             seen.max_disk = seen.max_disk.max(disk);
             seen.at_budget += u64::from(disk >= budget);
-            seen.boot_refused_disk = shared
+            let refused_disk = shared
                 .metrics
                 .publishes_refused_disk_budget
                 .load(Ordering::Relaxed);
+            seen.samples_since_disk_refusal = if refused_disk == seen.boot_refused_disk {
+                seen.samples_since_disk_refusal + 1
+            } else {
+                0
+            };
+            seen.boot_refused_disk = refused_disk;
+            seen.message_streams = messages;
+            seen.state_streams = disk - messages;
         }
     }
 
@@ -263,6 +278,16 @@ impl Gauges {
                     seen.max_message_streams
                 ));
             }
+            if let Some((messages, state)) = seen.disk_stall
+                && messages < budget
+            {
+                violations.push(format!(
+                    "liveness at the disk budget: the publishers stalled, refused for the disk \
+                     budget, while the message streams held {messages} B, less than the budget \
+                     {budget} B: the budget is held by the state streams ({state} B), which \
+                     retention cannot free, so publishing never resumes"
+                ));
+            }
             if seen.max_disk > budget + STATE_STREAMS_SLACK_BYTES {
                 violations.push(format!(
                     "disk bound: the store held {} B, more than the budget {budget} B + the state \
@@ -280,6 +305,18 @@ impl Gauges {
     pub fn stalled_at_bound(&self) -> bool {
         let seen = self.seen.lock();
         seen.samples_since_ack >= STALL_SAMPLES && seen.samples_since_refusal < STALL_SAMPLES
+    }
+
+    /// The run ends stalled at a bound ([`Gauges::stalled_at_bound`]): if the disk budget
+    /// is what refuses, notes the message and state streams' bytes for the liveness rule
+    /// of [`Gauges::check`]. Retention frees only message streams: a stall at the budget is
+    /// documented (it lasts until retention frees blocks) only while the message streams
+    /// hold the budget themselves; held by the state streams, it lasts forever (finding 12).
+    pub fn note_stall(&self) {
+        let mut seen = self.seen.lock();
+        if self.disk_budget.is_some() && seen.samples_since_disk_refusal < STALL_SAMPLES {
+            seen.disk_stall = Some((seen.message_streams, seen.state_streams));
+        }
     }
 
     /// Whether a session's own `max_queued_bytes` (the memory cap, in seeds that set one:
