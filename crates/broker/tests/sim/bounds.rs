@@ -18,11 +18,10 @@ use super::client::{PubSpec, payload};
 use super::plan::Plan;
 use super::subscriber::SubSpec;
 
-/// How far the whole directory may pass the budget: the state streams' records (PUBREL,
-/// PUBCOMP, cursors, sessions, retained values) are still written at the budget by design,
-/// and a state stream is compacted a block (1 MiB) at a time: `tern.sessions` holds up to a
-/// full block awaiting compaction, its compacted copy and the block being written, and
-/// `tern.retained` little (the sim's runs stay under 2.2 MiB). Bounded, not counted.
+/// How far the whole directory may pass the budget: the budget counts the message streams
+/// only (finding 12); the state streams (sessions, cursors, PUBREL pending, retained values)
+/// are bounded by their own compaction, about 4 blocks (1 MiB) and twice their live records
+/// (`tern-store`'s `kv_bounded` test; the sim's runs stay under 2.2 MiB).
 const STATE_STREAMS_SLACK_BYTES: u64 = 3 * 1024 * 1024;
 
 /// After a restart the broker queues again, without the cap's check, what it had accepted
@@ -393,12 +392,22 @@ fn memory_slack_bytes(plan: &Plan) -> u64 {
     in_flight + SIDE_SLACK_BYTES
 }
 
-/// The documented rule: a new message is refused once the measure (every stream's blocks as
-/// last measured plus an estimate of each append since) holds the budget, so the message
-/// streams pass it by at most the messages accepted before the measure caught up: each
-/// publisher's window, framed ([`RECORD_FRAMING_BYTES`]). Control and state records are
-/// still written: the whole directory has [`STATE_STREAMS_SLACK_BYTES`].
+/// The documented rule: a new message is refused once the measure (the message streams'
+/// blocks as last measured plus an estimate of each append since; the state streams are
+/// not counted) holds the budget, so the message streams pass it by at most the messages
+/// accepted before the measure caught up: each publisher's window, framed
+/// ([`RECORD_FRAMING_BYTES`]). Plus [`CONTROL_SLACK_BYTES`]: what the side parts and the
+/// control records add to the same stream. State records are still written and not
+/// counted: the whole directory has [`STATE_STREAMS_SLACK_BYTES`].
 fn disk_slack_bytes(plan: &Plan) -> u64 {
     let in_flight: u64 = plan.publishers.iter().map(|p| p.window as u64).sum();
-    in_flight * (largest_message_bytes(plan) + RECORD_FRAMING_BYTES)
+    in_flight * (largest_message_bytes(plan) + RECORD_FRAMING_BYTES) + CONTROL_SLACK_BYTES
 }
+
+/// The message stream's records beyond the persistent publishers' windows, written or
+/// accepted at the budget: the clean sessions' publisher's window (at most 7 messages of
+/// about 100 B, QoS 2 with an rx record each) and the control records the estimate leaves
+/// out (`$tern/rel/<client>` as an accepted QoS 2 exchange is released, `$tern/reset/` as a
+/// session starts anew), rounded up. Needed since the state streams left the measure (finding
+/// 12): with them in it the budget was reached earlier (seed 242 of 400: 976 B over).
+const CONTROL_SLACK_BYTES: u64 = 4 * 1024;
