@@ -98,12 +98,16 @@ Config file keys (TOML, all optional; defaults shown):
                                           for it (its own setting, never a [[stream]]'s)
     sync_interval_ms = 100                with sync = \"interval\"
   [store]
-    max_disk_bytes = 0                    disk budget of the data directory (0: none). At it, new
+    max_disk_bytes = 0                    disk budget of the message streams (0: none). At it, new
                                           messages that would be written are refused (QoS>0: v5
                                           PUBACK/PUBREC 0x97; 3.1.1: connection closed without an
                                           ack) or dropped (QoS 0), nothing stored is deleted for
                                           them; they are accepted again once retention frees space.
-                                          Measured from the block lengths every 25 ms; minimum 65536
+                                          Measured from the block lengths every 25 ms; minimum 65536.
+                                          The state streams (sessions, retained) are not counted:
+                                          retention cannot free them; their compaction bounds them
+                                          (about 4 MiB plus twice their live records). Keep each
+                                          stream's block_size_bytes well below the budget
   [http]                                  admin HTTP listener (off unless bind or --http is set)
     bind = \"127.0.0.1:8080\"                GET /metrics (Prometheus), /healthz, /readyz, /api/v1/..., / (dashboard)
     token = \"...\"                          bearer token (16+ characters): required for actions (DELETE, POST)

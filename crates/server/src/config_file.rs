@@ -23,8 +23,8 @@ pub struct FileConfig {
     pub streams: Vec<StreamSpec>,
     /// `[state] sync`: the state streams' sync policy (sessions, subscriptions, retained).
     pub state_sync: SyncPolicy,
-    /// `[store] max_disk_bytes`: the data directory's disk budget; `None` (the default, or 0
-    /// in the file) means none.
+    /// `[store] max_disk_bytes`: the message streams' disk budget (not the state streams');
+    /// `None` (the default, or 0 in the file) means none.
     pub max_disk_bytes: Option<u64>,
     /// `[auth]` (crate::auth_config).
     pub auth: crate::auth_config::AuthConfig,
@@ -238,7 +238,8 @@ fn parse_state(section: &Table) -> Result<SyncPolicy, ConfigFileError> {
     })
 }
 
-/// Smallest disk budget accepted: below it not even the state streams' first blocks fit.
+/// Smallest disk budget accepted: below it a few messages fill it (a typo's guard; the
+/// state streams are not counted, docs/ARCHITECTURE.md §6.1).
 pub const MIN_DISK_BUDGET_BYTES: u64 = 65_536;
 
 /// `[store]`: store-wide limits. `max_disk_bytes = 0` (or unset) means no budget.

@@ -71,3 +71,46 @@ async fn disk_budget_counts_written_messages_and_frees_with_removal() {
         store.disk_usage()
     );
 }
+
+/// The state streams are not counted (docs/simulation.md, finding 12): retention cannot
+/// free them, so state past the budget (here retained values; in the simulator, the session
+/// records of refused publishers reconnecting) would refuse every message forever. They are
+/// bounded by their own compaction instead (ARCHITECTURE §6.1).
+#[tokio::test]
+async fn disk_budget_does_not_count_the_state_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut messages = StreamSpec::default_stream();
+    messages.store.block_size_bytes = 4096;
+    let budget = 16 * 1024;
+    let store = DurableStore::open(
+        dir.path(),
+        DurableConfig {
+            streams: vec![messages],
+            max_disk_bytes: Some(budget),
+            ..DurableConfig::default()
+        },
+    )
+    .unwrap();
+    for i in 0..40 {
+        let topic: &'static str = Box::leak(format!("r/{i}").into_boxed_str());
+        let mut ticket = store
+            .retained_changed(topic, Some(&msg(topic, QoS::AtLeastOnce)))
+            .expect("a retained value is written");
+        ticket.wait().await.unwrap();
+    }
+    store.refresh_disk_usage();
+    assert!(
+        store.disk_bytes() > budget,
+        "the state streams hold more than the budget: {}",
+        store.disk_bytes()
+    );
+    assert_eq!(
+        store.disk_usage(),
+        Some((store.message_disk_bytes(), budget))
+    );
+    assert!(
+        !store.disk_budget_reached("x", QoS::AtLeastOnce),
+        "{:?}",
+        store.disk_usage()
+    );
+}

@@ -125,9 +125,11 @@ pub struct DurableConfig {
     /// "PUBREL pending"; `tern.retained`), `[state] sync` in the config file. Default
     /// `always`: SUBACK, UNSUBACK and the ack of a retained PUBLISH wait for an fdatasync.
     pub state_sync: SyncPolicy,
-    /// `[store] max_disk_bytes`: the disk budget of the whole data directory (message and state
-    /// streams, as the store measures its blocks). At it, new messages that would be written
-    /// are refused (QoS>0) or dropped (QoS 0) until retention frees space; `None`: no budget.
+    /// `[store] max_disk_bytes`: the disk budget of the message streams (as the store measures
+    /// their blocks). At it, new messages that would be written are refused (QoS>0) or
+    /// dropped (QoS 0) until retention frees space; `None`: no budget. The state streams are
+    /// not counted: retention cannot free them, so they could hold the budget forever; their
+    /// compaction bounds them (docs/ARCHITECTURE.md §6.1).
     pub max_disk_bytes: Option<u64>,
 }
 

@@ -304,7 +304,8 @@ impl MessageStore for DurableStore {
 
     fn refresh_disk_usage(&self) {
         if self.disk_budget.is_some() {
-            self.disk_used.store(self.disk_bytes(), Ordering::Relaxed);
+            self.disk_used
+                .store(self.message_disk_bytes(), Ordering::Relaxed);
         }
     }
 

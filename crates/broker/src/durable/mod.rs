@@ -139,7 +139,10 @@ pub struct DurableStore {
     limits: config::SessionLimits,
     /// `[store] max_disk_bytes` (see [`DurableStore::disk_budget_reached`]).
     disk_budget: Option<u64>,
-    /// Bytes of every stream's blocks as last measured, plus what was appended since.
+    /// Bytes of the message streams' blocks as last measured, plus what was appended since.
+    /// The state streams are not counted: retention cannot free them, so counting them
+    /// could stall publishing forever (docs/simulation.md, finding 12); their own
+    /// compaction bounds them (ARCHITECTURE §6.1).
     disk_used: AtomicU64,
     store: Store,
     /// The file system the store runs on, and the wall clock the broker's records use
@@ -291,6 +294,11 @@ impl DurableStore {
             .chain(self.state_streams())
             .map(|s| s.info().disk_bytes)
             .sum()
+    }
+
+    /// Bytes of the message streams' block files: what `[store] max_disk_bytes` counts.
+    pub fn message_disk_bytes(&self) -> u64 {
+        self.streams().map(|s| s.info().disk_bytes).sum()
     }
 
     /// The stream a message to `topic` at `qos` would be written to, if it would be.

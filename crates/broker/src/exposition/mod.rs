@@ -326,7 +326,7 @@ fn store(e: &mut TextEncoder, shared: &Shared, streams: &[StreamStats]) {
         e.single(
             "store_disk_used_bytes",
             Kind::Gauge,
-            "Disk use as measured against the budget (every stream, state streams included).",
+            "Disk use as measured against the budget (the message streams; not the state streams, bounded by their compaction).",
             used,
         );
     }

@@ -420,7 +420,8 @@ impl SeedRun {
         });
         let finished = clients.pubs_done();
         if !finished && gauges.stalled_at_bound() {
-            // Documented: nothing is accepted while a bound holds.
+            // Documented: nothing is accepted while a bound holds (but see `note_stall`).
+            gauges.note_stall();
             let _ = writeln!(self.log, "bounds: publishers stalled at a bound");
         } else if !finished {
             self.violations
