@@ -177,6 +177,8 @@ impl Broker {
         self.shared.ready.store(false, Ordering::Release);
         tracing::info!(connections = connections.len(), "shutting down");
         let _ = stop_tx.send(true);
+        // After the send: a connection that attaches later sees `stop` (`connection::run`).
+        self.shared.sessions.shut_down_connections();
         let drained =
             tokio::time::timeout(Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS), async {
                 while connections.join_next().await.is_some() {}
@@ -217,7 +219,7 @@ impl Broker {
         info: ConnectionInfo,
         stop: watch::Receiver<bool>,
     ) {
-        crate::connection::run(self.shared.clone(), transport, info, stop).await;
+        crate::connection::run_until_stopped(self.shared.clone(), transport, info, stop).await;
     }
 
     /// Starts the task of one accepted socket, unless its listener is full.

@@ -213,36 +213,31 @@ impl ReadSlot {
         })
     }
 
-    /// Waits until `poll_ready` (the socket's readiness, polled with the waker it is given) is
-    /// ready, giving it this slot as waker.
-    pub(crate) async fn readable<T>(
+    /// Polls `poll_ready` (the socket's readiness, polled with the waker it is given) with this
+    /// slot as waker. The slot is armed (its wakes take tickets) from this poll until the
+    /// readiness is ready or [`ReadSlot::not_reading`].
+    pub(crate) fn poll_readable<T>(
         self: &Arc<Self>,
-        mut poll_ready: impl FnMut(&mut Context<'_>) -> Poll<T>,
-    ) -> T {
-        struct Armed<'a>(&'a ReadSlot);
-        impl Drop for Armed<'_> {
-            fn drop(&mut self) {
-                self.0.state.lock().armed = false;
+        cx: &mut Context<'_>,
+        poll_ready: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        let before = self.before_poll(cx.waker());
+        let waker = Waker::from(self.clone());
+        match poll_ready(&mut Context::from_waker(&waker)) {
+            Poll::Ready(value) => {
+                self.state.lock().armed = false;
+                Poll::Ready(value)
+            }
+            Poll::Pending => {
+                self.registered(before);
+                Poll::Pending
             }
         }
-        self.state.lock().armed = true;
-        let _armed = Armed(self);
-        let waker = Waker::from(self.clone());
-        poll_fn(|cx| {
-            let before = self.before_poll(cx.waker());
-            match poll_ready(&mut Context::from_waker(&waker)) {
-                Poll::Ready(value) => Poll::Ready(value),
-                Poll::Pending => {
-                    self.registered(before);
-                    Poll::Pending
-                }
-            }
-        })
-        .await
     }
 
     fn before_poll(&self, task: &Waker) -> Snapshot {
         let mut state = self.state.lock();
+        state.armed = true;
         match &mut state.task {
             Some(waker) => waker.clone_from(task),
             None => state.task = Some(task.clone()),
@@ -300,9 +295,14 @@ impl ReadSlot {
         }
     }
 
-    /// The reader does not read for now (backpressure): the pending ticket orders nothing.
+    /// The reader does not read for now (backpressure): the slot is disarmed and the pending
+    /// ticket orders nothing.
     pub(crate) fn not_reading(&self) {
-        let ticket = std::mem::replace(&mut self.state.lock().pending, NONE);
+        let ticket = {
+            let mut state = self.state.lock();
+            state.armed = false;
+            std::mem::replace(&mut state.pending, NONE)
+        };
         if ticket != NONE {
             self.order.complete(ticket);
         }
