@@ -46,7 +46,7 @@ pub(super) fn poll_ordered<R: TransportRead>(
     slot: &Arc<ReadSlot>,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<()>> {
-    slot.poll_readable(cx, |cx| reader.poll_readable(cx))
+    slot.poll_readable(cx, R::READY_WITH_WAKE, |cx| reader.poll_readable(cx))
 }
 
 /// What [`settle`] found after a read.

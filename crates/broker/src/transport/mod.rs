@@ -60,6 +60,12 @@ pub trait TransportRead: Send + Sync + 'static {
     fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     /// Reads what is there without waiting: `WouldBlock` when nothing is, `Ok(0)` at the end.
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// [`TransportRead::poll_readable`] turns ready only with a wake of the waker it last
+    /// registered, which follows (a socket's readiness, set by the I/O driver before it wakes):
+    /// the connection's `ReadSlot` then waits for that wake, which orders the read (module doc).
+    /// Not for a stream transport: its readiness is data it read, which its writing half may
+    /// have read too (TLS, WebSocket), with no wake to come.
+    const READY_WITH_WAKE: bool = false;
 }
 
 /// The writing half, owned by the connection's task.
@@ -105,6 +111,7 @@ impl TransportRead for OwnedReadHalf {
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         OwnedReadHalf::try_read(self, buf)
     }
+    const READY_WITH_WAKE: bool = true;
 }
 
 impl TransportWrite for OwnedWriteHalf {
