@@ -148,18 +148,21 @@ enum Event {
 /// peer, client certificate). `stop` is watched during the handshake only: after it, the
 /// server's shutdown reaches the connection through the registry
 /// ([`crate::session::Registry::shut_down_connections`]), which costs an idle connection no
-/// future of its own.
-pub fn run<T: Transport>(
+/// future of its own. `held` is kept until the connection ends (the accept loop's count of
+/// live tasks): a future wrapped around this one would keep the arguments' room beside it.
+pub fn run<T: Transport, H: Send + 'static>(
     shared: Arc<Shared>,
     transport: T,
     info: ConnectionInfo,
     stop: watch::Receiver<bool>,
+    held: H,
 ) -> impl Future<Output = ()> + Send + 'static {
     // Boxed: the handshake's state, and the arguments only it needs, are large and short-lived;
     // kept out of line they do not inflate the future every idle connection keeps for its
     // whole life (an async fn keeps its arguments' room to the end).
     let connecting = Box::pin(establish(shared, transport, info, stop));
     async move {
+        let _held = held;
         // Served in place: a binding moved out of the `Option` would keep its room twice.
         let mut live = connecting.await;
         if let Some(live) = &mut live {

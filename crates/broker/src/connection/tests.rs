@@ -1,4 +1,6 @@
 //! Sizes of what an idle connection holds (ARCHITECTURE §6.2).
+use std::sync::Arc;
+
 /// What every idle connection keeps besides its socket: the one task's future (`Conn`, the
 /// outbound half and the read loop's state inline, 776 B), its `ConnCtl` (136 B) and its
 /// session. With a reader and a writer task the futures were 1,624 + 488 B and `ConnCtl`
@@ -23,7 +25,8 @@ async fn idle_connection_state_stays_small() {
         crate::transport::ListenerContext::plain_tcp("test"),
         peer,
     );
-    let task = super::run(broker.shared().clone(), server, info, rx);
+    // Held as the accept loop's `LiveTask` is (one pointer).
+    let task = super::run(broker.shared().clone(), server, info, rx, Arc::new(()));
     let task_bytes = std::mem::size_of_val(&task);
     eprintln!(
         "SIZES task={task_bytes} conn={} outflow={} session={} ctl={}",
