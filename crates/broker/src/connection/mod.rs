@@ -144,12 +144,11 @@ enum Event {
     KeepAliveDue,
 }
 
-/// Serves one accepted connection to the end. `info` says where it came from (listener,
-/// peer, client certificate). `stop` is watched during the handshake only: after it, the
-/// server's shutdown reaches the connection through the registry
-/// ([`crate::session::Registry::shut_down_connections`]), which costs an idle connection no
-/// future of its own. `held` is kept until the connection ends (the accept loop's count of
-/// live tasks): a future wrapped around this one would keep the arguments' room beside it.
+/// Serves one accepted connection to the end. `info`: where it came from. `stop` is watched
+/// during the handshake only: then the server's shutdown reaches the connection through the
+/// registry (`Registry::shut_down_connections`), at no cost to an idle connection's future.
+/// `held` lives as long as the connection (the accept loop's count of live tasks): a future
+/// wrapped around this one would keep the arguments' room beside it.
 pub fn run<T: Transport, H: Send + 'static>(
     shared: Arc<Shared>,
     transport: T,
@@ -157,9 +156,8 @@ pub fn run<T: Transport, H: Send + 'static>(
     stop: watch::Receiver<bool>,
     held: H,
 ) -> impl Future<Output = ()> + Send + 'static {
-    // Boxed: the handshake's state, and the arguments only it needs, are large and short-lived;
-    // kept out of line they do not inflate the future every idle connection keeps for its
-    // whole life (an async fn keeps its arguments' room to the end).
+    // Boxed: the handshake and the arguments only it needs are large and short-lived; out of
+    // line they do not inflate every idle connection's future (an async fn keeps its arguments).
     let connecting = Box::pin(establish(shared, transport, info, stop));
     async move {
         let _held = held;
@@ -171,8 +169,7 @@ pub fn run<T: Transport, H: Send + 'static>(
     }
 }
 
-/// [`run`], also closed as a shutdown does once `stop` turns true: for connections served
-/// outside of a listener (tests, the simulator), which the server's shutdown does not reach.
+/// [`run`], closed as a shutdown does once `stop` turns true: outside a listener (tests, sim).
 pub(crate) async fn run_until_stopped<T: Transport>(
     shared: Arc<Shared>,
     transport: T,
