@@ -30,6 +30,8 @@
 //!   [`AckPipeline::is_full`]. Hence `entries.len() <= receive maximum + capacity`.
 
 use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use tern_wire::ReasonCode;
@@ -177,16 +179,22 @@ impl<D> AckPipeline<D> {
     /// Waits for the oldest outstanding write; then releases what it can. Cancel-safe: if the
     /// future is dropped, the ticket stays in place and is awaited again next time.
     pub async fn wait_front(&mut self, out: &mut Vec<Released<D>>) {
+        poll_fn(|cx| self.poll_front(cx, out)).await
+    }
+
+    /// [`AckPipeline::wait_front`] as a poll: the connection's loop waits for it without a
+    /// future of its own (every idle connection would keep one).
+    pub fn poll_front(&mut self, cx: &mut Context<'_>, out: &mut Vec<Released<D>>) -> Poll<()> {
         let Some(slot) = self.slots.iter_mut().find(|s| !s.durable) else {
-            return;
+            return Poll::Ready(());
         };
         let result = match slot.entry.ticket.as_mut() {
-            Some(ticket) => ticket.wait().await,
+            Some(ticket) => ready!(ticket.poll_wait(cx)),
             None => Ok(()),
         };
         if !Self::settle(slot, result) {
             self.failed = true;
-            return;
+            return Poll::Ready(());
         }
         // Later tickets usually completed in the same group commit. Tickets of different
         // streams may complete out of order: every completed one is settled, the front decides.
@@ -199,11 +207,12 @@ impl<D> AckPipeline<D> {
                     // acknowledged without a delivery (docs/simulation.md finding 10).
                     self.advance(out);
                     self.failed = true;
-                    return;
+                    return Poll::Ready(());
                 }
             }
         }
         self.advance(out);
+        Poll::Ready(())
     }
 
     /// False if the write failed.

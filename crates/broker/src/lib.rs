@@ -19,7 +19,7 @@
 //! - [`router`]: trie lookups, per-session merging, share-group member choice, delivery.
 //! - [`transport`]: the seam between a connection and its byte stream: plain TCP, or any
 //!   `AsyncRead + AsyncWrite` (TLS, WebSocket, in memory); listener and peer context.
-//! - [`outbound`]: per-session queue, in-flight window and the vectored writer task.
+//! - [`outbound`]: per-session queue, in-flight window and the connection's vectored writes.
 //! - [`retained`], [`will`], [`sys`] (`$SYS/broker/...`), [`topic_alias`], [`packet_ids`],
 //!   [`message`] (a routed message, encoded once per protocol), [`metrics`].
 //! - [`admin`]: paged lists and actions for operators; [`exposition`]: `/metrics` (Prometheus

@@ -36,6 +36,11 @@
 //! - A slot issues a ticket only while its reader is registered for readiness (`armed`), and
 //!   holds at most one unread ticket (the oldest wake's): a connection is never ordered later
 //!   than the first report of its data.
+//! - Once registered, a reader does not read data whose readiness it sees before the driver's
+//!   wake for it (`awaiting_wake`, for sockets: the driver sets readiness, then wakes): it
+//!   waits for that wake, which takes the ticket in driver order. The connection's task polls
+//!   its socket whenever it runs, also to write; read in that window with a fresh ticket, B's
+//!   SUBSCRIBE was ordered after A's PUBLISH whose wake came later in the same driver pass.
 //!
 //! What is not ordered by arrival:
 //! - Bytes that arrive while their reader is not registered are ordered when it reads them: a
@@ -53,6 +58,7 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
@@ -182,6 +188,9 @@ struct SlotState {
     wakes: u32,
     /// The reader is polling readiness through this slot.
     armed: bool,
+    /// The reader registered and no wake came since: readiness seen now was set by the
+    /// driver, whose wake (and ticket) follows.
+    awaiting_wake: bool,
     closed: bool,
     /// The reader task's own waker.
     task: Option<Waker>,
@@ -207,42 +216,51 @@ impl ReadSlot {
                 reading: NONE,
                 wakes: 0,
                 armed: false,
+                awaiting_wake: false,
                 closed: false,
                 task: None,
             }),
         })
     }
 
-    /// Waits until `poll_ready` (the socket's readiness, polled with the waker it is given) is
-    /// ready, giving it this slot as waker.
-    pub(crate) async fn readable<T>(
+    /// Polls `poll_ready` (the socket's readiness, polled with the waker it is given) with this
+    /// slot as waker. The slot is armed (its wakes take tickets) from this poll until the
+    /// readiness is ready or [`ReadSlot::not_reading`].
+    ///
+    /// `ready_with_wake`: the readiness turns ready only by the I/O driver, which sets it and
+    /// then wakes the waker registered (tokio). A task polling in between (one task per
+    /// connection also polls when it writes) sees the data before the wake has taken its
+    /// ticket; read then, with a fresh ticket, it would be ordered after connections the same
+    /// driver pass woke later. So a ready readiness after a registration waits for its wake.
+    pub(crate) fn poll_readable(
         self: &Arc<Self>,
-        mut poll_ready: impl FnMut(&mut Context<'_>) -> Poll<T>,
-    ) -> T {
-        struct Armed<'a>(&'a ReadSlot);
-        impl Drop for Armed<'_> {
-            fn drop(&mut self) {
-                self.0.state.lock().armed = false;
+        cx: &mut Context<'_>,
+        ready_with_wake: bool,
+        poll_ready: impl FnOnce(&mut Context<'_>) -> Poll<io::Result<()>>,
+    ) -> Poll<io::Result<()>> {
+        let before = self.before_poll(cx.waker());
+        let waker = Waker::from(self.clone());
+        match poll_ready(&mut Context::from_waker(&waker)) {
+            Poll::Ready(result) => {
+                let mut state = self.state.lock();
+                if ready_with_wake && state.awaiting_wake && result.is_ok() {
+                    // Still armed, and `task` is the caller's: the wake wakes it.
+                    return Poll::Pending;
+                }
+                state.armed = false;
+                state.awaiting_wake = false;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                self.registered(before);
+                Poll::Pending
             }
         }
-        self.state.lock().armed = true;
-        let _armed = Armed(self);
-        let waker = Waker::from(self.clone());
-        poll_fn(|cx| {
-            let before = self.before_poll(cx.waker());
-            match poll_ready(&mut Context::from_waker(&waker)) {
-                Poll::Ready(value) => Poll::Ready(value),
-                Poll::Pending => {
-                    self.registered(before);
-                    Poll::Pending
-                }
-            }
-        })
-        .await
     }
 
     fn before_poll(&self, task: &Waker) -> Snapshot {
         let mut state = self.state.lock();
+        state.armed = true;
         match &mut state.task {
             Some(waker) => waker.clone_from(task),
             None => state.task = Some(task.clone()),
@@ -255,14 +273,14 @@ impl ReadSlot {
 
     /// The reader is registered with the driver and nothing was readable: data from now on
     /// comes with a wake, so the ticket held before the poll orders nothing and is completed.
-    /// Unless a wake came meanwhile: then the ticket orders that data.
+    /// Unless a wake came meanwhile: then the ticket orders that data. Without one, readiness
+    /// seen from now on awaits its wake.
     fn registered(&self, before: Snapshot) {
-        if before.pending == NONE {
-            return;
-        }
         {
             let mut state = self.state.lock();
-            if state.pending != before.pending || state.wakes != before.wakes {
+            let raced = state.wakes != before.wakes;
+            state.awaiting_wake = !raced;
+            if before.pending == NONE || state.pending != before.pending || raced {
                 return;
             }
             state.pending = NONE;
@@ -300,9 +318,15 @@ impl ReadSlot {
         }
     }
 
-    /// The reader does not read for now (backpressure): the pending ticket orders nothing.
+    /// The reader does not read for now (backpressure): the slot is disarmed and the pending
+    /// ticket orders nothing.
     pub(crate) fn not_reading(&self) {
-        let ticket = std::mem::replace(&mut self.state.lock().pending, NONE);
+        let ticket = {
+            let mut state = self.state.lock();
+            state.armed = false;
+            state.awaiting_wake = false;
+            std::mem::replace(&mut state.pending, NONE)
+        };
         if ticket != NONE {
             self.order.complete(ticket);
         }
@@ -341,6 +365,7 @@ impl Wake for ReadSlot {
         let task = {
             let mut state = self.state.lock();
             state.wakes = state.wakes.wrapping_add(1);
+            state.awaiting_wake = false;
             if state.armed && !state.closed && state.pending == NONE {
                 state.pending = self.order.issue();
             }
@@ -432,6 +457,39 @@ mod tests {
         assert_eq!(order.floor(), fresh + 1);
         slot.wake_by_ref();
         assert_eq!(slot.state.lock().pending, NONE, "closed: no more tickets");
+    }
+
+    /// The driver sets a socket's readiness, then wakes its waker: a connection's task that
+    /// polls in between (one task per connection polls its socket after every write) sees the
+    /// data before the wake. Read then, with a fresh ticket, B's SUBSCRIBE was ordered after
+    /// A's PUBLISH whose wake came later in the same driver pass (traced in session 5: every
+    /// one of 16 `ordering.rs` misses with one task per connection).
+    #[test]
+    fn readiness_seen_before_its_wake_waits_for_the_wake() {
+        let order = Arc::new(ReadOrder::default());
+        let (a, b) = (ReadSlot::new(order.clone()), ReadSlot::new(order.clone()));
+        let mut cx = Context::from_waker(Waker::noop());
+        for slot in [&a, &b] {
+            assert!(
+                slot.poll_readable(&mut cx, true, |_| Poll::Pending)
+                    .is_pending()
+            );
+        }
+        // The driver's pass: B's readiness is set; B's task polls before B's wake has run.
+        let early = b.poll_readable(&mut cx, true, |_| Poll::Ready(Ok(())));
+        b.wake_by_ref();
+        a.wake_by_ref();
+        if early.is_pending() {
+            assert!(
+                b.poll_readable(&mut cx, true, |_| Poll::Ready(Ok(())))
+                    .is_ready()
+            );
+        }
+        let a_ticket = a.state.lock().pending;
+        assert!(
+            b.read_done() < a_ticket,
+            "B, reported first, must be ordered first"
+        );
     }
 
     #[test]

@@ -262,8 +262,8 @@ fn deliver_with(
                 first_kick = conn.kick(tern_wire::ReasonCode::QUOTA_EXCEEDED);
             }
             // Waking under the lock saves an Arc clone per delivery; the wake only queues
-            // the writer task.
-            conn.wake.notify_one();
+            // the connection's task.
+            conn.wake.notify();
         }
         (
             result,

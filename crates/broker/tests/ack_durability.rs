@@ -32,6 +32,8 @@ enum Write {
     Retained(String, bool),
     /// An inbound PUBLISH (only for topics under `w/`: the others need no write).
     Publish(String),
+    /// A persistent session's record (only for client ids under `held/`).
+    Session(String),
 }
 
 /// A store that keeps every ticket it hands out until the test completes it.
@@ -76,6 +78,9 @@ impl MessageStore for HandStore {
     }
     fn session_opened(&self, client_id: &str, _: Protocol, _: u32, _: bool) -> Option<Ticket> {
         self.persistent.lock().insert(client_id.to_string());
+        if client_id.starts_with("held/") {
+            return self.hold(Write::Session(client_id.to_string()));
+        }
         None
     }
     fn session_subscribed(
@@ -136,6 +141,32 @@ fn retained(topic: &str, payload: &'static [u8], qos: u8, packet_id: u16) -> Pac
     let mut p = publish(topic, payload, qos, packet_id);
     p.retain = true;
     Packet::Publish(p)
+}
+
+/// The CONNACK of a persistent session leaves once the session's record is durable; when that
+/// write fails, the connection closes without a CONNACK (ARCHITECTURE §4: nothing acknowledged
+/// that was not written), and nothing else is written on it.
+#[tokio::test(start_paused = true)]
+async fn connack_waits_for_the_session_record_and_a_failed_record_closes_without_it() {
+    let (addr, store) = start().await;
+    let mut failing = Client::open(addr, Protocol::V3_1_1).await;
+    let connect = connect_packet(Protocol::V3_1_1, "held/a", false, 0);
+    failing.send(&Packet::Connect(Box::new(connect))).await;
+    let done = store.take(Write::Session("held/a".into())).await;
+    failing.expect_silence(Duration::from_millis(200)).await;
+    done.complete(Err(PersistError("disk full".into())));
+    assert_eq!(failing.recv().await, None, "closed, and no CONNACK");
+
+    let mut kept = Client::open(addr, Protocol::V3_1_1).await;
+    let connect = connect_packet(Protocol::V3_1_1, "held/b", false, 0);
+    kept.send(&Packet::Connect(Box::new(connect))).await;
+    let done = store.take(Write::Session("held/b".into())).await;
+    kept.expect_silence(Duration::from_millis(200)).await;
+    done.complete(Ok(()));
+    match kept.recv().await {
+        Some(Packet::ConnAck(ca)) => assert_eq!(ca.reason, ReasonCode::SUCCESS),
+        other => panic!("expected CONNACK once durable, got {other:?}"),
+    }
 }
 
 /// A persistent session's SUBACK is held until its subscription record is durable; the

@@ -10,7 +10,7 @@ static PANICS: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
 fn connection_corpus_replays_cleanly() {
-    // Connection tasks run inside the broker's JoinSet, which would swallow a panic: count them.
+    // Connection tasks are spawned detached, whose panic nobody joins: count them.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         PANICS.fetch_add(1, Ordering::SeqCst);

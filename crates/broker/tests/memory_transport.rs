@@ -171,3 +171,58 @@ async fn publish_subscribe_over_the_memory_transport() {
     }
     sub_task.await.unwrap();
 }
+
+/// A subscriber that reads only once the broker's write to it is blocked still receives
+/// everything: a stream transport keeps the bytes the stream did not take (here the tail of
+/// the second message, copied whole into its write buffer), and the connection finishes that
+/// write when the stream takes more, with nothing new queued to wake it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_stream_write_resumes_when_the_reader_catches_up() {
+    // The first fills most of the duplex's 64 KiB; the second does not fit behind it.
+    const PAYLOADS: [usize; 2] = [60_000, 10_000];
+    let broker = Broker::new(BrokerConfig {
+        sys_interval_s: 0,
+        ..BrokerConfig::default()
+    })
+    .unwrap();
+    let (_stop_tx, stop) = watch::channel(false);
+    let (mut sub, _sub_task) = MemClient::open(&broker, &stop);
+    let (mut publisher, _pub_task) = MemClient::open(&broker, &stop);
+    sub.connect("slow-sub").await;
+    publisher.connect("fast-pub").await;
+    sub.send(&Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        properties: Properties::default(),
+        filters: vec![(
+            Str::copy_from("slow/#").unwrap(),
+            SubscriptionOptions::default(),
+        )],
+    }))
+    .await;
+    assert!(matches!(sub.recv().await, Some(Packet::SubAck(_))));
+
+    for (i, len) in PAYLOADS.into_iter().enumerate() {
+        let publish = Packet::Publish(Publish {
+            dup: false,
+            qos: QoS::AtMostOnce,
+            retain: false,
+            topic: Str::copy_from("slow/t").unwrap(),
+            packet_id: 0,
+            properties: Properties::default(),
+            payload: Bytes::from(vec![i as u8; len]),
+        });
+        publisher.send(&publish).await;
+        // Each message is its own batch: the second one's write blocks.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    for (i, len) in PAYLOADS.into_iter().enumerate() {
+        match sub.recv().await {
+            Some(Packet::Publish(p)) => {
+                assert_eq!(p.payload.len(), len);
+                assert_eq!(p.payload[0], i as u8, "in order");
+            }
+            other => panic!("expected PUBLISH {i}, got {other:?}"),
+        }
+    }
+}

@@ -16,8 +16,8 @@ impl Conn {
         if done {
             self.shared
                 .store
-                .outbound_completed(&self.client_id, ack.packet_id);
-            self.ctl.wake.notify_one(); // the window opened
+                .outbound_completed(&self.session.client_id, ack.packet_id);
+            self.ctl.wake.notify(); // the window opened
         }
         Ok(())
     }
@@ -37,9 +37,9 @@ impl Conn {
                     // v5: a PUBREC with a failure reason ends the exchange (MQTT-4.3.3-4 note).
                     self.shared
                         .store
-                        .outbound_completed(&self.client_id, ack.packet_id);
+                        .outbound_completed(&self.session.client_id, ack.packet_id);
                 }
-                self.ctl.wake.notify_one();
+                self.ctl.wake.notify();
                 return Ok(());
             }
             let reason = if known || !self.protocol.is_v5() {
@@ -52,15 +52,17 @@ impl Conn {
             // with the write issued under the session lock so that the gate's order is the
             // write order.
             let ticket = if known {
-                self.shared
-                    .store
-                    .outbound_pubrel_pending(&self.client_id, ack.packet_id, stored)
+                self.shared.store.outbound_pubrel_pending(
+                    &self.session.client_id,
+                    ack.packet_id,
+                    stored,
+                )
             } else {
                 None
             };
             state.out.hold_pubrel(ack.packet_id, reason, ticket);
         }
-        self.ctl.wake.notify_one();
+        self.ctl.wake.notify();
         Ok(())
     }
 
@@ -75,8 +77,8 @@ impl Conn {
         if done {
             self.shared
                 .store
-                .outbound_completed(&self.client_id, ack.packet_id);
-            self.ctl.wake.notify_one();
+                .outbound_completed(&self.session.client_id, ack.packet_id);
+            self.ctl.wake.notify();
         }
         Ok(())
     }

@@ -4,18 +4,18 @@
 use std::time::Duration;
 
 use tern_wire::{Disconnect, Packet, Properties, ReasonCode, Str, encoded_len};
-use tokio::task::JoinHandle;
 
 use super::{Close, Conn};
 use crate::broker::Shared;
 use crate::metrics::Metrics;
-use crate::outbound::encode_packet;
+use crate::outbound::{Outflow, encode_packet};
 use crate::session::registry;
+use crate::transport::TransportWrite;
 use crate::will;
 
-/// How long the writer gets to flush its last batch when there is no DISCONNECT to send.
+/// How long the last writes get when there is no DISCONNECT to send.
 const WRITER_CLOSE_TIMEOUT_MS: u64 = 2_000;
-/// How long the writer gets to flush its last batch and send our DISCONNECT.
+/// How long the last writes and our DISCONNECT get.
 const WRITER_FINAL_PACKET_TIMEOUT_MS: u64 = 10_000;
 /// How long a closing connection waits for its outstanding store writes.
 const PIPELINE_DRAIN_TIMEOUT_MS: u64 = 5_000;
@@ -36,7 +36,7 @@ impl Conn {
         }
     }
 
-    pub(super) async fn finish(mut self, close: Close, writer: JoinHandle<()>) {
+    pub(super) async fn finish<W: TransportWrite>(&mut self, close: Close, out: &mut Outflow<W>) {
         // Writes already issued still complete: deliver what they made durable (a QoS 2
         // message recorded as received must reach its subscribers, since the client's retry
         // will be answered as a duplicate). Acknowledgements are not sent any more.
@@ -46,7 +46,7 @@ impl Conn {
         )
         .await;
         if drained.is_err() {
-            tracing::warn!(client_id = %self.client_id, "store writes did not complete in time at close");
+            tracing::warn!(client_id = %self.session.client_id, "store writes did not complete in time at close");
         }
         for item in std::mem::take(&mut self.released) {
             if let crate::ack_pipeline::Released::Deliver(message) = item {
@@ -94,7 +94,6 @@ impl Conn {
                 encode_packet(&packet, self.protocol, &mut bytes::BytesMut::new())
             });
         let has_final_packet = final_packet.is_some();
-        self.ctl.close(final_packet);
         let send_will = match close {
             Close::ClientDisconnect { send_will } => Some(send_will),
             // The server closes the connection: its will is still owed (v5 §3.1.2.5), but the
@@ -113,29 +112,23 @@ impl Conn {
                     self.will_token,
                 ),
                 // MQTT-3.1.2-10: removed from the session state, durably.
-                Some(false) => will::cancel(&self.shared, &self.client_id, self.will_token),
+                Some(false) => will::cancel(&self.shared, &self.session.client_id, self.will_token),
                 None => {}
             }
         }
-        // The session is released before the writer is done: a writer stuck behind a client
-        // that does not read must not hold the session (or its will) hostage.
+        // The session is released before the last writes: a client that does not read must
+        // not hold the session (or its will) hostage.
         registry::detach(&self.shared, &self.session, self.conn_gen);
         Metrics::sub(&self.shared.metrics.clients_connected, 1);
-        // Then the writer gets time to finish its batch and send the DISCONNECT (a slow
-        // subscriber may read it seconds later), bounded so that a dead peer cannot keep the
-        // task alive.
+        // Then what is queued and our DISCONNECT get time to leave (a slow subscriber may read
+        // it seconds later), bounded so that a dead peer cannot keep the task alive.
         let timeout_ms = if has_final_packet {
             WRITER_FINAL_PACKET_TIMEOUT_MS
         } else {
             WRITER_CLOSE_TIMEOUT_MS
         };
-        let abort = writer.abort_handle();
-        if tokio::time::timeout(Duration::from_millis(timeout_ms), writer)
-            .await
-            .is_err()
-        {
-            abort.abort();
-        }
+        let closed = out.close(&self.shared.metrics, final_packet);
+        let _ = tokio::time::timeout(Duration::from_millis(timeout_ms), closed).await;
     }
 }
 

@@ -4,7 +4,6 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use tern_wire::{
@@ -474,8 +473,8 @@ async fn accept<W: TransportWrite>(
         keep_alive_s = config.max_keep_alive_s;
         properties.server_keep_alive_s = Some(keep_alive_s);
     }
-    let keep_alive =
-        (keep_alive_s > 0).then(|| Duration::from_millis(u64::from(keep_alive_s) * 1500));
+    // At most 65,535 s × 1.5: fits a u32 of milliseconds.
+    let keep_alive_ms = u32::from(keep_alive_s) * 1500;
 
     let requested_expiry_s = if v5 {
         connect.properties.session_expiry_interval_s.unwrap_or(0)
@@ -540,18 +539,17 @@ async fn accept<W: TransportWrite>(
     // Replaces (or, without a will, deletes) the stored will of an earlier connection.
     let (will_token, will_written) = crate::will::record(shared, &client_id, will.as_deref());
     // The CONNACK (queued first) leaves once the session's and the will's records are durable
-    // (`outbound::run_writer`), as a SUBACK waits for its subscription's.
+    // (`outbound::Outflow`), as a SUBACK waits for its subscription's.
     let connack_after = Ticket::join(attached.durable, will_written);
     let conn = Conn {
         shared: shared.clone(),
         session: attached.session,
         ctl: attached.ctl,
         conn_gen: attached.conn_gen,
-        client_id,
         username,
         acl: AclView::default(),
         protocol,
-        keep_alive,
+        keep_alive_ms,
         will,
         will_token,
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),

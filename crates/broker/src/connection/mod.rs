@@ -1,15 +1,21 @@
 //! One network connection: the CONNECT handshake (`connect`), then the read loop that
 //! decodes packets and dispatches them (`publish`, `acks`, `subscribe`), then the close
-//! (`close`): final DISCONNECT, will, session detach. The writer half runs in its own task
-//! ([`crate::outbound::run_writer`]).
+//! (`close`): final DISCONNECT, will, session detach. The same task writes: between reads it
+//! drives the connection's [`crate::outbound::Outflow`], so an idle connection is one task.
 //!
 //! # Invariants
 //! - The read buffer is allocated only when data arrives, sized to it, and released whenever
 //!   it is fully consumed, so an idle connection holds no read buffer.
-//! - While the ack pipeline is full, or `MAX_CONTROL_BACKLOG` control packets wait for the
-//!   writer, the loop does not read from the socket (backpressure, never unbounded queues).
+//! - While the ack pipeline is full, or `MAX_CONTROL_BACKLOG` control packets wait to be
+//!   written, the loop does not read from the socket (backpressure, never unbounded queues);
+//!   it goes on writing.
+//! - Reads and writes alternate: every turn of the loop takes one outbound step before it
+//!   waits, so neither a busy socket nor a busy queue holds the other direction back.
 //! - Every control packet this task sends goes through the session's control queue, and only
 //!   while the session still belongs to this connection (`conn_gen`).
+//! - The loop waits in one poll function that looks at its sources in a fixed order (wake,
+//!   pipeline, socket, outbound, keep alive), as a `biased` select would, without the select's
+//!   futures in every idle connection's state.
 //! - The loop reads through the connection's `ReadSlot` and acts on what one read returned only
 //!   once every read with a smaller ticket was handled, then completes its ticket before it
 //!   awaits anything else ([`crate::read_order`]: packets take effect across connections in the
@@ -24,27 +30,31 @@ mod read;
 mod strict;
 mod subscribe;
 
+use std::future::{Future, poll_fn};
 use std::io;
+use std::num::NonZeroU64;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tern_wire::{DecodeError, Packet, Protocol, ReasonCode, Will, decode};
 use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use crate::ack_pipeline::{AckKind, AckPipeline, Released};
 use crate::broker::Shared;
 use crate::message::Message;
 use crate::metrics::Metrics;
-use crate::outbound::encode_packet;
+use crate::outbound::{OutEnv, Outflow, WriteFailed, encode_packet};
 use crate::read_order::{CloseOnDrop, ReadSlot};
 use crate::session::{ConnCtl, RoutedOnDrop, Session};
 use crate::topic_alias::InboundAliases;
-use crate::transport::{ConnectionInfo, Transport, TransportRead};
-use read::{ordered_readable, settle, try_read_chunk};
+use crate::transport::{ConnectionInfo, Transport, TransportRead, TransportWrite};
+use read::{poll_ordered, settle, try_read_chunk};
 
-/// Control packets (acks, SUBACK, PINGRESP) queued for the writer beyond which the reader
+/// Control packets (acks, SUBACK, PINGRESP) waiting to be written beyond which the connection
 /// stops reading: a client that sends without reading cannot grow the queue without bound.
 const MAX_CONTROL_BACKLOG: usize = 1024;
 
@@ -95,14 +105,14 @@ pub(crate) struct Conn {
     session: Arc<Session>,
     ctl: Arc<ConnCtl>,
     conn_gen: u64,
-    client_id: Arc<str>,
     /// The CONNECT's username (checked against the password file, if there is one).
     username: Option<Arc<str>>,
     /// The ACL as this connection last saw it (`crate::auth`).
     acl: crate::auth::AclView,
     protocol: Protocol,
-    /// 1.5 × the keep alive in force; `None` when keep alive is off.
-    keep_alive: Option<Duration>,
+    /// 1.5 × the keep alive in force, in milliseconds; 0 when keep alive is off (a `u32`, not
+    /// an `Option<Duration>`: 12 bytes less in every idle connection).
+    keep_alive_ms: u32,
     will: Option<Box<Will>>,
     /// Names `will` in the store (`crate::will`).
     will_token: u64,
@@ -124,68 +134,131 @@ pub(crate) struct Conn {
 }
 
 enum Event {
-    Kicked(ReasonCode),
-    Shutdown,
+    /// `ConnCtl::wake`: queued packets, a kick or the shutdown.
+    Woken,
     Durable,
-    Drained,
     /// The socket is readable (or failed).
     Readable(io::Result<()>),
+    /// The outbound side wrote a batch, or cannot write any more.
+    Wrote(Result<(), WriteFailed>),
     KeepAliveDue,
 }
 
-/// Serves one accepted connection to the end. `info` says where it came from (listener,
-/// peer, client certificate).
-pub async fn run<T: Transport>(
+/// Serves one accepted connection to the end. `info`: where it came from. `stop` is watched
+/// during the handshake only: then the server's shutdown reaches the connection through the
+/// registry (`Registry::shut_down_connections`), at no cost to an idle connection's future.
+/// `held` lives as long as the connection (the accept loop's count of live tasks): a future
+/// wrapped around this one would keep the arguments' room beside it.
+pub fn run<T: Transport, H: Send + 'static>(
+    shared: Arc<Shared>,
+    transport: T,
+    info: ConnectionInfo,
+    stop: watch::Receiver<bool>,
+    held: H,
+) -> impl Future<Output = ()> + Send + 'static {
+    // Boxed: the handshake and the arguments only it needs are large and short-lived; out of
+    // line they do not inflate every idle connection's future (an async fn keeps its arguments).
+    let connecting = Box::pin(establish(shared, transport, info, stop));
+    async move {
+        let _held = held;
+        // Served in place: a binding moved out of the `Option` would keep its room twice.
+        let mut live = connecting.await;
+        if let Some(live) = &mut live {
+            live.serve().await;
+        }
+    }
+}
+
+/// [`run`], closed as a shutdown does once `stop` turns true: outside a listener (tests, sim).
+pub(crate) async fn run_until_stopped<T: Transport>(
     shared: Arc<Shared>,
     transport: T,
     info: ConnectionInfo,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut live = Box::pin(establish(shared, transport, info, stop.clone())).await;
+    let Some(live) = &mut live else {
+        return;
+    };
+    let ctl = live.conn.ctl.clone();
+    let serving = live.serve();
+    tokio::pin!(serving);
+    tokio::select! {
+        biased;
+        _ = &mut serving => return,
+        _ = stop.wait_for(|stopped| *stopped) => ctl.shut_down(),
+    }
+    serving.await;
+}
+
+/// What a connection lives on after its handshake.
+struct Live<R, W> {
+    conn: Conn,
+    reader: R,
+    /// Bytes read and not decoded yet (empty, without an allocation, while idle).
+    buf: BytesMut,
+    out: Outflow<W>,
+}
+
+/// Logged if a connection's info was never set (it always is before its loop starts).
+const UNKNOWN_PEER: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    0,
+));
+
+/// The handshake, then what the connection's life starts with.
+async fn establish<T: Transport>(
+    shared: Arc<Shared>,
+    transport: T,
+    info: ConnectionInfo,
+    mut stop: watch::Receiver<bool>,
+) -> Option<Live<T::Read, T::Write>> {
     let peer = info.peer;
     let (mut reader, writer) = transport.split();
     let mut buf = BytesMut::new();
-    // Boxed: the handshake and close states are large and short-lived; kept out of line they
-    // do not inflate the future every idle connection keeps for its whole life.
-    let Some((mut conn, writer)) = Box::pin(connect::handshake(
-        &shared,
-        &mut reader,
-        writer,
-        &mut buf,
-        &mut stop,
-        info,
-    ))
-    .await
-    else {
-        return;
-    };
-    let keep_alive_s = conn.keep_alive.map_or(0, |d| {
-        u16::try_from(d.as_millis() / 1500).unwrap_or(u16::MAX)
-    });
+    let (conn, (socket, writer, connack_after)) =
+        connect::handshake(&shared, &mut reader, writer, &mut buf, &mut stop, info).await?;
+    let keep_alive_s = u16::try_from(conn.keep_alive_ms / 1500).unwrap_or(u16::MAX);
     conn.ctl.set_info(crate::session::ConnInfo {
         peer,
         keep_alive_s,
         connected_at: std::time::SystemTime::now(),
     });
-    tracing::info!(%peer, client_id = %conn.client_id, protocol = ?conn.protocol, keep_alive_s, "client connected");
+    tracing::info!(%peer, client_id = %conn.session.client_id, protocol = ?conn.protocol, keep_alive_s, "client connected");
     Metrics::add(&shared.metrics.clients_connected, 1);
-    let writer_task = tokio::spawn(crate::outbound::run_writer(
-        shared.clone(),
-        conn.session.clone(),
-        conn.ctl.clone(),
-        conn.conn_gen,
-        writer.0,
-        writer.1,
-        writer.2,
-    ));
-    // Whatever way the task ends (also by abort), a later connection of this client must not
-    // wait for it (`close::await_predecessor`).
-    let _routed = RoutedOnDrop(conn.ctl.clone());
-    // Whatever way the loop ends (also by abort), its tickets must not hold other readers back.
-    let tickets = CloseOnDrop(conn.read_slot.clone());
-    let reason = conn.read_loop(&mut reader, &mut buf, &mut stop).await;
-    drop(tickets);
-    tracing::info!(%peer, client_id = %conn.client_id, reason = %reason, "client disconnected");
-    Box::pin(conn.finish(reason, writer_task)).await;
+    if *stop.borrow() {
+        // The shutdown's pass over the registry may have run before the attach; if it did
+        // not, it reaches this connection too (`ConnCtl::shut_down` is idempotent).
+        conn.ctl.shut_down();
+    }
+    Some(Live {
+        conn,
+        reader,
+        buf,
+        out: Outflow::new(socket, writer, connack_after),
+    })
+}
+
+impl<R: TransportRead, W: TransportWrite> Live<R, W> {
+    /// The connection's life: the read loop (which also writes), then the close. By reference:
+    /// a value moved into an async fn keeps its room in the caller's future and the callee's.
+    async fn serve(&mut self) {
+        // Whatever way the task ends (also by abort), a later connection of this client must
+        // not wait for it (`close::await_predecessor`).
+        let _routed = RoutedOnDrop(self.conn.ctl.clone());
+        // Whatever way the loop ends (also by abort), its tickets must not hold other readers
+        // back.
+        let tickets = CloseOnDrop(self.conn.read_slot.clone());
+        let reason = self.read_loop().await;
+        drop(tickets);
+        {
+            // Set before the loop started (the peer is not kept in the future for this line).
+            let peer = self.conn.ctl.info().map_or(UNKNOWN_PEER, |info| info.peer);
+            tracing::info!(%peer, client_id = %self.conn.session.client_id, reason = %reason, "client disconnected");
+        }
+        // Boxed like the handshake: only a closing connection needs the close path's state.
+        Box::pin(self.conn.finish(reason, &mut self.out)).await;
+    }
 }
 
 /// The DISCONNECT reason for a packet that failed to decode.
@@ -202,126 +275,146 @@ fn decode_error_reason(error: &DecodeError) -> ReasonCode {
 /// Property identifier of Topic Alias.
 const TOPIC_ALIAS_PROPERTY_ID: u8 = 0x23;
 
-impl Conn {
-    async fn read_loop<R: TransportRead>(
-        &mut self,
-        reader: &mut R,
-        buf: &mut BytesMut,
-        stop: &mut watch::Receiver<bool>,
-    ) -> Close {
-        let max_packet_size = self.shared.config.max_packet_size_bytes;
+impl<R: TransportRead, W: TransportWrite> Live<R, W> {
+    /// Reads, decodes and dispatches until the connection ends; writes between reads. Its
+    /// state is every idle connection's: fields are borrowed from `self` (arguments would be
+    /// kept twice, as arguments and as locals), and what it waits for is polled.
+    async fn read_loop(&mut self) -> Close {
+        let Live {
+            conn,
+            reader,
+            buf,
+            out,
+        } = self;
+        let reader: &R = reader;
         let mut last_packet_at = Instant::now();
-        let mut decoded = 0usize;
-        if *stop.borrow() {
-            return Close::Shutdown;
-        }
+        // Packets were decoded since the last wait.
+        let mut decoded = false;
         // One timer for the connection's life, re-armed only when it fires early (traffic
         // moved the deadline): no timer churn per packet.
         let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
         let first_deadline = last_packet_at
-            .checked_add(self.keep_alive.unwrap_or(Duration::MAX))
+            .checked_add(conn.keep_alive().unwrap_or(Duration::MAX))
             .unwrap_or(far_future);
         let keep_alive_timer = tokio::time::sleep_until(first_deadline);
         tokio::pin!(keep_alive_timer);
-        // Kept alive (registered with the driver) across the loop while reading is on.
-        let slot = self.read_slot.clone();
-        let reader = &*reader;
-        let fresh = || ordered_readable(reader, &slot);
-        let readable = fresh();
-        tokio::pin!(readable);
         // Bytes the handshake read after the CONNECT go with the connection's first ticket.
+        // (Tickets start at 1: `NonZeroU64` keeps the option in 8 bytes of the idle state.)
         let mut ticket = None;
         let mut ended = false;
         if !buf.is_empty() {
-            ticket = self.read_slot.leftovers();
-            ended = settle(reader, buf, readable.as_mut(), &fresh).await.ended;
+            ticket = conn.read_slot.leftovers().and_then(NonZeroU64::new);
+            ended = poll_fn(|cx| Poll::Ready(settle(reader, buf, &conn.read_slot, cx)))
+                .await
+                .ended;
         }
         loop {
-            let read_ticket = ticket.take();
-            if let Some(ticket) = read_ticket {
+            // Scoped: it is not kept across the wait below.
+            let had_ticket = ticket.is_some();
+            if let Some(ticket) = ticket.take() {
                 // Every read the driver reported before this one takes effect first.
-                self.read_slot.order().turn(ticket).await;
+                conn.read_slot.order().turn(ticket.get()).await;
             }
-            while !self.pipeline.is_full() {
-                match decode(buf, self.protocol, max_packet_size) {
+            while !conn.pipeline.is_full() {
+                let max_packet_size = conn.shared.config.max_packet_size_bytes;
+                match decode(buf, conn.protocol, max_packet_size) {
                     Ok(Some(packet)) => {
-                        decoded += 1;
-                        if let Err(close) = self.handle(packet) {
+                        decoded = true;
+                        if let Err(close) = conn.handle(packet) {
                             return close;
                         }
                     }
                     Ok(None) => break,
                     Err(error) => {
-                        tracing::debug!(client_id = %self.client_id, %error, "malformed packet");
+                        tracing::debug!(client_id = %conn.session.client_id, %error, "malformed packet");
                         return Close::Protocol(decode_error_reason(&error));
                     }
                 }
             }
-            if read_ticket.is_some() {
-                self.read_slot.handled();
+            if had_ticket {
+                conn.read_slot.handled();
             }
             if ended {
                 return Close::Lost;
             }
-            if buf.is_empty() && buf.capacity() > 0 {
+            if buf.is_empty() {
+                // Also when its capacity is 0: a buffer split to its end still holds the read
+                // it came from (measured: the CONNECT's ~100 B on every idle connection).
                 *buf = BytesMut::new();
             }
-            if decoded > 0 {
-                last_packet_at = self.now;
-                decoded = 0;
+            if decoded {
+                last_packet_at = conn.now;
+                decoded = false;
                 // The writers this batch woke sit in this worker's LIFO slot, which the other
                 // worker cannot steal: without a yield a fast publisher starves them and their
                 // queues overflow (measured: 89% of QoS 0 dropped at 1 pub -> 1 sub; 0% after).
                 tokio::task::yield_now().await;
             }
-            let waiting = self.pipeline.has_pending_ticket();
-            let backlogged = self.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
-            let reading = !self.pipeline.is_full() && !backlogged;
-            if !reading {
-                // Not registered while not reading: no ticket may wait for this connection.
-                readable.set(fresh());
-                self.read_slot.not_reading();
+            // One outbound step per turn, before waiting: a connection that always has bytes
+            // to read still writes (its acks), one that always has packets to write still reads.
+            let step = poll_fn(|cx| {
+                let env = OutEnv {
+                    shared: &conn.shared,
+                    session: &conn.session,
+                    conn_gen: conn.conn_gen,
+                };
+                Poll::Ready(out.poll_step(cx, &env))
+            })
+            .await;
+            if let Poll::Ready(Err(WriteFailed)) = step {
+                conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
             }
-            let event = tokio::select! {
-                biased;
-                reason = self.ctl.kicked() => Event::Kicked(reason),
-                _ = stop.changed() => Event::Shutdown,
-                _ = self.pipeline.wait_front(&mut self.released), if waiting => Event::Durable,
-                _ = self.ctl.drained.notified(), if backlogged => Event::Drained,
-                ready = &mut readable, if reading => Event::Readable(ready),
-                _ = &mut keep_alive_timer, if self.keep_alive.is_some() => Event::KeepAliveDue,
-            };
+            if let Some(reason) = conn.ctl.kick_reason() {
+                return Close::Kicked(reason);
+            }
+            if conn.ctl.is_shut_down() {
+                return Close::Shutdown;
+            }
+            let waiting = conn.pipeline.has_pending_ticket();
+            let backlogged = conn.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
+            let reading = !conn.pipeline.is_full() && !backlogged;
+            if !reading {
+                // Not armed while not reading: no ticket may wait for this connection.
+                conn.read_slot.not_reading();
+            }
+            let mut timer = keep_alive_timer.as_mut();
+            let event =
+                poll_fn(|cx| poll_event(conn, reader, out, timer.as_mut(), waiting, reading, cx))
+                    .await;
             match event {
-                Event::Kicked(reason) => return Close::Kicked(reason),
-                Event::Shutdown => return Close::Shutdown,
+                // A kick or the shutdown is seen at the top of the loop.
+                Event::Woken => out.wake(),
+                Event::Wrote(Ok(())) => {}
+                Event::Wrote(Err(WriteFailed)) => {
+                    conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
+                }
                 Event::Durable => {
-                    self.flush_released();
-                    if self.pipeline.failed() {
+                    conn.flush_released();
+                    if conn.pipeline.failed() {
                         // Not acknowledged: the client resends after reconnecting.
                         return Close::Protocol(ReasonCode::UNSPECIFIED_ERROR);
                     }
                 }
-                Event::Drained => {}
                 Event::Readable(Err(_)) => return Close::Lost,
                 Event::Readable(Ok(())) => {
-                    readable.set(fresh());
                     let n = match try_read_chunk(reader, buf) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Ok(0) | Err(_) => return Close::Lost,
                         Ok(n) => n,
                     };
-                    ticket = Some(self.read_slot.read_done());
+                    ticket = NonZeroU64::new(conn.read_slot.read_done());
                     // One clock read per socket read: packets of one read arrived together.
-                    self.now = Instant::now();
-                    let settled = settle(reader, buf, readable.as_mut(), &fresh).await;
+                    conn.now = Instant::now();
+                    let settled =
+                        poll_fn(|cx| Poll::Ready(settle(reader, buf, &conn.read_slot, cx))).await;
                     ended = settled.ended;
                     let bytes = n + settled.more;
-                    Metrics::add(&self.shared.metrics.bytes_received, bytes as u64);
+                    Metrics::add(&conn.shared.metrics.bytes_received, bytes as u64);
                 }
                 Event::KeepAliveDue => {
                     // MQTT-3.1.2-22: nothing received within 1.5 x keep alive.
                     // Not kept in a local across the loop's awaits: 16 B of every idle future.
-                    let deadline = last_packet_at + self.keep_alive.unwrap_or(Duration::MAX);
+                    let deadline = last_packet_at + conn.keep_alive().unwrap_or(Duration::MAX);
                     if Instant::now() >= deadline {
                         return Close::KeepAlive;
                     }
@@ -329,6 +422,50 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+/// One wait of the read loop: what `tokio::select! { biased; ... }` over these sources would
+/// return, in one poll function, so that no select futures are kept in every idle connection's
+/// state (the closure calling it holds a few references).
+fn poll_event<R: TransportRead, W: TransportWrite>(
+    conn: &mut Conn,
+    reader: &R,
+    out: &mut Outflow<W>,
+    keep_alive_timer: Pin<&mut Sleep>,
+    waiting: bool,
+    reading: bool,
+    cx: &mut Context<'_>,
+) -> Poll<Event> {
+    if conn.ctl.wake.poll(cx).is_ready() {
+        return Poll::Ready(Event::Woken);
+    }
+    if waiting && conn.pipeline.poll_front(cx, &mut conn.released).is_ready() {
+        return Poll::Ready(Event::Durable);
+    }
+    if reading {
+        if let Poll::Ready(ready) = poll_ordered(reader, &conn.read_slot, cx) {
+            return Poll::Ready(Event::Readable(ready));
+        }
+    }
+    let env = OutEnv {
+        shared: &conn.shared,
+        session: &conn.session,
+        conn_gen: conn.conn_gen,
+    };
+    if let Poll::Ready(wrote) = out.poll_step(cx, &env) {
+        return Poll::Ready(Event::Wrote(wrote));
+    }
+    if conn.keep_alive_ms > 0 && keep_alive_timer.poll(cx).is_ready() {
+        return Poll::Ready(Event::KeepAliveDue);
+    }
+    Poll::Pending
+}
+
+impl Conn {
+    /// 1.5 × the keep alive in force; `None` when keep alive is off.
+    fn keep_alive(&self) -> Option<Duration> {
+        (self.keep_alive_ms > 0).then(|| Duration::from_millis(u64::from(self.keep_alive_ms)))
     }
 
     fn handle(&mut self, packet: Packet) -> Result<(), Close> {
@@ -379,7 +516,7 @@ impl Conn {
                 state.out.push_control(packet);
             }
         }
-        self.ctl.wake.notify_one();
+        self.ctl.wake.notify();
     }
 
     /// Routes released deliveries and queues released acknowledgements, in order.
@@ -444,7 +581,7 @@ impl Conn {
                     }
                 }
                 drop(state);
-                self.ctl.wake.notify_one();
+                self.ctl.wake.notify();
             }
         }
         for item in released.drain(..) {
@@ -460,56 +597,4 @@ impl Conn {
 }
 
 #[cfg(test)]
-mod tests {
-    /// What every idle connection keeps: its reader future (Conn inline), its writer future and
-    /// its session. Guards against a large state (e.g. an unboxed `Will` or handshake) creeping
-    /// back into the long-lived futures.
-    #[tokio::test]
-    async fn idle_connection_state_stays_small() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (server, peer) = listener.accept().await.unwrap();
-        let broker = crate::Broker::new(crate::BrokerConfig::default()).unwrap();
-        let (_tx, rx) = tokio::sync::watch::channel(false);
-        let info = crate::transport::ConnectionInfo::new(
-            crate::transport::ListenerContext::plain_tcp("test"),
-            peer,
-        );
-        let reader = super::run(broker.shared().clone(), server, info, rx);
-        let (_r, w) = client.into_split();
-        let session = crate::session::Session::new("x".into(), tern_wire::Protocol::V5, 0);
-        let writer = crate::outbound::run_writer(
-            broker.shared().clone(),
-            session,
-            std::sync::Arc::new(crate::session::ConnCtl::default()),
-            0,
-            w,
-            crate::outbound::WriterState::new(tern_wire::Protocol::V5, 0, 0),
-            None,
-        );
-        eprintln!(
-            "SIZES reader={} writer={} conn={} session={} ctl={}",
-            std::mem::size_of_val(&reader),
-            std::mem::size_of_val(&writer),
-            std::mem::size_of::<super::Conn>(),
-            std::mem::size_of::<crate::session::Session>(),
-            std::mem::size_of::<crate::session::ConnCtl>()
-        );
-        assert!(
-            std::mem::size_of_val(&reader) <= 2048,
-            "{}",
-            std::mem::size_of_val(&reader)
-        );
-        assert!(
-            std::mem::size_of_val(&writer) <= 1024,
-            "{}",
-            std::mem::size_of_val(&writer)
-        );
-        assert!(std::mem::size_of::<super::Conn>() <= 512);
-        // Both alias maps live in every connection's futures; empty they are a pointer.
-        assert!(std::mem::size_of::<crate::topic_alias::InboundAliases>() <= 16);
-        assert!(std::mem::size_of::<crate::topic_alias::OutboundAliases>() <= 16);
-        assert!(std::mem::size_of::<crate::session::Session>() <= 512);
-    }
-}
+mod tests;

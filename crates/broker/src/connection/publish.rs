@@ -72,7 +72,10 @@ impl Conn {
             // (below), so the store knows the write of any id found here.
             let duplicate = self.session.state.lock().qos2_received.contains(&packet_id);
             if duplicate {
-                let mut ticket = self.shared.store.qos2_retry(&self.client_id, packet_id);
+                let mut ticket = self
+                    .shared
+                    .store
+                    .qos2_retry(&self.session.client_id, packet_id);
                 if publish.retain && !sys_topic && !topic_str.starts_with("$tern/") {
                     // The original's retained record may be lost where its message record
                     // (and so this retry) survived a power loss: the retry carries the whole
@@ -84,7 +87,7 @@ impl Conn {
                         qos,
                         true,
                         publish.properties.clone(),
-                        Some(self.client_id.clone()),
+                        Some(self.session.client_id.clone()),
                         self.now,
                     ));
                     let retained = crate::retained::update(&self.shared, &message);
@@ -151,7 +154,7 @@ impl Conn {
             qos,
             publish.retain,
             publish.properties,
-            Some(self.client_id.clone()),
+            Some(self.session.client_id.clone()),
             self.now,
         ));
         let exactly_once = qos == QoS::ExactlyOnce && reason.is_success();
@@ -176,7 +179,7 @@ impl Conn {
         let ticket = if route {
             self.shared
                 .store
-                .append_publish(&self.client_id, &message, durable_rx)
+                .append_publish(&self.session.client_id, &message, durable_rx)
         } else {
             None
         };
@@ -226,7 +229,7 @@ impl Conn {
                 ReasonCode::SUCCESS,
                 self.shared
                     .store
-                    .qos2_released(&self.client_id, ack.packet_id),
+                    .qos2_released(&self.session.client_id, ack.packet_id),
             )
         } else if self.protocol.is_v5() {
             (ReasonCode::PACKET_IDENTIFIER_NOT_FOUND, None)
@@ -272,7 +275,7 @@ impl Conn {
         let n = Metrics::add_get(counter, 1);
         if n.is_power_of_two() {
             tracing::warn!(
-                client_id = %self.client_id,
+                client_id = %self.session.client_id,
                 limit = name,
                 qos = qos as u8,
                 count = n,
@@ -290,14 +293,14 @@ impl Conn {
         };
         let who = Who {
             username: self.username.as_deref(),
-            client_id: &self.client_id,
+            client_id: &self.session.client_id,
         };
         if acl.allows(who, topic, Access::Write) {
             return true;
         }
         let n = Metrics::add_get(&self.shared.metrics.acl_denied_publish, 1);
         if n.is_power_of_two() {
-            tracing::info!(client_id = %self.client_id, topic, count = n, "ACL: PUBLISH denied");
+            tracing::info!(client_id = %self.session.client_id, topic, count = n, "ACL: PUBLISH denied");
         }
         false
     }

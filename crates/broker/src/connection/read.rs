@@ -1,11 +1,10 @@
 //! Reading the socket: readiness through the connection's read slot (ARCHITECTURE §2.1), reads
 //! through a stack chunk, and [`settle`] after a read.
 
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use bytes::BytesMut;
 
@@ -30,7 +29,7 @@ pub(super) async fn read_some<R: TransportRead>(
     buf: &mut BytesMut,
 ) -> io::Result<usize> {
     loop {
-        reader.readable().await?;
+        poll_fn(|cx| reader.poll_readable(cx)).await?;
         match try_read_chunk(reader, buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             other => return other,
@@ -39,15 +38,15 @@ pub(super) async fn read_some<R: TransportRead>(
 }
 
 /// The socket's readiness, polled through the connection's slot: the driver's wake takes a
-/// ticket, in driver order (ARCHITECTURE §2.1). The read loop keeps one alive while it reads, so
-/// that it stays registered with the driver while it handles a batch.
-pub(super) async fn ordered_readable<R: TransportRead>(
+/// ticket, in driver order (ARCHITECTURE §2.1). Once it returned `Pending` the connection stays
+/// registered with the driver (also while it handles a batch) until it is ready or reading
+/// stops ([`ReadSlot::not_reading`]).
+pub(super) fn poll_ordered<R: TransportRead>(
     reader: &R,
     slot: &Arc<ReadSlot>,
-) -> io::Result<()> {
-    let readable = reader.readable();
-    tokio::pin!(readable);
-    slot.readable(|cx| readable.as_mut().poll(cx)).await
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<()>> {
+    slot.poll_readable(cx, R::READY_WITH_WAKE, |cx| reader.poll_readable(cx))
 }
 
 /// What [`settle`] found after a read.
@@ -59,16 +58,18 @@ pub(super) struct Settled {
 }
 
 /// After a read, before its packets are handled: reads what else is there and, once the socket
-/// is empty (which clears tokio's readiness), registers `readable` with the driver. Whatever
-/// arrives while the batch is handled then comes with a wake, and so with a ticket in driver
-/// order, instead of being found by the next read with a ticket taken only then. Stops reading
-/// at [`SETTLE_MAX_BYTES`] in the buffer (a connection that always has more is ordered by its
-/// reads). `fresh` makes a new `readable` when the old one completed.
-pub(super) async fn settle<R: TransportRead, F: Future<Output = io::Result<()>>>(
+/// is empty (which clears tokio's readiness), registers with the driver through `slot`.
+/// Whatever arrives while the batch is handled then comes with a wake, and so with a ticket in
+/// driver order, instead of being found by the next read with a ticket taken only then. Stops
+/// reading at [`SETTLE_MAX_BYTES`] in the buffer (a connection that always has more is ordered
+/// by its reads).
+/// `cx` registers the connection (the caller's task) for the readiness; nothing here waits, so
+/// no future of its own is kept in the connection's state.
+pub(super) fn settle<R: TransportRead>(
     reader: &R,
     buf: &mut BytesMut,
-    mut readable: Pin<&mut F>,
-    fresh: &impl Fn() -> F,
+    slot: &Arc<ReadSlot>,
+    cx: &mut Context<'_>,
 ) -> Settled {
     let mut settled = Settled {
         more: 0,
@@ -82,17 +83,11 @@ pub(super) async fn settle<R: TransportRead, F: Future<Output = io::Result<()>>>
                 continue;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                match poll_fn(|cx| Poll::Ready(readable.as_mut().poll(cx))).await {
+                match poll_ordered(reader, slot, cx) {
                     Poll::Pending => {} // registered
-                    Poll::Ready(Ok(())) => {
-                        // Data came in between: read it too.
-                        readable.set(fresh());
-                        continue;
-                    }
-                    Poll::Ready(Err(_)) => {
-                        readable.set(fresh());
-                        settled.ended = true;
-                    }
+                    // Data came in between: read it too.
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(_)) => settled.ended = true,
                 }
             }
             Err(_) => settled.ended = true,

@@ -79,7 +79,7 @@ impl Conn {
             Err(TopicRefusal::Limit) => {
                 let n = Metrics::add_get(&metrics.topics_refused_limit, 1);
                 if n.is_power_of_two() {
-                    tracing::info!(client_id = %self.client_id, count = n, "topic over max_topic_levels / max_topic_length_bytes");
+                    tracing::info!(client_id = %self.session.client_id, count = n, "topic over max_topic_levels / max_topic_length_bytes");
                 }
                 Err(Close::Protocol(over_limit))
             }

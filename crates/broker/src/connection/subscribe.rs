@@ -115,7 +115,7 @@ impl Conn {
                 self.session.recount_subscriptions(&state);
             }
             let written = self.shared.store.session_subscribed(
-                &self.client_id,
+                &self.session.client_id,
                 raw,
                 *options,
                 subscription_id,
@@ -178,7 +178,7 @@ impl Conn {
                 .shared
                 .router
                 .write()
-                .unsubscribe(kind, &self.client_id);
+                .unsubscribe(kind, &self.session.client_id);
             {
                 let mut state = self.session.state.lock();
                 state.subscriptions.remove(raw.as_str());
@@ -192,7 +192,10 @@ impl Conn {
                         &[raw.as_str().into()],
                     );
                 }
-                let written = self.shared.store.session_unsubscribed(&self.client_id, raw);
+                let written = self
+                    .shared
+                    .store
+                    .session_unsubscribed(&self.session.client_id, raw);
                 ticket = Ticket::join(ticket, written);
                 reasons.push(ReasonCode::SUCCESS);
             } else {
@@ -220,14 +223,14 @@ impl Conn {
         };
         let who = Who {
             username: self.username.as_deref(),
-            client_id: &self.client_id,
+            client_id: &self.session.client_id,
         };
         if acl.allows_subscribe(who, filter) {
             return true;
         }
         let n = Metrics::add_get(&self.shared.metrics.acl_denied_subscribe, 1);
         if n.is_power_of_two() {
-            tracing::info!(client_id = %self.client_id, filter, count = n, "ACL: SUBSCRIBE denied");
+            tracing::info!(client_id = %self.session.client_id, filter, count = n, "ACL: SUBSCRIBE denied");
         }
         false
     }

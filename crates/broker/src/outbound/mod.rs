@@ -1,9 +1,9 @@
 //! The outbound side of a session: control packets, the ordered delivery queue, the in-flight
-//! window, the release gate of packets that wait for a store write (`gate`), and the writer
-//! task that drains them into the socket with vectored writes (`writer`).
+//! window, the release gate of packets that wait for a store write (`gate`), and the
+//! connection's [`Outflow`] that drains them into the socket with vectored writes (`writer`).
 //!
-//! Publishers push [`Outgoing`] items under the session lock and wake the writer
-//! ([`crate::session::ConnCtl::wake`]); the writer takes a batch under the same lock
+//! Publishers push [`Outgoing`] items under the session lock and wake the connection's task
+//! ([`crate::session::ConnCtl::wake`]); its `Outflow` takes a batch under the same lock
 //! ([`Outbound::fill_batch`], in `batch`), releases it and writes.
 //!
 //! # Invariants
@@ -58,7 +58,7 @@ use crate::persist::Ticket;
 
 pub use batch::BatchEnv;
 pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
-pub use writer::{WriterState, encode_packet, run_writer};
+pub use writer::{OutEnv, Outflow, WriteFailed, WriterState, encode_packet};
 
 /// Packets taken per batch: enough to amortise the syscall (64 → 256 took 1 pub → 1 sub QoS 0
 /// from ~850k to ~1M msg/s), small enough to keep the session lock short (~10 µs).
@@ -399,6 +399,11 @@ impl Outbound {
     /// Ready when the oldest write the gate waits for completed (the writer then runs a batch).
     pub fn poll_gate(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         self.gate.poll_front(cx)
+    }
+
+    /// True while packets wait in the gate (or its failure is pending).
+    pub fn gate_holds_packets(&self) -> bool {
+        !self.gate.is_empty()
     }
 
     /// True once a store write the gate waited for failed (the connection must close).

@@ -1,7 +1,6 @@
-//! The writer task of a connection and its per-connection encoder state.
+//! The outbound half of a connection ([`Outflow`]) and its per-connection encoder state.
 
-use std::io;
-use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use tern_wire::{Ack, Delivery, Packet, Properties, Protocol, QoS, ReasonCode, encode};
@@ -12,7 +11,7 @@ use super::batch::BatchEnv;
 use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::persist::Ticket;
-use crate::session::{ConnCtl, Session};
+use crate::session::Session;
 use crate::topic_alias::OutboundAliases;
 use crate::transport::TransportWrite;
 
@@ -131,97 +130,179 @@ pub fn encode_packet(packet: &Packet, protocol: Protocol, scratch: &mut BytesMut
     }
 }
 
-/// The writer task of one connection. Ends when the connection closes (after sending the
-/// final packet, if any), when the socket fails, or when the session moved to another
-/// connection and this one is closing. Nothing is written before `connack_after` (the
-/// session's and the will's records) is durable: the CONNACK is the first packet queued; if
-/// that write failed, the connection closes without it.
-pub async fn run_writer<W: TransportWrite>(
-    shared: Arc<crate::broker::Shared>,
-    session: Arc<Session>,
-    ctl: Arc<ConnCtl>,
-    conn_gen: u64,
-    mut socket: W,
-    mut writer: WriterState,
-    connack_after: Option<Ticket>,
-) {
-    if let Some(mut ticket) = connack_after {
-        if let Err(error) = ticket.wait().await {
-            tracing::error!(%error, client_id = %session.client_id, "session state not written; closing the connection without CONNACK");
-            ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
-            let _ = socket.shutdown().await;
-            return;
+/// The outbound half of a connection, driven by the connection's own task (there is no writer
+/// task: an idle connection is one task). It takes a batch from the session
+/// ([`super::Outbound::fill_batch`]) and writes it without waiting: a write the socket cannot
+/// take yet stays in `parts` until it is writable, while the task goes on reading.
+///
+/// Nothing is written before `connack_after` (the session's and the will's records) is durable:
+/// the CONNACK is the first packet queued; if that write failed, the connection closes without
+/// it.
+pub struct Outflow<W> {
+    socket: W,
+    writer: WriterState,
+    /// What of the batch being written the transport has not taken yet.
+    parts: Vec<Bytes>,
+    /// A batch is being written. Not `!parts.is_empty()`: a stream transport takes the parts
+    /// into its own buffer before the stream takes them, and that write must still be driven.
+    writing: bool,
+    /// Boxed: waited for once, then gone; inline it would be in every idle connection.
+    connack_after: Option<Box<Ticket>>,
+    /// `connack_after` failed: nothing may be written (a ticket reports its outcome once).
+    connack_failed: bool,
+    /// Take a batch at the next step: the connection was woken, or the last write completed.
+    want_batch: bool,
+    /// The gate held packets at the last batch: its front write must be polled. Packets enter
+    /// the gate only during a batch or with a wake (`hold_pubrel`), so while this is false an
+    /// idle step takes no lock: the loop steps once per read.
+    gate_busy: bool,
+}
+
+/// The connection cannot write any more (logged where it happened).
+#[derive(Debug)]
+pub struct WriteFailed;
+
+/// What a step needs of the session the connection belongs to.
+pub struct OutEnv<'a> {
+    pub shared: &'a crate::broker::Shared,
+    pub session: &'a Session,
+    pub conn_gen: u64,
+}
+
+impl<W: TransportWrite> Outflow<W> {
+    pub fn new(socket: W, writer: WriterState, connack_after: Option<Ticket>) -> Self {
+        Outflow {
+            socket,
+            writer,
+            parts: Vec::new(),
+            writing: false,
+            connack_after: connack_after.map(Box::new),
+            connack_failed: false,
+            // The CONNACK is queued.
+            want_batch: true,
+            gate_busy: false,
         }
     }
-    let mut parts: Vec<Bytes> = Vec::new();
-    loop {
-        let mut gate_failed = false;
-        if !ctl.is_closing() {
-            let mut state = session.state.lock();
-            if state.conn_gen == conn_gen && !state.ended {
-                let env = BatchEnv {
-                    config: &shared.config,
-                    metrics: &shared.metrics,
-                    store: &*shared.store,
-                    client_id: &session.client_id,
-                    persistent: state.expiry_interval_s > 0,
-                    now: Instant::now(),
-                };
-                state.out.fill_batch(&mut writer, &env, &mut parts);
-                gate_failed = state.out.gate_failed();
-            }
+
+    /// Something was queued for the connection (its `ConnCtl::wake`): take a batch next.
+    pub fn wake(&mut self) {
+        self.want_batch = true;
+    }
+
+    /// One step: takes a batch if there is reason to, and writes it. `Ready(Ok)` once a batch
+    /// was written completely (call again for the next), `Pending` while waiting for the
+    /// socket, a wake, the gate's store write or the CONNACK's.
+    pub fn poll_step(
+        &mut self,
+        cx: &mut Context<'_>,
+        env: &OutEnv<'_>,
+    ) -> Poll<Result<(), WriteFailed>> {
+        if self.connack_failed {
+            // Also when stepped again before the connection closes: nothing may leave.
+            return Poll::Ready(Err(WriteFailed));
         }
-        if gate_failed && parts.is_empty() {
-            // A write the session's packets waited for failed: nothing more can leave safely.
-            ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
-        }
-        if parts.is_empty() {
-            if ctl.is_closing() {
-                if let Some(packet) = ctl.take_final_packet() {
-                    parts.push(packet);
-                    let _ = write_all(&mut socket, &mut parts, &shared.metrics).await;
+        if let Some(ticket) = &mut self.connack_after {
+            match ticket.poll_wait(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(error)) => {
+                    tracing::error!(%error, client_id = %env.session.client_id, "session state not written; closing the connection without CONNACK");
+                    self.connack_after = None;
+                    self.connack_failed = true;
+                    return Poll::Ready(Err(WriteFailed));
                 }
-                let _ = socket.shutdown().await;
-                return;
+                Poll::Ready(Ok(())) => self.connack_after = None,
             }
-            // Idle: keep no encoder scratch space, nor a part list (the one that carried the
-            // CONNACK cost every idle connection 128 B).
-            writer.head = BytesMut::new();
-            parts = Vec::new();
-            // Woken by new data, or by the store write the gate's front waits for.
-            let gate = std::future::poll_fn(|cx| {
-                let mut state = session.state.lock();
-                if state.conn_gen == conn_gen && !state.ended {
-                    state.out.poll_gate(cx)
-                } else {
-                    std::task::Poll::Pending
-                }
-            });
-            tokio::select! {
-                biased;
-                _ = ctl.wake.notified() => {}
-                _ = gate => {}
-            }
-            continue;
         }
-        if let Err(error) = write_all(&mut socket, &mut parts, &shared.metrics).await {
-            tracing::debug!(%error, "write failed; closing connection");
-            ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
+        while !self.writing {
+            if !self.want_batch && !self.gate_busy {
+                self.release_idle();
+                return Poll::Pending;
+            }
+            let mut state = env.session.state.lock();
+            if state.conn_gen != env.conn_gen || state.ended {
+                return Poll::Pending;
+            }
+            // Polled before the batch: a store write completing after it wakes the task.
+            let gate_ready = state.out.poll_gate(cx).is_ready();
+            if !self.want_batch && !gate_ready {
+                self.gate_busy = state.out.gate_holds_packets();
+                drop(state);
+                self.release_idle();
+                return Poll::Pending;
+            }
+            self.want_batch = false;
+            let batch = BatchEnv {
+                config: &env.shared.config,
+                metrics: &env.shared.metrics,
+                store: &*env.shared.store,
+                client_id: &env.session.client_id,
+                persistent: state.expiry_interval_s > 0,
+                now: Instant::now(),
+            };
+            state
+                .out
+                .fill_batch(&mut self.writer, &batch, &mut self.parts);
+            self.gate_busy = state.out.gate_holds_packets();
+            if state.out.gate_failed() && self.parts.is_empty() {
+                // A write the session's packets waited for failed: nothing more can leave
+                // safely.
+                return Poll::Ready(Err(WriteFailed));
+            }
+            drop(state);
+            count_sent(&self.parts, &env.shared.metrics);
+            self.writing = !self.parts.is_empty();
+        }
+        match self.socket.poll_write_parts(cx, &mut self.parts) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(error)) => {
+                tracing::debug!(%error, "write failed; closing connection");
+                Poll::Ready(Err(WriteFailed))
+            }
+            Poll::Ready(Ok(())) => {
+                self.writing = false;
+                self.want_batch = true;
+                Poll::Ready(Ok(()))
+            }
+        }
+    }
+
+    /// Idle: keep no encoder scratch space, nor a part list (the one that carried the CONNACK
+    /// cost every idle connection 128 B).
+    fn release_idle(&mut self) {
+        if self.writer.head.capacity() > 0 {
+            self.writer.head = BytesMut::new();
+        }
+        if self.parts.capacity() > 0 {
+            self.parts = Vec::new();
+        }
+    }
+
+    /// The close: finishes the batch being written (nothing new is taken: the session was
+    /// detached), writes `final_packet` (our DISCONNECT) and shuts the socket. Nothing leaves
+    /// before the CONNACK's records are durable. The caller bounds it in time.
+    pub async fn close(&mut self, metrics: &Metrics, final_packet: Option<Bytes>) {
+        if let Some(mut ticket) = self.connack_after.take() {
+            self.connack_failed = ticket.wait().await.is_err();
+        }
+        if self.connack_failed {
+            let _ = self.socket.shutdown().await;
             return;
         }
-        ctl.drained.notify_one();
+        if let Some(packet) = final_packet {
+            // The batch's parts were counted when it was taken.
+            Metrics::add(&metrics.bytes_sent, packet.len() as u64);
+            self.parts.push(packet);
+        }
+        let unfinished = self.writing || !self.parts.is_empty();
+        if unfinished && self.socket.write_parts(&mut self.parts).await.is_err() {
+            return;
+        }
+        let _ = self.socket.shutdown().await;
     }
 }
 
-/// Writes the batch. Its bytes are counted before the write, which keeps the count out of the
-/// writer's future (every idle connection holds that future at its largest); a failed write
-/// ends the connection anyway.
-fn write_all<'a, W: TransportWrite>(
-    socket: &'a mut W,
-    parts: &'a mut Vec<Bytes>,
-    metrics: &Metrics,
-) -> impl std::future::Future<Output = io::Result<()>> + Send + 'a {
+/// Counts a batch's bytes as sent before it is written (a failed write ends the connection).
+fn count_sent(parts: &[Bytes], metrics: &Metrics) {
     let bytes: usize = parts.iter().map(Bytes::len).sum();
     Metrics::add(&metrics.bytes_sent, bytes as u64);
-    socket.write_parts(parts)
 }

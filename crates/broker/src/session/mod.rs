@@ -5,6 +5,7 @@
 //! - [`registry`]: sessions by client id; attach (with takeover), detach, end.
 //! - [`groups`]: share-group queues (messages waiting for a member), redistribution.
 //! - [`expiry`]: the timers that end an abandoned session and fire a delayed will.
+//! - [`signal`]: the wake-up of a connection's task.
 //! - [`restore`]: sessions and retained messages rebuilt from [`crate::persist::Recovered`].
 //!
 //! # Invariants
@@ -18,6 +19,7 @@ pub mod expiry;
 pub mod groups;
 pub mod registry;
 pub mod restore;
+pub mod signal;
 pub mod state;
 
 pub use registry::Registry;

@@ -33,6 +33,15 @@ impl Registry {
         self.map.lock().is_empty()
     }
 
+    /// Tells every connected session's connection that the server shuts down.
+    pub fn shut_down_connections(&self) {
+        for session in self.map.lock().values() {
+            if let Some(ctl) = &session.state.lock().conn {
+                ctl.shut_down();
+            }
+        }
+    }
+
     pub fn get(&self, client_id: &str) -> Option<Arc<Session>> {
         self.map.lock().get(client_id).cloned()
     }

@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 use tern_wire::{Protocol, ReasonCode, SubscriptionOptions};
 use tokio::sync::Notify;
 
+use super::signal::Signal;
 use crate::hash::{Map, Set};
 use crate::message::Message;
 use crate::outbound::Outbound;
@@ -21,17 +21,14 @@ pub struct SubRecord {
     pub subscription_id: Option<u32>,
 }
 
-/// What the reader, the writer and the rest of the broker share about one live connection.
+/// What the connection's task and the rest of the broker share about one live connection.
 #[derive(Debug, Default)]
 pub struct ConnCtl {
-    /// Wakes the writer: new outbound data, a window opening, or closing.
-    pub wake: Notify,
-    /// Wakes the reader after the writer wrote a batch (it may have paused on a backlog).
-    pub drained: Notify,
+    /// Wakes the connection's task: new outbound data, a window opening, a kick, the shutdown.
+    pub wake: Signal,
     kick_reason: Mutex<Option<ReasonCode>>,
-    kick_notify: Notify,
-    closing: AtomicBool,
-    final_packet: Mutex<Option<Bytes>>,
+    /// The server is shutting down (`Close::Shutdown`: the will stays owed, not published).
+    shut_down: AtomicBool,
     /// Who is connected (for the admin API), set once the handshake is done.
     info: OnceLock<ConnInfo>,
     /// The connection has handed out every delivery it will ever route (its close path drained
@@ -61,33 +58,23 @@ impl ConnCtl {
             }
             first
         };
-        self.kick_notify.notify_one();
+        self.wake.notify();
         first
     }
 
-    /// Resolves when [`ConnCtl::kick`] was called.
-    pub async fn kicked(&self) -> ReasonCode {
-        loop {
-            if let Some(reason) = *self.kick_reason.lock() {
-                return reason;
-            }
-            self.kick_notify.notified().await;
-        }
+    /// Closes the connection because the server shuts down.
+    pub fn shut_down(&self) {
+        self.shut_down.store(true, Ordering::Release);
+        self.wake.notify();
     }
 
-    /// Tells the writer to flush what it has, send `final_packet` (a DISCONNECT) and stop.
-    pub fn close(&self, final_packet: Option<Bytes>) {
-        *self.final_packet.lock() = final_packet;
-        self.closing.store(true, Ordering::Release);
-        self.wake.notify_one();
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
     }
 
-    pub fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Acquire)
-    }
-
-    pub fn take_final_packet(&self) -> Option<Bytes> {
-        self.final_packet.lock().take()
+    /// The reason of the first [`ConnCtl::kick`], if there was one.
+    pub fn kick_reason(&self) -> Option<ReasonCode> {
+        *self.kick_reason.lock()
     }
 
     /// Records who is connected; the first call wins.
@@ -209,11 +196,11 @@ impl Session {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn first_kick_reason_wins() {
+    #[test]
+    fn first_kick_reason_wins() {
         let ctl = ConnCtl::default();
         ctl.kick(ReasonCode::SESSION_TAKEN_OVER);
         ctl.kick(ReasonCode::SERVER_SHUTTING_DOWN);
-        assert_eq!(ctl.kicked().await, ReasonCode::SESSION_TAKEN_OVER);
+        assert_eq!(ctl.kick_reason(), Some(ReasonCode::SESSION_TAKEN_OVER));
     }
 }

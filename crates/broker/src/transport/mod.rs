@@ -4,12 +4,12 @@
 //! ([`tokio::net::TcpStream`]) and [`StreamTransport`], any `AsyncRead + AsyncWrite` byte stream
 //! (TLS, WebSocket, TLS under WebSocket, the in-memory [`duplex`]). Plain TCP keeps the path it
 //! had before the seam: readiness through the connection's `ReadSlot`, `try_read` into a stack
-//! chunk, `write_vectored` of the writer's parts, and no buffer of its own (an idle connection
-//! holds none).
+//! chunk, `write_vectored` of the outbound batch's parts, and no buffer of its own (an idle
+//! connection holds none).
 //!
 //! # Read order for stream transports (ARCHITECTURE §2.1)
-//! [`TransportRead::readable`] is polled with the connection's `ReadSlot` as waker. A stream
-//! transport reads in `readable` itself (an `AsyncRead` has no readiness without a read), so
+//! [`TransportRead::poll_readable`] is polled with the connection's `ReadSlot` as waker. A stream
+//! transport reads in `poll_readable` itself (an `AsyncRead` has no readiness without a read), so
 //! the waker reaches the socket under it (TLS and WebSocket wrap a `TcpStream`): the driver's
 //! wake still takes the ticket in driver order. What differs from plain TCP: a wake for bytes
 //! that do not complete a TLS record or a WebSocket frame finds nothing to hand over, and the
@@ -18,7 +18,7 @@
 //!
 //! # Invariants
 //! - [`TransportRead::try_read`] never registers a waker: after `WouldBlock` the caller polls
-//!   `readable` before it waits, so the waker registered is always the slot's.
+//!   `poll_readable` before it waits, so the waker registered is always the slot's.
 //! - A stream transport holds a read buffer only while bytes it read wait for `try_read`, and
 //!   a write buffer only during a write.
 
@@ -28,9 +28,11 @@ mod stream;
 
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
@@ -42,7 +44,8 @@ pub use stream::{ByteStream, StreamRead, StreamTransport, StreamWrite, duplex};
 /// At most this many parts go into one `write_vectored` call (Linux's `IOV_MAX` is 1024).
 pub(crate) const MAX_IO_SLICES: usize = 512;
 
-/// A connected byte stream, split into the reader's and the writer's half.
+/// A connected byte stream, split into its reading and its writing half (both driven by the
+/// connection's one task).
 pub trait Transport: Send + 'static {
     type Read: TransportRead;
     type Write: TransportWrite;
@@ -51,20 +54,37 @@ pub trait Transport: Send + 'static {
 
 /// The reading half, shared by reference with the read loop's readiness future.
 pub trait TransportRead: Send + Sync + 'static {
-    /// Resolves once [`TransportRead::try_read`] may return data, end of stream or an error.
-    /// Polled with the connection's `ReadSlot` as waker (module doc).
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send + '_;
+    /// `Ready` once [`TransportRead::try_read`] may return data, end of stream or an error;
+    /// `Pending` registers `cx`'s waker (the connection's `ReadSlot`, module doc) with the
+    /// socket. A poll, not a future: the connection waits for it without keeping a future.
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     /// Reads what is there without waiting: `WouldBlock` when nothing is, `Ok(0)` at the end.
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// [`TransportRead::poll_readable`] turns ready only with a wake of the waker it last
+    /// registered, which follows (a socket's readiness, set by the I/O driver before it wakes):
+    /// the connection's `ReadSlot` then waits for that wake, which orders the read (module doc).
+    /// Not for a stream transport: its readiness is data it read, which its writing half may
+    /// have read too (TLS, WebSocket), with no wake to come.
+    const READY_WITH_WAKE: bool = false;
 }
 
-/// The writing half, owned by the connection's writer task.
+/// The writing half, owned by the connection's task.
 pub trait TransportWrite: Send + 'static {
-    /// Writes every part, in order; on return `parts` is empty.
+    /// Writes `parts` in order, as far as the transport takes them without waiting: written
+    /// parts leave `parts`, a part written in part is advanced. `Ready(Ok)` once every part was
+    /// written (and flushed), with `parts` empty.
+    fn poll_write_parts(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>>;
+    /// Writes every part, waiting for the transport as needed (the handshake and the close).
     fn write_parts<'a>(
         &'a mut self,
         parts: &'a mut Vec<Bytes>,
-    ) -> impl Future<Output = io::Result<()>> + Send + 'a;
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
+        std::future::poll_fn(move |cx| self.poll_write_parts(cx, parts))
+    }
     /// Flushes and closes the writing direction.
     fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send + '_;
 }
@@ -79,20 +99,28 @@ impl Transport for TcpStream {
 }
 
 impl TransportRead for OwnedReadHalf {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send + '_ {
-        OwnedReadHalf::readable(self)
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Outside the task's coop budget: with the budget spent, tokio answers `Pending` and
+        // wakes the waker at once, and that waker is the slot's: it would take a read ticket
+        // with no data reported (ARCHITECTURE §2.1).
+        let stream: &TcpStream = self.as_ref();
+        let mut ready =
+            tokio::task::unconstrained(std::future::poll_fn(|cx| stream.poll_read_ready(cx)));
+        Pin::new(&mut ready).poll(cx)
     }
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         OwnedReadHalf::try_read(self, buf)
     }
+    const READY_WITH_WAKE: bool = true;
 }
 
 impl TransportWrite for OwnedWriteHalf {
-    fn write_parts<'a>(
-        &'a mut self,
-        parts: &'a mut Vec<Bytes>,
-    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
-        write_vectored_all(self, parts)
+    fn poll_write_parts(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        poll_write_vectored_all(Pin::new(self), cx, parts)
     }
     fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send + '_ {
         AsyncWriteExt::shutdown(self)
@@ -100,16 +128,34 @@ impl TransportWrite for OwnedWriteHalf {
 }
 
 /// Writes `parts` with as few `write_vectored` calls as the socket takes.
-async fn write_vectored_all(socket: &mut OwnedWriteHalf, parts: &mut Vec<Bytes>) -> io::Result<()> {
+fn poll_write_vectored_all(
+    mut socket: Pin<&mut OwnedWriteHalf>,
+    cx: &mut Context<'_>,
+    parts: &mut Vec<Bytes>,
+) -> Poll<io::Result<()>> {
     let mut first = 0;
-    while first < parts.len() {
-        let end = parts.len().min(first + MAX_IO_SLICES);
-        let slices: Vec<IoSlice<'_>> = parts[first..end].iter().map(|b| IoSlice::new(b)).collect();
-        let mut written = socket.write_vectored(&slices).await?;
-        drop(slices);
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
+    let result = loop {
+        if first >= parts.len() {
+            break Ok(());
         }
+        let end = parts.len().min(first + MAX_IO_SLICES);
+        let mut slices = [IoSlice::new(&[]); MAX_IO_SLICES];
+        for (slice, part) in slices.iter_mut().zip(&parts[first..end]) {
+            *slice = IoSlice::new(part);
+        }
+        let mut written = match socket
+            .as_mut()
+            .poll_write_vectored(cx, &slices[..end - first])
+        {
+            Poll::Pending => {
+                // What was written leaves the list; the rest waits for the socket.
+                parts.drain(..first);
+                return Poll::Pending;
+            }
+            Poll::Ready(Err(error)) => break Err(error),
+            Poll::Ready(Ok(0)) => break Err(io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(written)) => written,
+        };
         while written > 0 {
             let Some(part) = parts.get_mut(first) else {
                 break;
@@ -125,7 +171,7 @@ async fn write_vectored_all(socket: &mut OwnedWriteHalf, parts: &mut Vec<Bytes>)
         while parts.get(first).is_some_and(|p| p.is_empty()) {
             first += 1;
         }
-    }
+    };
     parts.clear();
-    Ok(())
+    Poll::Ready(result)
 }

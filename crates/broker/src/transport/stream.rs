@@ -1,11 +1,11 @@
 //! [`StreamTransport`]: any `AsyncRead + AsyncWrite` byte stream as a [`Transport`] (TLS,
 //! WebSocket, the in-memory [`duplex`]).
 
-use std::future::{Future, poll_fn};
+use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::task::Poll;
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -55,7 +55,10 @@ impl Transport for StreamTransport {
                 pending: BytesMut::new(),
                 ended: false,
             })),
-            StreamWrite(write),
+            StreamWrite {
+                half: write,
+                out: BytesMut::new(),
+            },
         )
     }
 }
@@ -65,38 +68,36 @@ pub struct StreamRead(Mutex<ReadState>);
 
 struct ReadState {
     half: ReadHalf<Box<dyn ByteStream>>,
-    /// Read by `readable`, not yet taken by `try_read`; empty (no allocation) otherwise.
+    /// Read by `poll_readable`, not yet taken by `try_read`; empty (no allocation) otherwise.
     pending: BytesMut,
     /// The stream ended (or failed) after `pending`.
     ended: bool,
 }
 
 impl TransportRead for StreamRead {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send + '_ {
-        poll_fn(move |cx| {
-            let mut state = self.0.lock();
-            if !state.pending.is_empty() || state.ended {
-                return Poll::Ready(Ok(()));
-            }
-            let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK_BYTES];
-            let mut read = ReadBuf::uninit(&mut chunk);
-            match Pin::new(&mut state.half).poll_read(cx, &mut read) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(Ok(())) => {
-                    let filled = read.filled();
-                    if filled.is_empty() {
-                        state.ended = true;
-                    } else {
-                        state.pending.extend_from_slice(filled);
-                    }
-                    Poll::Ready(Ok(()))
-                }
-                Poll::Ready(Err(error)) => {
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut state = self.0.lock();
+        if !state.pending.is_empty() || state.ended {
+            return Poll::Ready(Ok(()));
+        }
+        let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK_BYTES];
+        let mut read = ReadBuf::uninit(&mut chunk);
+        match Pin::new(&mut state.half).poll_read(cx, &mut read) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => {
+                let filled = read.filled();
+                if filled.is_empty() {
                     state.ended = true;
-                    Poll::Ready(Err(error))
+                } else {
+                    state.pending.extend_from_slice(filled);
                 }
+                Poll::Ready(Ok(()))
             }
-        })
+            Poll::Ready(Err(error)) => {
+                state.ended = true;
+                Poll::Ready(Err(error))
+            }
+        }
     }
 
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
@@ -120,30 +121,68 @@ impl TransportRead for StreamRead {
 }
 
 /// The writing half of a [`StreamTransport`].
-pub struct StreamWrite(WriteHalf<Box<dyn ByteStream>>);
+pub struct StreamWrite {
+    half: WriteHalf<Box<dyn ByteStream>>,
+    /// Parts copied together, not yet taken by the stream; empty (no allocation) between
+    /// batches.
+    out: BytesMut,
+}
 
 impl TransportWrite for StreamWrite {
-    async fn write_parts(&mut self, parts: &mut Vec<Bytes>) -> io::Result<()> {
-        let total: usize = parts.iter().map(Bytes::len).sum();
-        let mut out = BytesMut::with_capacity(total.min(WRITE_COALESCE_BYTES));
-        for part in parts.drain(..) {
-            if !out.is_empty() && out.len() + part.len() > WRITE_COALESCE_BYTES {
-                self.0.write_all(&out).await?;
-                out.clear();
+    fn poll_write_parts(
+        &mut self,
+        cx: &mut Context<'_>,
+        parts: &mut Vec<Bytes>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if !self.out.is_empty() {
+                let n = ready!(Pin::new(&mut self.half).poll_write(cx, &self.out))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.out.advance(n);
+                continue;
             }
-            if part.len() >= WRITE_COALESCE_BYTES {
-                self.0.write_all(&part).await?;
-            } else {
-                out.extend_from_slice(&part);
+            if let Some(part) = parts
+                .first_mut()
+                .filter(|p| p.len() >= WRITE_COALESCE_BYTES)
+            {
+                // Large enough to go as it is.
+                let n = ready!(Pin::new(&mut self.half).poll_write(cx, part))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                part.advance(n);
+                if part.is_empty() {
+                    parts.remove(0);
+                }
+                continue;
             }
+            let mut taken = 0;
+            for part in parts.iter() {
+                let full = self.out.len() + part.len() > WRITE_COALESCE_BYTES;
+                if part.len() >= WRITE_COALESCE_BYTES || (full && !self.out.is_empty()) {
+                    break;
+                }
+                if self.out.capacity() == 0 {
+                    let total: usize = parts.iter().map(Bytes::len).sum();
+                    self.out.reserve(total.min(WRITE_COALESCE_BYTES));
+                }
+                self.out.extend_from_slice(part);
+                taken += 1;
+            }
+            if taken > 0 {
+                parts.drain(..taken);
+                continue;
+            }
+            ready!(Pin::new(&mut self.half).poll_flush(cx))?;
+            // Idle connections keep no write buffer.
+            self.out = BytesMut::new();
+            return Poll::Ready(Ok(()));
         }
-        if !out.is_empty() {
-            self.0.write_all(&out).await?;
-        }
-        self.0.flush().await
     }
 
     fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send + '_ {
-        AsyncWriteExt::shutdown(&mut self.0)
+        AsyncWriteExt::shutdown(&mut self.half)
     }
 }

@@ -1,0 +1,47 @@
+//! Sizes of what an idle connection holds (ARCHITECTURE §6.2).
+use std::sync::Arc;
+
+/// What every idle connection keeps besides its socket: the one task's future (`Conn`, the
+/// outbound half and the read loop's state inline, 776 B), its `ConnCtl` (136 B) and its
+/// session. With a reader and a writer task the futures were 1,624 + 488 B and `ConnCtl`
+/// 240 B (BENCHMARKS.md "Session 4: idle memory"). Up to
+/// 792 B the task's cell (32 B header, 24 B core, the future, 48 B trailer; tokio rounds it
+/// to 128 B) is 896 B.
+const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 792;
+const CONN_CTL_MAX_BYTES: usize = 160;
+const SESSION_MAX_BYTES: usize = 512;
+
+/// Guards against a large state (e.g. an unboxed `Will` or handshake, a second task's
+/// worth of waiting futures) creeping back into what idle connections keep.
+#[tokio::test]
+async fn idle_connection_state_stays_small() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (server, peer) = listener.accept().await.unwrap();
+    let broker = crate::Broker::new(crate::BrokerConfig::default()).unwrap();
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let info = crate::transport::ConnectionInfo::new(
+        crate::transport::ListenerContext::plain_tcp("test"),
+        peer,
+    );
+    // Held as the accept loop's `LiveTask` is (one pointer).
+    let task = super::run(broker.shared().clone(), server, info, rx, Arc::new(()));
+    let task_bytes = std::mem::size_of_val(&task);
+    eprintln!(
+        "SIZES task={task_bytes} conn={} outflow={} session={} ctl={}",
+        std::mem::size_of::<super::Conn>(),
+        std::mem::size_of::<crate::outbound::Outflow<tokio::net::tcp::OwnedWriteHalf>>(),
+        std::mem::size_of::<crate::session::Session>(),
+        std::mem::size_of::<crate::session::ConnCtl>()
+    );
+    assert!(
+        task_bytes <= IDLE_CONNECTION_FUTURE_MAX_BYTES,
+        "{task_bytes}"
+    );
+    assert!(std::mem::size_of::<crate::session::ConnCtl>() <= CONN_CTL_MAX_BYTES);
+    assert!(std::mem::size_of::<crate::session::Session>() <= SESSION_MAX_BYTES);
+    // Both alias maps live in every connection's future; empty they are a pointer.
+    assert!(std::mem::size_of::<crate::topic_alias::InboundAliases>() <= 16);
+    assert!(std::mem::size_of::<crate::topic_alias::OutboundAliases>() <= 16);
+}
