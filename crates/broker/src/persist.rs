@@ -250,6 +250,13 @@ pub trait MessageStore: Send + Sync + 'static {
     }
     /// The message left the publisher's pipeline (routed, or given up).
     fn message_released(&self, _message: &Message) {}
+    /// Until the guard drops, the appends of [`MessageStore::append_publish`] leave the
+    /// store's writers asleep; the drop wakes them for all of them, so that the PUBLISHes of
+    /// one socket read share one group commit (`tern_store::DeferWakes`). Not held across an
+    /// `.await` (the guard is not `Send`).
+    fn defer_writer_wakes(&self) -> WriterWakes {
+        WriterWakes::default()
+    }
     /// PUBREL from the client: "(session, pi) released". PUBCOMP leaves once durable.
     fn qos2_released(&self, _client_id: &str, _packet_id: u16) -> Option<Ticket> {
         None
@@ -469,6 +476,11 @@ pub struct StoredInflight {
 }
 
 /// Keeps nothing beyond the broker's own memory: every call is complete at once.
+/// See [`MessageStore::defer_writer_wakes`]: the deferred streams' guards.
+#[derive(Default)]
+#[must_use = "dropping the guard at once defers nothing"]
+pub struct WriterWakes(pub Vec<tern_store::DeferWakes>);
+
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MemoryStore;
 

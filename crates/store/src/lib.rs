@@ -95,6 +95,7 @@ mod read;
 mod recovery;
 mod shared;
 mod state;
+mod wake;
 mod writer;
 
 pub use config::{Discard, Limits, StreamConfig, SyncPolicy};
@@ -108,3 +109,4 @@ pub use state::{Corruption, RemovedLog};
 pub use store::Store;
 pub use stream::{NewRecord, ReadBatch, Record, Stream, StreamInfo, StreamMetrics, TopicStats};
 pub use ticket::Ticket;
+pub use wake::DeferWakes;

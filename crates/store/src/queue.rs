@@ -94,6 +94,10 @@ pub(crate) struct Queue {
     pub next_seq: u64,
     pub last_time_ns: u64,
     pub writer_waiting: bool,
+    /// Live `DeferWakes` guards, and whether an append left the writer asleep for them
+    /// (`wake` module).
+    pub deferring: usize,
+    pub wake_deferred: bool,
     pub appenders_waiting: usize,
     pub closed: bool,
 }
@@ -108,6 +112,8 @@ impl Queue {
             next_seq,
             last_time_ns,
             writer_waiting: false,
+            deferring: 0,
+            wake_deferred: false,
             appenders_waiting: 0,
             closed: false,
         }

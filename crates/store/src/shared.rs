@@ -235,6 +235,8 @@ impl Shared {
         if self.stepper.is_some() {
             return self.drive_until(|| self.outcome(seq, true), seq)?;
         }
+        // This thread may hold a `DeferWakes` guard of the stream: not a wait on itself.
+        crate::wake::wake_deferred(self);
         self.blocked.fetch_add(1, Ordering::SeqCst);
         let mut g = lock(&self.done_lock);
         let r = loop {

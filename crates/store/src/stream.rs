@@ -168,6 +168,12 @@ impl Stream {
         &self.h.sh
     }
 
+    /// Appends made while the guard lives do not wake the writer; its drop does, so that
+    /// a run of appends goes into one group commit (`wake` module). Not across an `.await`.
+    pub fn defer_wakes(&self) -> crate::DeferWakes {
+        crate::DeferWakes::new(self.sh().clone())
+    }
+
     pub fn name(&self) -> &str {
         &self.h.sh.name
     }
@@ -348,10 +354,7 @@ impl Stream {
         }
         q.records += n;
         let last = q.next_seq - 1;
-        if q.writer_waiting {
-            q.writer_waiting = false;
-            sh.writer_cv.notify_one();
-        }
+        crate::wake::wake_after_append(sh, &mut q);
         drop(q);
         Ok(Ticket::new(sh.clone(), first, last))
     }

@@ -315,19 +315,24 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
                 // Every read the driver reported before this one takes effect first.
                 conn.read_slot.order().turn(ticket.get()).await;
             }
-            while !conn.pipeline.is_full() {
-                let max_packet_size = conn.shared.config.max_packet_size_bytes;
-                match decode(buf, conn.protocol, max_packet_size) {
-                    Ok(Some(packet)) => {
-                        decoded = true;
-                        if let Err(close) = conn.handle(packet) {
-                            return close;
+            {
+                // The store's writers wake once for all of this read's appends: one group
+                // commit, not the first PUBLISH alone and the rest in the next one.
+                let _wakes = conn.shared.store.defer_writer_wakes();
+                while !conn.pipeline.is_full() {
+                    let max_packet_size = conn.shared.config.max_packet_size_bytes;
+                    match decode(buf, conn.protocol, max_packet_size) {
+                        Ok(Some(packet)) => {
+                            decoded = true;
+                            if let Err(close) = conn.handle(packet) {
+                                return close;
+                            }
                         }
-                    }
-                    Ok(None) => break,
-                    Err(error) => {
-                        tracing::debug!(client_id = %conn.session.client_id, %error, "malformed packet");
-                        return Close::Protocol(decode_error_reason(&error));
+                        Ok(None) => break,
+                        Err(error) => {
+                            tracing::debug!(client_id = %conn.session.client_id, %error, "malformed packet");
+                            return Close::Protocol(decode_error_reason(&error));
+                        }
                     }
                 }
             }

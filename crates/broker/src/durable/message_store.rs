@@ -3,6 +3,7 @@
 //! share groups, wills, reclamation in their modules).
 
 use crate::hash::Map;
+use crate::persist::WriterWakes;
 use std::sync::atomic::Ordering;
 
 use tern_store::NewRecord;
@@ -88,6 +89,10 @@ impl MessageStore for DurableStore {
             self.pin(rx_ref);
         }
         Some(Ticket::from_store(ticket))
+    }
+
+    fn defer_writer_wakes(&self) -> WriterWakes {
+        WriterWakes(self.slots.iter().map(|s| s.stream.defer_wakes()).collect())
     }
 
     fn message_released(&self, message: &Message) {
