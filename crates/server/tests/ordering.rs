@@ -31,6 +31,61 @@ fn pin_to_current_cpu() {
     }
 }
 
+/// The broker's file descriptor for the connection whose client end has local port
+/// `client_port`: the socket inode from `/proc/net/tcp` (local = the broker's port, remote =
+/// the client's), then the fd of the broker process that links to it.
+fn broker_fd(pid: i32, broker_port: u16, client_port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let local = format!(":{broker_port:04X}");
+    let remote = format!(":{client_port:04X}");
+    let inode = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.len() > 9 && fields[1].ends_with(&local) && fields[2].ends_with(&remote))
+            .then(|| fields[9].to_string())
+    })?;
+    let target = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .find(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy() == target))
+        .and_then(|e| e.file_name().to_str()?.parse().ok())
+}
+
+/// Whether some thread of the broker is inside a system call on file descriptor `fd` (the
+/// first argument in `/proc/PID/task/TID/syscall`: a write, read or send on that socket).
+fn in_syscall_on(pid: i32, fd: u64) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        let Ok(line) = std::fs::read_to_string(task.path().join("syscall")) else {
+            return false;
+        };
+        let mut fields = line.split_whitespace();
+        let number = fields.next().unwrap_or("running");
+        let first = fields
+            .next()
+            .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
+        number != "running" && number != "-1" && first == Some(fd)
+    })
+}
+
+/// Waits until no broker thread is inside a system call on `fd`, so that what the client sends
+/// next is readable at once (see the test's comment). Nothing is queued for that connection
+/// when this is called, so the broker does not start a new write on it before the send.
+async fn until_socket_free(pid: i32, fd: u64) {
+    for _ in 0..SOCKET_FREE_POLLS {
+        if !in_syscall_on(pid, fd) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_micros(100)).await;
+    }
+    panic!("a broker thread stayed inside a system call on fd {fd} for 10 s");
+}
+
+/// [`until_socket_free`] polls at most this often (every 100 µs: 10 s).
+const SOCKET_FREE_POLLS: usize = 100_000;
+
 /// Subscriber and publisher connections used in turn: a connection sends again only
 /// `ROTATION` rounds after the broker last wrote to it ([`subscribe_takes_effect_before_a_later_publish_from_another_client`]).
 const ROTATION: usize = 4;
@@ -57,7 +112,11 @@ const ROTATION: usize = 4;
 /// SUBSCRIBE met a broker write to B still in progress (1.5 and 3 ms `writev`s); the driver
 /// then reported A's PUBLISH before B's SUBSCRIBE, and the broker acted in that order, as a
 /// single-threaded broker (which writes and polls on one thread) would. Any broker has this
-/// exposure; the test must not depend on it.
+/// exposure; the test must not depend on it. The rotation alone left the premise to chance
+/// on a loaded machine (a broker thread preempted inside its `writev` for longer than four
+/// rounds: one miss in a `.ci/run` while another build ran, session 5), so before B and A
+/// send, the test also waits until no broker thread is inside a system call on their sockets
+/// ([`until_socket_free`], from `/proc`).
 #[tokio::test]
 async fn subscribe_takes_effect_before_a_later_publish_from_another_client() {
     let b = Broker::start();
@@ -74,11 +133,19 @@ async fn subscribe_takes_effect_before_a_later_publish_from_another_client() {
         assert!(c.ping().await.is_empty());
     }
     assert!(marker.ping().await.is_empty());
+    let pid = b.pid();
+    let fd_of = |c: &RawClient| {
+        broker_fd(pid, b.addr.port(), c.local_port()).expect("the broker's fd of a connection")
+    };
+    let sub_fds: Vec<u64> = subs.iter().map(fd_of).collect();
+    let pub_fds: Vec<u64> = pubs.iter().map(fd_of).collect();
     let mut missed = Vec::new();
     let mut late = Vec::new();
     for round in 0..ROUNDS {
         let sub = &mut subs[round % ROTATION];
         let publ = &mut pubs[round % ROTATION];
+        until_socket_free(pid, sub_fds[round % ROTATION]).await;
+        until_socket_free(pid, pub_fds[round % ROTATION]).await;
         let topic = format!("order/{round}");
         let packet_id = (round % 60_000) as u16 + 1;
         let level = (round % 2) as u8;
@@ -143,4 +210,30 @@ async fn subscribe_takes_effect_before_a_later_publish_from_another_client() {
          (of those, delivered after the marker read after them: {late:?})",
         missed.len()
     );
+}
+
+/// The premise guard sees what it must: a thread blocked in `read` on a socket is inside a
+/// system call on that socket's fd, and not once the read returned.
+#[test]
+fn in_syscall_on_sees_a_thread_blocked_on_a_socket() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let (mut a, mut b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let fd = b.as_raw_fd() as u64;
+    let pid = std::process::id() as i32;
+    let reader = std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        b.read_exact(&mut byte).expect("read");
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !in_syscall_on(pid, fd) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the blocked read was never seen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    a.write_all(b"x").expect("write");
+    reader.join().expect("reader");
+    assert!(!in_syscall_on(pid, fd), "seen after the read returned");
 }

@@ -158,6 +158,11 @@ pub fn ack(packet_id: u16) -> Ack {
 }
 
 impl RawClient {
+    /// The client end's local port (the broker sees it as the peer's port).
+    pub fn local_port(&self) -> u16 {
+        self.stream.local_addr().map_or(0, |a| a.port())
+    }
+
     /// Opens a TCP connection (nothing sent yet).
     pub async fn open(addr: SocketAddr, protocol: Protocol) -> RawClient {
         let stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
