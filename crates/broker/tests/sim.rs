@@ -27,6 +27,7 @@ mod sim {
     pub mod probes;
     pub mod probes_a;
     pub mod probes_b;
+    pub mod probes_c;
     pub mod run;
     pub mod settle;
     pub mod subscriber;
@@ -256,6 +257,28 @@ fn qos2_retry_is_not_acknowledged_before_its_write_is_durable() {
     assert!(
         !sim::probes::probe_retry_while_write_pending(),
         "PUBREC for a QoS 2 retry while the original write was not durable"
+    );
+}
+
+/// Finding 13 (seed 68 at the memory cap when found; 520 of 1,000 on this code): a 3.1.1
+/// publisher refused at a bound is closed without an ack, and the PUBACK of the message it
+/// got accepted just before, whose write completed while the connection closed, was never
+/// sent (MQTT-3.3.4-1): the client resent it on every connection, each time followed by the
+/// next refused one. Fixed: the close path sends the acknowledgements of what its drain
+/// made durable, in packet order, in the writer's last write.
+#[test]
+fn a_refused_3_1_1_publisher_gets_the_acks_of_what_was_accepted_before() {
+    let _turn = take_turn(false);
+    let got = sim::probes_c::probe_acks_before_a_refusal_close();
+    assert!(
+        got.iter()
+            .any(|p| matches!(p, tern_wire::Packet::PubAck(a) if a.packet_id == 1)),
+        "no PUBACK for the accepted PUBLISH before the close: {got:?}"
+    );
+    assert!(
+        !got.iter()
+            .any(|p| matches!(p, tern_wire::Packet::PubAck(a) if a.packet_id == 2)),
+        "the refused PUBLISH was acknowledged: {got:?}"
     );
 }
 

@@ -346,13 +346,17 @@ async fn fill_disk_budget(p: &mut RawClient, first_id: u16) {
 /// is dropped (counted); QoS 0 to a stream that does not write it still flows. When retention
 /// (`max_age_s` of the filler stream) frees space, publishing resumes. Nothing acknowledged is
 /// lost: SIGKILL at the budget, restart, and the persistent subscriber gets every
-/// acknowledged message, and none of the refused ones.
+/// acknowledged message, and none of the refused ones. The filler is freed by its age limit
+/// alone (`keep = "retention"`, `max_age_s` 3 s), after the refusals checked below: kept by
+/// interest (the default) nobody needed it, reclamation (every 250 ms) freed it, and on a
+/// loaded machine the 3.1.1 PUBLISH was accepted (seen once in a workspace run, once the
+/// state streams, a few KiB of margin, no longer counted against the budget).
 #[tokio::test]
 async fn disk_budget_refuses_with_0x97_drops_qos0_and_resumes_after_retention() {
     let mut b = Broker::start_with(
         "[store]\nmax_disk_bytes = 262144\n[sys]\ninterval_s = 1\n\
          [[stream]]\nname = \"kept\"\nfilters = [\"a/#\"]\nblock_size_bytes = 8192\n\
-         [[stream]]\nname = \"filler\"\nfilters = [\"b/#\"]\nblock_size_bytes = 8192\nmax_age_s = 1\ndurability = \"always\"\n",
+         [[stream]]\nname = \"filler\"\nfilters = [\"b/#\"]\nblock_size_bytes = 8192\nmax_age_s = 3\nkeep = \"retention\"\ndurability = \"always\"\n",
     );
     let (mut s, _) = RawClient::connect_ok(b.addr, persistent("db-s", true)).await;
     s.sub("a/x", 1).await;

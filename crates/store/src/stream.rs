@@ -492,6 +492,13 @@ impl Stream {
             .store(floor, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// The retention floor ([`Stream::set_retention_floor`]; `u64::MAX`: none).
+    pub fn retention_floor(&self) -> u64 {
+        self.sh()
+            .retention_floor
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Lowers the retention floor to `floor` if it is above it (one atomic step), e.g. as a
     /// record that must outlive the limits is appended.
     pub fn lower_retention_floor(&self, floor: u64) {

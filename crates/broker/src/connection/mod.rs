@@ -556,35 +556,9 @@ impl Conn {
             let mut scratch = BytesMut::with_capacity(acks * MAX_ACK_BYTES);
             let mut state = self.session.state.lock();
             if state.conn_gen == self.conn_gen && !state.ended {
-                for item in &released {
-                    let Released::Ack {
-                        kind,
-                        packet_id,
-                        reason,
-                        ..
-                    } = item
-                    else {
-                        continue;
-                    };
-                    let ack = tern_wire::Ack {
-                        packet_id: *packet_id,
-                        reason: *reason,
-                        properties: Default::default(),
-                    };
-                    let packet = match kind {
-                        AckKind::None => continue,
-                        AckKind::PubAck => Packet::PubAck(ack),
-                        AckKind::PubRec => Packet::PubRec(ack),
-                        AckKind::PubComp => Packet::PubComp(ack),
-                        AckKind::Encoded(bytes) => {
-                            state.out.push_control(bytes.clone());
-                            continue;
-                        }
-                    };
-                    if let Some(bytes) = encode_packet(&packet, self.protocol, &mut scratch) {
-                        state.out.push_control(bytes);
-                    }
-                }
+                encode_acks(&released, self.protocol, &mut scratch, |bytes| {
+                    state.out.push_control(bytes);
+                });
                 drop(state);
                 self.ctl.wake.notify();
             }
@@ -598,6 +572,44 @@ impl Conn {
             }
         }
         self.released = released;
+    }
+}
+
+/// The released acknowledgements, encoded in packet order, each handed to `each`.
+fn encode_acks<D>(
+    released: &[Released<D>],
+    protocol: Protocol,
+    scratch: &mut BytesMut,
+    mut each: impl FnMut(Bytes),
+) {
+    for item in released {
+        let Released::Ack {
+            kind,
+            packet_id,
+            reason,
+            ..
+        } = item
+        else {
+            continue;
+        };
+        let ack = tern_wire::Ack {
+            packet_id: *packet_id,
+            reason: *reason,
+            properties: Default::default(),
+        };
+        let packet = match kind {
+            AckKind::None => continue,
+            AckKind::PubAck => Packet::PubAck(ack),
+            AckKind::PubRec => Packet::PubRec(ack),
+            AckKind::PubComp => Packet::PubComp(ack),
+            AckKind::Encoded(bytes) => {
+                each(bytes.clone());
+                continue;
+            }
+        };
+        if let Some(bytes) = encode_packet(&packet, protocol, scratch) {
+            each(bytes);
+        }
     }
 }
 

@@ -113,6 +113,9 @@ struct Seen {
     state_streams: u64,
     /// The run ended stalled at the disk budget: the message and state streams' bytes then.
     disk_stall: Option<(u64, u64)>,
+    /// The message streams' live records at the last sample, and at the stall (the log).
+    message_info: String,
+    stall_info: String,
 }
 
 impl Gauges {
@@ -213,6 +216,22 @@ impl Gauges {
             };
             seen.boot_refused_disk = refused_disk;
             seen.message_streams = messages;
+            seen.message_info = store
+                .streams()
+                .map(|s| {
+                    let i = s.info();
+                    format!(
+                        "{} records of {} B, seqs {:?}..={:?}, blocks {} B, retention floor {}",
+                        i.msgs,
+                        i.bytes,
+                        i.first_seq,
+                        i.last_seq,
+                        i.disk_bytes,
+                        s.retention_floor()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
             seen.state_streams = disk - messages;
         }
     }
@@ -277,6 +296,14 @@ impl Gauges {
                     seen.max_message_streams
                 ));
             }
+            if let Some((messages, state)) = seen.disk_stall {
+                let _ = writeln!(
+                    log,
+                    "bounds: stalled at the disk budget: message streams {messages} B ({}), state \
+                     streams {state} B",
+                    seen.stall_info
+                );
+            }
             if let Some((messages, state)) = seen.disk_stall
                 && messages < budget
             {
@@ -315,6 +342,7 @@ impl Gauges {
         let mut seen = self.seen.lock();
         if self.disk_budget.is_some() && seen.samples_since_disk_refusal < STALL_SAMPLES {
             seen.disk_stall = Some((seen.message_streams, seen.state_streams));
+            seen.stall_info = seen.message_info.clone();
         }
     }
 
