@@ -1,5 +1,6 @@
-//! One network connection: the CONNECT handshake (`connect`), then the read loop that
-//! decodes packets and dispatches them (`publish`, `acks`, `subscribe`), then the close
+//! One network connection: the CONNECT handshake (`connect`), then the read loop
+//! (`event_loop`) that decodes packets and dispatches them (`publish`, `acks`, `subscribe`),
+//! then the close
 //! (`close`): final DISCONNECT, will, session detach. The same task writes: between reads it
 //! drives the connection's [`crate::outbound::Outflow`], so an idle connection is one task.
 //!
@@ -24,35 +25,32 @@
 mod acks;
 mod close;
 mod connect;
+mod event_loop;
 mod publish;
 mod quota;
 mod read;
 mod strict;
 mod subscribe;
 
-use std::future::{Future, poll_fn};
+use std::future::Future;
 use std::io;
-use std::num::NonZeroU64;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tern_wire::{DecodeError, Packet, Protocol, ReasonCode, Will, decode};
+use tern_wire::{Packet, Protocol, ReasonCode, Will};
 use tokio::sync::watch;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use crate::ack_pipeline::{AckKind, AckPipeline, Released};
 use crate::broker::Shared;
 use crate::message::Message;
 use crate::metrics::Metrics;
-use crate::outbound::{OutEnv, Outflow, WriteFailed, encode_packet};
+use crate::outbound::{Outflow, WriteFailed, encode_packet};
 use crate::read_order::{CloseOnDrop, ReadSlot};
 use crate::session::{ConnCtl, RoutedOnDrop, Session};
 use crate::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, Transport, TransportRead, TransportWrite};
-use read::{poll_ordered, settle, try_read_chunk};
 
 /// Control packets (acks, SUBACK, PINGRESP) waiting to be written beyond which the connection
 /// stops reading: a client that sends without reading cannot grow the queue without bound.
@@ -259,212 +257,6 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
         // Boxed like the handshake: only a closing connection needs the close path's state.
         Box::pin(self.conn.finish(reason, &mut self.out)).await;
     }
-}
-
-/// The DISCONNECT reason for a packet that failed to decode.
-fn decode_error_reason(error: &DecodeError) -> ReasonCode {
-    match error {
-        // Topic Alias 0 (MQTT-3.3.2-8) is "Topic Alias invalid", not a generic protocol error.
-        DecodeError::InvalidPropertyValue(TOPIC_ALIAS_PROPERTY_ID) => {
-            ReasonCode::TOPIC_ALIAS_INVALID
-        }
-        other => other.reason_code(),
-    }
-}
-
-/// Property identifier of Topic Alias.
-const TOPIC_ALIAS_PROPERTY_ID: u8 = 0x23;
-
-impl<R: TransportRead, W: TransportWrite> Live<R, W> {
-    /// Reads, decodes and dispatches until the connection ends; writes between reads. Its
-    /// state is every idle connection's: fields are borrowed from `self` (arguments would be
-    /// kept twice, as arguments and as locals), and what it waits for is polled.
-    async fn read_loop(&mut self) -> Close {
-        let Live {
-            conn,
-            reader,
-            buf,
-            out,
-        } = self;
-        let reader: &R = reader;
-        let mut last_packet_at = Instant::now();
-        // Packets were decoded since the last wait.
-        let mut decoded = false;
-        // One timer for the connection's life, re-armed only when it fires early (traffic
-        // moved the deadline): no timer churn per packet.
-        let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
-        let first_deadline = last_packet_at
-            .checked_add(conn.keep_alive().unwrap_or(Duration::MAX))
-            .unwrap_or(far_future);
-        let keep_alive_timer = tokio::time::sleep_until(first_deadline);
-        tokio::pin!(keep_alive_timer);
-        // Bytes the handshake read after the CONNECT go with the connection's first ticket.
-        // (Tickets start at 1: `NonZeroU64` keeps the option in 8 bytes of the idle state.)
-        let mut ticket = None;
-        let mut ended = false;
-        if !buf.is_empty() {
-            ticket = conn.read_slot.leftovers().and_then(NonZeroU64::new);
-            ended = poll_fn(|cx| Poll::Ready(settle(reader, buf, &conn.read_slot, cx)))
-                .await
-                .ended;
-        }
-        loop {
-            // Scoped: it is not kept across the wait below.
-            let had_ticket = ticket.is_some();
-            if let Some(ticket) = ticket.take() {
-                // Every read the driver reported before this one takes effect first.
-                conn.read_slot.order().turn(ticket.get()).await;
-            }
-            {
-                // The store's writers wake once for all of this read's appends: one group
-                // commit, not the first PUBLISH alone and the rest in the next one.
-                let _wakes = conn.shared.store.defer_writer_wakes();
-                while !conn.pipeline.is_full() {
-                    let max_packet_size = conn.shared.config.max_packet_size_bytes;
-                    match decode(buf, conn.protocol, max_packet_size) {
-                        Ok(Some(packet)) => {
-                            decoded = true;
-                            if let Err(close) = conn.handle(packet) {
-                                return close;
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(error) => {
-                            tracing::debug!(client_id = %conn.session.client_id, %error, "malformed packet");
-                            return Close::Protocol(decode_error_reason(&error));
-                        }
-                    }
-                }
-            }
-            if had_ticket {
-                conn.read_slot.handled();
-            }
-            if ended {
-                return Close::Lost;
-            }
-            if buf.is_empty() {
-                // Also when its capacity is 0: a buffer split to its end still holds the read
-                // it came from (measured: the CONNECT's ~100 B on every idle connection).
-                *buf = BytesMut::new();
-            }
-            if decoded {
-                last_packet_at = conn.now;
-                decoded = false;
-                // The writers this batch woke sit in this worker's LIFO slot, which the other
-                // worker cannot steal: without a yield a fast publisher starves them and their
-                // queues overflow (measured: 89% of QoS 0 dropped at 1 pub -> 1 sub; 0% after).
-                tokio::task::yield_now().await;
-            }
-            // One outbound step per turn, before waiting: a connection that always has bytes
-            // to read still writes (its acks), one that always has packets to write still reads.
-            let step = poll_fn(|cx| {
-                let env = OutEnv {
-                    shared: &conn.shared,
-                    session: &conn.session,
-                    conn_gen: conn.conn_gen,
-                };
-                Poll::Ready(out.poll_step(cx, &env))
-            })
-            .await;
-            if let Poll::Ready(Err(WriteFailed)) = step {
-                conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
-            }
-            if let Some(reason) = conn.ctl.kick_reason() {
-                return Close::Kicked(reason);
-            }
-            if conn.ctl.is_shut_down() {
-                return Close::Shutdown;
-            }
-            let waiting = conn.pipeline.has_pending_ticket();
-            let backlogged = conn.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
-            let reading = !conn.pipeline.is_full() && !backlogged;
-            if !reading {
-                // Not armed while not reading: no ticket may wait for this connection.
-                conn.read_slot.not_reading();
-            }
-            let mut timer = keep_alive_timer.as_mut();
-            let event =
-                poll_fn(|cx| poll_event(conn, reader, out, timer.as_mut(), waiting, reading, cx))
-                    .await;
-            match event {
-                // A kick or the shutdown is seen at the top of the loop.
-                Event::Woken => out.wake(),
-                Event::Wrote(Ok(())) => {}
-                Event::Wrote(Err(WriteFailed)) => {
-                    conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
-                }
-                Event::Durable => {
-                    conn.flush_released();
-                    if conn.pipeline.failed() {
-                        // Not acknowledged: the client resends after reconnecting.
-                        return Close::Protocol(ReasonCode::UNSPECIFIED_ERROR);
-                    }
-                }
-                Event::Readable(Err(_)) => return Close::Lost,
-                Event::Readable(Ok(())) => {
-                    let n = match try_read_chunk(reader, buf) {
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                        Ok(0) | Err(_) => return Close::Lost,
-                        Ok(n) => n,
-                    };
-                    ticket = NonZeroU64::new(conn.read_slot.read_done());
-                    // One clock read per socket read: packets of one read arrived together.
-                    conn.now = Instant::now();
-                    let settled =
-                        poll_fn(|cx| Poll::Ready(settle(reader, buf, &conn.read_slot, cx))).await;
-                    ended = settled.ended;
-                    let bytes = n + settled.more;
-                    Metrics::add(&conn.shared.metrics.bytes_received, bytes as u64);
-                }
-                Event::KeepAliveDue => {
-                    // MQTT-3.1.2-22: nothing received within 1.5 x keep alive.
-                    // Not kept in a local across the loop's awaits: 16 B of every idle future.
-                    let deadline = last_packet_at + conn.keep_alive().unwrap_or(Duration::MAX);
-                    if Instant::now() >= deadline {
-                        return Close::KeepAlive;
-                    }
-                    keep_alive_timer.as_mut().reset(deadline);
-                }
-            }
-        }
-    }
-}
-
-/// One wait of the read loop: what `tokio::select! { biased; ... }` over these sources would
-/// return, in one poll function, so that no select futures are kept in every idle connection's
-/// state (the closure calling it holds a few references).
-fn poll_event<R: TransportRead, W: TransportWrite>(
-    conn: &mut Conn,
-    reader: &R,
-    out: &mut Outflow<W>,
-    keep_alive_timer: Pin<&mut Sleep>,
-    waiting: bool,
-    reading: bool,
-    cx: &mut Context<'_>,
-) -> Poll<Event> {
-    if conn.ctl.wake.poll(cx).is_ready() {
-        return Poll::Ready(Event::Woken);
-    }
-    if waiting && conn.pipeline.poll_front(cx, &mut conn.released).is_ready() {
-        return Poll::Ready(Event::Durable);
-    }
-    if reading {
-        if let Poll::Ready(ready) = poll_ordered(reader, &conn.read_slot, cx) {
-            return Poll::Ready(Event::Readable(ready));
-        }
-    }
-    let env = OutEnv {
-        shared: &conn.shared,
-        session: &conn.session,
-        conn_gen: conn.conn_gen,
-    };
-    if let Poll::Ready(wrote) = out.poll_step(cx, &env) {
-        return Poll::Ready(Event::Wrote(wrote));
-    }
-    if conn.keep_alive_ms > 0 && keep_alive_timer.poll(cx).is_ready() {
-        return Poll::Ready(Event::KeepAliveDue);
-    }
-    Poll::Pending
 }
 
 impl Conn {
