@@ -82,6 +82,7 @@ pub mod kv;
 mod record;
 pub mod store;
 pub mod stream;
+mod stream_info;
 pub mod ticket;
 pub mod vfs;
 

@@ -10,8 +10,6 @@ use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use bytes::Bytes;
-
 use crate::config::{
     MAX_BATCH_BYTES, MAX_BATCH_RECORDS, MAX_RECORD_BYTES, MAX_TOPIC_BYTES, StreamConfig,
 };
@@ -23,7 +21,8 @@ use crate::queue::{Op, Queue, QueuedOp, Removed};
 pub use crate::record::{NewRecord, ReadBatch, Record};
 use crate::recovery::{self, RecoveryReport};
 use crate::shared::{Shared, lock};
-use crate::state::{Corruption, RemovedLog};
+use crate::state::RemovedLog;
+pub use crate::stream_info::{StreamInfo, StreamMetrics, TopicStats};
 use crate::ticket::Ticket;
 use crate::vfs::Vfs;
 use crate::writer::Writer;
@@ -31,53 +30,6 @@ use crate::writer::Writer;
 /// Most entries one `read_from` call walks (matching or not) before it returns, so that a
 /// sparse filter cannot hold the stream lock for long.
 pub const MAX_SCAN_ENTRIES: usize = 65_536;
-
-/// Live records of one topic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TopicStats {
-    pub count: u64,
-    pub first_seq: u64,
-    pub last_seq: u64,
-}
-
-/// What a stream's writer has done since the stream was opened.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StreamMetrics {
-    /// Records written (rejected ones not counted).
-    pub records: u64,
-    /// Group-commit turns of the writer.
-    pub turns: u64,
-    /// `pwrite` calls for record data.
-    pub writes: u64,
-    /// `fdatasync` calls on block files.
-    pub syncs: u64,
-    pub bytes_written: u64,
-    /// Blocks sealed.
-    pub rolls: u64,
-}
-
-/// A snapshot of a stream's numbers.
-#[derive(Debug, Clone)]
-pub struct StreamInfo {
-    pub msgs: u64,
-    /// Bytes of the live records.
-    pub bytes: u64,
-    /// Bytes of its block files (live and deleted records, delete markers), as written: what
-    /// the stream holds on disk, index files and removed blocks not yet freed aside.
-    pub disk_bytes: u64,
-    /// Oldest and newest live sequence (None when empty).
-    pub first_seq: Option<u64>,
-    pub last_seq: Option<u64>,
-    /// Highest sequence that is durable (every ticket up to it has completed).
-    pub durable_seq: u64,
-    /// Highest sequence the writer has handled: written to the file, synced or not (or
-    /// rejected by a limit). `written_seq - durable_seq` is the unsynced backlog.
-    pub written_seq: u64,
-    pub blocks: usize,
-    pub topics: usize,
-    pub failed: bool,
-    pub quarantined: Vec<Corruption>,
-}
 
 struct Handle {
     sh: Arc<Shared>,
@@ -529,57 +481,6 @@ impl Stream {
     /// Takes the ranges the writer removed on its own (limits, timer expiry) since last call.
     pub fn drain_removed(&self) -> RemovedLog {
         std::mem::take(&mut lock(&self.sh().state).removed_log)
-    }
-
-    /// Live counts of every topic.
-    pub fn topic_counts(&self) -> Vec<(Bytes, u64)> {
-        let st = lock(&self.sh().state);
-        st.topics
-            .iter()
-            .map(|(t, s)| (t.clone(), s.count))
-            .collect()
-    }
-
-    /// Counters of the writer's work (e.g. records per sync shows group commit at work).
-    pub fn metrics(&self) -> StreamMetrics {
-        let c = &self.sh().counters;
-        let r = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        StreamMetrics {
-            records: r(&c.records),
-            turns: r(&c.turns),
-            writes: r(&c.writes),
-            syncs: r(&c.syncs),
-            bytes_written: r(&c.bytes_written),
-            rolls: r(&c.rolls),
-        }
-    }
-
-    /// The writer's fsync latency and group-commit batch size histograms (lock-free reads).
-    pub fn histograms(&self) -> crate::histogram::StreamHistograms {
-        let c = &self.sh().counters;
-        crate::histogram::StreamHistograms {
-            fsync_us: c.fsync_us.snapshot(),
-            batch_records: c.batch_records.snapshot(),
-        }
-    }
-
-    pub fn info(&self) -> StreamInfo {
-        let sh = self.sh();
-        let mut st = lock(&sh.state);
-        let bounds = st.bounds();
-        StreamInfo {
-            msgs: st.live,
-            bytes: st.live_bytes,
-            disk_bytes: st.blocks.iter().map(|b| b.len).sum(),
-            first_seq: bounds.map(|b| b.0),
-            last_seq: bounds.map(|b| b.1),
-            durable_seq: sh.durable_seq.load(std::sync::atomic::Ordering::SeqCst),
-            written_seq: sh.written_seq.load(std::sync::atomic::Ordering::SeqCst),
-            blocks: st.blocks.len(),
-            topics: st.topics.len(),
-            failed: sh.failed.load(std::sync::atomic::Ordering::SeqCst),
-            quarantined: st.quarantined.clone(),
-        }
     }
 
     /// Writes everything queued, stops the writer and releases the stream (other clones

@@ -1,0 +1,111 @@
+//! What a stream reports about itself: per-topic counts, the writer's counters and
+//! histograms, and a snapshot of its numbers ([`StreamInfo`]). Reads and appends are in
+//! `read.rs` and `stream.rs`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+
+use crate::shared::lock;
+use crate::state::Corruption;
+use crate::stream::Stream;
+
+/// Live records of one topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicStats {
+    pub count: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+}
+
+/// What a stream's writer has done since the stream was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamMetrics {
+    /// Records written (rejected ones not counted).
+    pub records: u64,
+    /// Group-commit turns of the writer.
+    pub turns: u64,
+    /// `pwrite` calls for record data.
+    pub writes: u64,
+    /// `fdatasync` calls on block files.
+    pub syncs: u64,
+    pub bytes_written: u64,
+    /// Blocks sealed.
+    pub rolls: u64,
+}
+
+/// A snapshot of a stream's numbers.
+#[derive(Debug, Clone)]
+pub struct StreamInfo {
+    pub msgs: u64,
+    /// Bytes of the live records.
+    pub bytes: u64,
+    /// Bytes of its block files (live and deleted records, delete markers), as written: what
+    /// the stream holds on disk, index files and removed blocks not yet freed aside.
+    pub disk_bytes: u64,
+    /// Oldest and newest live sequence (None when empty).
+    pub first_seq: Option<u64>,
+    pub last_seq: Option<u64>,
+    /// Highest sequence that is durable (every ticket up to it has completed).
+    pub durable_seq: u64,
+    /// Highest sequence the writer has handled: written to the file, synced or not (or
+    /// rejected by a limit). `written_seq - durable_seq` is the unsynced backlog.
+    pub written_seq: u64,
+    pub blocks: usize,
+    pub topics: usize,
+    pub failed: bool,
+    pub quarantined: Vec<Corruption>,
+}
+
+impl Stream {
+    /// Live counts of every topic.
+    pub fn topic_counts(&self) -> Vec<(Bytes, u64)> {
+        let st = lock(&self.sh().state);
+        st.topics
+            .iter()
+            .map(|(t, s)| (t.clone(), s.count))
+            .collect()
+    }
+
+    /// Counters of the writer's work (e.g. records per sync shows group commit at work).
+    pub fn metrics(&self) -> StreamMetrics {
+        let c = &self.sh().counters;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StreamMetrics {
+            records: r(&c.records),
+            turns: r(&c.turns),
+            writes: r(&c.writes),
+            syncs: r(&c.syncs),
+            bytes_written: r(&c.bytes_written),
+            rolls: r(&c.rolls),
+        }
+    }
+
+    /// The writer's fsync latency and group-commit batch size histograms (lock-free reads).
+    pub fn histograms(&self) -> crate::histogram::StreamHistograms {
+        let c = &self.sh().counters;
+        crate::histogram::StreamHistograms {
+            fsync_us: c.fsync_us.snapshot(),
+            batch_records: c.batch_records.snapshot(),
+        }
+    }
+
+    pub fn info(&self) -> StreamInfo {
+        let sh = self.sh();
+        let mut st = lock(&sh.state);
+        let bounds = st.bounds();
+        StreamInfo {
+            msgs: st.live,
+            bytes: st.live_bytes,
+            disk_bytes: st.blocks.iter().map(|b| b.len).sum(),
+            first_seq: bounds.map(|b| b.0),
+            last_seq: bounds.map(|b| b.1),
+            durable_seq: sh.durable_seq.load(Ordering::SeqCst),
+            written_seq: sh.written_seq.load(Ordering::SeqCst),
+            blocks: st.blocks.len(),
+            topics: st.topics.len(),
+            failed: sh.failed.load(Ordering::SeqCst),
+            quarantined: st.quarantined.clone(),
+        }
+    }
+}
