@@ -75,13 +75,19 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
             }
             {
                 // The store's writers wake once for all of this read's appends: one group
-                // commit, not the first PUBLISH alone and the rest in the next one.
-                let _wakes = conn.shared.store.defer_writer_wakes();
+                // commit, not the first PUBLISH alone and the rest in the next one. Taken
+                // only when the read holds more than one packet (a single append has nothing
+                // to group with): no guard, allocation or queue lock per one-packet read.
+                let mut deferred = None;
                 while !conn.pipeline.is_full() {
                     let max_packet_size = conn.shared.config.max_packet_size_bytes;
                     match decode(buf, conn.protocol, max_packet_size) {
                         Ok(Some(packet)) => {
                             decoded = true;
+                            if !buf.is_empty() {
+                                deferred
+                                    .get_or_insert_with(|| conn.shared.store.defer_writer_wakes());
+                            }
                             if let Err(close) = conn.handle(packet) {
                                 return close;
                             }
