@@ -150,14 +150,10 @@ impl Gauges {
         let (Some(shared), Some(store)) = (boot.shared.upgrade(), boot.store.upgrade()) else {
             return;
         };
-        let mut seen = self.seen.lock();
+        let mut guard = self.seen.lock();
+        let seen = &mut *guard;
         seen.samples += 1;
-        seen.samples_since_ack = if acks == seen.acks {
-            seen.samples_since_ack + 1
-        } else {
-            0
-        };
-        seen.acks = acks;
+        samples_since_change(&mut seen.samples_since_ack, &mut seen.acks, acks);
         let refused = shared
             .metrics
             .publishes_refused_memory_limit
@@ -166,12 +162,11 @@ impl Gauges {
                 .metrics
                 .publishes_refused_disk_budget
                 .load(Ordering::Relaxed);
-        seen.samples_since_refusal = if refused == seen.boot_refused {
-            seen.samples_since_refusal + 1
-        } else {
-            0
-        };
-        seen.boot_refused = refused;
+        samples_since_change(
+            &mut seen.samples_since_refusal,
+            &mut seen.boot_refused,
+            refused,
+        );
         if let Some(cap) = self.memory_cap {
             let queued = shared.metrics.queued_bytes.load(Ordering::Relaxed) as u64;
             seen.max_queued = seen.max_queued.max(queued);
@@ -200,7 +195,7 @@ impl Gauges {
         }
         if let Some(budget) = self.disk_budget {
             let disk = store.disk_bytes();
-            let messages: u64 = store.streams().map(|s| s.info().disk_bytes).sum();
+            let messages = store.message_disk_bytes();
             seen.max_message_streams = seen.max_message_streams.max(messages);
             seen.max_state_streams = seen.max_state_streams.max(disk - messages);
             seen.max_disk = seen.max_disk.max(disk);
@@ -209,12 +204,11 @@ impl Gauges {
                 .metrics
                 .publishes_refused_disk_budget
                 .load(Ordering::Relaxed);
-            seen.samples_since_disk_refusal = if refused_disk == seen.boot_refused_disk {
-                seen.samples_since_disk_refusal + 1
-            } else {
-                0
-            };
-            seen.boot_refused_disk = refused_disk;
+            samples_since_change(
+                &mut seen.samples_since_disk_refusal,
+                &mut seen.boot_refused_disk,
+                refused_disk,
+            );
             seen.message_streams = messages;
             seen.message_info = store
                 .streams()
@@ -359,6 +353,13 @@ impl Gauges {
 /// a share group's (`messages_dropped_queue_limit`; a group's counted only in
 /// `messages_dropped` before finding 14's fix), plus what the other categories do not
 /// explain, to stay on the safe side.
+/// Counts the samples since `counter` last changed: `samples` back to 0 when `now` differs
+/// from the last value seen (`last`), one more when it does not.
+fn samples_since_change(samples: &mut u64, last: &mut u64, now: u64) {
+    *samples = if now == *last { *samples + 1 } else { 0 };
+    *last = now;
+}
+
 fn queue_limit_drops(m: &tern_broker::metrics::Metrics) -> u64 {
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     let named = load(&m.messages_dropped_expired)
