@@ -9,6 +9,9 @@
 //!
 //! The spec lets properties come in any order, so per-delivery ones can lead the block.
 //!
+//! [`PublishShape`] is the borrowed view heads are written from: a template's, or a message's
+//! own fields when its body is its payload and it goes to one subscriber (no template at all).
+//!
 //! # Invariants
 //! - `body` never changes after construction; clones share it (`Bytes`, `Arc`).
 //! - [`publish_templates_built`] counts every successful [`PublishTemplate::new`], so tests can
