@@ -41,8 +41,9 @@ pub struct Message {
     pub publisher: Option<Arc<str>>,
     /// Where the store keeps it, once a write was issued for it.
     pub stored: OnceLock<StoreRef>,
-    /// Routed to more than one subscriber (or kept for many: retained): deliveries share the
-    /// template's bytes instead of each writing the message into its own batch.
+    /// Routed to more than one subscriber (or held for many: retained, restored at start-up):
+    /// deliveries share the template's bytes instead of each writing the message into its own
+    /// batch.
     fan_out: AtomicBool,
     template_v3: OnceLock<Option<PublishTemplate>>,
     template_v5: OnceLock<Option<PublishTemplate>>,
