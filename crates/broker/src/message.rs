@@ -8,13 +8,18 @@
 //!   One with an interval is encoded once per protocol family and value of the remaining
 //!   interval (whole seconds): a live fan-out shares one encoding, only deliveries made in a
 //!   later second get a new one.
+//! - A message that goes to one subscriber and whose body is its payload (3.x; 5.0 without
+//!   properties) builds no template: its writer writes the head from [`Message::plain_shape`]
+//!   into its own batch buffer. One routed to several (`fan_out`, set before any of those
+//!   deliveries is queued) shares the template's encoding, whole QoS 0 packets included.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use bytes::Bytes;
-use tern_wire::{Properties, Protocol, PublishTemplate, QoS, Str};
+use tern_wire::{Properties, Protocol, PublishShape, PublishTemplate, QoS, Str};
 
 use crate::persist::StoreRef;
 use tokio::time::Instant;
@@ -36,6 +41,10 @@ pub struct Message {
     pub publisher: Option<Arc<str>>,
     /// Where the store keeps it, once a write was issued for it.
     pub stored: OnceLock<StoreRef>,
+    /// Routed to more than one subscriber (or held for many: retained, restored at start-up):
+    /// deliveries share the template's bytes instead of each writing the message into its own
+    /// batch.
+    fan_out: AtomicBool,
     template_v3: OnceLock<Option<PublishTemplate>>,
     template_v5: OnceLock<Option<PublishTemplate>>,
     /// The v5 encoding for the remaining expiry interval it carries (messages with expiry).
@@ -72,6 +81,7 @@ impl Message {
             arrived_at,
             publisher,
             stored: OnceLock::new(),
+            fan_out: AtomicBool::new(false),
             template_v3: OnceLock::new(),
             template_v5: OnceLock::new(),
             template_v5_expiring: Mutex::new(None),
@@ -136,6 +146,28 @@ impl Message {
 
     pub fn is_expired(&self, now: Instant) -> bool {
         self.remaining_expiry_s(now).is_none()
+    }
+
+    /// Marks the message as delivered to several subscribers. Called before those deliveries
+    /// are queued: the session lock of the queue publishes it to the writers (so `Relaxed`).
+    pub fn mark_fan_out(&self) {
+        self.fan_out.store(true, Ordering::Relaxed);
+    }
+
+    /// See [`Message::mark_fan_out`].
+    pub fn fans_out(&self) -> bool {
+        self.fan_out.load(Ordering::Relaxed)
+    }
+
+    /// The message's own fields as the encoding for `protocol` when its body is its payload
+    /// (3.x always; 5.0 when it carries no properties, so no expiry either): no template, no
+    /// allocation. `None` when a template is needed (or the message cannot be encoded: the
+    /// template path then logs and drops it).
+    pub fn plain_shape(&self, protocol: Protocol) -> Option<PublishShape<'_>> {
+        if protocol.is_v5() && !self.properties.is_empty() {
+            return None;
+        }
+        PublishShape::plain(protocol, &self.topic, &self.payload).ok()
     }
 
     /// The shared encoding for a subscriber speaking `protocol`, or `None` if the message has

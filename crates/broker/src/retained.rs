@@ -145,11 +145,10 @@ impl Retained {
         }
         // Retained messages live long: copy them out of the read buffer they were decoded
         // into, which would otherwise stay pinned whole by a few bytes.
-        if node
-            .message
-            .replace(Arc::new(Message::compacted(message)))
-            .is_none()
-        {
+        let copy = Message::compacted(message);
+        // Delivered to every future subscriber of its topic: one shared encoding.
+        copy.mark_fan_out();
+        if node.message.replace(Arc::new(copy)).is_none() {
             self.len += 1;
         }
         true

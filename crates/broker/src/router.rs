@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use smallvec::SmallVec;
 use tern_topic::{FilterKind, Match, SubscribeError, SubscriptionTrie};
 use tern_wire::{QoS, SubscriptionOptions};
 use tokio::time::Instant;
@@ -26,6 +27,13 @@ use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::outbound::{Outgoing, PushResult};
 use crate::session::{Session, SubRecord};
+
+/// Deliveries a message routes to before spilling to the heap: a message to a handful of
+/// subscribers (the common case) costs no allocation for its target list.
+const INLINE_TARGETS: usize = 4;
+
+/// The sessions a message is routed to, with their delivery.
+pub type Targets = SmallVec<[(Arc<Session>, Outgoing); INLINE_TARGETS]>;
 
 /// One subscription in the trie.
 #[derive(Debug, Clone)]
@@ -102,7 +110,7 @@ impl Router {
     pub fn targets(
         &self,
         message: &Arc<Message>,
-        out: &mut Vec<(Arc<Session>, Outgoing)>,
+        out: &mut Targets,
         to_groups: &mut Vec<Outgoing>,
     ) {
         let first = out.len();
@@ -143,7 +151,7 @@ impl Router {
 
 #[cfg(test)]
 impl Router {
-    fn targets_for_test(&self, message: &Arc<Message>, out: &mut Vec<(Arc<Session>, Outgoing)>) {
+    fn targets_for_test(&self, message: &Arc<Message>, out: &mut Targets) {
         self.targets(message, out, &mut Vec::new());
     }
 }
@@ -162,11 +170,11 @@ fn outgoing(message: &Arc<Message>, value: &SubValue) -> Outgoing {
 
 /// Merges entries of `out[first..]` that target the same session through normal
 /// subscriptions into one copy.
-fn merge_per_session(out: &mut Vec<(Arc<Session>, Outgoing)>, first: usize) {
+fn merge_per_session(out: &mut Targets, first: usize) {
     if out.len() - first < 2 {
         return;
     }
-    let mut tail = out.split_off(first);
+    let mut tail: Targets = out.drain(first..).collect();
     tail.sort_by_key(|(s, o)| (Arc::as_ptr(s) as usize, o.share.is_some()));
     for (session, item) in tail {
         if item.share.is_none() && out.len() > first {
@@ -197,7 +205,7 @@ pub fn publish(shared: &Shared, message: Arc<Message>) {
 /// was applied to it when its connection's ack pipeline released it
 /// ([`crate::retained::release_hook`]), so that its PUBACK / PUBREC waits for the write.
 pub fn route(shared: &Shared, message: Arc<Message>) {
-    let mut targets = Vec::new();
+    let mut targets = Targets::new();
     let mut to_groups = Vec::new();
     shared
         .router
@@ -209,6 +217,9 @@ pub fn route(shared: &Shared, message: Arc<Message>) {
     // The ACL is taken once per message, not once per delivery (a fan-out would otherwise
     // clone one shared `Arc` per subscriber).
     let acl = shared.auth.acl();
+    if targets.len() + to_groups.len() > 1 {
+        message.mark_fan_out();
+    }
     for (session, item) in targets {
         deliver_with(shared, acl.as_deref(), &session, item, now);
     }
@@ -380,7 +391,7 @@ mod tests {
             .unwrap();
         // Kept by the SUBSCRIBE handler from the session's table.
         a.plain_subscriptions.store(2, Ordering::Relaxed);
-        let mut out = Vec::new();
+        let mut out = Targets::new();
         router.targets_for_test(&message("x/y", QoS::AtLeastOnce, None), &mut out);
         assert_eq!(out.len(), 1);
         let (_, item) = &out[0];
@@ -398,6 +409,27 @@ mod tests {
         );
     }
 
+    /// A message to several sessions is marked fan-out before it is queued (its deliveries
+    /// share one encoding, ARCHITECTURE §2 "Encode once"); one to a single session is not.
+    #[test]
+    fn route_marks_a_message_for_several_sessions_as_fan_out() {
+        let broker = crate::broker::Broker::new(crate::BrokerConfig::default()).unwrap();
+        let shared = broker.shared();
+        for (subscribers, fan_out) in [(1, false), (2, true)] {
+            for i in 0..subscribers {
+                let s = session(&format!("s{i}"));
+                shared
+                    .router
+                    .write()
+                    .subscribe(FilterKind::Normal("f/t"), &s, record(QoS::AtMostOnce, None))
+                    .unwrap();
+            }
+            let m = message("f/t", QoS::AtMostOnce, None);
+            route(shared, m.clone());
+            assert_eq!(m.fans_out(), fan_out, "{subscribers} subscriber(s)");
+        }
+    }
+
     #[test]
     fn no_local_skips_own_messages_mqtt_3_8_3_3() {
         let mut router = Router::default();
@@ -405,7 +437,7 @@ mod tests {
         let mut rec = record(QoS::AtLeastOnce, None);
         rec.options.no_local = true;
         router.subscribe(FilterKind::Normal("t"), &a, rec).unwrap();
-        let mut out = Vec::new();
+        let mut out = Targets::new();
         router.targets_for_test(&message("t", QoS::AtLeastOnce, Some("a")), &mut out);
         assert!(out.is_empty());
         router.targets_for_test(&message("t", QoS::AtLeastOnce, Some("b")), &mut out);
@@ -431,7 +463,7 @@ mod tests {
             .unwrap();
         let mut got = Vec::new();
         for _ in 0..4 {
-            let mut out = Vec::new();
+            let mut out = Targets::new();
             router.targets_for_test(&message("jobs/1", QoS::AtLeastOnce, None), &mut out);
             assert_eq!(out.len(), 1);
             assert_eq!(out[0].1.share.as_deref(), Some("$share/g/jobs/#"));
@@ -441,13 +473,13 @@ mod tests {
         // An offline member is skipped while an online one exists.
         b.set_online(false);
         for _ in 0..2 {
-            let mut out = Vec::new();
+            let mut out = Targets::new();
             router.targets_for_test(&message("jobs/1", QoS::AtLeastOnce, None), &mut out);
             assert_eq!(&*out[0].0.client_id, "a");
         }
         // With no member online the message is for the group's queue.
         a.set_online(false);
-        let (mut out, mut to_groups) = (Vec::new(), Vec::new());
+        let (mut out, mut to_groups) = (Targets::new(), Vec::new());
         router.targets(
             &message("jobs/1", QoS::AtLeastOnce, None),
             &mut out,
@@ -465,7 +497,7 @@ mod tests {
         router
             .subscribe(FilterKind::Normal("#"), &a, record(QoS::AtMostOnce, None))
             .unwrap();
-        let mut out = Vec::new();
+        let mut out = Targets::new();
         router.targets_for_test(&message("$SYS/x", QoS::AtMostOnce, None), &mut out);
         assert!(out.is_empty());
     }

@@ -225,6 +225,31 @@ fn bench_fanout(c: &mut Criterion) {
                 black_box(&out);
             })
         });
+        // A message for one subscriber, QoS 0, as the writer handles it now (head and payload
+        // into the batch buffer, no template) and as it did before (a template and its whole
+        // QoS 0 packet built per message).
+        let qos0 = Delivery::qos0(false);
+        group.bench_function(format!("single_qos0_64_{label}"), |b| {
+            b.iter(|| {
+                out.clear();
+                let shape = PublishShape::plain(protocol, &topic, black_box(&payload)).unwrap();
+                shape.write_head(&qos0, &mut out);
+                out.extend_from_slice(shape.body());
+                black_box(&out);
+            })
+        });
+        group.bench_function(format!("template_qos0_packet_64_{label}"), |b| {
+            b.iter(|| {
+                PublishTemplate::new(
+                    protocol,
+                    &topic,
+                    &Properties::default(),
+                    black_box(&payload),
+                )
+                .unwrap()
+                .qos0_packet(false)
+            })
+        });
         group.bench_function(format!("template_new_64_{label}"), |b| {
             b.iter(|| {
                 PublishTemplate::new(
@@ -240,12 +265,30 @@ fn bench_fanout(c: &mut Criterion) {
     group.finish();
 }
 
+/// `Str::as_str` (every `&str` view of a topic: trie walk, ACL, aliases).
+fn bench_str(c: &mut Criterion) {
+    let mut group = c.benchmark_group("str");
+    for (label, text) in [
+        ("18B", "sensors/room1/temp"),
+        (
+            "64B",
+            "tern-bench/0123456789/0123456789/0123456789/0123456789/abcdefgh",
+        ),
+    ] {
+        let s = Str::from_bytes(Bytes::from(text.as_bytes().to_vec())).unwrap();
+        group.bench_function(format!("str_as_str_{label}"), |b| {
+            b.iter(|| black_box(&s).as_str().len())
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(std::time::Duration::from_millis(500))
         .measurement_time(std::time::Duration::from_secs(2))
         .sample_size(30);
-    targets = bench_decode, bench_decode_without_drop, bench_encode, bench_fanout
+    targets = bench_decode, bench_decode_without_drop, bench_encode, bench_fanout, bench_str
 }
 criterion_main!(benches);

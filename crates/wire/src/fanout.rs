@@ -9,6 +9,9 @@
 //!
 //! The spec lets properties come in any order, so per-delivery ones can lead the block.
 //!
+//! [`PublishShape`] is the borrowed view heads are written from: a template's, or a message's
+//! own fields when its body is its payload and it goes to one subscriber (no template at all).
+//!
 //! # Invariants
 //! - `body` never changes after construction; clones share it (`Bytes`, `Arc`).
 //! - [`publish_templates_built`] counts every successful [`PublishTemplate::new`], so tests can
@@ -98,6 +101,126 @@ fn valid_subscription_identifier(value: u32) -> bool {
     value != 0 && value <= VARINT_MAX
 }
 
+/// What a delivery's head is computed from, borrowed: from a [`PublishTemplate`], or from a
+/// message whose body is its payload (3.x, or 5.0 without properties), which then needs no
+/// template (no allocation) when it goes to a single subscriber.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishShape<'a> {
+    protocol: Protocol,
+    topic: &'a Str,
+    body: &'a Bytes,
+    /// Content length of the shared properties inside `body` (5.0).
+    shared_props_len: usize,
+}
+
+impl<'a> PublishShape<'a> {
+    /// A PUBLISH without shared properties: the body is `payload`. Refuses what
+    /// [`PublishTemplate::new`] refuses (a topic or packet too long to encode).
+    pub fn plain(
+        protocol: Protocol,
+        topic: &'a Str,
+        payload: &'a Bytes,
+    ) -> Result<PublishShape<'a>, EncodeError> {
+        str_len(topic)?;
+        check_size(topic, payload)?;
+        Ok(PublishShape {
+            protocol,
+            topic,
+            body: payload,
+            shared_props_len: 0,
+        })
+    }
+
+    /// The shared bytes that follow every head.
+    pub fn body(&self) -> &'a Bytes {
+        self.body
+    }
+
+    fn head_plan(&self, delivery: &Delivery<'_>) -> HeadPlan {
+        let v5 = self.protocol.is_v5();
+        let send_topic = delivery.send_topic || !v5;
+        let mut remaining_len = 2 + if send_topic { self.topic.len() } else { 0 };
+        if delivery.qos != QoS::AtMostOnce {
+            remaining_len += 2;
+        }
+        let mut props_len = 0;
+        if v5 {
+            props_len = self.shared_props_len;
+            if delivery.topic_alias.is_some_and(|alias| alias != 0) {
+                props_len += 3;
+            }
+            for &value in delivery.subscription_identifiers {
+                if valid_subscription_identifier(value) {
+                    props_len += 1 + varint::len(value);
+                }
+            }
+            remaining_len += varint::len(props_len as u32) + props_len - self.shared_props_len;
+        }
+        remaining_len += self.body.len();
+        HeadPlan {
+            remaining_len,
+            props_len,
+            send_topic,
+        }
+    }
+
+    /// Size of the full packet on the wire for this delivery.
+    pub fn packet_len(&self, delivery: &Delivery<'_>) -> usize {
+        let plan = self.head_plan(delivery);
+        1 + varint::len(plan.remaining_len as u32) + plan.remaining_len
+    }
+
+    /// Size of the head alone.
+    pub fn head_len(&self, delivery: &Delivery<'_>) -> usize {
+        self.packet_len(delivery) - self.body.len()
+    }
+
+    /// Writes the per-delivery head into `out`. The full packet is `head ++ body()`.
+    pub fn write_head(&self, delivery: &Delivery<'_>, out: &mut BytesMut) {
+        let plan = self.head_plan(delivery);
+        let head_len =
+            1 + varint::len(plan.remaining_len as u32) + plan.remaining_len - self.body.len();
+        out.reserve(head_len);
+        out.put_u8(publish_first_byte(
+            delivery.qos,
+            delivery.dup,
+            delivery.retain,
+        ));
+        varint::write(plan.remaining_len as u32, out);
+        if plan.send_topic {
+            put_str(out, self.topic);
+        } else {
+            out.put_u16(0);
+        }
+        if delivery.qos != QoS::AtMostOnce {
+            out.put_u16(delivery.packet_id);
+        }
+        if self.protocol.is_v5() {
+            varint::write(plan.props_len as u32, out);
+            if let Some(alias) = delivery.topic_alias.filter(|&alias| alias != 0) {
+                out.put_u8(id::TOPIC_ALIAS);
+                out.put_u16(alias);
+            }
+            for &value in delivery.subscription_identifiers {
+                if valid_subscription_identifier(value) {
+                    out.put_u8(id::SUBSCRIPTION_IDENTIFIER);
+                    varint::write(value, out);
+                }
+            }
+        }
+    }
+}
+
+/// Worst case head: topic, packet id, property length, alias; identifiers are bounded by the
+/// caller's maximum packet size check through `packet_len`.
+fn check_size(topic: &Str, body: &Bytes) -> Result<(), EncodeError> {
+    let base = 2 + topic.len() + 2 + 4 + 3 + body.len();
+    if base > VARINT_MAX as usize {
+        return Err(EncodeError::PacketTooLarge(base));
+    }
+    Ok(())
+}
+
 impl PublishTemplate {
     /// Encodes once the parts every delivery shares: the message's properties except
     /// topic alias and subscription identifiers, and the payload.
@@ -125,12 +248,7 @@ impl PublishTemplate {
         } else {
             (payload.clone(), 0)
         };
-        // Worst case head: topic, packet id, property length, alias; identifiers are bounded by
-        // the caller's maximum packet size check through `packet_len`.
-        let base = 2 + topic.len() + 2 + 4 + 3 + body.len();
-        if base > VARINT_MAX as usize {
-            return Err(EncodeError::PacketTooLarge(base));
-        }
+        check_size(topic, &body)?;
         TEMPLATES_BUILT.fetch_add(1, Ordering::Relaxed);
         Ok(PublishTemplate {
             inner: Arc::new(Inner {
@@ -156,80 +274,30 @@ impl PublishTemplate {
         &self.inner.body
     }
 
-    fn head_plan(&self, delivery: &Delivery<'_>) -> HeadPlan {
+    /// The fields heads are written from.
+    pub fn shape(&self) -> PublishShape<'_> {
         let inner = &*self.inner;
-        let v5 = inner.protocol.is_v5();
-        let send_topic = delivery.send_topic || !v5;
-        let mut remaining_len = 2 + if send_topic { inner.topic.len() } else { 0 };
-        if delivery.qos != QoS::AtMostOnce {
-            remaining_len += 2;
-        }
-        let mut props_len = 0;
-        if v5 {
-            props_len = inner.shared_props_len;
-            if delivery.topic_alias.is_some_and(|alias| alias != 0) {
-                props_len += 3;
-            }
-            for &value in delivery.subscription_identifiers {
-                if valid_subscription_identifier(value) {
-                    props_len += 1 + varint::len(value);
-                }
-            }
-            remaining_len += varint::len(props_len as u32) + props_len - inner.shared_props_len;
-        }
-        remaining_len += inner.body.len();
-        HeadPlan {
-            remaining_len,
-            props_len,
-            send_topic,
+        PublishShape {
+            protocol: inner.protocol,
+            topic: &inner.topic,
+            body: &inner.body,
+            shared_props_len: inner.shared_props_len,
         }
     }
 
     /// Size of the full packet on the wire for this delivery.
     pub fn packet_len(&self, delivery: &Delivery<'_>) -> usize {
-        let plan = self.head_plan(delivery);
-        1 + varint::len(plan.remaining_len as u32) + plan.remaining_len
+        self.shape().packet_len(delivery)
     }
 
     /// Size of the head alone.
     pub fn head_len(&self, delivery: &Delivery<'_>) -> usize {
-        self.packet_len(delivery) - self.inner.body.len()
+        self.shape().head_len(delivery)
     }
 
     /// Writes the per-delivery head into `out`. The full packet is `head ++ body()`.
     pub fn write_head(&self, delivery: &Delivery<'_>, out: &mut BytesMut) {
-        let inner = &*self.inner;
-        let plan = self.head_plan(delivery);
-        let head_len =
-            1 + varint::len(plan.remaining_len as u32) + plan.remaining_len - inner.body.len();
-        out.reserve(head_len);
-        out.put_u8(publish_first_byte(
-            delivery.qos,
-            delivery.dup,
-            delivery.retain,
-        ));
-        varint::write(plan.remaining_len as u32, out);
-        if plan.send_topic {
-            put_str(out, &inner.topic);
-        } else {
-            out.put_u16(0);
-        }
-        if delivery.qos != QoS::AtMostOnce {
-            out.put_u16(delivery.packet_id);
-        }
-        if inner.protocol.is_v5() {
-            varint::write(plan.props_len as u32, out);
-            if let Some(alias) = delivery.topic_alias.filter(|&alias| alias != 0) {
-                out.put_u8(id::TOPIC_ALIAS);
-                out.put_u16(alias);
-            }
-            for &value in delivery.subscription_identifiers {
-                if valid_subscription_identifier(value) {
-                    out.put_u8(id::SUBSCRIPTION_IDENTIFIER);
-                    varint::write(value, out);
-                }
-            }
-        }
+        self.shape().write_head(delivery, out);
     }
 
     /// Whole packet for a QoS 0 delivery with no per-delivery properties, built once per retain

@@ -10,7 +10,7 @@
 //! - `varint`: Variable Byte Integers.
 //! - `decode`: [`decode`], incremental and zero-copy, one file per packet family.
 //! - `encode`: [`encode`] and [`encoded_len`], one file per packet family.
-//! - [`fanout`]: [`PublishTemplate`] and [`Delivery`], a PUBLISH encoded once for many
+//! - [`fanout`]: [`PublishTemplate`], [`PublishShape`] and [`Delivery`], a PUBLISH encoded once for many
 //!   subscribers, and the [`publish_templates_built`] counter.
 //!
 //! ```
@@ -63,7 +63,7 @@ pub use bytes::{Bytes, BytesMut};
 pub use decode::decode;
 pub use encode::{encode, encoded_len};
 pub use error::{DecodeError, EncodeError};
-pub use fanout::{Delivery, PublishTemplate, publish_templates_built};
+pub use fanout::{Delivery, PublishShape, PublishTemplate, publish_templates_built};
 pub use packet::{
     Ack, Auth, ConnAck, Connect, Disconnect, Packet, PacketType, Protocol, Publish, QoS,
     RetainHandling, Str, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe, Will,

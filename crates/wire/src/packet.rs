@@ -77,7 +77,8 @@ impl Str {
         Ok(Str(bytes))
     }
 
-    /// Wraps bytes the caller has already validated (UTF-8, no U+0000).
+    /// Wraps bytes the caller has already validated (UTF-8, no U+0000): [`Str::as_str`]
+    /// relies on it.
     pub(crate) fn from_validated(bytes: Bytes) -> Str {
         Str(bytes)
     }
@@ -96,9 +97,15 @@ impl Str {
         Ok(Str(Bytes::copy_from_slice(text.as_bytes())))
     }
 
+    /// Without a second UTF-8 check: topics are read as `&str` several times per routed
+    /// message (trie walk, ACL, aliases), and re-validating them was ~4% of the broker's CPU
+    /// in the QoS 0 cell (BENCHMARKS.md, session 6; `cargo bench -p tern-wire -- str_as_str`).
     pub fn as_str(&self) -> &str {
-        // Every constructor validated the bytes, so this never falls back to "".
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        // SAFETY: every constructor leaves well-formed UTF-8 in `self.0`: `from_bytes` checks
+        // it, `from_static` and `copy_from` copy a `&str`, `from_validated` is crate-private and
+        // its one caller (`decode::publish::topic_name`) checks it (or finds it all ASCII),
+        // `Default` is empty; the bytes are immutable (`Bytes`) and never exposed mutably.
+        unsafe { std::str::from_utf8_unchecked(&self.0) }
     }
 
     pub fn as_bytes(&self) -> &Bytes {

@@ -24,17 +24,41 @@ const TAG_USER: u8 = 6;
 /// Publisher client id "none" (wills, `$SYS`).
 const NO_PUBLISHER: u16 = u16::MAX;
 
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+/// Metadata bytes kept on the stack: the fixed fields, a client id of up to ~100 bytes and
+/// small properties, so a stored PUBLISH allocates nothing for its metadata.
+const META_INLINE_BYTES: usize = 128;
+
+/// A message's encoded metadata ([`encode_meta`]).
+pub type Meta = smallvec::SmallVec<[u8; META_INLINE_BYTES]>;
+
+/// Where encoded fields go: a record's [`Meta`], or a `Vec` for the other values.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl Sink for Meta {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+fn put_bytes(out: &mut impl Sink, b: &[u8]) {
     // Every field written here comes from an MQTT packet, whose strings and binaries have
     // u16 lengths; longer input is truncated rather than allowed to corrupt the framing.
     let len = b.len().min(usize::from(u16::MAX - 1));
-    out.extend_from_slice(&(len as u16).to_be_bytes());
-    out.extend_from_slice(&b[..len]);
+    out.put(&(len as u16).to_be_bytes());
+    out.put(&b[..len]);
 }
 
 /// The message's metadata (the record's `properties` field): version, QoS and retain flag,
 /// publisher client id, then tagged MQTT 5 properties.
-pub fn encode_meta(m: &Message, out: &mut Vec<u8>) {
+pub fn encode_meta(m: &Message, out: &mut Meta) {
     out.push(FORMAT_VERSION);
     out.push(m.qos as u8 | (u8::from(m.retain) << 2));
     match &m.publisher {
@@ -162,7 +186,7 @@ pub fn decode_message(topic: &[u8], meta: &[u8], payload: Bytes, age: Duration) 
 
 /// A retained message as one value: meta length, meta, payload.
 pub fn encode_retained(m: &Message) -> Vec<u8> {
-    let mut meta = Vec::new();
+    let mut meta = Meta::new();
     encode_meta(m, &mut meta);
     let mut out = Vec::with_capacity(4 + meta.len() + m.payload.len());
     out.extend_from_slice(&(meta.len() as u32).to_be_bytes());
@@ -318,7 +342,7 @@ mod tests {
             Some("pub-1".into()),
             Instant::now(),
         );
-        let mut meta = Vec::new();
+        let mut meta = Meta::new();
         encode_meta(&m, &mut meta);
         let back = decode_message(b"a/b", &meta, m.payload.clone(), Duration::ZERO).unwrap();
         assert_eq!(back.qos, QoS::ExactlyOnce);

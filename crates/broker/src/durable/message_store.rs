@@ -19,7 +19,7 @@ impl MessageStore for DurableStore {
         qos2_packet_id: Option<u16>,
     ) -> Option<Ticket> {
         let (index, slot) = self.writes(&message.topic, message.qos)?;
-        let mut meta = Vec::with_capacity(16);
+        let mut meta = codec::Meta::new();
         codec::encode_meta(message, &mut meta);
         let record = NewRecord {
             topic: message.topic.as_bytes(),

@@ -36,7 +36,9 @@ enum Front {
 }
 
 impl Outbound {
-    /// Moves up to [`MAX_BATCH_PACKETS`] packets into `parts` (each packet one or two `Bytes`).
+    /// Moves up to [`MAX_BATCH_PACKETS`] packets into `parts`: shared packets and bodies as
+    /// their own `Bytes`, everything written per delivery (heads, whole packets for one
+    /// subscriber, PUBRELs) contiguous in the writer's batch buffer between them.
     pub fn fill_batch(
         &mut self,
         writer: &mut WriterState,
@@ -58,7 +60,8 @@ impl Outbound {
         while packets < MAX_BATCH_PACKETS {
             batch_bytes += parts[counted_parts..].iter().map(Bytes::len).sum::<usize>();
             counted_parts = parts.len();
-            if batch_bytes >= MAX_BATCH_BYTES {
+            // The batch buffer's bytes are not in `parts` until flushed.
+            if batch_bytes + writer.head.len() >= MAX_BATCH_BYTES {
                 break;
             }
             // A control packet goes once the deliveries queued before it left, or at once when
@@ -66,6 +69,7 @@ impl Outbound {
             if let Some(&(mark, _)) = self.control.front() {
                 if mark <= self.removed_total || head_blocked {
                     if let Some((_, packet)) = self.control.pop_front() {
+                        writer.flush(parts);
                         parts.push(packet);
                         packets += 1;
                     }
@@ -83,9 +87,10 @@ impl Outbound {
                 }
                 continue;
             }
+            let written_before = (parts.len(), writer.head.len());
             match self.take_front(writer, env, parts, &mut sent_by_qos) {
                 Front::Taken => {
-                    if counted_parts < parts.len() {
+                    if written_before != (parts.len(), writer.head.len()) {
                         packets += 1;
                     }
                 }
@@ -98,6 +103,7 @@ impl Outbound {
                 Front::Empty => break,
             }
         }
+        writer.flush(parts);
         for (counter, sent) in env.metrics.messages_sent_by_qos.iter().zip(sent_by_qos) {
             if sent > 0 {
                 Metrics::add(counter, sent);
@@ -238,13 +244,7 @@ impl Outbound {
                 if let Some(entry) = self.inflight.iter_mut().find(|e| e.packet_id == packet_id) {
                     entry.held = false;
                 }
-                match writer.encode_pubrel(packet_id, reason) {
-                    Some(bytes) => {
-                        parts.push(bytes);
-                        true
-                    }
-                    None => false,
-                }
+                writer.encode_pubrel(packet_id, reason)
             }
         }
     }
@@ -267,11 +267,7 @@ impl Outbound {
             packets += 1;
             match entry.phase {
                 Phase::PubRelPending => {
-                    if let Some(bytes) =
-                        writer.encode_pubrel(entry.packet_id, tern_wire::ReasonCode::SUCCESS)
-                    {
-                        parts.push(bytes);
-                    }
+                    writer.encode_pubrel(entry.packet_id, tern_wire::ReasonCode::SUCCESS);
                 }
                 Phase::AwaitingAck => {
                     // An expired one still goes out: the exchange must finish and the client

@@ -65,7 +65,7 @@ pub use writer::{OutEnv, Outflow, WriteFailed, WriterState, encode_packet};
 pub const MAX_BATCH_PACKETS: usize = 256;
 /// Queue capacity an empty queue may keep; beyond it the memory is returned.
 const IDLE_QUEUE_CAPACITY: usize = 64;
-/// Scratch reserved for the per-delivery heads of a batch.
+/// Batch buffer reserved per batch: heads, and small packets written for one subscriber.
 const HEAD_SCRATCH_BYTES: usize = 4096;
 /// Bytes taken per batch: with large payloads the packet count alone would let one batch (which
 /// is written to the end even when the connection is closing) grow to megabytes.

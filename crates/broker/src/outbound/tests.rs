@@ -430,6 +430,8 @@ async fn one_shared_buffer_reaches_every_subscriber_unchanged() {
     }
     .into();
     let msg = message("fan/t", payload, props);
+    // As the router marks a message it routes to more than one session.
+    msg.mark_fan_out();
     let mut bodies: Vec<(Protocol, *const u8)> = Vec::new();
     let mut qos0_packets: Vec<(Protocol, *const u8)> = Vec::new();
     for i in 0..100u32 {
@@ -506,6 +508,58 @@ async fn one_shared_buffer_reaches_every_subscriber_unchanged() {
     // The 3.1.1 body is the publisher's payload itself: zero copies end to end.
     let v3_body = bodies.iter().find(|(p, _)| *p == Protocol::V3_1_1).unwrap();
     assert_eq!(v3_body.1, msg.payload.as_ptr());
+}
+
+/// A message routed to one session only (not marked fan-out) whose body is its payload builds
+/// no template: its head and payload are written into the batch buffer, one part per packet,
+/// and the subscriber decodes exactly what was published (3.1.1 and 5.0, QoS 0 and 1).
+#[tokio::test]
+async fn a_single_subscriber_message_is_one_part_of_the_batch_buffer() {
+    let payload: &'static [u8] = b"for one subscriber";
+    for protocol in [Protocol::V3_1_1, Protocol::V5] {
+        for qos in [QoS::AtMostOnce, QoS::AtLeastOnce] {
+            let msg = message("one/t", payload, Properties::default());
+            let mut f = Fixture::new(16);
+            f.writer = WriterState::new(protocol, u32::MAX, 0);
+            for _ in 0..2 {
+                f.push(Outgoing {
+                    message: msg.clone(),
+                    qos,
+                    retain: false,
+                    subscription_ids: Vec::new(),
+                    share: None,
+                });
+            }
+            let mut parts = Vec::new();
+            let env = batch::BatchEnv {
+                config: &f.config,
+                metrics: &f.metrics,
+                store: &crate::persist::MemoryStore,
+                client_id: "c",
+                persistent: false,
+                now: Instant::now(),
+            };
+            f.out.fill_batch(&mut f.writer, &env, &mut parts);
+            assert_eq!(
+                parts.len(),
+                1,
+                "{protocol:?} {qos:?}: both in the batch buffer"
+            );
+            assert_ne!(parts[0].as_ptr(), msg.payload.as_ptr());
+            let decoded = packets(&mut parts, protocol);
+            assert_eq!(decoded.len(), 2);
+            for packet in decoded {
+                let Packet::Publish(p) = packet else {
+                    panic!("expected a PUBLISH, got {packet:?}");
+                };
+                assert_eq!(&p.payload[..], payload);
+                assert_eq!(p.topic.as_str(), "one/t");
+                assert_eq!(p.qos, qos);
+                assert_eq!(p.packet_id != 0, qos != QoS::AtMostOnce);
+                assert!(p.properties.is_empty());
+            }
+        }
+    }
 }
 
 /// Issue 11 item 2: an offline session keeps at most `max_queued_bytes` of QoS>0 messages,

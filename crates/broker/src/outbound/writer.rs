@@ -3,7 +3,9 @@
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use tern_wire::{Ack, Delivery, Packet, Properties, Protocol, QoS, ReasonCode, encode};
+use tern_wire::{
+    Ack, Delivery, Packet, Properties, Protocol, PublishShape, QoS, ReasonCode, encode,
+};
 use tokio::time::Instant;
 
 use super::Outgoing;
@@ -15,6 +17,10 @@ use crate::session::Session;
 use crate::topic_alias::OutboundAliases;
 use crate::transport::TransportWrite;
 
+/// Largest payload a single-subscriber delivery copies into the batch buffer; a larger one is
+/// written from the payload's own buffer (one more part, no copy).
+const INLINE_BODY_MAX_BYTES: usize = 512;
+
 /// Per-connection encoder state of the writer.
 #[derive(Debug)]
 pub struct WriterState {
@@ -22,6 +28,8 @@ pub struct WriterState {
     /// The client's Maximum Packet Size (v5), `u32::MAX` if it set none.
     pub max_packet_size_bytes: u32,
     pub aliases: OutboundAliases,
+    /// The batch buffer: heads, small single-subscriber packets and PUBRELs of the batch being
+    /// built, not yet moved into its parts ([`WriterState::flush`]).
     pub(super) head: BytesMut,
 }
 
@@ -48,9 +56,6 @@ impl WriterState {
         if self.max_packet_size_bytes == u32::MAX {
             return true;
         }
-        let Some(template) = item.message.template(self.protocol, now) else {
-            return false;
-        };
         let delivery = Delivery {
             qos: item.qos,
             dup: false,
@@ -60,7 +65,14 @@ impl WriterState {
             send_topic: true,
             subscription_identifiers: self.subscription_ids(item),
         };
-        template.packet_len(&delivery) <= self.max_packet_size_bytes as usize
+        let packet_len = match item.message.plain_shape(self.protocol) {
+            Some(shape) => shape.packet_len(&delivery),
+            None => match item.message.template(self.protocol, now) {
+                Some(template) => template.packet_len(&delivery),
+                None => return false,
+            },
+        };
+        packet_len <= self.max_packet_size_bytes as usize
     }
 
     /// Appends the packet for `item` to `parts`. False if it could not be encoded.
@@ -72,6 +84,13 @@ impl WriterState {
         now: Instant,
         parts: &mut Vec<Bytes>,
     ) -> bool {
+        if !item.message.fans_out() {
+            if let Some(shape) = item.message.plain_shape(self.protocol) {
+                let delivery = self.delivery(item, packet_id, dup);
+                self.write_single(shape, &delivery, parts);
+                return true;
+            }
+        }
         let Some(template) = item.message.template(self.protocol, now).or_else(|| {
             // An expired in-flight resend still needs a packet: encode without expiry.
             let mut copy = Message::clone_for_resend(&item.message);
@@ -80,41 +99,84 @@ impl WriterState {
         }) else {
             return false;
         };
+        let delivery = self.delivery(item, packet_id, dup);
+        if delivery.qos == QoS::AtMostOnce
+            && delivery.topic_alias.is_none()
+            && delivery.subscription_identifiers.is_empty()
+        {
+            self.flush(parts);
+            parts.push(template.qos0_packet(item.retain));
+            return true;
+        }
+        template.write_head(&delivery, &mut self.head);
+        self.flush(parts);
+        parts.push(template.body().clone());
+        true
+    }
+
+    /// Moves what was written into the batch buffer so far into `parts`, as one part: called
+    /// before a part from elsewhere is pushed (it keeps its place after them) and when the
+    /// batch is complete. Between batches the buffer holds nothing.
+    pub(super) fn flush(&mut self, parts: &mut Vec<Bytes>) {
+        if !self.head.is_empty() {
+            parts.push(self.head.split().freeze());
+        }
+    }
+
+    /// The per-delivery fields of `item` (takes or assigns its topic alias).
+    fn delivery<'a>(&mut self, item: &'a Outgoing, packet_id: u16, dup: bool) -> Delivery<'a> {
         let (topic_alias, send_topic) = if self.protocol.is_v5() {
             self.aliases.lookup(&item.message.topic)
         } else {
             (None, true)
         };
-        let subscription_identifiers = self.subscription_ids(item);
-        if item.qos == QoS::AtMostOnce
-            && topic_alias.is_none()
-            && subscription_identifiers.is_empty()
-        {
-            parts.push(template.qos0_packet(item.retain));
-            return true;
-        }
-        let delivery = Delivery {
+        Delivery {
             qos: item.qos,
             dup,
             retain: item.retain,
             packet_id,
             topic_alias,
             send_topic,
-            subscription_identifiers,
-        };
-        template.write_head(&delivery, &mut self.head);
-        parts.push(self.head.split().freeze());
-        parts.push(template.body().clone());
-        true
+            subscription_identifiers: self.subscription_ids(item),
+        }
     }
 
-    pub(super) fn encode_pubrel(&mut self, packet_id: u16, reason: ReasonCode) -> Option<Bytes> {
+    /// A message for this subscriber alone: head and (small) payload go into the batch buffer,
+    /// contiguous with the packets before and after it, without a template. The payload is
+    /// copied once, as building a shared packet would; a large one is referenced instead.
+    fn write_single(
+        &mut self,
+        shape: PublishShape<'_>,
+        delivery: &Delivery<'_>,
+        parts: &mut Vec<Bytes>,
+    ) {
+        shape.write_head(delivery, &mut self.head);
+        let body = shape.body();
+        if body.len() <= INLINE_BODY_MAX_BYTES {
+            self.head.extend_from_slice(body);
+        } else {
+            self.flush(parts);
+            parts.push(body.clone());
+        }
+    }
+
+    /// Writes a PUBREL into the batch buffer. False (logged) only on a programming error.
+    pub(super) fn encode_pubrel(&mut self, packet_id: u16, reason: ReasonCode) -> bool {
         let packet = Packet::PubRel(Ack {
             packet_id,
             reason,
             properties: Properties::default(),
         });
-        encode_packet(&packet, self.protocol, &mut self.head)
+        let start = self.head.len();
+        match encode(&packet, self.protocol, &mut self.head) {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::error!(%error, ?packet, "cannot encode packet");
+                // Only this packet's bytes: the ones before it are packets of the batch.
+                self.head.truncate(start);
+                false
+            }
+        }
     }
 }
 

@@ -188,6 +188,8 @@ fn replay_all(
                         }
                         decoded.map(|m| {
                             let _ = m.stored.set(stored);
+                            // Restored into every session that holds it: one shared encoding.
+                            m.mark_fan_out();
                             Arc::new(m)
                         })
                     });
