@@ -7,6 +7,9 @@
 //!   record header ever showed, and at least the active block's base: sequences are never
 //!   reused, even when the newest records were removed.
 //! - A batch whose last record is missing from the tail is dropped whole.
+//! - A block's records end at the last valid record followed only by zeros (its reserved
+//!   space) or by the file's end. A torn tail is cut there before the active block is
+//!   reserved again, so no byte of it survives past later appends.
 //! - Delete markers of quarantined blocks (kept in their indexes under `quarantine/`) are
 //!   applied on every open, so a crash before they are written again loses no deletion.
 //! - A sealed block shorter than its intact index says is damaged, not a clean shorter

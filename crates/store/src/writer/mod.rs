@@ -14,7 +14,10 @@
 //!   (`Never` included: one sync per block), so sealed blocks are durable before their index
 //!   is written and a power loss can only cost the active block's unsynced tail.
 //! - A new block's header is durable (file and directory entry) before any record is
-//!   written to it, so a bad header is damage, never a torn creation.
+//!   written to it, so a bad header is damage, never a torn creation. Its file is reserved
+//!   to the block size first (durable with the header), and a sealed block is cut to its
+//!   records before the sync that seals it: only the active block has zeros past its
+//!   records, and the writer appends at the record end it tracks, never the file length.
 //! - Deletions are applied in memory in the same turn as the delete marker that makes them
 //!   durable is written, and removal replies are sent only after that marker is synced:
 //!   op replies go out only with a commit that made everything written durable (under
