@@ -41,7 +41,7 @@ pub struct StreamInfo {
     /// Bytes of the live records.
     pub bytes: u64,
     /// Bytes of its block files (live and deleted records, delete markers), as allocated: the
-    /// active block counts its whole reserved length (`block_size_bytes`) from its creation.
+    /// active block counts its whole reserved length (`block_size_bytes`) once written to.
     /// What the stream holds on disk, index files and removed blocks not yet freed aside.
     pub disk_bytes: u64,
     /// Oldest and newest live sequence (None when empty).

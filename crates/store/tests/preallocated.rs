@@ -83,6 +83,19 @@ fn the_active_block_is_reserved_and_sealed_blocks_are_cut_to_their_records() {
 }
 
 #[test]
+fn a_stream_reserves_its_active_block_with_its_first_write_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.stream("s", config()).unwrap();
+    let active = blocks(dir.path()).pop().unwrap();
+    assert_eq!(file_len(&active), BLOCK_HEADER_LEN as u64);
+    assert_eq!(s.info().disk_bytes, BLOCK_HEADER_LEN as u64);
+    s.append(b"t/x", b"", b"first").unwrap().wait().unwrap();
+    assert_eq!(file_len(&active), BLOCK_BYTES);
+    assert_eq!(s.info().disk_bytes, BLOCK_BYTES);
+}
+
+#[test]
 fn a_zero_tail_is_the_end_of_the_data_not_a_torn_record() {
     let dir = tempfile::tempdir().unwrap();
     stream_with(dir.path(), 10);
@@ -117,11 +130,18 @@ fn a_torn_tail_before_the_zeros_is_cut_and_its_space_reserved_again() {
     let report = s.recovery_report().clone();
     assert_eq!(report.truncated_bytes, torn.len() as u64, "{report:?}");
     assert_eq!(report.lost, Some(11..=11));
+    assert_eq!(file_len(&active), end as u64, "cut to the last record");
+    // Appends over the cut (shorter than the torn record) leave nothing behind them that a
+    // later scan could misread, and the first one reserves the block again.
+    assert_eq!(s.append(b"t/x", b"", b"new").unwrap().wait().unwrap(), 12);
     let raw = std::fs::read(&active).unwrap();
     assert_eq!(raw.len() as u64, BLOCK_BYTES, "reserved again");
-    assert!(raw[end..].iter().all(|&b| b == 0), "torn bytes left behind");
-    // Appends over the cut leave nothing a later scan could misread.
-    assert_eq!(s.append(b"t/x", b"", b"new").unwrap().wait().unwrap(), 12);
+    let new_end = data_end(&active);
+    assert!(new_end > end && new_end < end + torn.len());
+    assert!(
+        raw[new_end..].iter().all(|&b| b == 0),
+        "torn bytes left behind"
+    );
     s.close().unwrap();
     drop(store);
     let (seqs, report) = served(dir.path());

@@ -3,26 +3,24 @@
 
 use super::*;
 
-/// Creates the active block `base` in `dir`, reserved to `alloc_len_bytes`, with a durable
-/// header and directory entry.
-pub(crate) fn create_block(
-    vfs: &dyn Vfs,
-    dir: &Path,
-    base: u64,
-    alloc_len_bytes: u64,
-) -> Result<Block> {
+/// Creates the active block `base` in `dir` at open, with a durable header and directory
+/// entry. Not reserved: the writer reserves it with its first commit into it, so that a
+/// stream that never writes (a `never` stream of the broker, an idle one) holds no space.
+pub(crate) fn create_block(vfs: &dyn Vfs, dir: &Path, base: u64) -> Result<Block> {
     let path = path_in(dir, &block_file_name(base));
-    let (file, reserved_bytes) = open_new_block(vfs, &path, base, alloc_len_bytes)?;
+    let file = vfs
+        .open_rw(&path, true)
+        .map_err(|e| StoreError::io("create block", &path, &e))?;
+    write_header(&*file, &path, base)?;
     vfs.sync_dir(dir)
         .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
-    let mut b = Block::new(base, path, file, BLOCK_HEADER_LEN as u64);
-    b.reserved_bytes = reserved_bytes;
-    Ok(b)
+    Ok(Block::new(base, path, file, BLOCK_HEADER_LEN as u64))
 }
 
-/// Creates the file of block `base`, reserves it and writes its header, synced (the one
-/// sync makes the reserved length durable too), with the length reserved (0 where the file
-/// system refused). The caller syncs the directory.
+/// Creates the file of block `base` at a roll (a record is about to be written to it),
+/// reserves it and writes its header, synced (the one sync makes the reserved length
+/// durable too), with the length reserved (0 where the file system refused). The caller
+/// syncs the directory.
 pub(crate) fn open_new_block(
     vfs: &dyn Vfs,
     path: &Path,

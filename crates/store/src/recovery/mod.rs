@@ -8,8 +8,8 @@
 //!   reused, even when the newest records were removed.
 //! - A batch whose last record is missing from the tail is dropped whole.
 //! - A block's records end at the last valid record followed only by zeros (its reserved
-//!   space) or by the file's end. A torn tail is cut there before the active block is
-//!   reserved again, so no byte of it survives past later appends.
+//!   space) or by the file's end. A torn tail is cut there (the file shortened) before the
+//!   writer reserves the active block again, so no byte of it survives past later appends.
 //! - Delete markers of quarantined blocks (kept in their indexes under `quarantine/`) are
 //!   applied on every open, so a crash before they are written again loses no deletion.
 //! - A sealed block shorter than its intact index says is damaged, not a clean shorter
@@ -283,11 +283,8 @@ pub(crate) fn open_dir(
                 // by anything but zeros is damage.)
                 file.set_len(0)
                     .map_err(|e| StoreError::io("truncate", &path, &e))?;
-                let reserved_bytes = preallocate(&*file, &path, config.block_size_bytes);
                 write_header(&*file, &path, base)?;
-                let mut b = Block::new(base, path, file, BLOCK_HEADER_LEN as u64);
-                b.reserved_bytes = reserved_bytes;
-                blocks.push(b);
+                blocks.push(Block::new(base, path, file, BLOCK_HEADER_LEN as u64));
                 continue;
             }
             let mut end = next_base.map_or(u64::MAX, |n| n - 1);
@@ -374,11 +371,12 @@ pub(crate) fn open_dir(
             }
             let mut reserved_bytes = 0;
             if is_active {
-                // Reserved again after a cut (cut first: appends over it can leave no stale
-                // byte of the torn record past them that a later scan could take for a
-                // record), and blocks of an older version reserved now. Synced with the
-                // active block below, before anything is appended.
-                reserved_bytes = preallocate(&*file, &path, config.block_size_bytes);
+                // What the previous process reserved, if no cut took it. After a cut the
+                // file ends at the last record (no byte of the torn one survives to lie
+                // past later appends); the writer reserves it again with its first commit.
+                if sc.damage.is_none() && file_len > data_end {
+                    reserved_bytes = file_len;
+                }
             } else if sc.damage.is_none() {
                 trim_sealed(&*file, &path, file_len, data_end)?;
             }
@@ -428,7 +426,7 @@ pub(crate) fn open_dir(
         if let Some(b) = blocks.last_mut() {
             b.sealed = true;
         }
-        blocks.push(create_block(vfs, dir, next_seq, config.block_size_bytes)?);
+        blocks.push(create_block(vfs, dir, next_seq)?);
     }
     let mut state = State::new(
         config.limits.max_msgs_per_topic.is_some(),

@@ -109,6 +109,7 @@ impl Writer {
         block.reserved_bytes = reserved_bytes;
         st.blocks.push_back(block);
         self.active_file = file;
+        self.active_reserved = true;
         self.active_len = BLOCK_HEADER_LEN as u64;
         self.synced_len = self.active_len;
         self.file_dirty = false;
@@ -128,6 +129,17 @@ impl Writer {
             Some(run) => &buf[run.clone()],
             None => &self.out,
         };
+        let mut reserved_bytes = None;
+        if !data.is_empty() && !self.active_reserved {
+            // Once per block: the size change is durable with this commit's sync.
+            self.active_reserved = true;
+            let path = active_path();
+            reserved_bytes = Some(crate::recovery::preallocate(
+                &*self.active_file,
+                &path,
+                sh.config.block_size_bytes,
+            ));
+        }
         if !data.is_empty() {
             let len = data.len();
             let res = self.active_file.write_all_at(data, self.active_len);
@@ -173,6 +185,10 @@ impl Writer {
         {
             let mut st = lock(&sh.state);
             st.active().len = self.active_len;
+            if let Some(r) = reserved_bytes {
+                let act = st.active();
+                act.reserved_bytes = act.reserved_bytes.max(r);
+            }
             st.visible_seq = st.visible_seq.max(self.synced_seq);
             if all_durable {
                 // Every delete marker written so far is durable now.
