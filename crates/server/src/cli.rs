@@ -103,7 +103,9 @@ Config file keys (TOML, all optional; defaults shown):
                                           PUBACK/PUBREC 0x97; 3.1.1: connection closed without an
                                           ack) or dropped (QoS 0), nothing stored is deleted for
                                           them; they are accepted again once retention frees space.
-                                          Measured from the block lengths every 25 ms; minimum 65536.
+                                          Measured from the blocks' allocated lengths (an active
+                                          block written to counts its whole block_size_bytes)
+                                          every 25 ms; minimum 65536.
                                           The state streams (sessions, retained) are not counted:
                                           retention cannot free them; their compaction bounds them
                                           (about 4 MiB plus twice their live records). Keep each

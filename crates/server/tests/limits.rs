@@ -350,13 +350,17 @@ async fn fill_disk_budget(p: &mut RawClient, first_id: u16) {
 /// alone (`keep = "retention"`, `max_age_s` 3 s), after the refusals checked below: kept by
 /// interest (the default) nobody needed it, reclamation (every 250 ms) freed it, and on a
 /// loaded machine the 3.1.1 PUBLISH was accepted (seen once in a workspace run, once the
-/// state streams, a few KiB of margin, no longer counted against the budget).
+/// state streams, a few KiB of margin, no longer counted against the budget). Every message
+/// stream has small blocks, the catch-all `rest` too: the budget counts an active block's
+/// whole reservation once a record (a control record too) is written to it, and the default
+/// stream's 4 MiB blocks would hold a 256 KiB budget from the start.
 #[tokio::test]
 async fn disk_budget_refuses_with_0x97_drops_qos0_and_resumes_after_retention() {
     let mut b = Broker::start_with(
         "[store]\nmax_disk_bytes = 262144\n[sys]\ninterval_s = 1\n\
          [[stream]]\nname = \"kept\"\nfilters = [\"a/#\"]\nblock_size_bytes = 8192\n\
-         [[stream]]\nname = \"filler\"\nfilters = [\"b/#\"]\nblock_size_bytes = 8192\nmax_age_s = 3\nkeep = \"retention\"\ndurability = \"always\"\n",
+         [[stream]]\nname = \"filler\"\nfilters = [\"b/#\"]\nblock_size_bytes = 8192\nmax_age_s = 3\nkeep = \"retention\"\ndurability = \"always\"\n\
+         [[stream]]\nname = \"rest\"\nblock_size_bytes = 8192\n",
     );
     let (mut s, _) = RawClient::connect_ok(b.addr, persistent("db-s", true)).await;
     s.sub("a/x", 1).await;

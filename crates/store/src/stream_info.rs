@@ -40,8 +40,9 @@ pub struct StreamInfo {
     pub msgs: u64,
     /// Bytes of the live records.
     pub bytes: u64,
-    /// Bytes of its block files (live and deleted records, delete markers), as written: what
-    /// the stream holds on disk, index files and removed blocks not yet freed aside.
+    /// Bytes of its block files (live and deleted records, delete markers), as allocated: the
+    /// active block counts its whole reserved length (`block_size_bytes`) once written to.
+    /// What the stream holds on disk, index files and removed blocks not yet freed aside.
     pub disk_bytes: u64,
     /// Oldest and newest live sequence (None when empty).
     pub first_seq: Option<u64>,
@@ -97,7 +98,7 @@ impl Stream {
         StreamInfo {
             msgs: st.live,
             bytes: st.live_bytes,
-            disk_bytes: st.blocks.iter().map(|b| b.len).sum(),
+            disk_bytes: st.blocks.iter().map(|b| b.len.max(b.reserved_bytes)).sum(),
             first_seq: bounds.map(|b| b.0),
             last_seq: bounds.map(|b| b.1),
             durable_seq: sh.durable_seq.load(Ordering::SeqCst),

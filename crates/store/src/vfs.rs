@@ -25,6 +25,12 @@ pub trait VFile: Send + Sync + Debug {
     fn sync_data(&self) -> io::Result<()>;
     fn file_len(&self) -> io::Result<u64>;
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Reserves the file's first `len_bytes` bytes and makes it at least that long, reading
+    /// zeros past the old length (`fallocate` that sets the size; it never shortens). Writes
+    /// into reserved space change no file size, so their `fdatasync` need not commit one
+    /// (see `recovery::preallocate`). Fails with `ErrorKind::Unsupported` where the file
+    /// system cannot reserve space. Like any size change, durable once the file is synced.
+    fn allocate(&self, len_bytes: u64) -> io::Result<()>;
 }
 
 /// Directory and file operations.
@@ -95,6 +101,13 @@ impl VFile for RealFile {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
+    }
+    fn allocate(&self, len_bytes: u64) -> io::Result<()> {
+        use rustix::fs::{FallocateFlags, fallocate};
+        // Mode 0 (no KEEP_SIZE): the file's size becomes `len_bytes`, so later writes below
+        // it are not appends. EOPNOTSUPP (tmpfs on old kernels, some network file systems)
+        // maps to `ErrorKind::Unsupported`.
+        fallocate(&self.0, FallocateFlags::empty(), 0, len_bytes).map_err(io::Error::from)
     }
 }
 
@@ -225,6 +238,9 @@ impl VFile for FaultyFile {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)
+    }
+    fn allocate(&self, len_bytes: u64) -> io::Result<()> {
+        self.inner.allocate(len_bytes)
     }
 }
 

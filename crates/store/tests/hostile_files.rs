@@ -211,18 +211,24 @@ fn index_entry_with_unknown_flags_is_not_trusted() {
 
 #[test]
 fn empty_active_block_with_an_unsynced_header_is_recreated_not_quarantined() {
-    let dir = tempfile::tempdir().unwrap();
-    sealed_stream(dir.path());
-    let active = files_with(&stream_dir(dir.path()), "blk").pop().unwrap();
-    assert_eq!(std::fs::metadata(&active).unwrap().len(), 32);
-    std::fs::write(&active, [0u8; 32]).unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    let s = store.stream("s", StreamConfig::default()).unwrap();
-    assert_eq!(s.recovery_report().quarantined, vec![]);
-    assert_eq!(s.append(b"t/x", b"", b"n").unwrap().wait().unwrap(), 21);
-    drop(s);
-    drop(store);
-    assert_eq!(all_payloads(dir.path()).len(), 21);
+    // A crash between a block's creation, its reservation, its header write and the sync of
+    // both leaves it empty, a header's length of zeros, or its reserved length of zeros.
+    let reserved = StreamConfig::default().block_size_bytes;
+    for len in [0, 32, reserved] {
+        let dir = tempfile::tempdir().unwrap();
+        sealed_stream(dir.path());
+        let active = files_with(&stream_dir(dir.path()), "blk").pop().unwrap();
+        assert_eq!(std::fs::metadata(&active).unwrap().len(), reserved);
+        std::fs::write(&active, vec![0u8; len as usize]).unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.stream("s", StreamConfig::default()).unwrap();
+        assert_eq!(s.recovery_report().quarantined, vec![], "length {len}");
+        assert_eq!(s.append(b"t/x", b"", b"n").unwrap().wait().unwrap(), 21);
+        drop(s);
+        drop(store);
+        assert_eq!(all_payloads(dir.path()).len(), 21);
+        assert_eq!(std::fs::metadata(&active).unwrap().len(), reserved);
+    }
 }
 
 #[test]

@@ -7,6 +7,9 @@
 //!   record header ever showed, and at least the active block's base: sequences are never
 //!   reused, even when the newest records were removed.
 //! - A batch whose last record is missing from the tail is dropped whole.
+//! - A block's records end at the last valid record followed only by zeros (its reserved
+//!   space) or by the file's end. A torn tail is cut there (the file shortened) before the
+//!   writer reserves the active block again, so no byte of it survives past later appends.
 //! - Delete markers of quarantined blocks (kept in their indexes under `quarantine/`) are
 //!   applied on every open, so a crash before they are written again loses no deletion.
 //! - A sealed block shorter than its intact index says is damaged, not a clean shorter
@@ -21,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -35,8 +38,11 @@ use crate::format::{
 use crate::state::{Block, Corruption, State, block_file_name, index_file_name};
 use crate::vfs::{VFile, Vfs, path_in};
 
+mod files;
 mod scan;
 
+use files::{all_zero, trim_sealed};
+pub(crate) use files::{create_block, open_new_block, preallocate, write_header};
 pub(crate) use scan::scan;
 
 /// Longest block file recovery reads: record offsets are u32 (blocks stay far below it, see
@@ -151,39 +157,6 @@ pub(crate) fn quarantine_block(
     })
 }
 
-pub(crate) fn create_block(
-    vfs: &dyn Vfs,
-    dir: &Path,
-    base: u64,
-) -> Result<(PathBuf, Arc<dyn VFile>)> {
-    let path = path_in(dir, &block_file_name(base));
-    let file = vfs
-        .open_rw(&path, true)
-        .map_err(|e| StoreError::io("create block", &path, &e))?;
-    write_header(&*file, &path, base)?;
-    vfs.sync_dir(dir)
-        .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
-    Ok((path, file))
-}
-
-/// Writes a new block's header and syncs it. If either fails the file is cut back to
-/// nothing, the only length known durable: after a failed fdatasync Linux may never write
-/// the page although reads still return it, and a reopen must find a torn creation, not a
-/// header that only the page cache holds.
-pub(crate) fn write_header(file: &dyn VFile, path: &Path, base: u64) -> Result<()> {
-    let res = file
-        .write_all_at(&encode_block_header(base), 0)
-        .map_err(|e| StoreError::io("write block header", path, &e))
-        .and_then(|()| {
-            file.sync_data()
-                .map_err(|e| StoreError::io("fdatasync", path, &e))
-        });
-    if res.is_err() {
-        let _ = file.set_len(0);
-    }
-    res
-}
-
 /// Creates `dir` if needed, and makes its entry durable in its parent: also when it exists,
 /// since a process that created it may have died before syncing the parent.
 /// A failure to sync the parent of a directory that already existed is only logged (its
@@ -295,11 +268,19 @@ pub(crate) fn open_dir(
         };
         let header_ok = matches!(header, Ok(b) if b == base);
         if !header_ok {
-            if is_active && file_len <= BLOCK_HEADER_LEN as u64 {
+            // Only zeros past the header: the reserved length without a record.
+            let reserved_only = || {
+                file_len <= MAX_BLOCK_FILE_BYTES
+                    && vfs
+                        .read_file(&path)
+                        .is_ok_and(|raw| all_zero(&raw, BLOCK_HEADER_LEN))
+            };
+            if is_active && (file_len <= BLOCK_HEADER_LEN as u64 || reserved_only()) {
                 // Torn while being created: nothing in it was ever acknowledged. A crash
                 // between a roll's header write and its sync may leave the length whole
-                // and the bytes zeros. (Past the header no record is written before that
-                // sync, so a longer file with a bad header is damage.)
+                // (the header's, or the reserved one) and the bytes zeros. (Past the
+                // header no record is written before that sync, so a bad header followed
+                // by anything but zeros is damage.)
                 file.set_len(0)
                     .map_err(|e| StoreError::io("truncate", &path, &e))?;
                 write_header(&*file, &path, base)?;
@@ -328,9 +309,9 @@ pub(crate) fn open_dir(
             reemit.extend(index_markers(vfs, dir, &index_file_name(base)));
             continue;
         }
-        // Bytes an intact index says a sealed block had beyond its end: the block lost its
-        // tail (a cut at a record boundary scans clean, so only the index can tell).
-        let mut missing_bytes = 0;
+        // The length an intact index gives a sealed block: shorter data means the block lost
+        // its tail (a cut at a record boundary scans clean, so only the index can tell).
+        let mut indexed_len = None;
         if !is_active {
             let ix_path = path_in(dir, &index_file_name(base));
             if let Some(ix) = vfs
@@ -347,7 +328,7 @@ pub(crate) fn open_dir(
                     blocks.push(b);
                     continue;
                 }
-                missing_bytes = ix.block_len.saturating_sub(file_len);
+                indexed_len = Some(ix.block_len);
             }
         }
         let raw = Bytes::from(
@@ -357,9 +338,11 @@ pub(crate) fn open_dir(
         let mut sc = scan(&raw, base);
         next_seq = next_seq.max(sc.torn_high_seq.saturating_add(1));
         refuse_overlap(&path, &sc, next_base)?;
+        let data_end = sc.ix.block_len;
+        let missing_bytes = indexed_len.map_or(0, |l| l.saturating_sub(data_end));
         if sc.damage.is_none() && missing_bytes > 0 {
             sc.damage = Some((
-                file_len,
+                data_end,
                 format!("{missing_bytes} bytes missing at the end"),
             ));
         }
@@ -371,7 +354,9 @@ pub(crate) fn open_dir(
             if let Some((off, what)) = &sc.damage {
                 let lost_from = sc.ix.entries.last().map_or(base, |e| e.seq + 1);
                 let lost_to = sc.torn_high_seq.max(lost_from);
-                let cut = raw.len() as u64 - off;
+                // Damaged bytes, not the zeros of reserved space after them.
+                let written_end = raw.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+                let cut = (written_end as u64).saturating_sub(*off);
                 tracing::warn!(path = %path.display(), offset = off, bytes = cut, %what,
                     first_lost = lost_from, last_lost_seen = lost_to, "truncating damaged tail of block");
                 file.set_len(*off)
@@ -384,7 +369,19 @@ pub(crate) fn open_dir(
                     None => lost_from..=lost_to,
                 });
             }
+            let mut reserved_bytes = 0;
+            if is_active {
+                // What the previous process reserved, if no cut took it. After a cut the
+                // file ends at the last record (no byte of the torn one survives to lie
+                // past later appends); the writer reserves it again with its first commit.
+                if sc.damage.is_none() && file_len > data_end {
+                    reserved_bytes = file_len;
+                }
+            } else if sc.damage.is_none() {
+                trim_sealed(&*file, &path, file_len, data_end)?;
+            }
             let mut b = Block::from_index(base, path, file, sc.ix);
+            b.reserved_bytes = reserved_bytes;
             if !is_active {
                 b.sealed = true;
                 let ix = format::encode_index(&b.index_data());
@@ -400,6 +397,7 @@ pub(crate) fn open_dir(
             reemit.extend(index_markers(vfs, dir, &index_file_name(base)));
         } else {
             report.indexes_rebuilt += 1;
+            trim_sealed(&*file, &path, file_len, data_end)?;
             let mut b = Block::from_index(base, path, file, sc.ix);
             b.sealed = true;
             let ix = format::encode_index(&b.index_data());
@@ -428,8 +426,7 @@ pub(crate) fn open_dir(
         if let Some(b) = blocks.last_mut() {
             b.sealed = true;
         }
-        let (path, file) = create_block(vfs, dir, next_seq)?;
-        blocks.push(Block::new(next_seq, path, file, BLOCK_HEADER_LEN as u64));
+        blocks.push(create_block(vfs, dir, next_seq)?);
     }
     let mut state = State::new(
         config.limits.max_msgs_per_topic.is_some(),

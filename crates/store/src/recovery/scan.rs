@@ -1,5 +1,6 @@
 //! Parsing one block's records at recovery: entries, topics and delete markers up to the
-//! first damage or unfinished batch, and how far a torn tail's sequences reach.
+//! first damage or unfinished batch (or the zeros of reserved space), and how far a torn
+//! tail's sequences reach.
 
 use super::*;
 
@@ -64,6 +65,11 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
                 }
                 off += r.len;
             }
+            Err(_) if files::all_zero(raw, off) => {
+                // Reserved space never written (or whose writes were lost whole): the end
+                // of the data, not damage.
+                break;
+            }
             Err(e) => {
                 if raw.len() >= off + format::RECORD_HEADER_LEN {
                     let s =
@@ -95,7 +101,8 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
             .unwrap_or_else(|| "unfinished batch".into());
         damage = Some((boff as u64, what));
     }
-    let valid_len = damage.as_ref().map_or(raw.len() as u64, |d| d.0);
+    // Past the last record: the file's end, or where its zero tail starts.
+    let valid_len = damage.as_ref().map_or(off.min(raw.len()) as u64, |d| d.0);
     // Topics whose only records were dropped stay in the table with no entries; harmless.
     Scan {
         ix: IndexData {

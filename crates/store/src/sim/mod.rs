@@ -14,7 +14,10 @@
 //! # The model: what is durable when
 //! - **File data.** A write lands in the page cache: reads see it at once. It is durable
 //!   only once an `fdatasync` of that file succeeds (which also makes the file's length
-//!   durable). The cache is tracked in pages (`SimConfig::page_size`).
+//!   durable). The cache is tracked in pages (`SimConfig::page_size`). A reservation
+//!   (`VFile::allocate`) is a length change of zeros: durable with the next `fdatasync`;
+//!   pages whose durable image still holds bytes of an unsynced truncation are dirtied, so
+//!   that the sync writes the zeros over them.
 //! - **Names.** Creating a file or directory, renaming and unlinking change the directory
 //!   in the cache at once, and are durable only once that directory is fsynced. A rename
 //!   between two directories is two changes, each made durable by its own directory's
@@ -41,7 +44,7 @@
 //!   (`SyncErrorModel::KeepDirty`) or, as Linux does, is marked clean without reaching the
 //!   disk (`SyncErrorModel::DropDirty`): the cache then shows data a later successful sync
 //!   will not persist. A failed directory fsync leaves its changes pending. Reads,
-//!   unlinks, `set_len` and renames never fail by probability (renames and creates can by
+//!   unlinks, `set_len`, `allocate` and renames never fail by probability (renames and creates can by
 //!   script).
 //! - **Latency**: optionally every call sleeps up to `SimConfig::latency` (real time; it
 //!   changes no outcome).

@@ -8,8 +8,11 @@ pub(crate) struct Block {
     pub base_seq: u64,
     pub path: PathBuf,
     pub file: Arc<dyn VFile>,
-    /// Bytes readers may read.
+    /// Bytes readers may read: the end of the records, not the file's length.
     pub len: u64,
+    /// The length the file was reserved to (the active block's preallocated zeros past
+    /// `len`); 0 for sealed blocks, cut to their records, and where reserving failed.
+    pub reserved_bytes: u64,
     pub sealed: bool,
     pub topics: Vec<Bytes>,
     pub topic_ids: HashMap<Bytes, u32>,
@@ -41,6 +44,7 @@ impl Block {
             path,
             file,
             len,
+            reserved_bytes: 0,
             sealed: false,
             topics: Vec::new(),
             topic_ids: HashMap::new(),

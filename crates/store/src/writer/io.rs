@@ -1,5 +1,6 @@
 //! The writer's file I/O: a commit (one write, then the sync the policy asks for), a block
-//! roll (the old block synced, the new header durable before any record), and what a failed
+//! roll (the old block cut to its records and synced, the new one reserved to the block size
+//! and its header durable before any record), and what a failed
 //! write or sync leaves behind (nothing more written; the active block cut back to what is
 //! known durable).
 
@@ -62,6 +63,7 @@ impl Writer {
             let mut st = lock(&sh.state);
             let act = st.active();
             act.sealed = true;
+            act.reserved_bytes = 0;
             (
                 act.path.clone(),
                 format::encode_index(&act.index_data()),
@@ -70,7 +72,13 @@ impl Writer {
         };
         sh.counters.rolls.fetch_add(1, Ordering::Relaxed);
         let bugs = Injected::of(&sh);
-        if self.file_dirty && !bugs.skip_sync_on_roll {
+        // A sealed block is exactly its records: its reserved zeros go, in the sync below,
+        // before the index that gives its length is written.
+        self.active_file
+            .set_len(self.active_len)
+            .map_err(|e| StoreError::io("truncate", &old_path, &e))?;
+        self.file_dirty = true;
+        if !bugs.skip_sync_on_roll {
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
             let sync_started = Instant::now();
             let synced = self.active_file.sync_data();
@@ -88,25 +96,20 @@ impl Writer {
             tracing::warn!(stream = %sh.name, path = %ix_path.display(), error = %e, "could not write block index");
         }
         let path = path_in(&sh.dir, &block_file_name(base_seq));
-        let file = sh
-            .vfs
-            .open_rw(&path, true)
-            .map_err(|e| StoreError::io("create block", &path, &e))?;
         sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
-        crate::recovery::write_header(&*file, &path, base_seq)?;
+        let (file, reserved_bytes) =
+            crate::recovery::open_new_block(&*sh.vfs, &path, base_seq, sh.config.block_size_bytes)?;
         if !bugs.skip_dir_sync_on_roll {
             sh.vfs
                 .sync_dir(&sh.dir)
                 .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
         }
         let mut st = lock(&sh.state);
-        st.blocks.push_back(Block::new(
-            base_seq,
-            path,
-            file.clone(),
-            BLOCK_HEADER_LEN as u64,
-        ));
+        let mut block = Block::new(base_seq, path, file.clone(), BLOCK_HEADER_LEN as u64);
+        block.reserved_bytes = reserved_bytes;
+        st.blocks.push_back(block);
         self.active_file = file;
+        self.active_reserved = true;
         self.active_len = BLOCK_HEADER_LEN as u64;
         self.synced_len = self.active_len;
         self.file_dirty = false;
@@ -126,6 +129,17 @@ impl Writer {
             Some(run) => &buf[run.clone()],
             None => &self.out,
         };
+        let mut reserved_bytes = None;
+        if !data.is_empty() && !self.active_reserved {
+            // Once per block: the size change is durable with this commit's sync.
+            self.active_reserved = true;
+            let path = active_path();
+            reserved_bytes = Some(crate::recovery::preallocate(
+                &*self.active_file,
+                &path,
+                sh.config.block_size_bytes,
+            ));
+        }
         if !data.is_empty() {
             let len = data.len();
             let res = self.active_file.write_all_at(data, self.active_len);
@@ -171,6 +185,10 @@ impl Writer {
         {
             let mut st = lock(&sh.state);
             st.active().len = self.active_len;
+            if let Some(r) = reserved_bytes {
+                let act = st.active();
+                act.reserved_bytes = act.reserved_bytes.max(r);
+            }
             st.visible_seq = st.visible_seq.max(self.synced_seq);
             if all_durable {
                 // Every delete marker written so far is durable now.

@@ -14,7 +14,11 @@
 //!   (`Never` included: one sync per block), so sealed blocks are durable before their index
 //!   is written and a power loss can only cost the active block's unsynced tail.
 //! - A new block's header is durable (file and directory entry) before any record is
-//!   written to it, so a bad header is damage, never a torn creation.
+//!   written to it, so a bad header is damage, never a torn creation. A roll reserves the
+//!   new file to the block size first (durable with the header; the block recovery hands
+//!   over is reserved by the first commit into it), and a sealed block is cut to its
+//!   records before the sync that seals it: only the active block has zeros past its
+//!   records, and the writer appends at the record end it tracks, never the file length.
 //! - Deletions are applied in memory in the same turn as the delete marker that makes them
 //!   durable is written, and removal replies are sent only after that marker is synced:
 //!   op replies go out only with a commit that made everything written durable (under
@@ -131,6 +135,10 @@ pub(crate) struct Writer {
     failed: bool,
     /// Bytes were written to the active file since its last sync.
     file_dirty: bool,
+    /// The active block was reserved to the block size (or that was tried and refused).
+    /// A block made by a roll is reserved at once; the one recovery hands over is reserved
+    /// by the first commit into it, so that a stream that never writes holds no space.
+    active_reserved: bool,
     /// Blocks the next compaction phase may rewrite, and who waits for it.
     compact_budget: usize,
     compact_replies: Vec<SyncSender<Result<Removed>>>,
@@ -204,6 +212,7 @@ impl Writer {
             failed: false,
             // Recovery synced the active block.
             file_dirty: false,
+            active_reserved: false,
             compact_budget: 0,
             compact_replies: Vec::new(),
             snapshots: Vec::new(),

@@ -18,6 +18,8 @@ pub enum OpKind {
     Rename,
     Remove,
     SetLen,
+    /// `VFile::allocate`.
+    Allocate,
 }
 
 /// What a failed `fdatasync` does to the dirty pages it did not write back.

@@ -371,6 +371,23 @@ impl SimDisk {
         Ok(())
     }
 
+    fn file_allocate(&self, f: &SimFile, len: u64) -> io::Result<()> {
+        self.latency();
+        let mut st = self.lock();
+        st.check_boot(f.boot)?;
+        let d = st.decide(OpKind::Allocate, &f.path);
+        if !matches!(d, Decision::Ok) {
+            return Err(self.fault(&mut st, &d, OpKind::Allocate, &f.path));
+        }
+        let ps = st.cfg.page_size;
+        let len = usize::try_from(len).map_err(|_| eio("length"))?;
+        if let Some(i) = st.inodes.get_mut(&f.ino) {
+            i.allocate(len, ps);
+        }
+        st.trace_at(OpKind::Allocate as u64, &f.path, &[len as u64]);
+        Ok(())
+    }
+
     fn open_rw(&self, boot: u64, path: &Path, create_new: bool) -> io::Result<Arc<dyn VFile>> {
         self.latency();
         let mut st = self.lock();

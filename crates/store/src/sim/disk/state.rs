@@ -64,6 +64,24 @@ impl Inode {
         }
     }
 
+    /// `fallocate` growing the file to `len` zeros. Only pages whose durable image still holds
+    /// bytes cut off by an unsynced truncation are dirtied (they must read as zeros once
+    /// synced); beyond the durable image nothing is, so a power loss before the next sync
+    /// keeps the old length, or the new one as zeros ("length only"), like any size change.
+    pub(super) fn allocate(&mut self, len: usize, ps: usize) {
+        let old = self.cache.len();
+        if len <= old {
+            return;
+        }
+        let stale_end = len.min(self.durable.len());
+        if stale_end > old {
+            for p in old / ps..=(stale_end - 1) / ps {
+                self.dirty.insert(p as u64);
+            }
+        }
+        self.cache.resize(len, 0);
+    }
+
     /// A successful `fdatasync`: length and dirty pages reach the disk.
     pub(super) fn sync(&mut self, ps: usize) {
         self.durable.resize(self.cache.len(), 0);

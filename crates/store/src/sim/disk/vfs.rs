@@ -92,4 +92,7 @@ impl VFile for SimFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.disk.file_set_len(self, len)
     }
+    fn allocate(&self, len_bytes: u64) -> io::Result<()> {
+        self.disk.file_allocate(self, len_bytes)
+    }
 }
