@@ -541,6 +541,7 @@ async fn accept<W: TransportWrite>(
     // The CONNACK (queued first) leaves once the session's and the will's records are durable
     // (`outbound::Outflow`), as a SUBACK waits for its subscription's.
     let connack_after = Ticket::join(attached.durable, will_written);
+    let keep_alive = shared.keep_alive.watch(&attached.ctl, keep_alive_ms);
     let conn = Conn {
         shared: shared.clone(),
         session: attached.session,
@@ -549,7 +550,7 @@ async fn accept<W: TransportWrite>(
         username,
         acl: AclView::default(),
         protocol,
-        keep_alive_ms,
+        keep_alive_s,
         will,
         will_token,
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
@@ -562,6 +563,7 @@ async fn accept<W: TransportWrite>(
         client_max_packet_size_bytes: client_max_packet_size,
         now: Instant::now(),
         _slot: slot,
+        _keep_alive: keep_alive,
     };
     let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
     Some((conn, (writer, writer_state, connack_after)))

@@ -1,7 +1,7 @@
 //! One session and the control block of the connection attached to it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
@@ -35,6 +35,8 @@ pub struct ConnCtl {
     /// its ack pipeline, or it is gone): a later connection of the same client may start.
     routed: AtomicBool,
     routed_notify: Notify,
+    /// When the client last sent a packet, in [`crate::keep_alive::KeepAlive::millis`].
+    last_packet_ms: AtomicU64,
 }
 
 /// What the admin API shows of a live connection.
@@ -75,6 +77,15 @@ impl ConnCtl {
     /// The reason of the first [`ConnCtl::kick`], if there was one.
     pub fn kick_reason(&self) -> Option<ReasonCode> {
         *self.kick_reason.lock()
+    }
+
+    /// Records that a packet came from the client at `at_ms` (the keep alive's clock).
+    pub fn touch(&self, at_ms: u64) {
+        self.last_packet_ms.store(at_ms, Ordering::Relaxed);
+    }
+
+    pub fn last_packet_ms(&self) -> u64 {
+        self.last_packet_ms.load(Ordering::Relaxed)
     }
 
     /// Records who is connected; the first call wins.
