@@ -81,9 +81,12 @@ impl KeepAlive {
         }
     }
 
-    /// Milliseconds from the epoch to `at` (what [`ConnCtl::touch`] records).
-    pub fn millis(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    /// Milliseconds from the epoch to `at`, wrapping (what [`ConnCtl::touch`] records): a
+    /// timeout is at most 65,535 s × 1.5, far below the 49 days of a wrap, so differences of
+    /// these stay exact.
+    pub fn millis(&self, at: Instant) -> u32 {
+        // Truncation is the wrap.
+        at.saturating_duration_since(self.epoch).as_millis() as u32
     }
 
     /// Watches `ctl` from now on, closing it once `timeout_ms` pass without a
@@ -122,7 +125,10 @@ impl KeepAlive {
     /// Kicks every connection past its timeout; false (and the sweeper is to end) once the
     /// table is empty.
     fn sweep(&self) -> bool {
-        let now_ms = self.millis(Instant::now());
+        self.sweep_at(self.millis(Instant::now()))
+    }
+
+    fn sweep_at(&self, now_ms: u32) -> bool {
         let mut table = self.table.lock();
         if table.live == 0 {
             table.sweeping = false;
@@ -132,11 +138,10 @@ impl KeepAlive {
             return false;
         }
         for entry in table.entries.iter().flatten() {
-            let deadline_ms = entry
-                .ctl
-                .last_packet_ms()
-                .saturating_add(u64::from(entry.timeout_ms.get()));
-            if now_ms >= deadline_ms {
+            let since_ms = now_ms.wrapping_sub(entry.ctl.last_packet_ms());
+            // A packet recorded after `now_ms` was read (the connection raced this sweep)
+            // shows as a difference past half the range: it is not a silence.
+            if since_ms < u32::MAX / 2 && since_ms >= entry.timeout_ms.get() {
                 // Seen by the connection's loop as `Close::KeepAlive` (DISCONNECT 0x8D).
                 entry.ctl.kick(ReasonCode::KEEP_ALIVE_TIMEOUT);
             }
@@ -186,6 +191,26 @@ mod tests {
             ctl.touch(keep_alive.millis(Instant::now()));
         }
         assert_eq!(ctl.kick_reason(), None);
+    }
+
+    #[test]
+    fn a_wrapped_clock_still_measures_the_silence() {
+        let keep_alive = Arc::new(KeepAlive::new(Instant::now()));
+        let ctl = Arc::new(ConnCtl::default());
+        let entry = Entry {
+            ctl: ctl.clone(),
+            timeout_ms: NonZeroU32::new(1_500).unwrap(),
+        };
+        keep_alive.table.lock().entries.push(Some(entry));
+        keep_alive.table.lock().live = 1;
+        // Recorded just before the wrap, and (a race) just after the sweep's clock.
+        ctl.touch(u32::MAX - 100);
+        keep_alive.sweep_at(1_000);
+        assert_eq!(ctl.kick_reason(), None);
+        keep_alive.sweep_at(u32::MAX - 200);
+        assert_eq!(ctl.kick_reason(), None);
+        keep_alive.sweep_at(1_400);
+        assert_eq!(ctl.kick_reason(), Some(ReasonCode::KEEP_ALIVE_TIMEOUT));
     }
 
     #[tokio::test(start_paused = true)]
