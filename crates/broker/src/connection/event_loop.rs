@@ -135,7 +135,8 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
                 return Close::Shutdown;
             }
             let waiting = conn.pipeline.has_pending_ticket();
-            let backlogged = conn.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
+            let backlogged =
+                conn.session.state.lock().out.queues.control.len() >= MAX_CONTROL_BACKLOG;
             let reading = !conn.pipeline.is_full() && !backlogged;
             if !reading {
                 // Not armed while not reading: no ticket may wait for this connection.
