@@ -55,6 +55,8 @@ pub struct Shared {
     pub(crate) read_order: Arc<ReadOrder>,
     /// Connections with a keep alive, for the sweeper that closes the silent ones.
     pub(crate) keep_alive: Arc<crate::keep_alive::KeepAlive>,
+    /// Every connection's ack pipeline hook (`retained::release_hook`).
+    pub(crate) release_hook: crate::ack_pipeline::ReleaseHook<Arc<crate::message::Message>>,
     next_connection_id: AtomicU64,
     /// Set while [`Broker::serve`] accepts connections (recovery is done by then).
     ready: AtomicBool,
@@ -147,7 +149,7 @@ impl Broker {
         let recovered = store.recover();
         let started_at = Instant::now();
         let broker = Broker {
-            shared: Arc::new(Shared {
+            shared: Arc::new_cyclic(|weak| Shared {
                 config,
                 sessions: Registry::default(),
                 router: RwLock::new(Router::default()),
@@ -161,6 +163,7 @@ impl Broker {
                 started_at,
                 read_order: Arc::default(),
                 keep_alive: Arc::new(crate::keep_alive::KeepAlive::new(started_at)),
+                release_hook: crate::retained::release_hook(weak.clone()),
                 next_connection_id: AtomicU64::new(1),
                 ready: AtomicBool::new(false),
             }),

@@ -556,7 +556,7 @@ async fn accept<W: TransportWrite>(
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
         read_slot,
         pipeline: AckPipeline::new(usize::from(config.receive_maximum))
-            .on_release(crate::retained::release_hook(shared.clone())),
+            .on_release(shared.release_hook.clone()),
         quota: Default::default(),
         released: Vec::new(),
         connect_expiry_zero: requested_expiry_s == 0,
