@@ -15,8 +15,11 @@
 //! - Every control packet this task sends goes through the session's control queue, and only
 //!   while the session still belongs to this connection (`conn_gen`).
 //! - The loop waits in one poll function that looks at its sources in a fixed order (wake,
-//!   pipeline, socket, outbound, keep alive), as a `biased` select would, without the select's
+//!   pipeline, socket, outbound), as a `biased` select would, without the select's
 //!   futures in every idle connection's state.
+//! - Keep alive is the broker-wide sweeper's ([`crate::keep_alive`]): the loop records every
+//!   read that decoded packets (`ConnCtl::touch`) and closes with `Close::KeepAlive` on the
+//!   sweeper's 0x8D kick; no timer is kept in the connection's future.
 //! - The loop reads through the connection's `ReadSlot` and acts on what one read returned only
 //!   once every read with a smaller ticket was handled, then completes its ticket before it
 //!   awaits anything else ([`crate::read_order`]: packets take effect across connections in the
