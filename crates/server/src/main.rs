@@ -28,6 +28,14 @@ use std::sync::Arc;
 use tern_broker::{Broker, DurableConfig, DurableStore, SessionLimits};
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc, not the C library's malloc, for the whole binary: its size classes (…512, 640,
+/// 768…) fit the broker's per-connection chunks closer than glibc's 16 B-granular chunks with an
+/// 8–16 B header, and its per-thread caches serve the workers without glibc's arena locks.
+/// Measured on 2 cores (BENCHMARKS.md "Session 6: idle memory", ARCHITECTURE §6.2): RSS per idle
+/// connection and the QoS 0 cell. The libraries stay allocator-neutral: only this binary picks.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use cli::{Cli, Command, ServeArgs};
 use http::HttpSettings;
 
@@ -194,27 +202,6 @@ fn open_store(data_dir: &Path, file: &config_file::FileConfig) -> anyhow::Result
     .with_context(|| format!("cannot open the data directory {}", data_dir.display()))
 }
 
-/// One glibc malloc arena per core instead of glibc's up to eight per core: a connection's state
-/// is allocated by whichever worker runs its task, and each arena keeps its own free lists and
-/// partly used pages. Measured on 2 cores (BENCHMARKS.md "Session 6: idle memory"): RSS per idle
-/// connection at 5,000 2,150 B with glibc's default, ~2,000 B with an arena per core, ~1,910 B
-/// with one arena; one arena cost the QoS 0 cell ~10% (every thread on one arena lock), an
-/// arena per core nothing measurable. An operator's `MALLOC_ARENA_MAX` wins. glibc only: other
-/// C libraries' allocators have no such arenas.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn arena_per_core() {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
-        return;
-    }
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let arenas = libc::c_int::try_from(cores).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `mallopt` sets an allocator parameter and touches none of our memory; it runs
-    // before the runtime starts its threads, so the limit holds for all of them.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, arenas);
-    }
-}
-
 fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
     let Plan {
         listeners: prepared,
@@ -223,8 +210,6 @@ fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
         allow_anonymous,
         http,
     } = plan;
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    arena_per_core();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
