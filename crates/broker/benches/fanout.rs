@@ -95,7 +95,8 @@ fn fanout(c: &mut Criterion) {
                             };
                             state.out.fill_batch(writer, &env, &mut parts);
                             // Acknowledge at once so the window never fills.
-                            if let Some(id) = state.out.inflight.front().map(|e| e.packet_id) {
+                            if let Some(id) = state.out.queues.inflight.front().map(|e| e.packet_id)
+                            {
                                 state.out.on_puback(id);
                             }
                             parts.clear();

@@ -31,6 +31,7 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -51,8 +52,9 @@ pub enum AckKind {
 }
 
 /// Runs when an entry's delivery is released, in packet order, before the delivery is handed
-/// out; returns the ticket of a write it issued (a retained message's record).
-pub type ReleaseHook<D> = Box<dyn FnMut(&D) -> Option<Ticket> + Send>;
+/// out; returns the ticket of a write it issued (a retained message's record). Shared: the
+/// broker has one for all its connections (a box per connection was a 32 B malloc chunk each).
+pub type ReleaseHook<D> = Arc<dyn Fn(&D) -> Option<Ticket> + Send + Sync>;
 
 /// One inbound packet's outcome.
 #[derive(Debug)]
@@ -239,7 +241,7 @@ impl<D> AckPipeline<D> {
                 break;
             }
             if let Some(message) = slot.entry.deliver.take() {
-                if let Some(hook) = self.on_release.as_mut() {
+                if let Some(hook) = self.on_release.as_ref() {
                     let ticket = hook(&message);
                     if ticket.is_some() && slot.entry.kind != AckKind::None {
                         slot.entry.ticket = Ticket::join(slot.entry.ticket.take(), ticket);

@@ -53,6 +53,10 @@ pub struct Shared {
     pub started_at: Instant,
     /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
     pub(crate) read_order: Arc<ReadOrder>,
+    /// Connections with a keep alive, for the sweeper that closes the silent ones.
+    pub(crate) keep_alive: Arc<crate::keep_alive::KeepAlive>,
+    /// Every connection's ack pipeline hook (`retained::release_hook`).
+    pub(crate) release_hook: crate::ack_pipeline::ReleaseHook<Arc<crate::message::Message>>,
     next_connection_id: AtomicU64,
     /// Set while [`Broker::serve`] accepts connections (recovery is done by then).
     ready: AtomicBool,
@@ -143,8 +147,9 @@ impl Broker {
     ) -> Result<Broker, ConfigError> {
         config.validate()?;
         let recovered = store.recover();
+        let started_at = Instant::now();
         let broker = Broker {
-            shared: Arc::new(Shared {
+            shared: Arc::new_cyclic(|weak| Shared {
                 config,
                 sessions: Registry::default(),
                 router: RwLock::new(Router::default()),
@@ -155,8 +160,10 @@ impl Broker {
                 auth: crate::auth::Auth::default(),
                 connect_rate: Default::default(),
                 store,
-                started_at: Instant::now(),
+                started_at,
                 read_order: Arc::default(),
+                keep_alive: Arc::new(crate::keep_alive::KeepAlive::new(started_at)),
+                release_hook: crate::retained::release_hook(weak.clone()),
                 next_connection_id: AtomicU64::new(1),
                 ready: AtomicBool::new(false),
             }),

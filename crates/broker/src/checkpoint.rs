@@ -195,9 +195,9 @@ impl Checkpointer {
         let seen = Seen {
             pushed_total: out.pushed_total,
             removed_total: out.removed_total,
-            inflight: out.inflight.len(),
+            inflight: out.queues.inflight.len(),
         };
-        let holds_nothing = out.queue.is_empty() && out.inflight.is_empty();
+        let holds_nothing = out.queues.queue.is_empty() && out.queues.inflight.is_empty();
         let last = self.seen.get(client).copied();
         if let Some((last, at, _)) = last {
             // Unchanged: its cursor can only move if it holds nothing (then the floors
@@ -206,7 +206,7 @@ impl Checkpointer {
                 return Visit::Skipped;
             }
             if !complete
-                && out.queue.len() > LARGE_QUEUE_MESSAGES
+                && out.queues.queue.len() > LARGE_QUEUE_MESSAGES
                 && now.saturating_duration_since(at)
                     < Duration::from_millis(LARGE_QUEUE_SCAN_INTERVAL_MS)
             {

@@ -39,6 +39,7 @@ pub mod fuzz;
 pub mod hash;
 #[doc(hidden)]
 pub mod inject;
+pub mod keep_alive;
 pub mod message;
 pub mod metrics;
 pub mod outbound;

@@ -7,7 +7,7 @@
 //! - No node is left without a message and without children (cleared branches are pruned).
 //! - The tree is at most [`MAX_RETAINED_TOPIC_LEVELS`] deep.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use tokio::time::Instant;
 
@@ -186,16 +186,18 @@ pub fn update(shared: &Shared, message: &Arc<Message>) -> Option<Ticket> {
     shared.store.retained_changed(&message.topic, kept)
 }
 
-/// The ack pipeline's release hook of a connection ([`crate::ack_pipeline::ReleaseHook`]): a
-/// RETAIN=1 PUBLISH is applied when the pipeline releases it, and its PUBACK / PUBREC waits
-/// for the retained record as well as for the message's own write.
-pub fn release_hook(shared: Arc<Shared>) -> ReleaseHook<Arc<Message>> {
-    Box::new(move |message: &Arc<Message>| {
-        if message.retain {
-            update(&shared, message)
-        } else {
-            None
+/// The ack pipeline's release hook, one per broker (`Shared::release_hook`,
+/// [`crate::ack_pipeline::ReleaseHook`]): a RETAIN=1 PUBLISH is applied when the pipeline
+/// releases it, and its PUBACK / PUBREC waits for the retained record as well as for the
+/// message's own write. Holds the broker weakly (the broker holds the hook); a connection holds
+/// the broker, so the upgrade succeeds while any pipeline can call this.
+pub fn release_hook(shared: Weak<Shared>) -> ReleaseHook<Arc<Message>> {
+    Arc::new(move |message: &Arc<Message>| {
+        if !message.retain {
+            return None;
         }
+        let shared = shared.upgrade()?;
+        update(&shared, message)
     })
 }
 

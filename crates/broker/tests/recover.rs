@@ -163,6 +163,7 @@ async fn restored_queue_keeps_the_newest_within_max_queued_bytes() {
         .state
         .lock()
         .out
+        .queues
         .queue
         .iter()
         .map(|o| o.message.payload.to_vec())

@@ -31,6 +31,15 @@ use tracing_subscriber::EnvFilter;
 use cli::{Cli, Command, ServeArgs};
 use http::HttpSettings;
 
+/// jemalloc, not the C library's malloc, for the whole binary (`tern serve` and `tern bench`):
+/// its size classes (…512, 640, 768…) fit the broker's per-connection blocks closer than glibc's
+/// 16 B-granular chunks with an 8–16 B header, and its per-thread caches serve the workers
+/// without glibc's arena locks. Measured on 2 cores (BENCHMARKS.md "Session 6: idle memory",
+/// ARCHITECTURE §1): RSS per idle connection and the QoS 0 cell. The libraries stay
+/// allocator-neutral: only this binary picks.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Exit code for a bad config file (the contract).
 const EXIT_CONFIG: u8 = 2;
 const DEFAULT_BIND: &str = "127.0.0.1:1883";

@@ -210,7 +210,7 @@ async fn encoded_ack_waits_for_its_ticket_in_packet_order() {
 async fn release_hook_ticket_holds_the_ack_not_the_delivery() {
     let hooked: std::sync::Arc<parking_lot::Mutex<Vec<TicketCompleter>>> = Default::default();
     let held = hooked.clone();
-    let mut p = AckPipeline::new(8).on_release(Box::new(move |d: &&'static str| {
+    let mut p = AckPipeline::new(8).on_release(std::sync::Arc::new(move |d: &&'static str| {
         if !d.starts_with("retained") {
             return None;
         }
@@ -250,7 +250,7 @@ async fn release_hook_ticket_holds_the_ack_not_the_delivery() {
 async fn release_hook_ticket_of_a_qos2_entry_is_waited_for_after_its_own() {
     let hooked: std::sync::Arc<parking_lot::Mutex<Vec<TicketCompleter>>> = Default::default();
     let held = hooked.clone();
-    let mut p = AckPipeline::new(8).on_release(Box::new(move |_: &&'static str| {
+    let mut p = AckPipeline::new(8).on_release(std::sync::Arc::new(move |_: &&'static str| {
         let (done, t) = Ticket::pair();
         held.lock().push(done);
         Some(t)

@@ -89,8 +89,8 @@ impl Broker {
                 peer: info.map(|i| i.peer),
                 protocol: protocol_name(state.protocol),
                 keep_alive_s: info.map_or(0, |i| i.keep_alive_s),
-                inflight: state.out.inflight.len(),
-                queued: state.out.queue.len(),
+                inflight: state.out.queues.inflight.len(),
+                queued: state.out.queues.queue.len(),
                 connected_since: info.map(|i| i.connected_at),
             });
         }
@@ -109,8 +109,8 @@ impl Broker {
                     protocol: protocol_name(state.protocol),
                     expiry_interval_s: state.expiry_interval_s,
                     subscriptions: state.subscriptions.len(),
-                    inflight: state.out.inflight.len(),
-                    queued: state.out.queue.len(),
+                    inflight: state.out.queues.inflight.len(),
+                    queued: state.out.queues.queue.len(),
                 }
             })
             .collect();

@@ -541,6 +541,7 @@ async fn accept<W: TransportWrite>(
     // The CONNACK (queued first) leaves once the session's and the will's records are durable
     // (`outbound::Outflow`), as a SUBACK waits for its subscription's.
     let connack_after = Ticket::join(attached.durable, will_written);
+    let keep_alive = shared.keep_alive.watch(&attached.ctl, keep_alive_ms);
     let conn = Conn {
         shared: shared.clone(),
         session: attached.session,
@@ -549,19 +550,20 @@ async fn accept<W: TransportWrite>(
         username,
         acl: AclView::default(),
         protocol,
-        keep_alive_ms,
+        keep_alive_s,
         will,
         will_token,
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
         read_slot,
         pipeline: AckPipeline::new(usize::from(config.receive_maximum))
-            .on_release(crate::retained::release_hook(shared.clone())),
+            .on_release(shared.release_hook.clone()),
         quota: Default::default(),
         released: Vec::new(),
         connect_expiry_zero: requested_expiry_s == 0,
         client_max_packet_size_bytes: client_max_packet_size,
         now: Instant::now(),
         _slot: slot,
+        _keep_alive: keep_alive,
     };
     let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
     Some((conn, (writer, writer_state, connack_after)))

@@ -2,16 +2,14 @@
 //! reads (ARCHITECTURE §2.1, one task per connection); every wait is one poll function, so that
 //! an idle connection keeps no select futures.
 
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::io;
 use std::num::NonZeroU64;
-use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::BytesMut;
 use tern_wire::{DecodeError, ReasonCode, decode};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use super::read::{poll_ordered, settle, try_read_chunk};
 use super::{Close, Conn, Event, Live, MAX_CONTROL_BACKLOG};
@@ -45,17 +43,8 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
             out,
         } = self;
         let reader: &R = reader;
-        let mut last_packet_at = Instant::now();
         // Packets were decoded since the last wait.
         let mut decoded = false;
-        // One timer for the connection's life, re-armed only when it fires early (traffic
-        // moved the deadline): no timer churn per packet.
-        let far_future = Instant::now() + Duration::from_secs(86_400 * 365);
-        let first_deadline = last_packet_at
-            .checked_add(conn.keep_alive().unwrap_or(Duration::MAX))
-            .unwrap_or(far_future);
-        let keep_alive_timer = tokio::time::sleep_until(first_deadline);
-        tokio::pin!(keep_alive_timer);
         // Bytes the handshake read after the CONNECT go with the connection's first ticket.
         // (Tickets start at 1: `NonZeroU64` keeps the option in 8 bytes of the idle state.)
         let mut ticket = None;
@@ -112,7 +101,8 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
                 *buf = BytesMut::new();
             }
             if decoded {
-                last_packet_at = conn.now;
+                // For the keep-alive sweeper (`crate::keep_alive`): one store per read.
+                conn.ctl.touch(conn.shared.keep_alive.millis(conn.now));
                 decoded = false;
                 // The writers this batch woke sit in this worker's LIFO slot, which the other
                 // worker cannot steal: without a yield a fast publisher starves them and their
@@ -134,22 +124,25 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
                 conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
             }
             if let Some(reason) = conn.ctl.kick_reason() {
-                return Close::Kicked(reason);
+                return if reason == ReasonCode::KEEP_ALIVE_TIMEOUT {
+                    // MQTT-3.1.2-22: the sweeper found nothing received within 1.5 x keep alive.
+                    Close::KeepAlive
+                } else {
+                    Close::Kicked(reason)
+                };
             }
             if conn.ctl.is_shut_down() {
                 return Close::Shutdown;
             }
             let waiting = conn.pipeline.has_pending_ticket();
-            let backlogged = conn.session.state.lock().out.control.len() >= MAX_CONTROL_BACKLOG;
+            let backlogged =
+                conn.session.state.lock().out.queues.control.len() >= MAX_CONTROL_BACKLOG;
             let reading = !conn.pipeline.is_full() && !backlogged;
             if !reading {
                 // Not armed while not reading: no ticket may wait for this connection.
                 conn.read_slot.not_reading();
             }
-            let mut timer = keep_alive_timer.as_mut();
-            let event =
-                poll_fn(|cx| poll_event(conn, reader, out, timer.as_mut(), waiting, reading, cx))
-                    .await;
+            let event = poll_fn(|cx| poll_event(conn, reader, out, waiting, reading, cx)).await;
             match event {
                 // A kick or the shutdown is seen at the top of the loop.
                 Event::Woken => out.wake(),
@@ -180,15 +173,6 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
                     let bytes = n + settled.more;
                     Metrics::add(&conn.shared.metrics.bytes_received, bytes as u64);
                 }
-                Event::KeepAliveDue => {
-                    // MQTT-3.1.2-22: nothing received within 1.5 x keep alive.
-                    // Not kept in a local across the loop's awaits: 16 B of every idle future.
-                    let deadline = last_packet_at + conn.keep_alive().unwrap_or(Duration::MAX);
-                    if Instant::now() >= deadline {
-                        return Close::KeepAlive;
-                    }
-                    keep_alive_timer.as_mut().reset(deadline);
-                }
             }
         }
     }
@@ -201,7 +185,6 @@ fn poll_event<R: TransportRead, W: TransportWrite>(
     conn: &mut Conn,
     reader: &R,
     out: &mut Outflow<W>,
-    keep_alive_timer: Pin<&mut Sleep>,
     waiting: bool,
     reading: bool,
     cx: &mut Context<'_>,
@@ -224,9 +207,6 @@ fn poll_event<R: TransportRead, W: TransportWrite>(
     };
     if let Poll::Ready(wrote) = out.poll_step(cx, &env) {
         return Poll::Ready(Event::Wrote(wrote));
-    }
-    if conn.keep_alive_ms > 0 && keep_alive_timer.poll(cx).is_ready() {
-        return Poll::Ready(Event::KeepAliveDue);
     }
     Poll::Pending
 }

@@ -15,8 +15,11 @@
 //! - Every control packet this task sends goes through the session's control queue, and only
 //!   while the session still belongs to this connection (`conn_gen`).
 //! - The loop waits in one poll function that looks at its sources in a fixed order (wake,
-//!   pipeline, socket, outbound, keep alive), as a `biased` select would, without the select's
+//!   pipeline, socket, outbound), as a `biased` select would, without the select's
 //!   futures in every idle connection's state.
+//! - Keep alive is the broker-wide sweeper's ([`crate::keep_alive`]): the loop records every
+//!   read that decoded packets (`ConnCtl::touch`) and closes with `Close::KeepAlive` on the
+//!   sweeper's 0x8D kick; no timer is kept in the connection's future.
 //! - The loop reads through the connection's `ReadSlot` and acts on what one read returned only
 //!   once every read with a smaller ticket was handled, then completes its ticket before it
 //!   awaits anything else ([`crate::read_order`]: packets take effect across connections in the
@@ -35,7 +38,6 @@ mod subscribe;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tern_wire::{Packet, Protocol, ReasonCode, Will};
@@ -108,9 +110,9 @@ pub(crate) struct Conn {
     /// The ACL as this connection last saw it (`crate::auth`).
     acl: crate::auth::AclView,
     protocol: Protocol,
-    /// 1.5 × the keep alive in force, in milliseconds; 0 when keep alive is off (a `u32`, not
-    /// an `Option<Duration>`: 12 bytes less in every idle connection).
-    keep_alive_ms: u32,
+    /// The keep alive in force, 0 for none (the admin API's; the broker-wide sweeper enforces
+    /// it through `_keep_alive`, so no timer is kept in every idle connection's future).
+    keep_alive_s: u16,
     will: Option<Box<Will>>,
     /// Names `will` in the store (`crate::will`).
     will_token: u64,
@@ -129,6 +131,8 @@ pub(crate) struct Conn {
     now: Instant,
     /// Its place under `max_connections`, given back when the connection is dropped.
     _slot: connect::ConnectionSlot,
+    /// Its entry in the keep-alive table (`crate::keep_alive`), left when dropped.
+    _keep_alive: Option<crate::keep_alive::Watched>,
 }
 
 enum Event {
@@ -139,7 +143,6 @@ enum Event {
     Readable(io::Result<()>),
     /// The outbound side wrote a batch, or cannot write any more.
     Wrote(Result<(), WriteFailed>),
-    KeepAliveDue,
 }
 
 /// Serves one accepted connection to the end. `info`: where it came from. `stop` is watched
@@ -216,7 +219,7 @@ async fn establish<T: Transport>(
     let mut buf = BytesMut::new();
     let (conn, (socket, writer, connack_after)) =
         connect::handshake(&shared, &mut reader, writer, &mut buf, &mut stop, info).await?;
-    let keep_alive_s = u16::try_from(conn.keep_alive_ms / 1500).unwrap_or(u16::MAX);
+    let keep_alive_s = conn.keep_alive_s;
     conn.ctl.set_info(crate::session::ConnInfo {
         peer,
         keep_alive_s,
@@ -260,11 +263,6 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
 }
 
 impl Conn {
-    /// 1.5 × the keep alive in force; `None` when keep alive is off.
-    fn keep_alive(&self) -> Option<Duration> {
-        (self.keep_alive_ms > 0).then(|| Duration::from_millis(u64::from(self.keep_alive_ms)))
-    }
-
     fn handle(&mut self, packet: Packet) -> Result<(), Close> {
         match packet {
             Packet::Publish(publish) => self.on_publish(publish),

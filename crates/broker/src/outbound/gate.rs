@@ -60,6 +60,14 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// An empty gate (what `Default` gives, usable in a `static`).
+    pub const EMPTY: Gate = Gate {
+        entries: VecDeque::new(),
+        deliveries: 0,
+        qos0: 0,
+        failed: false,
+    };
+
     /// Queues `packet` behind everything already held.
     pub fn push(&mut self, ticket: Option<Ticket>, packet: HeldPacket) {
         match packet {

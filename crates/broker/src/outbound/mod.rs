@@ -40,9 +40,9 @@
 
 mod batch;
 mod gate;
+mod queues;
 mod writer;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
@@ -58,6 +58,7 @@ use crate::persist::Ticket;
 
 pub use batch::BatchEnv;
 pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
+pub use queues::{LazyQueues, Queues};
 pub use writer::{OutEnv, Outflow, WriteFailed, WriterState, encode_packet};
 
 /// Packets taken per batch: enough to amortise the syscall (64 → 256 took 1 pub → 1 sub QoS 0
@@ -119,25 +120,22 @@ pub enum PushResult {
 
 #[derive(Debug, Default)]
 pub struct Outbound {
-    /// Control packets, each with the value of `pushed_total` when it was queued.
-    pub control: VecDeque<(u64, Bytes)>,
-    pub queue: VecDeque<Outgoing>,
+    /// Control packets, queued deliveries, the in-flight window and the gate: allocated while
+    /// they hold something ([`LazyQueues`]).
+    pub queues: LazyQueues,
     pub queued_bytes: usize,
     pub queued_reliable: usize,
     /// Of `queued_bytes`: the QoS>0 messages' (the measure of `max_queued_bytes`).
     pub queued_reliable_bytes: usize,
-    pub inflight: VecDeque<Inflight>,
+    /// Inline, not in the queues: its counter keeps ids rotating across idle periods.
     pub packet_ids: PacketIds,
     /// min(client Receive Maximum, max_inflight_messages) of the current connection.
     pub window: usize,
-    pub full_since: Option<Instant>,
     /// QoS>0 messages dropped because `max_queued_messages` was reached (for log pacing).
     pub dropped_oldest: u64,
     /// Deliveries ever pushed into / removed from `queue` (their difference is its length).
     pub pushed_total: u64,
     pub removed_total: u64,
-    /// Packets waiting for a store write, in the order they must leave.
-    gate: Gate,
     /// The broker-wide queued bytes this queue counts into ([`Outbound::count_into`]).
     total: Option<Arc<AtomicUsize>>,
     /// What this queue's share of `total` is (`queued_bytes` as of the last sync).
@@ -174,8 +172,8 @@ impl Outbound {
     /// on, brought up to date with the bytes total. Set once.
     pub fn count_messages_into(&mut self, total: Arc<AtomicUsize>) {
         if self.total_messages.is_none() {
-            total.fetch_add(self.queue.len(), Ordering::Relaxed);
-            self.reported_messages = self.queue.len();
+            total.fetch_add(self.queues.queue.len(), Ordering::Relaxed);
+            self.reported_messages = self.queues.queue.len();
             self.total_messages = Some(total);
         }
     }
@@ -205,7 +203,7 @@ impl Outbound {
     }
 
     fn sync_messages_total(&mut self) {
-        let len = self.queue.len();
+        let len = self.queues.queue.len();
         if self.reported_messages == len {
             return;
         }
@@ -237,7 +235,7 @@ impl Outbound {
     ) -> PushResult {
         let len = item.message.approx_len();
         let over = self.queued_bytes + len > config.outbound_queue_max_bytes
-            || self.queue.len() >= config.outbound_queue_max_messages;
+            || self.queues.queue.len() >= config.outbound_queue_max_messages;
         let mut result = PushResult::Queued;
         if item.qos == QoS::AtMostOnce {
             if !online {
@@ -256,10 +254,15 @@ impl Outbound {
                 && (self.queued_reliable >= config.max_queued_messages
                     || self.queued_reliable_bytes + len > config.max_queued_bytes)
             {
-                let Some(index) = self.queue.iter().position(|o| o.qos != QoS::AtMostOnce) else {
+                let Some(index) = self
+                    .queues
+                    .queue
+                    .iter()
+                    .position(|o| o.qos != QoS::AtMostOnce)
+                else {
                     break;
                 };
-                if let Some(old) = self.queue.remove(index) {
+                if let Some(old) = self.queues.queue.remove(index) {
                     self.account_removed(&old);
                 }
                 result = PushResult::QueuedDroppedOldest;
@@ -277,7 +280,7 @@ impl Outbound {
             self.queued_reliable_bytes += len;
         }
         self.pushed_total += 1;
-        self.queue.push_back(item);
+        self.queues.queue.push_back(item);
         self.sync_bytes_total();
         // The queued-messages gauge of an online session is brought up to date by its
         // writer's next batch, which this push wakes: no second broker-wide atomic per
@@ -290,7 +293,7 @@ impl Outbound {
 
     /// Records that the queue is full; `Some(SlowSubscriber)` once it stayed full too long.
     fn note_full(&mut self, config: &BrokerConfig, now: Instant) -> Option<PushResult> {
-        let since = *self.full_since.get_or_insert(now);
+        let since = *self.queues.full_since.get_or_insert(now);
         (now.saturating_duration_since(since) >= config.slow_subscriber_timeout())
             .then_some(PushResult::SlowSubscriber)
     }
@@ -308,10 +311,13 @@ impl Outbound {
     /// A new connection attached: forget the old connection's control packets, resend every
     /// in-flight message in order.
     pub fn attach(&mut self, window: usize) {
-        self.control.clear();
         self.window = window.max(1);
-        self.full_since = None;
-        for entry in &mut self.inflight {
+        let Some(queues) = self.queues.allocated_mut() else {
+            return;
+        };
+        queues.full_since = None;
+        queues.control.clear();
+        for entry in &mut queues.inflight {
             // A held packet was never sent: the gate sends it once its write is durable.
             entry.needs_send = !entry.held;
         }
@@ -319,17 +325,20 @@ impl Outbound {
 
     /// The connection went away: QoS 0 is not kept for an offline session.
     pub fn detach(&mut self) {
-        self.control.clear();
-        self.full_since = None;
-        let queue = std::mem::take(&mut self.queue);
+        self.queues.control.clear();
+        self.queues.full_since = None;
+        let queue = std::mem::take(&mut self.queues.queue);
         for item in queue {
             if item.qos == QoS::AtMostOnce {
                 self.account_removed(&item);
             } else {
-                self.queue.push_back(item);
+                self.queues.queue.push_back(item);
             }
         }
-        self.gate.remove(|p| matches!(p, HeldPacket::Qos0(_)));
+        self.queues
+            .gate
+            .remove(|p| matches!(p, HeldPacket::Qos0(_)));
+        self.queues.release_if_empty();
         self.sync_total();
     }
 
@@ -338,16 +347,16 @@ impl Outbound {
     /// its delivery is completed to this member when it reconnects [MQTT-4.8.2-4].
     pub fn take_shared(&mut self) -> Vec<Outgoing> {
         let mut taken = Vec::new();
-        let queue = std::mem::take(&mut self.queue);
+        let queue = std::mem::take(&mut self.queues.queue);
         for item in queue {
             if item.share.is_some() {
                 self.account_removed(&item);
                 taken.push(item);
             } else {
-                self.queue.push_back(item);
+                self.queues.queue.push_back(item);
             }
         }
-        let inflight = std::mem::take(&mut self.inflight);
+        let inflight = std::mem::take(&mut self.queues.inflight);
         let mut unsent = Vec::new();
         for entry in inflight {
             if entry.item.share.is_some()
@@ -360,21 +369,22 @@ impl Outbound {
                 }
                 taken.push(entry.item);
             } else {
-                self.inflight.push_back(entry);
+                self.queues.inflight.push_back(entry);
             }
         }
-        taken.extend(self.gate.remove(|p| match p {
+        taken.extend(self.queues.gate.remove(|p| match p {
             HeldPacket::Publish { packet_id } => unsent.contains(packet_id),
             HeldPacket::Qos0(item) => item.share.is_some(),
             HeldPacket::PubRel { .. } => false,
         }));
+        self.queues.release_if_empty();
         self.sync_total();
         taken
     }
 
     /// Removes and returns the first queued delivery.
     pub fn pop_front(&mut self) -> Option<Outgoing> {
-        let item = self.queue.pop_front()?;
+        let item = self.queues.queue.pop_front()?;
         self.account_removed(&item);
         Some(item)
     }
@@ -389,46 +399,56 @@ impl Outbound {
     /// Queues a PUBREL behind the ones before it; it leaves once `ticket` (the durable "PUBREL
     /// pending", if one was written) completes. PUBRELs leave in PUBREC order [MQTT-4.6.0-3].
     pub fn hold_pubrel(&mut self, packet_id: u16, reason: ReasonCode, ticket: Option<Ticket>) {
-        if let Some(entry) = self.inflight.iter_mut().find(|e| e.packet_id == packet_id) {
+        if let Some(entry) = self
+            .queues
+            .inflight
+            .iter_mut()
+            .find(|e| e.packet_id == packet_id)
+        {
             entry.held = true;
         }
-        self.gate
+        self.queues
+            .gate
             .push(ticket, HeldPacket::PubRel { packet_id, reason });
     }
 
     /// Ready when the oldest write the gate waits for completed (the writer then runs a batch).
     pub fn poll_gate(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        self.gate.poll_front(cx)
+        if self.queues.gate.is_empty() {
+            // What an empty gate answers, without allocating empty queues.
+            return Poll::Pending;
+        }
+        self.queues.gate.poll_front(cx)
     }
 
     /// True while packets wait in the gate (or its failure is pending).
     pub fn gate_holds_packets(&self) -> bool {
-        !self.gate.is_empty()
+        !self.queues.gate.is_empty()
     }
 
     /// True once a store write the gate waited for failed (the connection must close).
     pub fn gate_failed(&self) -> bool {
-        self.gate.failed()
+        self.queues.gate.failed()
     }
 
     /// PUBREC from the subscriber: true if the id was awaiting it (or already PUBREL pending:
     /// a duplicate PUBREC is answered with PUBREL again).
     pub fn on_pubrec(&mut self, packet_id: u16, accepted: bool) -> bool {
-        let Some(index) = self
-            .inflight
-            .iter()
-            .position(|e| e.packet_id == packet_id && e.item.qos == QoS::ExactlyOnce && !e.held)
+        let Some(index) =
+            self.queues.inflight.iter().position(|e| {
+                e.packet_id == packet_id && e.item.qos == QoS::ExactlyOnce && !e.held
+            })
         else {
             return false;
         };
         if !accepted {
             // v5 PUBREC with a failure reason ends the exchange ([MQTT-4.3.3-4] note).
-            if let Some(entry) = self.inflight.remove(index) {
+            if let Some(entry) = self.queues.inflight.remove(index) {
                 self.packet_ids.release(entry.packet_id);
             }
             return true;
         }
-        if let Some(entry) = self.inflight.get_mut(index) {
+        if let Some(entry) = self.queues.inflight.get_mut(index) {
             entry.phase = Phase::PubRelPending;
             entry.needs_send = false;
         }
@@ -437,7 +457,8 @@ impl Outbound {
 
     /// The store position of the in-flight message `packet_id`, if it was stored.
     pub fn stored_ref(&self, packet_id: u16) -> Option<crate::persist::StoreRef> {
-        self.inflight
+        self.queues
+            .inflight
             .iter()
             .find(|e| e.packet_id == packet_id)
             .and_then(|e| e.item.message.store_ref())
@@ -453,19 +474,20 @@ impl Outbound {
                     .any(|(stream, range)| *stream == r.stream && range.contains(&r.seq))
             })
         };
-        if !self.queue.iter().any(gone) {
+        if !self.queues.queue.iter().any(gone) {
             return 0;
         }
-        let queue = std::mem::take(&mut self.queue);
+        let queue = std::mem::take(&mut self.queues.queue);
         let mut dropped = 0;
         for item in queue {
             if gone(&item) {
                 self.account_removed(&item);
                 dropped += 1;
             } else {
-                self.queue.push_back(item);
+                self.queues.queue.push_back(item);
             }
         }
+        self.queues.release_if_empty();
         self.sync_total();
         dropped
     }
@@ -474,11 +496,12 @@ impl Outbound {
     /// flight or queued) to `out`, for its durable cursor.
     pub fn held(&self, out: &mut crate::persist::HeldSeqs) {
         let refs = self
+            .queues
             .inflight
             .iter()
             .map(|e| &e.item)
-            .chain(self.gate.qos0_items())
-            .chain(self.queue.iter())
+            .chain(self.queues.gate.qos0_items())
+            .chain(self.queues.queue.iter())
             .filter_map(|o| o.message.store_ref());
         out.extend(refs.map(|r| (r.stream, r.seq)));
     }
@@ -486,11 +509,12 @@ impl Outbound {
     /// Like [`Outbound::held`], for the messages routed via the share group `share` only.
     pub fn held_share(&self, share: &str, out: &mut crate::persist::HeldSeqs) {
         let refs = self
+            .queues
             .inflight
             .iter()
             .map(|e| &e.item)
-            .chain(self.gate.qos0_items())
-            .chain(self.queue.iter())
+            .chain(self.queues.gate.qos0_items())
+            .chain(self.queues.queue.iter())
             .filter(|o| o.share.as_deref() == Some(share))
             .filter_map(|o| o.message.store_ref());
         out.extend(refs.map(|r| (r.stream, r.seq)));
@@ -506,10 +530,11 @@ impl Outbound {
         accept: impl Fn(&Inflight) -> bool,
     ) -> Option<Inflight> {
         let index = self
+            .queues
             .inflight
             .iter()
             .position(|e| e.packet_id == packet_id && !e.held && accept(e))?;
-        let entry = self.inflight.remove(index)?;
+        let entry = self.queues.inflight.remove(index)?;
         self.packet_ids.release(packet_id);
         Some(entry)
     }
@@ -517,12 +542,12 @@ impl Outbound {
     /// Queues a control packet (ack, SUBACK, PINGRESP, PUBREL) behind every delivery already
     /// queued: a PINGRESP then works as a barrier for what was routed before the PINGREQ.
     pub fn push_control(&mut self, packet: Bytes) {
-        self.control.push_back((self.pushed_total, packet));
+        self.queues.control.push_back((self.pushed_total, packet));
     }
 
     /// Queues a control packet ahead of everything (CONNACK).
     pub fn push_control_first(&mut self, packet: Bytes) {
-        self.control.push_front((0, packet));
+        self.queues.control.push_front((0, packet));
     }
 }
 

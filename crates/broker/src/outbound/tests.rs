@@ -317,8 +317,8 @@ async fn shared_messages_are_taken_back_from_a_leaving_member() {
         .map(|o| o.message.payload.clone())
         .collect();
     assert_eq!(taken.len(), 2);
-    assert!(f.out.inflight.is_empty());
-    assert_eq!(f.out.queue.len(), 1);
+    assert!(f.out.queues.inflight.is_empty());
+    assert_eq!(f.out.queues.queue.len(), 1);
     assert_eq!(f.out.packet_ids.in_flight(), 0);
 }
 
@@ -341,8 +341,8 @@ async fn shared_qos2_in_flight_stays_with_a_leaving_member() {
         .map(|o| o.message.payload.clone())
         .collect();
     assert_eq!(taken, vec![Bytes::from_static(b"q1")]);
-    assert_eq!(f.out.inflight.len(), 1);
-    assert_eq!(f.out.inflight[0].item.qos, QoS::ExactlyOnce);
+    assert_eq!(f.out.queues.inflight.len(), 1);
+    assert_eq!(f.out.queues.inflight[0].item.qos, QoS::ExactlyOnce);
     assert_eq!(f.out.packet_ids.in_flight(), 1);
 }
 
@@ -595,4 +595,28 @@ async fn max_queued_bytes_keeps_the_newest_and_drops_the_oldest_offline() {
     );
     assert_eq!(f.out.queued_reliable, 1);
     assert_eq!(f.out.dropped_oldest, 3);
+}
+
+/// An idle session keeps no queues (ARCHITECTURE §6.2): the first packet allocates them, and
+/// the batch that finds nothing to send once everything is acknowledged frees them.
+#[tokio::test]
+async fn queues_exist_only_while_they_hold_something() {
+    let mut f = Fixture::new(10);
+    assert!(!f.out.queues.is_allocated());
+    f.out.push_control(Bytes::from_static(&[0xd0, 0]));
+    f.push(item(b"a", QoS::AtLeastOnce));
+    assert!(f.out.queues.is_allocated());
+    assert_eq!(f.drain().len(), 2);
+    // The PUBLISH is in flight: the queues stay.
+    assert!(f.drain().is_empty());
+    assert!(f.out.queues.is_allocated());
+    let id = f.out.queues.inflight[0].packet_id;
+    assert!(f.out.on_puback(id).is_some());
+    assert!(f.drain().is_empty());
+    assert!(!f.out.queues.is_allocated());
+    // Ids keep rotating across the release (MQTT-2.2.1-3 holds either way; a late duplicate
+    // PUBACK then names no new message).
+    f.push(item(b"b", QoS::AtLeastOnce));
+    assert_eq!(f.drain().len(), 1);
+    assert_ne!(f.out.queues.inflight[0].packet_id, id);
 }

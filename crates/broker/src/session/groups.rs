@@ -45,7 +45,10 @@ pub struct Groups {
 impl Groups {
     /// Messages waiting in `share`'s queue.
     pub fn queued(&self, share: &str) -> usize {
-        self.map.lock().get(share).map_or(0, |q| q.queue.len())
+        self.map
+            .lock()
+            .get(share)
+            .map_or(0, |q| q.queues.queue.len())
     }
 }
 
@@ -115,7 +118,7 @@ pub fn flush(shared: &Shared, share: &str) {
         return;
     };
     let now = Instant::now();
-    while !queue.queue.is_empty() {
+    while !queue.queues.queue.is_empty() {
         let Some((_, value)) = group.next_member_where(|_, v| v.session.is_online()) else {
             break;
         };
@@ -124,7 +127,7 @@ pub fn flush(shared: &Shared, share: &str) {
         };
         router::deliver(shared, &value.session, for_member(item, value), now);
     }
-    if queue.queue.is_empty() {
+    if queue.queues.queue.is_empty() {
         groups.remove(share);
     }
 }
@@ -190,7 +193,7 @@ pub fn forget_if_orphaned(shared: &Shared, shares: &[Arc<str>]) {
             .map
             .lock()
             .remove(share)
-            .map_or(0, |q| q.queue.len());
+            .map_or(0, |q| q.queues.queue.len());
         if dropped > 0 {
             Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
             tracing::warn!(

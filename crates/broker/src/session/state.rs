@@ -1,7 +1,7 @@
 //! One session and the control block of the connection attached to it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
@@ -26,7 +26,9 @@ pub struct SubRecord {
 pub struct ConnCtl {
     /// Wakes the connection's task: new outbound data, a window opening, a kick, the shutdown.
     pub wake: Signal,
-    kick_reason: Mutex<Option<ReasonCode>>,
+    /// The first kick's reason as [`KICKED`] | code, 0 before any (an atomic, not a mutex:
+    /// a byte less lets the keep-alive clock fit without growing every connection's block).
+    kick_reason: AtomicU16,
     /// The server is shutting down (`Close::Shutdown`: the will stays owed, not published).
     shut_down: AtomicBool,
     /// Who is connected (for the admin API), set once the handshake is done.
@@ -35,7 +37,13 @@ pub struct ConnCtl {
     /// its ack pipeline, or it is gone): a later connection of the same client may start.
     routed: AtomicBool,
     routed_notify: Notify,
+    /// When the client last sent a packet, in [`crate::keep_alive::KeepAlive::millis`]
+    /// (wrapping: 4 bytes fit beside the flags, where 8 would cost every connection 16).
+    last_packet_ms: AtomicU32,
 }
+
+/// Marks [`ConnCtl`]'s `kick_reason` as set (the code alone may be 0).
+const KICKED: u16 = 0x100;
 
 /// What the admin API shows of a live connection.
 #[derive(Debug, Clone)]
@@ -50,14 +58,15 @@ impl ConnCtl {
     /// Asks the connection to close with `reason` (takeover 0x8E, slow subscriber 0x97, ...).
     /// The first reason wins; true for that first call (counters count each kick once).
     pub fn kick(&self, reason: ReasonCode) -> bool {
-        let first = {
-            let mut slot = self.kick_reason.lock();
-            let first = slot.is_none();
-            if first {
-                *slot = Some(reason);
-            }
-            first
-        };
+        let first = self
+            .kick_reason
+            .compare_exchange(
+                0,
+                KICKED | u16::from(reason.0),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
         self.wake.notify();
         first
     }
@@ -74,7 +83,18 @@ impl ConnCtl {
 
     /// The reason of the first [`ConnCtl::kick`], if there was one.
     pub fn kick_reason(&self) -> Option<ReasonCode> {
-        *self.kick_reason.lock()
+        let kicked = self.kick_reason.load(Ordering::Acquire);
+        // The low byte is the code (set with `KICKED` above it).
+        (kicked & KICKED != 0).then_some(ReasonCode(kicked as u8))
+    }
+
+    /// Records that a packet came from the client at `at_ms` (the keep alive's clock).
+    pub fn touch(&self, at_ms: u32) {
+        self.last_packet_ms.store(at_ms, Ordering::Relaxed);
+    }
+
+    pub fn last_packet_ms(&self) -> u32 {
+        self.last_packet_ms.load(Ordering::Relaxed)
     }
 
     /// Records who is connected; the first call wins.
