@@ -105,7 +105,9 @@ Config file keys (TOML, all optional; defaults shown):
                                           them; they are accepted again once retention frees space.
                                           Measured from the blocks' allocated lengths (an active
                                           block written to counts its whole block_size_bytes)
-                                          every 25 ms; minimum 65536.
+                                          every 25 ms; minimum 65536, and no less than
+                                          any stored stream's block_size_bytes (refused
+                                          at start).
                                           The state streams (sessions, retained) are not counted:
                                           retention cannot free them; their compaction bounds them
                                           (about 4 MiB plus twice their live records). Keep each

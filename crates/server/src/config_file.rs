@@ -174,18 +174,25 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
             other => return Err(ConfigFileError::UnknownTable(other.to_string())),
         }
     }
-    if !config.streams.is_empty() {
-        let durable = tern_broker::DurableConfig {
-            streams: config.streams.clone(),
-            ..Default::default()
-        };
-        if let Err(reason) = durable.validate() {
-            return Err(ConfigFileError::BadValue {
-                key: "name/filters".into(),
-                table: "stream",
-                reason,
-            });
-        }
+    let mut durable = tern_broker::DurableConfig {
+        streams: config.streams.clone(),
+        ..Default::default()
+    };
+    if let Err(reason) = durable.validate() {
+        return Err(ConfigFileError::BadValue {
+            key: "name/filters".into(),
+            table: "stream",
+            reason,
+        });
+    }
+    // The streams are valid: what is left to refuse is a budget below a stream's block.
+    durable.max_disk_bytes = config.max_disk_bytes;
+    if let Err(reason) = durable.validate_disk_budget() {
+        return Err(ConfigFileError::BadValue {
+            key: "max_disk_bytes".into(),
+            table: "store",
+            reason,
+        });
     }
     if let Err(error) = config.broker.validate() {
         let table = if error.field == "sys_interval_s" {
@@ -438,13 +445,13 @@ mod tests {
     #[test]
     fn queue_memory_connection_and_disk_limits_are_parsed_and_checked() {
         let c = parse(
-            "[limits]\nmax_queued_bytes = 1000\nmax_queued_bytes_total = 5000\nmax_connections = 3\n[store]\nmax_disk_bytes = 1048576\n",
+            "[limits]\nmax_queued_bytes = 1000\nmax_queued_bytes_total = 5000\nmax_connections = 3\n[store]\nmax_disk_bytes = 8388608\n",
         )
         .unwrap();
         assert_eq!(c.broker.max_queued_bytes, 1000);
         assert_eq!(c.broker.max_queued_bytes_total, 5000);
         assert_eq!(c.broker.max_connections, 3);
-        assert_eq!(c.max_disk_bytes, Some(1_048_576));
+        assert_eq!(c.max_disk_bytes, Some(8_388_608));
         assert_eq!(
             parse("").unwrap().max_disk_bytes,
             None,
@@ -458,6 +465,10 @@ mod tests {
         );
         let e = parse("[store]\nmax_disk_bytes = 10\n").unwrap_err();
         assert!(e.to_string().contains("`max_disk_bytes` in [store]"), "{e}");
+        // Below the default stream's 4 MiB block: nothing could ever be stored.
+        let e = parse("[store]\nmax_disk_bytes = 1048576\n").unwrap_err();
+        assert!(e.to_string().contains("`max_disk_bytes` in [store]"), "{e}");
+        assert!(e.to_string().contains("block_size_bytes (4194304)"), "{e}");
         let e = parse("[store]\nmax_disk_byte = 10\n").unwrap_err();
         assert_eq!(e.to_string(), "unknown field `max_disk_byte` in [store]");
         let e = parse("[limits]\nmax_queued_bytes = 0\n").unwrap_err();

@@ -192,11 +192,79 @@ impl DurableConfig {
         }
         Ok(())
     }
+
+    /// A written stream's active block counts whole against the budget (it is reserved to
+    /// its block size, ARCHITECTURE §4) and retention cannot free it, so a budget below one
+    /// block of a stream would refuse every message from that stream's first write on. A
+    /// `durability = "never"` stream is never written and holds nothing. Not part of
+    /// [`DurableConfig::validate`]: the store works with such a budget (it refuses), and
+    /// tests use tiny budgets on purpose; `tern serve` refuses the config file.
+    pub fn validate_disk_budget(&self) -> Result<(), String> {
+        let Some(budget) = self.max_disk_bytes else {
+            return Ok(());
+        };
+        let streams = self.clone().with_default_stream().streams;
+        let written = |s: &&StreamSpec| s.durability != Durability::Never;
+        match streams
+            .iter()
+            .filter(written)
+            .find(|s| s.store.block_size_bytes > budget)
+        {
+            Some(s) => Err(format!(
+                "[store] max_disk_bytes = {budget} is below stream `{}`'s block_size_bytes \
+                 ({}): a stream's active block is reserved whole, so nothing could be stored \
+                 once it was written; raise the budget or lower the stream's block size \
+                 (keep blocks well below the budget: retention frees whole blocks)",
+                s.name, s.store.block_size_bytes
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_disk_budget_below_a_streams_block_is_refused() {
+        let mut config = DurableConfig {
+            max_disk_bytes: Some(1024 * 1024),
+            ..DurableConfig::default()
+        };
+        // The default stream's blocks are 4 MiB.
+        let e = config.validate_disk_budget().unwrap_err();
+        assert!(
+            e.contains("below stream `messages`'s block_size_bytes"),
+            "{e}"
+        );
+        // Also a stream appended only as the default (none captures every topic).
+        config.streams = vec![stream("telemetry", &["sensors/#"])];
+        config.streams[0].store.block_size_bytes = 64 * 1024;
+        assert!(
+            config
+                .validate_disk_budget()
+                .unwrap_err()
+                .contains("`messages`")
+        );
+        config.streams.push(stream("all", &[]));
+        config.streams[1].store.block_size_bytes = 64 * 1024;
+        assert_eq!(config.validate_disk_budget(), Ok(()));
+        config.max_disk_bytes = Some(64 * 1024 - 1);
+        assert!(
+            config
+                .validate_disk_budget()
+                .unwrap_err()
+                .contains("`telemetry`")
+        );
+        // A memory-only stream is never written: its blocks do not count.
+        config.streams[0].durability = Durability::Never;
+        config.streams[0].store.block_size_bytes = 4 * 1024 * 1024;
+        config.streams[1].store.block_size_bytes = 32 * 1024;
+        assert_eq!(config.validate_disk_budget(), Ok(()));
+        config.max_disk_bytes = None;
+        assert_eq!(config.validate_disk_budget(), Ok(()));
+    }
 
     fn stream(name: &str, filters: &[&str]) -> StreamSpec {
         StreamSpec {
