@@ -7,15 +7,20 @@
 
 use std::time::Duration;
 
-use tern_broker::DurableConfig;
+use tern_broker::{DurableConfig, StreamSpec};
 use tern_store::sim::{SimConfig, SimDisk};
 use tern_wire::{Packet, Properties, Protocol, Publish, QoS};
 
 use super::client::{Conn, persistent_connect, s};
 use super::tcp::{boot, kill, net};
 
-/// The disk budget: above a fresh store's message stream, below it plus [`FIRST_BYTES`].
-const BUDGET_BYTES: u64 = 4096;
+/// The message stream's blocks: the smallest allowed. A written active block counts whole
+/// against the budget (it is reserved, ARCHITECTURE §4), so the budget must pass one block
+/// whether the measure has seen the control records' reservation or not.
+const BLOCK_BYTES: u64 = 4096;
+/// The disk budget: above one reserved block (plus the connection's control records), below
+/// a fresh store's message stream plus [`FIRST_BYTES`].
+const BUDGET_BYTES: u64 = BLOCK_BYTES + 512;
 /// The first message: accepted (the budget is not reached yet), and its estimate reaches it.
 const FIRST_BYTES: usize = 5000;
 
@@ -27,7 +32,10 @@ pub fn probe_acks_before_a_refusal_close() -> Vec<Packet> {
     let dir = tempfile::tempdir().expect("tempdir");
     let disk = SimDisk::new(dir.path(), 1, SimConfig::default());
     let net = net(&disk);
+    let mut stream = StreamSpec::default_stream();
+    stream.store.block_size_bytes = BLOCK_BYTES;
     let config = DurableConfig {
+        streams: vec![stream],
         max_disk_bytes: Some(BUDGET_BYTES),
         ..DurableConfig::default()
     };
@@ -53,16 +61,19 @@ pub fn probe_acks_before_a_refusal_close() -> Vec<Packet> {
         let mut first = b"0:0:".to_vec();
         first.resize(FIRST_BYTES, b'x');
         disk.hold_next_write_containing(&dir.path().join("streams").join("messages"), b"0:0:");
+        // Both at once: the first's write is held whenever it comes (the hold is armed), so
+        // the second is always read while the first is not durable. Sent one after the other
+        // the broker read them far apart under load, and a measure of the disk in between
+        // (every 25 ms: it sees the reserved block, not the held write, and forgets the
+        // estimate of the first) let the second through.
         assert!(c.send(&publish(1, first)).await);
+        assert!(c.send(&publish(2, b"0:1:".to_vec())).await);
         assert!(
             // Blocking is fine here: the broker runs on its own runtime.
             disk.wait_held(Duration::from_secs(2)),
             "the write was not held"
         );
-        assert!(c.send(&publish(2, b"0:1:".to_vec())).await);
-        // Not an assertion on time: were the broker slower to read the second PUBLISH than
-        // this, the first write would complete first and its PUBACK go out as usual (the
-        // probe would then not see the bug, never report one falsely).
+        // Not an assertion on time: the close path waits for the held write meanwhile.
         tokio::time::sleep(Duration::from_millis(200)).await;
         disk.release();
         let mut got = Vec::new();
