@@ -71,7 +71,7 @@ fn fanout(c: &mut Criterion) {
                 BenchmarkId::new(format!("qos{}", qos as u8), subscribers),
                 &subscribers,
                 |b, _| {
-                    let mut parts = Vec::new();
+                    let mut bufs = tern_broker::outbound::BatchBufs::default();
                     b.iter(|| {
                         let message = Arc::new(Message::new(
                             Str::from_static("bench/1/t"),
@@ -93,13 +93,13 @@ fn fanout(c: &mut Criterion) {
                                 persistent: state.expiry_interval_s > 0,
                                 now: Instant::now(),
                             };
-                            state.out.fill_batch(writer, &env, &mut parts);
+                            state.out.fill_batch(writer, &env, &mut bufs);
                             // Acknowledge at once so the window never fills.
                             if let Some(id) = state.out.queues.inflight.front().map(|e| e.packet_id)
                             {
                                 state.out.on_puback(id);
                             }
-                            parts.clear();
+                            bufs.clear();
                         }
                     });
                 },

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tern_broker::message::Message;
 use tern_broker::metrics::Metrics;
-use tern_broker::outbound::{BatchEnv, Outbound, WriterState};
+use tern_broker::outbound::{BatchBufs, BatchEnv, Outbound, WriterState};
 use tern_broker::router::{Router, Targets};
 use tern_broker::session::{Session, SubRecord};
 use tern_broker::{BrokerConfig, MemoryStore};
@@ -69,6 +69,7 @@ fn route_and_write(
     router: &Router,
     out: &mut Outbound,
     writer: &mut WriterState,
+    bufs: &mut BatchBufs,
     messages: &[Arc<Message>],
 ) -> u64 {
     let config = BrokerConfig::default();
@@ -82,8 +83,6 @@ fn route_and_write(
         persistent: false,
         now,
     };
-    // The connection's writer keeps its part list while busy.
-    let mut parts = Vec::with_capacity(MESSAGES_PER_BATCH);
     let mut targets = Targets::new();
     let mut to_groups = Vec::new();
     let before = allocations();
@@ -94,9 +93,9 @@ fn route_and_write(
                 out.push(item, true, &config, now);
             }
         }
-        out.fill_batch(writer, &env, &mut parts);
-        assert!(!parts.is_empty());
-        parts.clear();
+        out.fill_batch(writer, &env, bufs);
+        assert!(!bufs.parts().is_empty());
+        bufs.clear();
     }
     allocations() - before
 }
@@ -130,14 +129,17 @@ fn a_qos0_message_to_one_subscriber_allocates_nothing_on_its_way() {
     let mut out = Outbound::default();
     out.attach(16);
     let mut writer = WriterState::new(Protocol::V3_1_1, u32::MAX, 0);
-    // Warm-up: the queue and the batch buffer reach their working size.
+    // The connection's writer keeps its batch buffers while busy.
+    let mut bufs = BatchBufs::default();
+    // Warm-up: the queue and the batch buffers reach their working size.
     route_and_write(
         &router,
         &mut out,
         &mut writer,
+        &mut bufs,
         &messages[..MESSAGES_PER_BATCH],
     );
-    let made = route_and_write(&router, &mut out, &mut writer, &messages);
+    let made = route_and_write(&router, &mut out, &mut writer, &mut bufs, &messages);
     assert_eq!(
         made,
         0,

@@ -44,40 +44,10 @@ impl Conn {
         // bound (closed: no negative PUBACK) resent what had been accepted on every
         // connection, each time followed by the next refused message: a livelock
         // (docs/simulation.md, finding 13).
-        let drained = tokio::time::timeout(
-            Duration::from_millis(PIPELINE_DRAIN_TIMEOUT_MS),
-            self.pipeline.drain(&mut self.released),
-        )
-        .await;
-        if drained.is_err() {
-            tracing::warn!(client_id = %self.session.client_id, "store writes did not complete in time at close");
-        }
-        // The acks go in the writer's last write, not in the session's queue: that one is
-        // cleared by `registry::detach` below before the writer runs again, and a closing
-        // writer sends nothing but its final packet. Only the acks released here: acks queued
-        // earlier, still waiting behind the queue's deliveries, are dropped as before (sending
-        // them too turned seed 676 of 1,000 into first deliveries out of order, not
-        // understood yet; docs/simulation.md, finding 13).
-        let mut last_acks: Vec<bytes::Bytes> = Vec::new();
-        let released = std::mem::take(&mut self.released);
-        super::encode_acks(
-            &released,
-            self.protocol,
-            &mut bytes::BytesMut::new(),
-            |ack| last_acks.push(ack),
-        );
-        for item in released {
-            if let crate::ack_pipeline::Released::Deliver(message) = item {
-                // Retained records were applied by the pipeline's release hook.
-                crate::router::route(&self.shared, message.clone());
-                self.shared.store.message_released(&message);
-            }
-        }
-        // What never became durable is not delivered; the store must not wait for it either
-        // (it would hold every persistent session's cursor back).
-        for message in self.pipeline.abandon() {
-            self.shared.store.message_released(&message);
-        }
+        let last_acks = match self.inflight.take() {
+            Some(inflight) => self.settle_in_flight(*inflight).await,
+            None => Vec::new(),
+        };
         // Everything this connection will ever route is out: the next connection of this
         // client, waiting in its handshake, may start (`close::await_predecessor`).
         self.ctl.set_routed();
@@ -207,4 +177,53 @@ fn reason_string(reason: ReasonCode) -> Option<&'static str> {
         ReasonCode::ADMINISTRATIVE_ACTION => "administrative action",
         _ => return None,
     })
+}
+
+impl Conn {
+    /// The close's part for the packets still in flight: waits (bounded) for the writes
+    /// issued, then delivers and acknowledges what they made durable, in packet order, and
+    /// gives up the rest. Returns the acknowledgements for the last write.
+    async fn settle_in_flight(
+        &mut self,
+        mut inflight: super::inflight::Inflight,
+    ) -> Vec<bytes::Bytes> {
+        let super::inflight::Inflight {
+            pipeline, released, ..
+        } = &mut inflight;
+        let drained = tokio::time::timeout(
+            Duration::from_millis(PIPELINE_DRAIN_TIMEOUT_MS),
+            pipeline.drain(released),
+        )
+        .await;
+        if drained.is_err() {
+            tracing::warn!(client_id = %self.session.client_id, "store writes did not complete in time at close");
+        }
+        // The acks go in the writer's last write, not in the session's queue: that one is
+        // cleared by `registry::detach` below before the writer runs again, and a closing
+        // writer sends nothing but its final packet. Only the acks released here: acks queued
+        // earlier, still waiting behind the queue's deliveries, are dropped as before (sending
+        // them too turned seed 676 of 1,000 into first deliveries out of order, not
+        // understood yet; docs/simulation.md, finding 13).
+        let mut last_acks: Vec<bytes::Bytes> = Vec::new();
+        let released = std::mem::take(released);
+        super::encode_acks(
+            &released,
+            self.protocol,
+            &mut bytes::BytesMut::new(),
+            |ack| last_acks.push(ack),
+        );
+        for item in released {
+            if let crate::ack_pipeline::Released::Deliver(message) = item {
+                // Retained records were applied by the pipeline's release hook.
+                crate::router::route(&self.shared, message.clone());
+                self.shared.store.message_released(&message);
+            }
+        }
+        // What never became durable is not delivered; the store must not wait for it either
+        // (it would hold every persistent session's cursor back).
+        for message in pipeline.abandon() {
+            self.shared.store.message_released(&message);
+        }
+        last_acks
+    }
 }

@@ -14,7 +14,6 @@ use tokio::time::Instant;
 
 use super::strict::{self, TopicRefusal};
 use super::{Conn, read::read_some};
-use crate::ack_pipeline::AckPipeline;
 use crate::auth::{Access, AclView, Verdict, Who};
 use crate::broker::Shared;
 use crate::metrics::Metrics;
@@ -555,10 +554,7 @@ async fn accept<W: TransportWrite>(
         will_token,
         aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
         read_slot,
-        pipeline: AckPipeline::new(usize::from(config.receive_maximum))
-            .on_release(shared.release_hook.clone()),
-        quota: Default::default(),
-        released: Vec::new(),
+        inflight: Default::default(),
         connect_expiry_zero: requested_expiry_s == 0,
         client_max_packet_size_bytes: client_max_packet_size,
         now: Instant::now(),

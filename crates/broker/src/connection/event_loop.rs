@@ -36,31 +36,33 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
     /// state is every idle connection's: fields are borrowed from `self` (arguments would be
     /// kept twice, as arguments and as locals), and what it waits for is polled.
     pub(super) async fn read_loop(&mut self) -> Close {
-        let Live {
-            conn,
-            reader,
-            buf,
-            out,
-        } = self;
-        let reader: &R = reader;
         // Packets were decoded since the last wait.
         let mut decoded = false;
         // Bytes the handshake read after the CONNECT go with the connection's first ticket.
         // (Tickets start at 1: `NonZeroU64` keeps the option in 8 bytes of the idle state.)
         let mut ticket = None;
         let mut ended = false;
-        if !buf.is_empty() {
-            ticket = conn.read_slot.leftovers().and_then(NonZeroU64::new);
-            ended = poll_fn(|cx| Poll::Ready(settle(reader, buf, &conn.read_slot, cx)))
-                .await
-                .ended;
+        if !self.buf.is_empty() {
+            ticket = self.conn.read_slot.leftovers().and_then(NonZeroU64::new);
+            ended = poll_fn(|cx| {
+                Poll::Ready(settle(
+                    &self.reader,
+                    &mut self.buf,
+                    &self.conn.read_slot,
+                    cx,
+                ))
+            })
+            .await
+            .ended;
         }
         loop {
             // Scoped: it is not kept across the wait below.
             let had_ticket = ticket.is_some();
             if let Some(ticket) = ticket.take() {
                 // Every read the driver reported before this one takes effect first.
-                conn.read_slot.order().turn(ticket.get()).await;
+                let ticket = ticket.get();
+                let slot = &self.conn.read_slot;
+                poll_fn(|cx| slot.order().poll_turn(ticket, cx)).await;
             }
             {
                 // The store's writers wake once for all of this read's appends: one group
@@ -68,41 +70,44 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
                 // only when the read holds more than one packet (a single append has nothing
                 // to group with): no guard, allocation or queue lock per one-packet read.
                 let mut deferred = None;
-                while !conn.pipeline.is_full() {
-                    let max_packet_size = conn.shared.config.max_packet_size_bytes;
-                    match decode(buf, conn.protocol, max_packet_size) {
+                while !self.conn.inflight.is_full() {
+                    let max_packet_size = self.conn.shared.config.max_packet_size_bytes;
+                    match decode(&mut self.buf, self.conn.protocol, max_packet_size) {
                         Ok(Some(packet)) => {
                             decoded = true;
-                            if !buf.is_empty() {
-                                deferred
-                                    .get_or_insert_with(|| conn.shared.store.defer_writer_wakes());
+                            if !self.buf.is_empty() {
+                                deferred.get_or_insert_with(|| {
+                                    self.conn.shared.store.defer_writer_wakes()
+                                });
                             }
-                            if let Err(close) = conn.handle(packet) {
+                            if let Err(close) = self.conn.handle(packet) {
                                 return close;
                             }
                         }
                         Ok(None) => break,
                         Err(error) => {
-                            tracing::debug!(client_id = %conn.session.client_id, %error, "malformed packet");
+                            tracing::debug!(client_id = %self.conn.session.client_id, %error, "malformed packet");
                             return Close::Protocol(decode_error_reason(&error));
                         }
                     }
                 }
             }
             if had_ticket {
-                conn.read_slot.handled();
+                self.conn.read_slot.handled();
             }
             if ended {
                 return Close::Lost;
             }
-            if buf.is_empty() {
+            if self.buf.is_empty() {
                 // Also when its capacity is 0: a buffer split to its end still holds the read
                 // it came from (measured: the CONNECT's ~100 B on every idle connection).
-                *buf = BytesMut::new();
+                self.buf = BytesMut::new();
             }
             if decoded {
                 // For the keep-alive sweeper (`crate::keep_alive`): one store per read.
-                conn.ctl.touch(conn.shared.keep_alive.millis(conn.now));
+                self.conn
+                    .ctl
+                    .touch(self.conn.shared.keep_alive.millis(self.conn.now));
                 decoded = false;
                 // The writers this batch woke sit in this worker's LIFO slot, which the other
                 // worker cannot steal: without a yield a fast publisher starves them and their
@@ -113,17 +118,17 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
             // to read still writes (its acks), one that always has packets to write still reads.
             let step = poll_fn(|cx| {
                 let env = OutEnv {
-                    shared: &conn.shared,
-                    session: &conn.session,
-                    conn_gen: conn.conn_gen,
+                    shared: &self.conn.shared,
+                    session: &self.conn.session,
+                    conn_gen: self.conn.conn_gen,
                 };
-                Poll::Ready(out.poll_step(cx, &env))
+                Poll::Ready(self.out.poll_step(cx, &env))
             })
             .await;
             if let Poll::Ready(Err(WriteFailed)) = step {
-                conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
+                self.conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
             }
-            if let Some(reason) = conn.ctl.kick_reason() {
+            if let Some(reason) = self.conn.ctl.kick_reason() {
                 return if reason == ReasonCode::KEEP_ALIVE_TIMEOUT {
                     // MQTT-3.1.2-22: the sweeper found nothing received within 1.5 x keep alive.
                     Close::KeepAlive
@@ -131,47 +136,66 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
                     Close::Kicked(reason)
                 };
             }
-            if conn.ctl.is_shut_down() {
+            if self.conn.ctl.is_shut_down() {
                 return Close::Shutdown;
             }
-            let waiting = conn.pipeline.has_pending_ticket();
+            // Nothing in flight: the in-flight state's box is not kept while waiting.
+            self.conn.inflight.release_if_idle();
+            let waiting = self.conn.inflight.has_pending_ticket();
             let backlogged =
-                conn.session.state.lock().out.queues.control.len() >= MAX_CONTROL_BACKLOG;
-            let reading = !conn.pipeline.is_full() && !backlogged;
+                self.conn.session.state.lock().out.queues.control.len() >= MAX_CONTROL_BACKLOG;
+            let reading = !self.conn.inflight.is_full() && !backlogged;
             if !reading {
                 // Not armed while not reading: no ticket may wait for this connection.
-                conn.read_slot.not_reading();
+                self.conn.read_slot.not_reading();
             }
-            let event = poll_fn(|cx| poll_event(conn, reader, out, waiting, reading, cx)).await;
+            let event = poll_fn(|cx| {
+                poll_event(
+                    &mut self.conn,
+                    &self.reader,
+                    &mut self.out,
+                    waiting,
+                    reading,
+                    cx,
+                )
+            })
+            .await;
             match event {
                 // A kick or the shutdown is seen at the top of the loop.
-                Event::Woken => out.wake(),
+                Event::Woken => self.out.wake(),
                 Event::Wrote(Ok(())) => {}
                 Event::Wrote(Err(WriteFailed)) => {
-                    conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
+                    self.conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
                 }
                 Event::Durable => {
-                    conn.flush_released();
-                    if conn.pipeline.failed() {
+                    self.conn.flush_released();
+                    if self.conn.inflight.failed() {
                         // Not acknowledged: the client resends after reconnecting.
                         return Close::Protocol(ReasonCode::UNSPECIFIED_ERROR);
                     }
                 }
                 Event::Readable(Err(_)) => return Close::Lost,
                 Event::Readable(Ok(())) => {
-                    let n = match try_read_chunk(reader, buf) {
+                    let n = match try_read_chunk(&self.reader, &mut self.buf) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Ok(0) | Err(_) => return Close::Lost,
                         Ok(n) => n,
                     };
-                    ticket = NonZeroU64::new(conn.read_slot.read_done());
+                    ticket = NonZeroU64::new(self.conn.read_slot.read_done());
                     // One clock read per socket read: packets of one read arrived together.
-                    conn.now = Instant::now();
-                    let settled =
-                        poll_fn(|cx| Poll::Ready(settle(reader, buf, &conn.read_slot, cx))).await;
+                    self.conn.now = Instant::now();
+                    let settled = poll_fn(|cx| {
+                        Poll::Ready(settle(
+                            &self.reader,
+                            &mut self.buf,
+                            &self.conn.read_slot,
+                            cx,
+                        ))
+                    })
+                    .await;
                     ended = settled.ended;
                     let bytes = n + settled.more;
-                    Metrics::add(&conn.shared.metrics.bytes_received, bytes as u64);
+                    Metrics::add(&self.conn.shared.metrics.bytes_received, bytes as u64);
                 }
             }
         }
@@ -192,8 +216,16 @@ fn poll_event<R: TransportRead, W: TransportWrite>(
     if conn.ctl.wake.poll(cx).is_ready() {
         return Poll::Ready(Event::Woken);
     }
-    if waiting && conn.pipeline.poll_front(cx, &mut conn.released).is_ready() {
-        return Poll::Ready(Event::Durable);
+    if waiting {
+        if let Some(inflight) = conn.inflight.get_existing() {
+            if inflight
+                .pipeline
+                .poll_front(cx, &mut inflight.released)
+                .is_ready()
+            {
+                return Poll::Ready(Event::Durable);
+            }
+        }
     }
     if reading {
         if let Poll::Ready(ready) = poll_ordered(reader, &conn.read_slot, cx) {

@@ -29,6 +29,7 @@ mod acks;
 mod close;
 mod connect;
 mod event_loop;
+mod inflight;
 mod publish;
 mod quota;
 mod read;
@@ -44,13 +45,12 @@ use tern_wire::{Packet, Protocol, ReasonCode, Will};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::ack_pipeline::{AckKind, AckPipeline, Released};
+use crate::ack_pipeline::{AckKind, Released};
 use crate::broker::Shared;
-use crate::message::Message;
 use crate::metrics::Metrics;
 use crate::outbound::{Outflow, WriteFailed, encode_packet};
-use crate::read_order::{CloseOnDrop, ReadSlot};
-use crate::session::{ConnCtl, RoutedOnDrop, Session};
+use crate::read_order::ReadSlot;
+use crate::session::{ConnCtl, Session};
 use crate::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, Transport, TransportRead, TransportWrite};
 
@@ -119,10 +119,9 @@ pub(crate) struct Conn {
     aliases: InboundAliases,
     /// This connection's read tickets (ARCHITECTURE §2.1).
     read_slot: Arc<ReadSlot>,
-    pipeline: AckPipeline<Arc<Message>>,
-    /// Exchanges counted against our Receive Maximum.
-    quota: quota::InboundQuota,
-    released: Vec<Released<Arc<Message>>>,
+    /// The ack pipeline, the Receive Maximum's count and released outcomes, boxed only while
+    /// inbound packets are in flight.
+    inflight: inflight::InflightSlot,
     /// The CONNECT's Session Expiry Interval was 0 (a DISCONNECT may not raise it).
     connect_expiry_zero: bool,
     /// The client's Maximum Packet Size (`u32::MAX` if none).
@@ -161,11 +160,16 @@ pub fn run<T: Transport, H: Send + 'static>(
     // line they do not inflate every idle connection's future (an async fn keeps its arguments).
     let connecting = Box::pin(establish(shared, transport, info, stop));
     async move {
-        let _held = held;
-        // Served in place: a binding moved out of the `Option` would keep its room twice.
+        // Captured, not bound: a binding would keep a second copy beside the block's own, and
+        // a move at the end would add drop flags. Dropped with the block, after `live`.
+        let _ = &held;
+        // Served in place: a binding moved out of the `Option` would keep its room twice. The
+        // loop is awaited here, not inside a `serve` future: one frame fewer in every idle
+        // connection's task.
         let mut live = connecting.await;
         if let Some(live) = &mut live {
-            live.serve().await;
+            let reason = live.read_loop().await;
+            live.close(reason).await;
         }
     }
 }
@@ -244,14 +248,15 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
     /// The connection's life: the read loop (which also writes), then the close. By reference:
     /// a value moved into an async fn keeps its room in the caller's future and the callee's.
     async fn serve(&mut self) {
-        // Whatever way the task ends (also by abort), a later connection of this client must
-        // not wait for it (`close::await_predecessor`).
-        let _routed = RoutedOnDrop(self.conn.ctl.clone());
-        // Whatever way the loop ends (also by abort), its tickets must not hold other readers
-        // back.
-        let tickets = CloseOnDrop(self.conn.read_slot.clone());
         let reason = self.read_loop().await;
-        drop(tickets);
+        self.close(reason).await;
+    }
+
+    /// After the read loop: logs why, then the close path. (`Drop for Live` covers an abort:
+    /// no guards are kept in every idle connection's future.)
+    async fn close(&mut self, reason: Close) {
+        // Its tickets must not hold other readers back while it closes.
+        self.conn.read_slot.close();
         {
             // Set before the loop started (the peer is not kept in the future for this line).
             let peer = self.conn.ctl.info().map_or(UNKNOWN_PEER, |info| info.peer);
@@ -259,6 +264,17 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
         }
         // Boxed like the handshake: only a closing connection needs the close path's state.
         Box::pin(self.conn.finish(reason, &mut self.out)).await;
+    }
+}
+
+impl<R, W> Drop for Live<R, W> {
+    /// Whatever way the task ends (also by abort): the connection's read tickets must not hold
+    /// other readers back, and a later connection of this client must not wait for it
+    /// (`close::await_predecessor`). Both are idempotent: the close path did them already
+    /// unless the task was aborted.
+    fn drop(&mut self) {
+        self.conn.read_slot.close();
+        self.conn.ctl.set_routed();
     }
 }
 
@@ -316,11 +332,14 @@ impl Conn {
 
     /// Routes released deliveries and queues released acknowledgements, in order.
     fn flush_released(&mut self) {
-        if self.released.is_empty() {
+        let Some(inflight) = self.inflight.get_existing() else {
+            return;
+        };
+        if inflight.released.is_empty() {
             return;
         }
         // Taken and put back so that its buffer is reused: this runs for every PUBLISH.
-        let mut released = std::mem::take(&mut self.released);
+        let mut released = std::mem::take(&mut inflight.released);
         // Acks are queued before the deliveries are routed: both were released together, and
         // a publisher subscribed to its own topic then sees its PUBACK before the echo.
         let mut acks = 0;
@@ -334,7 +353,7 @@ impl Conn {
             {
                 if *counted {
                     // Queued just below: from here on the client may use the slot again.
-                    self.quota.on_released(kind, *packet_id, *reason);
+                    inflight.quota.on_released(kind, *packet_id, *reason);
                 }
                 if *kind != AckKind::None {
                     acks += 1;
@@ -361,7 +380,7 @@ impl Conn {
                 self.shared.store.message_released(&message);
             }
         }
-        self.released = released;
+        inflight.released = released;
     }
 }
 

@@ -60,7 +60,9 @@ impl Conn {
         let counted = if qos == QoS::AtMostOnce || !self.protocol.is_v5() {
             false
         } else {
-            self.quota
+            self.inflight
+                .get(&self.shared)
+                .quota
                 .admit(packet_id, self.shared.config.receive_maximum)
                 .map_err(|_| Close::Protocol(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED))?
         };
@@ -223,7 +225,7 @@ impl Conn {
         };
         // The PUBREL of an exchange counted here is a step of it (until its PUBCOMP is sent);
         // any other PUBREL takes pipeline room of its own.
-        let counted = known && self.quota.is_counted(ack.packet_id);
+        let counted = known && self.inflight.is_counted(ack.packet_id);
         let (reason, ticket) = if known {
             (
                 ReasonCode::SUCCESS,
@@ -306,7 +308,8 @@ impl Conn {
     }
 
     fn push_entry(&mut self, entry: Entry<Arc<Message>>) {
-        self.pipeline.push(entry, &mut self.released);
+        let inflight = self.inflight.get(&self.shared);
+        inflight.pipeline.push(entry, &mut inflight.released);
         self.flush_released();
     }
 }

@@ -63,6 +63,11 @@ impl InboundQuota {
         }
     }
 
+    /// No exchange is counted.
+    pub(super) fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.ids.len()

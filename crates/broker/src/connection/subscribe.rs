@@ -241,7 +241,8 @@ impl Conn {
         let Some(bytes) = self.encode(packet) else {
             return;
         };
-        self.pipeline.push(
+        let inflight = self.inflight.get(&self.shared);
+        inflight.pipeline.push(
             Entry {
                 packet_id,
                 kind: AckKind::Encoded(bytes),
@@ -252,7 +253,7 @@ impl Conn {
                 // Not part of a Receive Maximum exchange: it takes pipeline room.
                 counted: false,
             },
-            &mut self.released,
+            &mut inflight.released,
         );
         self.flush_released();
     }

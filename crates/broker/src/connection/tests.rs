@@ -2,12 +2,14 @@
 use std::sync::Arc;
 
 /// What every idle connection keeps besides its socket: the one task's future (`Conn`, the
-/// outbound half and the read loop's state inline, 640 B), its `ConnCtl` (136 B) and its
+/// outbound half and the read loop's state inline, 392 B), its `ConnCtl` (136 B) and its
 /// session. With a reader and a writer task the futures were 1,624 + 488 B and `ConnCtl`
 /// 240 B (BENCHMARKS.md "Session 4: idle memory"); with a keep-alive `Sleep` in the future
-/// 776 B ("Session 6: idle memory"). Up to 664 B the task's cell (32 B header, 24 B core, the
-/// future, 48 B trailer; tokio rounds it to 128 B) is 768 B.
-const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 664;
+/// 776 B ("Session 6: idle memory"); 640 B before the in-flight state and the batch buffers
+/// were boxed only while used ("Session 7"). The task's cell is the future plus 104 B (32 B
+/// header, 16 B core, 8 B stage tag, 48 B trailer) rounded up to 128 B: up to 408 B it is
+/// 512 B, one more byte and it is 640 B.
+const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 408;
 /// Up to 136 B its `Arc` block is a 160 B malloc chunk (144 B: 176 B).
 const CONN_CTL_MAX_BYTES: usize = 136;
 /// Up to 296 B its `Arc` block is a 320 B malloc chunk (with its queues inline, 456 B: 480 B).

@@ -5,6 +5,7 @@ use bytes::Bytes;
 use tern_wire::QoS;
 use tokio::time::Instant;
 
+use super::BatchBufs;
 use super::{
     HEAD_SCRATCH_BYTES, HeldPacket, IDLE_QUEUE_CAPACITY, Inflight, MAX_BATCH_BYTES,
     MAX_BATCH_PACKETS, Outbound, Outgoing, Phase, WriterState,
@@ -36,14 +37,14 @@ enum Front {
 }
 
 impl Outbound {
-    /// Moves up to [`MAX_BATCH_PACKETS`] packets into `parts`: shared packets and bodies as
+    /// Moves up to [`MAX_BATCH_PACKETS`] packets into `out`'s parts: shared packets and bodies as
     /// their own `Bytes`, everything written per delivery (heads, whole packets for one
     /// subscriber, PUBRELs) contiguous in the writer's batch buffer between them.
     pub fn fill_batch(
         &mut self,
         writer: &mut WriterState,
         env: &BatchEnv<'_>,
-        parts: &mut Vec<Bytes>,
+        out: &mut BatchBufs,
     ) {
         let mut packets = 0;
         // Deliveries taken from the queue, by QoS: counted once per batch (the counters are
@@ -52,16 +53,19 @@ impl Outbound {
         let mut resends_done = false;
         let mut head_blocked = false;
         // Heads are a few bytes each: one allocation for the batch's heads, not one per head.
-        if writer.head.capacity() < HEAD_SCRATCH_BYTES / 4 {
-            writer.head.reserve(HEAD_SCRATCH_BYTES);
+        if out.head.capacity() < HEAD_SCRATCH_BYTES / 4 {
+            out.head.reserve(HEAD_SCRATCH_BYTES);
         }
-        let mut counted_parts = parts.len();
+        let mut counted_parts = out.parts.len();
         let mut batch_bytes = 0;
         while packets < MAX_BATCH_PACKETS {
-            batch_bytes += parts[counted_parts..].iter().map(Bytes::len).sum::<usize>();
-            counted_parts = parts.len();
+            batch_bytes += out.parts[counted_parts..]
+                .iter()
+                .map(Bytes::len)
+                .sum::<usize>();
+            counted_parts = out.parts.len();
             // The batch buffer's bytes are not in `parts` until flushed.
-            if batch_bytes + writer.head.len() >= MAX_BATCH_BYTES {
+            if batch_bytes + out.head.len() >= MAX_BATCH_BYTES {
                 break;
             }
             // A control packet goes once the deliveries queued before it left, or at once when
@@ -69,8 +73,8 @@ impl Outbound {
             if let Some(&(mark, _)) = self.queues.control.front() {
                 if mark <= self.removed_total || head_blocked {
                     if let Some((_, packet)) = self.queues.control.pop_front() {
-                        writer.flush(parts);
-                        parts.push(packet);
+                        out.flush();
+                        out.parts.push(packet);
                         packets += 1;
                     }
                     continue;
@@ -78,7 +82,7 @@ impl Outbound {
             }
             if !resends_done {
                 resends_done = true;
-                packets += self.resend(writer, env.now, parts, MAX_BATCH_PACKETS - packets);
+                packets += self.resend(writer, env.now, out, MAX_BATCH_PACKETS - packets);
                 continue;
             }
             // Looked at first: a mutable access would allocate empty queues.
@@ -88,15 +92,15 @@ impl Outbound {
                 self.queues.gate.pop_ready()
             };
             if let Some(held) = held {
-                if self.release(held, writer, env.now, parts) {
+                if self.release(held, writer, env.now, out) {
                     packets += 1;
                 }
                 continue;
             }
-            let written_before = (parts.len(), writer.head.len());
-            match self.take_front(writer, env, parts, &mut sent_by_qos) {
+            let written_before = (out.parts.len(), out.head.len());
+            match self.take_front(writer, env, out, &mut sent_by_qos) {
                 Front::Taken => {
-                    if written_before != (parts.len(), writer.head.len()) {
+                    if written_before != (out.parts.len(), out.head.len()) {
                         packets += 1;
                     }
                 }
@@ -109,7 +113,7 @@ impl Outbound {
                 Front::Empty => break,
             }
         }
-        writer.flush(parts);
+        out.flush();
         for (counter, sent) in env.metrics.messages_sent_by_qos.iter().zip(sent_by_qos) {
             if sent > 0 {
                 Metrics::add(counter, sent);
@@ -132,7 +136,7 @@ impl Outbound {
         &mut self,
         writer: &mut WriterState,
         env: &BatchEnv<'_>,
-        parts: &mut Vec<Bytes>,
+        out: &mut BatchBufs,
         sent_by_qos: &mut [u64; 3],
     ) -> Front {
         let Some(front) = self.queues.queue.front() else {
@@ -167,7 +171,7 @@ impl Outbound {
             if self.queues.gate.holds_deliveries() {
                 self.queues.gate.push(None, HeldPacket::Qos0(item));
             } else {
-                writer.encode_publish(&item, 0, false, env.now, parts);
+                writer.encode_publish(&item, 0, false, env.now, out);
             }
             return Front::Taken;
         }
@@ -202,7 +206,7 @@ impl Outbound {
                 .gate
                 .push(ticket, HeldPacket::Publish { packet_id });
         } else {
-            writer.encode_publish(&item, packet_id, false, env.now, parts);
+            writer.encode_publish(&item, packet_id, false, env.now, out);
         }
         self.queues.inflight.push_back(Inflight {
             packet_id,
@@ -232,10 +236,10 @@ impl Outbound {
         held: HeldPacket,
         writer: &mut WriterState,
         now: Instant,
-        parts: &mut Vec<Bytes>,
+        out: &mut BatchBufs,
     ) -> bool {
         match held {
-            HeldPacket::Qos0(item) => writer.encode_publish(&item, 0, false, now, parts),
+            HeldPacket::Qos0(item) => writer.encode_publish(&item, 0, false, now, out),
             HeldPacket::Publish { packet_id } => {
                 // Held entries are at the back of `inflight`.
                 let Some(entry) = self
@@ -251,7 +255,7 @@ impl Outbound {
                     return false;
                 }
                 entry.held = false;
-                writer.encode_publish(&entry.item, packet_id, false, now, parts)
+                writer.encode_publish(&entry.item, packet_id, false, now, out)
             }
             HeldPacket::PubRel { packet_id, reason } => {
                 if let Some(entry) = self
@@ -262,7 +266,7 @@ impl Outbound {
                 {
                     entry.held = false;
                 }
-                writer.encode_pubrel(packet_id, reason)
+                writer.encode_pubrel(packet_id, reason, out)
             }
         }
     }
@@ -273,7 +277,7 @@ impl Outbound {
         &mut self,
         writer: &mut WriterState,
         now: Instant,
-        parts: &mut Vec<Bytes>,
+        out: &mut BatchBufs,
         budget: usize,
     ) -> usize {
         if self.queues.inflight.is_empty() {
@@ -288,12 +292,12 @@ impl Outbound {
             packets += 1;
             match entry.phase {
                 Phase::PubRelPending => {
-                    writer.encode_pubrel(entry.packet_id, tern_wire::ReasonCode::SUCCESS);
+                    writer.encode_pubrel(entry.packet_id, tern_wire::ReasonCode::SUCCESS, out);
                 }
                 Phase::AwaitingAck => {
                     // An expired one still goes out: the exchange must finish and the client
                     // may already have seen it.
-                    writer.encode_publish(&entry.item, entry.packet_id, true, now, parts);
+                    writer.encode_publish(&entry.item, entry.packet_id, true, now, out);
                 }
             }
         }

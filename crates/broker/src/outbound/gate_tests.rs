@@ -89,7 +89,7 @@ impl Fixture {
 
     /// `(kind, payload or "", packet id, dup)` of what one batch writes.
     fn drain(&mut self) -> Vec<(&'static str, Vec<u8>, u16, bool)> {
-        let mut parts = Vec::new();
+        let mut bufs = BatchBufs::default();
         let env = BatchEnv {
             config: &self.config,
             metrics: &self.metrics,
@@ -98,7 +98,8 @@ impl Fixture {
             persistent: true,
             now: Instant::now(),
         };
-        self.out.fill_batch(&mut self.writer, &env, &mut parts);
+        self.out.fill_batch(&mut self.writer, &env, &mut bufs);
+        let parts = bufs.take_parts();
         let mut buf = BytesMut::new();
         for part in parts {
             buf.extend_from_slice(&part);

@@ -59,7 +59,7 @@ use crate::persist::Ticket;
 pub use batch::BatchEnv;
 pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
 pub use queues::{LazyQueues, Queues};
-pub use writer::{OutEnv, Outflow, WriteFailed, WriterState, encode_packet};
+pub use writer::{BatchBufs, OutEnv, Outflow, WriteFailed, WriterState, encode_packet};
 
 /// Packets taken per batch: enough to amortise the syscall (64 → 256 took 1 pub → 1 sub QoS 0
 /// from ~850k to ~1M msg/s), small enough to keep the session lock short (~10 µs).

@@ -72,7 +72,7 @@ impl Fixture {
     }
 
     pub(super) fn drain(&mut self) -> Vec<Packet> {
-        let mut parts = Vec::new();
+        let mut bufs = BatchBufs::default();
         let env = batch::BatchEnv {
             config: &self.config,
             metrics: &self.metrics,
@@ -81,7 +81,8 @@ impl Fixture {
             persistent: false,
             now: Instant::now(),
         };
-        self.out.fill_batch(&mut self.writer, &env, &mut parts);
+        self.out.fill_batch(&mut self.writer, &env, &mut bufs);
+        let mut parts = bufs.take_parts();
         packets(&mut parts, self.writer.protocol)
     }
 }

@@ -28,9 +28,43 @@ pub struct WriterState {
     /// The client's Maximum Packet Size (v5), `u32::MAX` if it set none.
     pub max_packet_size_bytes: u32,
     pub aliases: OutboundAliases,
+}
+
+/// The buffers of the batch being built and written. [`Outflow`] keeps them boxed only while a
+/// batch is in progress: in every idle connection's task they would be 56 B of empty buffers.
+#[derive(Debug, Default)]
+pub struct BatchBufs {
     /// The batch buffer: heads, small single-subscriber packets and PUBRELs of the batch being
-    /// built, not yet moved into its parts ([`WriterState::flush`]).
+    /// built, not yet moved into `parts` ([`BatchBufs::flush`]).
     pub(super) head: BytesMut,
+    /// The batch's parts, in order; while written, what the transport has not taken yet.
+    pub(super) parts: Vec<Bytes>,
+}
+
+impl BatchBufs {
+    /// Moves what was written into the batch buffer so far into `parts`, as one part: called
+    /// before a part from elsewhere is pushed (it keeps its place after them) and when the
+    /// batch is complete. Between batches the buffer holds nothing.
+    pub(super) fn flush(&mut self) {
+        if !self.head.is_empty() {
+            self.parts.push(self.head.split().freeze());
+        }
+    }
+
+    /// The batch's parts, taken out (what a transport would write).
+    pub fn take_parts(&mut self) -> Vec<Bytes> {
+        std::mem::take(&mut self.parts)
+    }
+
+    /// The batch's parts.
+    pub fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
+    /// Forgets the batch's parts and keeps their list's room (as a busy writer does).
+    pub fn clear(&mut self) {
+        self.parts.clear();
+    }
 }
 
 impl WriterState {
@@ -39,7 +73,6 @@ impl WriterState {
             protocol,
             max_packet_size_bytes,
             aliases: OutboundAliases::new(topic_alias_maximum),
-            head: BytesMut::new(),
         }
     }
 
@@ -75,19 +108,19 @@ impl WriterState {
         packet_len <= self.max_packet_size_bytes as usize
     }
 
-    /// Appends the packet for `item` to `parts`. False if it could not be encoded.
+    /// Appends the packet for `item` to the batch. False if it could not be encoded.
     pub(super) fn encode_publish(
         &mut self,
         item: &Outgoing,
         packet_id: u16,
         dup: bool,
         now: Instant,
-        parts: &mut Vec<Bytes>,
+        out: &mut BatchBufs,
     ) -> bool {
         if !item.message.fans_out() {
             if let Some(shape) = item.message.plain_shape(self.protocol) {
                 let delivery = self.delivery(item, packet_id, dup);
-                self.write_single(shape, &delivery, parts);
+                self.write_single(shape, &delivery, out);
                 return true;
             }
         }
@@ -104,23 +137,14 @@ impl WriterState {
             && delivery.topic_alias.is_none()
             && delivery.subscription_identifiers.is_empty()
         {
-            self.flush(parts);
-            parts.push(template.qos0_packet(item.retain));
+            out.flush();
+            out.parts.push(template.qos0_packet(item.retain));
             return true;
         }
-        template.write_head(&delivery, &mut self.head);
-        self.flush(parts);
-        parts.push(template.body().clone());
+        template.write_head(&delivery, &mut out.head);
+        out.flush();
+        out.parts.push(template.body().clone());
         true
-    }
-
-    /// Moves what was written into the batch buffer so far into `parts`, as one part: called
-    /// before a part from elsewhere is pushed (it keeps its place after them) and when the
-    /// batch is complete. Between batches the buffer holds nothing.
-    pub(super) fn flush(&mut self, parts: &mut Vec<Bytes>) {
-        if !self.head.is_empty() {
-            parts.push(self.head.split().freeze());
-        }
     }
 
     /// The per-delivery fields of `item` (takes or assigns its topic alias).
@@ -148,32 +172,37 @@ impl WriterState {
         &mut self,
         shape: PublishShape<'_>,
         delivery: &Delivery<'_>,
-        parts: &mut Vec<Bytes>,
+        out: &mut BatchBufs,
     ) {
-        shape.write_head(delivery, &mut self.head);
+        shape.write_head(delivery, &mut out.head);
         let body = shape.body();
         if body.len() <= INLINE_BODY_MAX_BYTES {
-            self.head.extend_from_slice(body);
+            out.head.extend_from_slice(body);
         } else {
-            self.flush(parts);
-            parts.push(body.clone());
+            out.flush();
+            out.parts.push(body.clone());
         }
     }
 
     /// Writes a PUBREL into the batch buffer. False (logged) only on a programming error.
-    pub(super) fn encode_pubrel(&mut self, packet_id: u16, reason: ReasonCode) -> bool {
+    pub(super) fn encode_pubrel(
+        &mut self,
+        packet_id: u16,
+        reason: ReasonCode,
+        out: &mut BatchBufs,
+    ) -> bool {
         let packet = Packet::PubRel(Ack {
             packet_id,
             reason,
             properties: Properties::default(),
         });
-        let start = self.head.len();
-        match encode(&packet, self.protocol, &mut self.head) {
+        let start = out.head.len();
+        match encode(&packet, self.protocol, &mut out.head) {
             Ok(()) => true,
             Err(error) => {
                 tracing::error!(%error, ?packet, "cannot encode packet");
                 // Only this packet's bytes: the ones before it are packets of the batch.
-                self.head.truncate(start);
+                out.head.truncate(start);
                 false
             }
         }
@@ -203,10 +232,11 @@ pub fn encode_packet(packet: &Packet, protocol: Protocol, scratch: &mut BytesMut
 pub struct Outflow<W> {
     socket: W,
     writer: WriterState,
-    /// What of the batch being written the transport has not taken yet.
-    parts: Vec<Bytes>,
-    /// A batch is being written. Not `!parts.is_empty()`: a stream transport takes the parts
-    /// into its own buffer before the stream takes them, and that write must still be driven.
+    /// The batch being built and written, boxed while a batch is in progress.
+    bufs: Option<Box<BatchBufs>>,
+    /// A batch is being written (then `bufs` is there). Not `!parts.is_empty()`: a stream
+    /// transport takes the parts into its own buffer before the stream takes them, and that
+    /// write must still be driven.
     writing: bool,
     /// Boxed: waited for once, then gone; inline it would be in every idle connection.
     connack_after: Option<Box<Ticket>>,
@@ -236,7 +266,7 @@ impl<W: TransportWrite> Outflow<W> {
         Outflow {
             socket,
             writer,
-            parts: Vec::new(),
+            bufs: None,
             writing: false,
             connack_after: connack_after.map(Box::new),
             connack_failed: false,
@@ -301,20 +331,21 @@ impl<W: TransportWrite> Outflow<W> {
                 persistent: state.expiry_interval_s > 0,
                 now: Instant::now(),
             };
-            state
-                .out
-                .fill_batch(&mut self.writer, &batch, &mut self.parts);
+            let bufs = self.bufs.get_or_insert_with(Box::default);
+            state.out.fill_batch(&mut self.writer, &batch, bufs);
             self.gate_busy = state.out.gate_holds_packets();
-            if state.out.gate_failed() && self.parts.is_empty() {
+            if state.out.gate_failed() && bufs.parts.is_empty() {
                 // A write the session's packets waited for failed: nothing more can leave
                 // safely.
                 return Poll::Ready(Err(WriteFailed));
             }
             drop(state);
-            count_sent(&self.parts, &env.shared.metrics);
-            self.writing = !self.parts.is_empty();
+            count_sent(&bufs.parts, &env.shared.metrics);
+            self.writing = !bufs.parts.is_empty();
         }
-        match self.socket.poll_write_parts(cx, &mut self.parts) {
+        debug_assert!(self.bufs.is_some(), "a batch is written from its buffers");
+        let parts = &mut self.bufs.get_or_insert_with(Box::default).parts;
+        match self.socket.poll_write_parts(cx, parts) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Err(error)) => {
                 tracing::debug!(%error, "write failed; closing connection");
@@ -328,15 +359,11 @@ impl<W: TransportWrite> Outflow<W> {
         }
     }
 
-    /// Idle: keep no encoder scratch space, nor a part list (the one that carried the CONNACK
-    /// cost every idle connection 128 B).
+    /// Idle (nothing being written): keep no batch buffers (the part list that carried the
+    /// CONNACK alone cost every idle connection 128 B).
     fn release_idle(&mut self) {
-        if self.writer.head.capacity() > 0 {
-            self.writer.head = BytesMut::new();
-        }
-        if self.parts.capacity() > 0 {
-            self.parts = Vec::new();
-        }
+        debug_assert!(!self.writing);
+        self.bufs = None;
     }
 
     /// The close: finishes the batch being written (nothing new is taken: the session was
@@ -350,13 +377,14 @@ impl<W: TransportWrite> Outflow<W> {
             let _ = self.socket.shutdown().await;
             return;
         }
+        let parts = &mut self.bufs.get_or_insert_with(Box::default).parts;
         if let Some(packet) = final_packet {
             // The batch's parts were counted when it was taken.
             Metrics::add(&metrics.bytes_sent, packet.len() as u64);
-            self.parts.push(packet);
+            parts.push(packet);
         }
-        let unfinished = self.writing || !self.parts.is_empty();
-        if unfinished && self.socket.write_parts(&mut self.parts).await.is_err() {
+        let unfinished = self.writing || !parts.is_empty();
+        if unfinished && self.socket.write_parts(parts).await.is_err() {
             return;
         }
         let _ = self.socket.shutdown().await;

@@ -23,4 +23,4 @@ pub mod signal;
 pub mod state;
 
 pub use registry::Registry;
-pub use state::{ConnCtl, ConnInfo, RoutedOnDrop, Session, SessionState, SubRecord};
+pub use state::{ConnCtl, ConnInfo, Session, SessionState, SubRecord};

@@ -130,16 +130,6 @@ impl ConnCtl {
     }
 }
 
-/// Marks its connection routed when dropped: a connection task that ends any other way than
-/// through its close path (aborted at shutdown) must not hold its successor back.
-pub struct RoutedOnDrop(pub Arc<ConnCtl>);
-
-impl Drop for RoutedOnDrop {
-    fn drop(&mut self) {
-        self.0.set_routed();
-    }
-}
-
 #[derive(Debug)]
 pub struct Session {
     pub client_id: Arc<str>,
