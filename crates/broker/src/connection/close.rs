@@ -36,7 +36,12 @@ impl Conn {
         }
     }
 
-    pub(super) async fn finish<W: TransportWrite>(&mut self, close: Close, out: &mut Outflow<W>) {
+    pub(super) async fn finish<W: TransportWrite>(
+        &mut self,
+        close: Close,
+        out: &mut Outflow<W>,
+        io: &mut W::Io,
+    ) {
         // Writes already issued still complete: deliver what they made durable (a QoS 2
         // message recorded as received must reach its subscribers, since the client's retry
         // will be answered as a duplicate), and acknowledge it, in packet order, in the
@@ -116,7 +121,7 @@ impl Conn {
         } else {
             WRITER_CLOSE_TIMEOUT_MS
         };
-        let closed = out.close(&self.shared.metrics, final_packet);
+        let closed = out.close(io, &self.shared.metrics, final_packet);
         let _ = tokio::time::timeout(Duration::from_millis(timeout_ms), closed).await;
     }
 }

@@ -27,7 +27,7 @@ use crate::transport::{ConnectionInfo, ListenerContext, TransportRead, Transport
 /// Receive Maximum assumed when a v5 client sends none, and for 3.x clients.
 const DEFAULT_CLIENT_RECEIVE_MAXIMUM: u16 = u16::MAX;
 
-pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
+pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
     shared: &Arc<Shared>,
     reader: &mut R,
     mut writer: W,
@@ -60,10 +60,16 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
                     } else {
                         Protocol::V3_1_1
                     };
-                    Box::pin(reject(&mut writer, form, error.reason_code())).await;
+                    Box::pin(reject(&mut writer, reader, form, error.reason_code())).await;
                 } else if peek_connect_level(buf) == Some(Protocol::V5.level()) {
                     // MQTT 5 §3.2.2.2: a bad v5 CONNECT may get a CONNACK with the reason.
-                    Box::pin(reject(&mut writer, Protocol::V5, error.reason_code())).await;
+                    Box::pin(reject(
+                        &mut writer,
+                        reader,
+                        Protocol::V5,
+                        error.reason_code(),
+                    ))
+                    .await;
                 }
                 return None;
             }
@@ -84,7 +90,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
         if let Err(reason) = use_identity(username, &mut connect) {
             let protocol = connect.protocol;
             drop(connect);
-            Box::pin(reject(&mut writer, protocol, reason)).await;
+            Box::pin(reject(&mut writer, reader, protocol, reason)).await;
             return None;
         }
     }
@@ -94,7 +100,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite>(
         by_certificate,
         listener,
     };
-    accept(shared, *connect, writer, client).await
+    accept(shared, *connect, writer, reader, client).await
 }
 
 /// `Some` when the listener has `use_identity_as_username` and TLS: the client certificate's
@@ -239,7 +245,12 @@ fn read_varint(data: &[u8]) -> Option<(usize, usize)> {
 }
 
 /// Boxed by its callers: rare, and inline it would grow the handshake every connection makes.
-async fn reject<W: TransportWrite>(writer: &mut W, protocol: Protocol, reason: ReasonCode) {
+async fn reject<W: TransportWrite>(
+    writer: &mut W,
+    io: &mut W::Io,
+    protocol: Protocol,
+    reason: ReasonCode,
+) {
     let connack = Packet::ConnAck(ConnAck {
         session_present: false,
         reason,
@@ -247,9 +258,9 @@ async fn reject<W: TransportWrite>(writer: &mut W, protocol: Protocol, reason: R
     });
     let mut scratch = BytesMut::new();
     if let Some(bytes) = encode_packet(&connack, protocol, &mut scratch) {
-        let _ = writer.write_parts(&mut vec![bytes]).await;
+        let _ = writer.write_parts(io, &mut vec![bytes]).await;
     }
-    let _ = writer.shutdown().await;
+    let _ = writer.shutdown(io).await;
 }
 
 fn assigned_client_id(shared: &Shared) -> String {
@@ -401,6 +412,7 @@ async fn accept<W: TransportWrite>(
     shared: &Arc<Shared>,
     connect: Connect,
     mut writer: W,
+    reader: &mut W::Io,
     client: Client,
 ) -> Option<(Conn, (W, WriterState, Option<Ticket>))> {
     let config = &shared.config;
@@ -409,9 +421,9 @@ async fn accept<W: TransportWrite>(
     if let Err(reason) = check(shared, &connect) {
         if reason == ReasonCode::MALFORMED_PACKET && !v5 {
             // 3.1.1 has no return code for a malformed CONNECT: closed without a CONNACK.
-            let _ = writer.shutdown().await;
+            let _ = writer.shutdown(reader).await;
         } else {
-            Box::pin(reject(&mut writer, protocol, reason)).await;
+            Box::pin(reject(&mut writer, reader, protocol, reason)).await;
         }
         return None;
     }
@@ -419,6 +431,7 @@ async fn accept<W: TransportWrite>(
         // 0x9F Connection rate exceeded; 3.1.1: return code 3, Server unavailable.
         Box::pin(reject(
             &mut writer,
+            reader,
             protocol,
             ReasonCode::CONNECTION_RATE_EXCEEDED,
         ))
@@ -427,7 +440,7 @@ async fn accept<W: TransportWrite>(
     }
     let username: Option<Arc<str>> = connect.username.as_deref().map(Arc::from);
     if let Err(reason) = authorize(shared, &connect, username.as_deref(), &client).await {
-        Box::pin(reject(&mut writer, protocol, reason)).await;
+        Box::pin(reject(&mut writer, reader, protocol, reason)).await;
         return None;
     }
     let Some(slot) = ConnectionSlot::take(shared, client.listener.clone(), &connect.client_id)
@@ -443,7 +456,13 @@ async fn accept<W: TransportWrite>(
         }
         // 0x97 Quota exceeded (an administrative limit; 0x9F names a connection *rate*);
         // 3.1.1 gets return code 3, Server unavailable.
-        Box::pin(reject(&mut writer, protocol, ReasonCode::QUOTA_EXCEEDED)).await;
+        Box::pin(reject(
+            &mut writer,
+            reader,
+            protocol,
+            ReasonCode::QUOTA_EXCEEDED,
+        ))
+        .await;
         return None;
     };
     if shared
@@ -451,7 +470,13 @@ async fn accept<W: TransportWrite>(
         .is_full_for(&connect.client_id, config.max_sessions)
     {
         tracing::warn!(limit = config.max_sessions, "session limit reached");
-        Box::pin(reject(&mut writer, protocol, ReasonCode::SERVER_BUSY)).await;
+        Box::pin(reject(
+            &mut writer,
+            reader,
+            protocol,
+            ReasonCode::SERVER_BUSY,
+        ))
+        .await;
         return None;
     }
     let mut properties = Properties::default();

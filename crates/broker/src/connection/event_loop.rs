@@ -31,7 +31,7 @@ fn decode_error_reason(error: &DecodeError) -> ReasonCode {
 /// Property identifier of Topic Alias.
 const TOPIC_ALIAS_PROPERTY_ID: u8 = 0x23;
 
-impl<R: TransportRead, W: TransportWrite> Live<R, W> {
+impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
     /// Reads, decodes and dispatches until the connection ends; writes between reads. Its
     /// state is every idle connection's: fields are borrowed from `self` (arguments would be
     /// kept twice, as arguments and as locals), and what it waits for is polled.
@@ -122,7 +122,7 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
                     session: &self.conn.session,
                     conn_gen: self.conn.conn_gen,
                 };
-                Poll::Ready(self.out.poll_step(cx, &env))
+                Poll::Ready(self.out.poll_step(cx, &env, &self.reader))
             })
             .await;
             if let Poll::Ready(Err(WriteFailed)) = step {
@@ -205,7 +205,7 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
 /// One wait of the read loop: what `tokio::select! { biased; ... }` over these sources would
 /// return, in one poll function, so that no select futures are kept in every idle connection's
 /// state (the closure calling it holds a few references).
-fn poll_event<R: TransportRead, W: TransportWrite>(
+fn poll_event<R: TransportRead, W: TransportWrite<Io = R>>(
     conn: &mut Conn,
     reader: &R,
     out: &mut Outflow<W>,
@@ -237,7 +237,7 @@ fn poll_event<R: TransportRead, W: TransportWrite>(
         session: &conn.session,
         conn_gen: conn.conn_gen,
     };
-    if let Poll::Ready(wrote) = out.poll_step(cx, &env) {
+    if let Poll::Ready(wrote) = out.poll_step(cx, &env, reader) {
         return Poll::Ready(Event::Wrote(wrote));
     }
     Poll::Pending

@@ -163,14 +163,13 @@ pub fn run<T: Transport, H: Send + 'static>(
         // Captured, not bound: a binding would keep a second copy beside the block's own, and
         // a move at the end would add drop flags. Dropped with the block, after `live`.
         let _ = &held;
-        // Served in place: a binding moved out of the `Option` would keep its room twice. The
-        // loop is awaited here, not inside a `serve` future: one frame fewer in every idle
+        // The loop is awaited here, not inside a `serve` future: one frame fewer in every idle
         // connection's task.
-        let mut live = connecting.await;
-        if let Some(live) = &mut live {
-            let reason = live.read_loop().await;
-            live.close(reason).await;
-        }
+        let Some(mut live) = connecting.await else {
+            return;
+        };
+        let reason = live.read_loop().await;
+        live.close(reason).await;
     }
 }
 
@@ -244,7 +243,7 @@ async fn establish<T: Transport>(
     })
 }
 
-impl<R: TransportRead, W: TransportWrite> Live<R, W> {
+impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
     /// The connection's life: the read loop (which also writes), then the close. By reference:
     /// a value moved into an async fn keeps its room in the caller's future and the callee's.
     async fn serve(&mut self) {
@@ -263,7 +262,7 @@ impl<R: TransportRead, W: TransportWrite> Live<R, W> {
             tracing::info!(%peer, client_id = %self.conn.session.client_id, reason = %reason, "client disconnected");
         }
         // Boxed like the handshake: only a closing connection needs the close path's state.
-        Box::pin(self.conn.finish(reason, &mut self.out)).await;
+        Box::pin(self.conn.finish(reason, &mut self.out, &mut self.reader)).await;
     }
 }
 

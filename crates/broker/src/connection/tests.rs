@@ -2,7 +2,7 @@
 use std::sync::Arc;
 
 /// What every idle connection keeps besides its socket: the one task's future (`Conn`, the
-/// outbound half and the read loop's state inline, 392 B), its `ConnCtl` (136 B) and its
+/// outbound half, the socket and the read loop's state inline, 400 B), its `ConnCtl` (136 B) and its
 /// session. With a reader and a writer task the futures were 1,624 + 488 B and `ConnCtl`
 /// 240 B (BENCHMARKS.md "Session 4: idle memory"); with a keep-alive `Sleep` in the future
 /// 776 B ("Session 6: idle memory"); 640 B before the in-flight state and the batch buffers
@@ -35,7 +35,7 @@ async fn idle_connection_state_stays_small() {
     eprintln!(
         "SIZES task={task_bytes} conn={} outflow={} session={} ctl={}",
         std::mem::size_of::<super::Conn>(),
-        std::mem::size_of::<crate::outbound::Outflow<tokio::net::tcp::OwnedWriteHalf>>(),
+        std::mem::size_of::<crate::outbound::Outflow<crate::transport::TcpWrite>>(),
         std::mem::size_of::<crate::session::Session>(),
         std::mem::size_of::<crate::session::ConnCtl>()
     );

@@ -288,6 +288,7 @@ impl<W: TransportWrite> Outflow<W> {
         &mut self,
         cx: &mut Context<'_>,
         env: &OutEnv<'_>,
+        io: &W::Io,
     ) -> Poll<Result<(), WriteFailed>> {
         if self.connack_failed {
             // Also when stepped again before the connection closes: nothing may leave.
@@ -345,7 +346,7 @@ impl<W: TransportWrite> Outflow<W> {
         }
         debug_assert!(self.bufs.is_some(), "a batch is written from its buffers");
         let parts = &mut self.bufs.get_or_insert_with(Box::default).parts;
-        match self.socket.poll_write_parts(cx, parts) {
+        match self.socket.poll_write_parts(io, cx, parts) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Err(error)) => {
                 tracing::debug!(%error, "write failed; closing connection");
@@ -369,12 +370,12 @@ impl<W: TransportWrite> Outflow<W> {
     /// The close: finishes the batch being written (nothing new is taken: the session was
     /// detached), writes `final_packet` (our DISCONNECT) and shuts the socket. Nothing leaves
     /// before the CONNACK's records are durable. The caller bounds it in time.
-    pub async fn close(&mut self, metrics: &Metrics, final_packet: Option<Bytes>) {
+    pub async fn close(&mut self, io: &mut W::Io, metrics: &Metrics, final_packet: Option<Bytes>) {
         if let Some(mut ticket) = self.connack_after.take() {
             self.connack_failed = ticket.wait().await.is_err();
         }
         if self.connack_failed {
-            let _ = self.socket.shutdown().await;
+            let _ = self.socket.shutdown(io).await;
             return;
         }
         let parts = &mut self.bufs.get_or_insert_with(Box::default).parts;
@@ -384,10 +385,10 @@ impl<W: TransportWrite> Outflow<W> {
             parts.push(packet);
         }
         let unfinished = self.writing || !parts.is_empty();
-        if unfinished && self.socket.write_parts(parts).await.is_err() {
+        if unfinished && self.socket.write_parts(io, parts).await.is_err() {
             return;
         }
-        let _ = self.socket.shutdown().await;
+        let _ = self.socket.shutdown(io).await;
     }
 }
 

@@ -7,6 +7,11 @@
 //! chunk, `write_vectored` of the outbound batch's parts, and no buffer of its own (an idle
 //! connection holds none).
 //!
+//! Plain TCP is not split into two owners: its reading half is the whole `TcpStream` and its
+//! writing half ([`TcpWrite`]) holds nothing, writing through the reading half it is given
+//! ([`TransportWrite::Io`]). tokio's `into_split` shares the socket in an `Arc`: a 48 B block
+//! in every idle connection (issue 15, BENCHMARKS "Session 7").
+//!
 //! # Read order for stream transports (ARCHITECTURE §2.1)
 //! [`TransportRead::poll_readable`] is polled with the connection's `ReadSlot` as waker. A stream
 //! transport reads in `poll_readable` itself (an `AsyncRead` has no readiness without a read), so
@@ -29,12 +34,11 @@ mod stream;
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 pub use context::{ConnectionInfo, ListenerContext, TransportKind};
 pub(crate) use listener::poll_accept_any;
@@ -48,7 +52,7 @@ pub(crate) const MAX_IO_SLICES: usize = 512;
 /// connection's one task).
 pub trait Transport: Send + 'static {
     type Read: TransportRead;
-    type Write: TransportWrite;
+    type Write: TransportWrite<Io = Self::Read>;
     fn split(self) -> (Self::Read, Self::Write);
 }
 
@@ -70,66 +74,100 @@ pub trait TransportRead: Send + Sync + 'static {
 
 /// The writing half, owned by the connection's task.
 pub trait TransportWrite: Send + 'static {
+    /// The reading half, given to every write: plain TCP writes through it (its halves are one
+    /// socket, module doc); a stream transport's writing half has its own and ignores it.
+    type Io: TransportRead;
     /// Writes `parts` in order, as far as the transport takes them without waiting: written
     /// parts leave `parts`, a part written in part is advanced. `Ready(Ok)` once every part was
     /// written (and flushed), with `parts` empty.
     fn poll_write_parts(
         &mut self,
+        io: &Self::Io,
         cx: &mut Context<'_>,
         parts: &mut Vec<Bytes>,
     ) -> Poll<io::Result<()>>;
     /// Writes every part, waiting for the transport as needed (the handshake and the close).
     fn write_parts<'a>(
         &'a mut self,
+        io: &'a Self::Io,
         parts: &'a mut Vec<Bytes>,
     ) -> impl Future<Output = io::Result<()>> + Send + 'a {
-        std::future::poll_fn(move |cx| self.poll_write_parts(cx, parts))
+        std::future::poll_fn(move |cx| self.poll_write_parts(io, cx, parts))
     }
     /// Flushes and closes the writing direction.
-    fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send + '_;
+    fn shutdown<'a>(
+        &'a mut self,
+        io: &'a mut Self::Io,
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a;
 }
 
 impl Transport for TcpStream {
-    type Read = OwnedReadHalf;
-    type Write = OwnedWriteHalf;
-    fn split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+    type Read = TcpStream;
+    type Write = TcpWrite;
+    fn split(self) -> (TcpStream, TcpWrite) {
         let _ = self.set_nodelay(true);
-        self.into_split()
+        (self, TcpWrite)
     }
 }
 
-impl TransportRead for OwnedReadHalf {
+impl TransportRead for TcpStream {
     fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // Outside the task's coop budget: with the budget spent, tokio answers `Pending` and
         // wakes the waker at once, and that waker is the slot's: it would take a read ticket
         // with no data reported (ARCHITECTURE §2.1).
-        let stream: &TcpStream = self.as_ref();
         let mut ready =
-            tokio::task::unconstrained(std::future::poll_fn(|cx| stream.poll_read_ready(cx)));
+            tokio::task::unconstrained(std::future::poll_fn(|cx| self.poll_read_ready(cx)));
         Pin::new(&mut ready).poll(cx)
     }
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        OwnedReadHalf::try_read(self, buf)
+        TcpStream::try_read(self, buf)
     }
     const READY_WITH_WAKE: bool = true;
 }
 
-impl TransportWrite for OwnedWriteHalf {
+/// Plain TCP's writing half: nothing of its own, it writes through the `TcpStream` its
+/// connection reads from (module doc).
+pub struct TcpWrite;
+
+impl TransportWrite for TcpWrite {
+    type Io = TcpStream;
     fn poll_write_parts(
         &mut self,
+        io: &TcpStream,
         cx: &mut Context<'_>,
         parts: &mut Vec<Bytes>,
     ) -> Poll<io::Result<()>> {
-        poll_write_vectored_all(Pin::new(self), cx, parts)
+        poll_write_vectored_all(io, cx, parts)
     }
-    fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send + '_ {
-        AsyncWriteExt::shutdown(self)
+    fn shutdown<'a>(
+        &'a mut self,
+        io: &'a mut TcpStream,
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
+        AsyncWriteExt::shutdown(io)
+    }
+}
+
+/// One `write_vectored` as tokio's `poll_write_vectored` does it, through a shared reference:
+/// a write the socket refuses (`WouldBlock`) clears its write readiness, and the poll of the
+/// readiness registers `cx` before `Pending`.
+fn poll_write_vectored(
+    socket: &TcpStream,
+    cx: &mut Context<'_>,
+    slices: &[IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    loop {
+        match socket.try_write_vectored(slices) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                ready!(socket.poll_write_ready(cx))?;
+            }
+            result => return Poll::Ready(result),
+        }
     }
 }
 
 /// Writes `parts` with as few `write_vectored` calls as the socket takes.
 fn poll_write_vectored_all(
-    mut socket: Pin<&mut OwnedWriteHalf>,
+    socket: &TcpStream,
     cx: &mut Context<'_>,
     parts: &mut Vec<Bytes>,
 ) -> Poll<io::Result<()>> {
@@ -143,10 +181,7 @@ fn poll_write_vectored_all(
         for (slice, part) in slices.iter_mut().zip(&parts[first..end]) {
             *slice = IoSlice::new(part);
         }
-        let mut written = match socket
-            .as_mut()
-            .poll_write_vectored(cx, &slices[..end - first])
-        {
+        let mut written = match poll_write_vectored(socket, cx, &slices[..end - first]) {
             Poll::Pending => {
                 // What was written leaves the list; the rest waits for the socket.
                 parts.drain(..first);

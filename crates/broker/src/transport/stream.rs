@@ -129,8 +129,11 @@ pub struct StreamWrite {
 }
 
 impl TransportWrite for StreamWrite {
+    /// Not used: the stream's halves are owned apart.
+    type Io = StreamRead;
     fn poll_write_parts(
         &mut self,
+        _io: &StreamRead,
         cx: &mut Context<'_>,
         parts: &mut Vec<Bytes>,
     ) -> Poll<io::Result<()>> {
@@ -182,7 +185,10 @@ impl TransportWrite for StreamWrite {
         }
     }
 
-    fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send + '_ {
+    fn shutdown<'a>(
+        &'a mut self,
+        _io: &'a mut StreamRead,
+    ) -> impl Future<Output = io::Result<()>> + Send + 'a {
         AsyncWriteExt::shutdown(&mut self.half)
     }
 }
