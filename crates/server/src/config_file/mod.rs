@@ -92,22 +92,13 @@ pub fn parse(text: &str) -> Result<FileConfig, ConfigFileError> {
             reason,
         });
     }
-    // The streams are valid: what is left to refuse is a budget below a stream's block.
+    // The streams are valid: what is left to refuse is a budget too small for them.
     durable.max_disk_bytes = config.max_disk_bytes;
-    if let Some(bytes) = config.max_disk_bytes {
-        if bytes < MIN_DISK_BUDGET_BYTES {
-            return Err(ConfigFileError::BadValue {
-                key: "max_disk_bytes".into(),
-                table: "[store]".into(),
-                reason: format!("must be 0 (no budget) or at least {MIN_DISK_BUDGET_BYTES}"),
-            });
-        }
-    }
-    if let Err(reason) = durable.validate_disk_budget() {
+    if let Err(error) = durable.validate_disk_budget() {
         return Err(ConfigFileError::BadValue {
             key: "max_disk_bytes".into(),
             table: "[store]".into(),
-            reason,
+            reason: error.to_string(),
         });
     }
     // Every field `BrokerConfig::validate` checks is a `[limits]` key.
@@ -167,10 +158,6 @@ pub fn sync_policy(name: &str, interval_ms: u64) -> Result<SyncPolicy, String> {
 
 /// Default of `sync_interval_ms` / `--sync-interval-ms`.
 pub const DEFAULT_SYNC_INTERVAL_MS: u64 = 100;
-
-/// Smallest disk budget accepted: below it a few messages fill it (a typo's guard; the
-/// state streams are not counted, docs/ARCHITECTURE.md §6.1).
-pub const MIN_DISK_BUDGET_BYTES: u64 = 65_536;
 
 #[cfg(test)]
 mod error_tests;
