@@ -224,3 +224,13 @@ fn a_wrong_type_names_key_and_table() {
         assert_names(&refused(text), key, table);
     }
 }
+
+/// The line is counted in bytes up to toml's span, whatever text comes before it.
+#[test]
+fn the_line_of_a_refused_value_is_its_own() {
+    let e = refused("# débit, 流量\n\n[limits]\nreceive_maximum = \"x\"\n");
+    assert!(
+        e.starts_with("`receive_maximum` in [limits], line 4: "),
+        "{e}"
+    );
+}

@@ -131,10 +131,8 @@ fn refused(text: &str, error: serde_path_to_error::Error<toml::de::Error>) -> Co
         _ => table,
     };
     if let Some(span) = error.span() {
-        let line = text
-            .get(..span.start)
-            .map_or(0, |t| t.matches('\n').count())
-            + 1;
+        let before = text.as_bytes().get(..span.start).unwrap_or_default();
+        let line = before.iter().filter(|&&byte| byte == b'\n').count() + 1;
         place = format!("{place}, line {line}");
     }
     ConfigFileError::Refused {
