@@ -57,7 +57,10 @@ pub mod will;
 pub use auth::{Auth, AuthRules};
 pub use broker::{Background, Broker, Shared};
 pub use config::{BrokerConfig, ConfigError};
-pub use durable::{Durability, DurableConfig, DurableStore, Keep, SessionLimits, StreamSpec};
+pub use durable::{
+    DiskBudgetError, Durability, DurableConfig, DurableStore, Keep, MIN_DISK_BUDGET_BYTES,
+    SessionLimits, StreamSpec,
+};
 pub use persist::{
     MemoryStore, MessageStore, OutboundSent, PersistError, Recovered, StoreRef, StoredInflight,
     StoredSession, Ticket, TicketCompleter,

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use tern_broker::auth::{Acl, AuthRules, PasswordFile};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an [auth] table")]
 pub struct AuthConfig {
     /// Let clients without a username in. Default: true only if every listener binds a
     /// loopback address ([`allow_anonymous_default`]).

@@ -17,12 +17,11 @@ use tern_broker::transport::{
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use crate::config_file::ConfigFileError;
 use crate::tls::{TlsError, TlsFiles, TlsState};
 
 /// One `[[listener]]` table.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a [[listener]] table")]
 pub struct ListenerConfig {
     pub bind: String,
     #[serde(default)]
@@ -108,31 +107,6 @@ impl ListenerConfig {
         }
         Ok(())
     }
-}
-
-/// `[[listener]]`: each table by serde (`crate::listeners`), its problems named by position.
-pub fn parse_tables(items: &[toml::Value]) -> Result<Vec<ListenerConfig>, ConfigFileError> {
-    let mut listeners = Vec::with_capacity(items.len());
-    for (index, item) in items.iter().enumerate() {
-        let position = || format!("listener #{}", index + 1);
-        let listener: ListenerConfig =
-            item.clone()
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigFileError::BadValue {
-                    key: position(),
-                    table: "[listener]",
-                    reason: e.message().trim().to_string(),
-                })?;
-        listener
-            .check()
-            .map_err(|(key, reason)| ConfigFileError::BadValue {
-                key: format!("{key}` of `{}", position()),
-                table: "[listener]",
-                reason,
-            })?;
-        listeners.push(listener);
-    }
-    Ok(listeners)
 }
 
 /// A listener whose TLS files were read, ready to bind.

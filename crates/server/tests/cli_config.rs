@@ -141,6 +141,34 @@ fn state_sync_and_default_stream_are_documented_and_validated() {
     assert!(out.stderr.contains("[stream]"), "{}", out.stderr);
 }
 
+/// `[store] max_disk_bytes` below 64 KiB (a typo's guard), or below a written stream's
+/// `block_size_bytes` (that stream's first block alone would hold the budget), is a config
+/// error: exit 2 naming the key, before the data directory is opened. At both bounds it starts.
+#[test]
+fn a_disk_budget_too_small_exits_2_naming_the_key() {
+    for (toml, says) in [
+        ("[store]\nmax_disk_bytes = 65535\n", "at least 65536"),
+        (
+            "[store]\nmax_disk_bytes = 1048576\n",
+            "stream `messages`'s block_size_bytes (4194304)",
+        ),
+    ] {
+        let out = serve_with_config(toml);
+        assert_eq!(out.status.code(), Some(2), "stderr: {}", out.stderr);
+        assert!(
+            out.stderr.contains("`max_disk_bytes` in [store]"),
+            "{}",
+            out.stderr
+        );
+        assert!(out.stderr.contains(says), "{says}: {}", out.stderr);
+        assert!(!out.stdout.contains("tern listening on"));
+    }
+    let b = Broker::start_with(
+        "[store]\nmax_disk_bytes = 65536\n[[stream]]\nname = \"all\"\nblock_size_bytes = 65536\n",
+    );
+    assert_ne!(b.port(), 0);
+}
+
 #[test]
 fn out_of_range_value_exits_2_naming_the_key() {
     let out = serve_with_config("[limits]\nreceive_maximum = 70000\n");

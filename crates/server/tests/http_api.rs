@@ -414,7 +414,10 @@ fn check_config_validates_and_exits() {
         ("[limits]\nmax_connections = \"x\"\n", "max_connections"),
         ("[http]\nbind = \"10.1.2.3:80\"\n", "not a loopback address"),
         ("[http]\nport = 1\n", "unknown field `port`"),
-        ("[nope]\n", "unknown table `nope`"),
+        (
+            "[nope]\n",
+            "`nope` at the top level, line 1: unknown field `nope`",
+        ),
     ] {
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, text).unwrap();

@@ -193,33 +193,62 @@ impl DurableConfig {
         Ok(())
     }
 
-    /// A written stream's active block counts whole against the budget (it is reserved to
-    /// its block size, ARCHITECTURE §4) and retention cannot free it, so a budget below one
-    /// block of a stream would refuse every message from that stream's first write on. A
-    /// `durability = "never"` stream is never written and holds nothing. Not part of
-    /// [`DurableConfig::validate`]: the store works with such a budget (it refuses), and
-    /// tests use tiny budgets on purpose; `tern serve` refuses the config file.
-    pub fn validate_disk_budget(&self) -> Result<(), String> {
-        let Some(budget) = self.max_disk_bytes else {
+    /// The one check of a disk budget, both rules, for `tern serve` to refuse a config file
+    /// (docs/ARCHITECTURE.md §6.1):
+    /// - at least [`MIN_DISK_BUDGET_BYTES`]: below it a few messages fill the budget (a
+    ///   typo's guard). The config file's 0 means no budget and reaches here as `None`.
+    /// - at least the `block_size_bytes` of every written stream (the default stream too):
+    ///   an active block counts whole against the budget (it is reserved to its block size,
+    ///   ARCHITECTURE §4) and retention cannot free it, so a budget below one block of a
+    ///   stream would refuse every message from that stream's first write on. A
+    ///   `durability = "never"` stream is never written and holds nothing.
+    ///
+    /// Not part of [`DurableConfig::validate`], nor of [`super::DurableStore::open`]: the store
+    /// works with any budget (at it, it refuses), and tests use tiny budgets on purpose.
+    pub fn validate_disk_budget(&self) -> Result<(), DiskBudgetError> {
+        let Some(budget_bytes) = self.max_disk_bytes else {
             return Ok(());
         };
+        if budget_bytes < MIN_DISK_BUDGET_BYTES {
+            return Err(DiskBudgetError::BelowMinimum { budget_bytes });
+        }
         let streams = self.clone().with_default_stream().streams;
-        let written = |s: &&StreamSpec| s.durability != Durability::Never;
         match streams
-            .iter()
-            .filter(written)
-            .find(|s| s.store.block_size_bytes > budget)
+            .into_iter()
+            .filter(|s| s.durability != Durability::Never)
+            .find(|s| s.store.block_size_bytes > budget_bytes)
         {
-            Some(s) => Err(format!(
-                "[store] max_disk_bytes = {budget} is below stream `{}`'s block_size_bytes \
-                 ({}): a stream's active block is reserved whole, so nothing could be stored \
-                 once it was written; raise the budget or lower the stream's block size \
-                 (keep blocks well below the budget: retention frees whole blocks)",
-                s.name, s.store.block_size_bytes
-            )),
+            Some(s) => Err(DiskBudgetError::BelowBlock {
+                budget_bytes,
+                block_size_bytes: s.store.block_size_bytes,
+                stream: s.name,
+            }),
             None => Ok(()),
         }
     }
+}
+
+/// Smallest disk budget [`DurableConfig::validate_disk_budget`] accepts: below it a few
+/// messages fill it (the state streams are not counted, docs/ARCHITECTURE.md §6.1).
+pub const MIN_DISK_BUDGET_BYTES: u64 = 65_536;
+
+/// Why [`DurableConfig::validate_disk_budget`] refuses a budget (its messages are the ones
+/// `tern serve` prints for `[store] max_disk_bytes`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DiskBudgetError {
+    #[error("must be 0 (no budget) or at least {MIN_DISK_BUDGET_BYTES}")]
+    BelowMinimum { budget_bytes: u64 },
+    #[error(
+        "[store] max_disk_bytes = {budget_bytes} is below stream `{stream}`'s block_size_bytes \
+         ({block_size_bytes}): a stream's active block is reserved whole, so nothing could be \
+         stored once it was written; raise the budget or lower the stream's block size (keep \
+         blocks well below the budget: retention frees whole blocks)"
+    )]
+    BelowBlock {
+        budget_bytes: u64,
+        stream: String,
+        block_size_bytes: u64,
+    },
 }
 
 #[cfg(test)]
@@ -234,35 +263,65 @@ mod tests {
         };
         // The default stream's blocks are 4 MiB.
         let e = config.validate_disk_budget().unwrap_err();
+        assert_eq!(
+            e,
+            DiskBudgetError::BelowBlock {
+                budget_bytes: 1024 * 1024,
+                stream: "messages".into(),
+                block_size_bytes: 4 * 1024 * 1024,
+            }
+        );
         assert!(
-            e.contains("below stream `messages`'s block_size_bytes"),
+            e.to_string()
+                .contains("below stream `messages`'s block_size_bytes (4194304)"),
             "{e}"
         );
         // Also a stream appended only as the default (none captures every topic).
         config.streams = vec![stream("telemetry", &["sensors/#"])];
         config.streams[0].store.block_size_bytes = 64 * 1024;
-        assert!(
-            config
-                .validate_disk_budget()
-                .unwrap_err()
-                .contains("`messages`")
-        );
+        assert!(matches!(
+            config.validate_disk_budget(),
+            Err(DiskBudgetError::BelowBlock { stream, .. }) if stream == "messages"
+        ));
         config.streams.push(stream("all", &[]));
         config.streams[1].store.block_size_bytes = 64 * 1024;
         assert_eq!(config.validate_disk_budget(), Ok(()));
-        config.max_disk_bytes = Some(64 * 1024 - 1);
-        assert!(
-            config
-                .validate_disk_budget()
-                .unwrap_err()
-                .contains("`telemetry`")
+        config.max_disk_bytes = Some(64 * 1024);
+        assert_eq!(
+            config.validate_disk_budget(),
+            Ok(()),
+            "the minimum, at the blocks"
         );
+        config.streams[0].store.block_size_bytes = 64 * 1024 + 1;
+        assert!(matches!(
+            config.validate_disk_budget(),
+            Err(DiskBudgetError::BelowBlock { stream, .. }) if stream == "telemetry"
+        ));
         // A memory-only stream is never written: its blocks do not count.
         config.streams[0].durability = Durability::Never;
         config.streams[0].store.block_size_bytes = 4 * 1024 * 1024;
-        config.streams[1].store.block_size_bytes = 32 * 1024;
         assert_eq!(config.validate_disk_budget(), Ok(()));
         config.max_disk_bytes = None;
+        assert_eq!(config.validate_disk_budget(), Ok(()));
+    }
+
+    /// Below 64 KiB a few messages fill the budget (a typo's guard): refused whatever the
+    /// blocks. `DurableStore::open` takes any budget; this is `tern serve`'s one check of it.
+    #[test]
+    fn a_disk_budget_below_the_minimum_is_refused() {
+        let mut all = stream("all", &[]);
+        all.store.block_size_bytes = 4096;
+        let mut config = DurableConfig {
+            streams: vec![all],
+            max_disk_bytes: Some(65_535),
+            ..DurableConfig::default()
+        };
+        for budget in [65_535, 4096, 0] {
+            config.max_disk_bytes = Some(budget);
+            let e = config.validate_disk_budget().unwrap_err().to_string();
+            assert_eq!(e, "must be 0 (no budget) or at least 65536");
+        }
+        config.max_disk_bytes = Some(65_536);
         assert_eq!(config.validate_disk_budget(), Ok(()));
     }
 

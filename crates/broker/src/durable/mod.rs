@@ -76,7 +76,10 @@ use exchanges::ClientExchanges;
 use keyspace::Keyspace;
 use tern_wire::QoS;
 
-pub use config::{DEFAULT_STREAM_NAME, Durability, DurableConfig, Keep, SessionLimits, StreamSpec};
+pub use config::{
+    DEFAULT_STREAM_NAME, DiskBudgetError, Durability, DurableConfig, Keep, MIN_DISK_BUDGET_BYTES,
+    SessionLimits, StreamSpec,
+};
 
 use crate::hash::Map;
 use crate::message::Message;

@@ -10,7 +10,7 @@ pub const MIN_TOKEN_LEN: usize = 16;
 
 /// The `[http]` table as written.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an [http] table")]
 pub struct HttpSection {
     /// Address of the HTTP listener, e.g. `127.0.0.1:8080`.
     pub bind: Option<String>,
