@@ -34,10 +34,9 @@ const TOPIC_ALIAS_PROPERTY_ID: u8 = 0x23;
 impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
     /// Reads, decodes and dispatches until the connection ends; writes between reads. Its
     /// state is every idle connection's: fields are borrowed from `self` (arguments would be
-    /// kept twice, as arguments and as locals), and what it waits for is polled.
+    /// kept twice, as arguments and as locals), what it waits for is polled, and the steps
+    /// that do not wait are plain functions (no future of their own).
     pub(super) async fn read_loop(&mut self) -> Close {
-        // Packets were decoded since the last wait.
-        let mut decoded = false;
         // Bytes the handshake read after the CONNECT go with the connection's first ticket.
         // (Tickets start at 1: `NonZeroU64` keeps the option in 8 bytes of the idle state.)
         let mut ticket = None;
@@ -64,34 +63,10 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
                 let slot = &self.conn.read_slot;
                 poll_fn(|cx| slot.order().poll_turn(ticket, cx)).await;
             }
-            {
-                // The store's writers wake once for all of this read's appends: one group
-                // commit, not the first PUBLISH alone and the rest in the next one. Taken
-                // only when the read holds more than one packet (a single append has nothing
-                // to group with): no guard, allocation or queue lock per one-packet read.
-                let mut deferred = None;
-                while !self.conn.inflight.is_full() {
-                    let max_packet_size = self.conn.shared.config.max_packet_size_bytes;
-                    match decode(&mut self.buf, self.conn.protocol, max_packet_size) {
-                        Ok(Some(packet)) => {
-                            decoded = true;
-                            if !self.buf.is_empty() {
-                                deferred.get_or_insert_with(|| {
-                                    self.conn.shared.store.defer_writer_wakes()
-                                });
-                            }
-                            if let Err(close) = self.conn.handle(packet) {
-                                return close;
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(error) => {
-                            tracing::debug!(client_id = %self.conn.session.client_id, %error, "malformed packet");
-                            return Close::Protocol(decode_error_reason(&error));
-                        }
-                    }
-                }
-            }
+            let decoded = match self.dispatch() {
+                Ok(decoded) => decoded,
+                Err(close) => return close,
+            };
             if had_ticket {
                 self.conn.read_slot.handled();
             }
@@ -108,7 +83,6 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
                 self.conn
                     .ctl
                     .touch(self.conn.shared.keep_alive.millis(self.conn.now));
-                decoded = false;
                 // The writers this batch woke sit in this worker's LIFO slot, which the other
                 // worker cannot steal: without a yield a fast publisher starves them and their
                 // queues overflow (measured: 89% of QoS 0 dropped at 1 pub -> 1 sub; 0% after).
@@ -128,27 +102,10 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
             if let Poll::Ready(Err(WriteFailed)) = step {
                 self.conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
             }
-            if let Some(reason) = self.conn.ctl.kick_reason() {
-                return if reason == ReasonCode::KEEP_ALIVE_TIMEOUT {
-                    // MQTT-3.1.2-22: the sweeper found nothing received within 1.5 x keep alive.
-                    Close::KeepAlive
-                } else {
-                    Close::Kicked(reason)
-                };
+            if let Some(close) = self.conn.ended_from_outside() {
+                return close;
             }
-            if self.conn.ctl.is_shut_down() {
-                return Close::Shutdown;
-            }
-            // Nothing in flight: the in-flight state's box is not kept while waiting.
-            self.conn.inflight.release_if_idle();
-            let waiting = self.conn.inflight.has_pending_ticket();
-            let backlogged =
-                self.conn.session.state.lock().out.queues.control.len() >= MAX_CONTROL_BACKLOG;
-            let reading = !self.conn.inflight.is_full() && !backlogged;
-            if !reading {
-                // Not armed while not reading: no ticket may wait for this connection.
-                self.conn.read_slot.not_reading();
-            }
+            let (waiting, reading) = self.conn.before_wait();
             let event = poll_fn(|cx| {
                 poll_event(
                     &mut self.conn,
@@ -160,22 +117,10 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
                 )
             })
             .await;
-            match event {
-                // A kick or the shutdown is seen at the top of the loop.
-                Event::Woken => self.out.wake(),
-                Event::Wrote(Ok(())) => {}
-                Event::Wrote(Err(WriteFailed)) => {
-                    self.conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
-                }
-                Event::Durable => {
-                    self.conn.flush_released();
-                    if self.conn.inflight.failed() {
-                        // Not acknowledged: the client resends after reconnecting.
-                        return Close::Protocol(ReasonCode::UNSPECIFIED_ERROR);
-                    }
-                }
-                Event::Readable(Err(_)) => return Close::Lost,
-                Event::Readable(Ok(())) => {
+            match self.conn.on_event(event, &mut self.out) {
+                Err(close) => return close,
+                Ok(false) => {}
+                Ok(true) => {
                     let n = match try_read_chunk(&self.reader, &mut self.buf) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                         Ok(0) | Err(_) => return Close::Lost,
@@ -199,6 +144,91 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
                 }
             }
         }
+    }
+
+    /// Decodes and handles the packets the read buffer holds, while the pipeline has room.
+    /// `Ok(true)` if it decoded any.
+    fn dispatch(&mut self) -> Result<bool, Close> {
+        let mut decoded = false;
+        // The store's writers wake once for all of this read's appends: one group commit, not
+        // the first PUBLISH alone and the rest in the next one. Taken only when the read holds
+        // more than one packet (a single append has nothing to group with): no guard,
+        // allocation or queue lock per one-packet read.
+        let mut deferred = None;
+        while !self.conn.inflight.is_full() {
+            let max_packet_size = self.conn.shared.config.max_packet_size_bytes;
+            match decode(&mut self.buf, self.conn.protocol, max_packet_size) {
+                Ok(Some(packet)) => {
+                    decoded = true;
+                    if !self.buf.is_empty() {
+                        deferred.get_or_insert_with(|| self.conn.shared.store.defer_writer_wakes());
+                    }
+                    self.conn.handle(packet)?;
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::debug!(client_id = %self.conn.session.client_id, %error, "malformed packet");
+                    return Err(Close::Protocol(decode_error_reason(&error)));
+                }
+            }
+        }
+        Ok(decoded)
+    }
+}
+
+impl Conn {
+    /// A kick (the sweeper's keep-alive timeout, a takeover, a slow subscriber, a failed
+    /// write) or the server's shutdown ends the loop.
+    fn ended_from_outside(&self) -> Option<Close> {
+        if let Some(reason) = self.ctl.kick_reason() {
+            return Some(if reason == ReasonCode::KEEP_ALIVE_TIMEOUT {
+                // MQTT-3.1.2-22: the sweeper found nothing received within 1.5 x keep alive.
+                Close::KeepAlive
+            } else {
+                Close::Kicked(reason)
+            });
+        }
+        self.ctl.is_shut_down().then_some(Close::Shutdown)
+    }
+
+    /// Before the loop waits: drops the in-flight box if nothing is in flight, and says what
+    /// to wait for, `(waiting for a store write, reading)`.
+    fn before_wait(&mut self) -> (bool, bool) {
+        self.inflight.release_if_idle();
+        let waiting = self.inflight.has_pending_ticket();
+        let backlogged = self.session.state.lock().out.queues.control.len() >= MAX_CONTROL_BACKLOG;
+        let reading = !self.inflight.is_full() && !backlogged;
+        if !reading {
+            // Not armed while not reading: no ticket may wait for this connection.
+            self.read_slot.not_reading();
+        }
+        (waiting, reading)
+    }
+
+    /// Acts on what the wait returned. `Ok(true)`: the socket is readable.
+    fn on_event<W: TransportWrite>(
+        &mut self,
+        event: Event,
+        out: &mut Outflow<W>,
+    ) -> Result<bool, Close> {
+        match event {
+            // A kick or the shutdown is seen at the top of the loop.
+            Event::Woken => out.wake(),
+            Event::Wrote(Ok(())) => {}
+            Event::Wrote(Err(WriteFailed)) => {
+                self.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
+            }
+            Event::Durable => {
+                self.flush_released();
+                if self.inflight.failed() {
+                    // Not acknowledged: the client resends after reconnecting.
+                    return Err(Close::Protocol(ReasonCode::UNSPECIFIED_ERROR));
+                }
+            }
+            Event::Readable(Err(_)) => return Err(Close::Lost),
+            Event::Readable(Ok(())) => return Ok(true),
+        }
+        Ok(false)
     }
 }
 
