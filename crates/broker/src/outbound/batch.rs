@@ -68,7 +68,7 @@ impl Outbound {
             // the head delivery waits for the window (acks must never wait behind it).
             if let Some(&(mark, _)) = self.queues.control.front() {
                 if mark <= self.removed_total || head_blocked {
-                    if let Some((_, packet)) = self.queues.control.pop_front() {
+                    if let Some((_, packet)) = self.queues.pop_control() {
                         writer.flush(parts);
                         parts.push(packet);
                         packets += 1;
@@ -81,13 +81,7 @@ impl Outbound {
                 packets += self.resend(writer, env.now, parts, MAX_BATCH_PACKETS - packets);
                 continue;
             }
-            // Looked at first: a mutable access would allocate empty queues.
-            let held = if self.queues.gate.is_empty() {
-                None
-            } else {
-                self.queues.gate.pop_ready()
-            };
-            if let Some(held) = held {
+            if let Some(held) = self.queues.pop_gate_ready() {
                 if self.release(held, writer, env.now, parts) {
                     packets += 1;
                 }
@@ -148,7 +142,7 @@ impl Outbound {
         {
             return Front::Blocked;
         }
-        let Some(item) = self.queues.queue.pop_front() else {
+        let Some(item) = self.queues.pop_queued() else {
             return Front::Empty;
         };
         self.account_removed(&item);
@@ -165,7 +159,7 @@ impl Outbound {
         if qos == QoS::AtMostOnce {
             sent_by_qos[0] += 1;
             if self.queues.gate.holds_deliveries() {
-                self.queues.gate.push(None, HeldPacket::Qos0(item));
+                self.queues.push_gate(None, HeldPacket::Qos0(item));
             } else {
                 writer.encode_publish(&item, 0, false, env.now, parts);
             }
@@ -199,12 +193,11 @@ impl Outbound {
         let held = ticket.is_some() || self.queues.gate.holds_deliveries();
         if held {
             self.queues
-                .gate
-                .push(ticket, HeldPacket::Publish { packet_id });
+                .push_gate(ticket, HeldPacket::Publish { packet_id });
         } else {
             writer.encode_publish(&item, packet_id, false, env.now, parts);
         }
-        self.queues.inflight.push_back(Inflight {
+        self.queues.push_inflight(Inflight {
             packet_id,
             item,
             phase: Phase::AwaitingAck,
@@ -222,7 +215,7 @@ impl Outbound {
             self.queued_reliable_bytes += len;
         }
         self.removed_total -= 1;
-        self.queues.queue.push_front(item);
+        self.queues.push_queued_front(item);
     }
 
     /// Writes a packet the gate released. False if nothing was written (its exchange ended
@@ -240,8 +233,7 @@ impl Outbound {
                 // Held entries are at the back of `inflight`.
                 let Some(entry) = self
                     .queues
-                    .inflight
-                    .iter_mut()
+                    .inflight_mut()
                     .rev()
                     .find(|e| e.packet_id == packet_id)
                 else {
@@ -256,8 +248,7 @@ impl Outbound {
             HeldPacket::PubRel { packet_id, reason } => {
                 if let Some(entry) = self
                     .queues
-                    .inflight
-                    .iter_mut()
+                    .inflight_mut()
                     .find(|e| e.packet_id == packet_id)
                 {
                     entry.held = false;
@@ -276,11 +267,8 @@ impl Outbound {
         parts: &mut Vec<Bytes>,
         budget: usize,
     ) -> usize {
-        if self.queues.inflight.is_empty() {
-            return 0; // without allocating empty queues
-        }
         let mut packets = 0;
-        for entry in self.queues.inflight.iter_mut().filter(|e| e.needs_send) {
+        for entry in self.queues.inflight_mut().filter(|e| e.needs_send) {
             if packets >= budget {
                 break;
             }
