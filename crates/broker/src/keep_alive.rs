@@ -2,7 +2,8 @@
 //! one broker-wide table, which a sweeper task looks over every [`SWEEP_PERIOD_MS`]. A
 //! connection's task records when it last received a packet ([`ConnCtl::touch`]); the sweeper
 //! closes, through [`ConnCtl::kick`] with 0x8D, each connection whose 1.5 × keep alive has
-//! passed since (MQTT-3.1.2-22, MQTT-3.1.2-24).
+//! passed since (MQTT-3.1.2-22, MQTT-3.1.2-24), once: a kicked connection keeps its entry
+//! until its task drops it, and later sweeps pass over it.
 //!
 //! A tokio `Sleep` in every connection's future cost ~112 B of each idle connection (and its
 //! task cell a size class); an entry here costs 16 B plus 8 B in `ConnCtl`.
@@ -125,28 +126,36 @@ impl KeepAlive {
     /// Kicks every connection past its timeout; false (and the sweeper is to end) once the
     /// table is empty.
     fn sweep(&self) -> bool {
-        self.sweep_at(self.millis(Instant::now()))
+        self.sweep_at(self.millis(Instant::now())).is_some()
     }
 
-    fn sweep_at(&self, now_ms: u32) -> bool {
+    /// The connections this sweep kicked; `None` once the table is empty.
+    fn sweep_at(&self, now_ms: u32) -> Option<usize> {
         let mut table = self.table.lock();
         if table.live == 0 {
             table.sweeping = false;
             // Its memory goes with the connections it held.
             table.entries = Vec::new();
             table.free = Vec::new();
-            return false;
+            return None;
         }
+        let mut kicked = 0;
         for entry in table.entries.iter().flatten() {
+            // Kicked already (by a sweep, a takeover, an admin): its loop is closing it, and
+            // every kick would wake it again until its entry is dropped.
+            if entry.ctl.kick_reason().is_some() {
+                continue;
+            }
             let since_ms = now_ms.wrapping_sub(entry.ctl.last_packet_ms());
             // A packet recorded after `now_ms` was read (the connection raced this sweep)
             // shows as a difference past half the range: it is not a silence.
             if since_ms < u32::MAX / 2 && since_ms >= entry.timeout_ms.get() {
                 // Seen by the connection's loop as `Close::KeepAlive` (DISCONNECT 0x8D).
                 entry.ctl.kick(ReasonCode::KEEP_ALIVE_TIMEOUT);
+                kicked += 1;
             }
         }
-        true
+        Some(kicked)
     }
 }
 
@@ -193,16 +202,22 @@ mod tests {
         assert_eq!(ctl.kick_reason(), None);
     }
 
-    #[test]
-    fn a_wrapped_clock_still_measures_the_silence() {
-        let keep_alive = Arc::new(KeepAlive::new(Instant::now()));
-        let ctl = Arc::new(ConnCtl::default());
+    /// A table holding `ctl` with a timeout of 1,500 ms, without a sweeper.
+    fn table_with(ctl: &Arc<ConnCtl>) -> KeepAlive {
+        let keep_alive = KeepAlive::new(Instant::now());
         let entry = Entry {
             ctl: ctl.clone(),
             timeout_ms: NonZeroU32::new(1_500).unwrap(),
         };
         keep_alive.table.lock().entries.push(Some(entry));
         keep_alive.table.lock().live = 1;
+        keep_alive
+    }
+
+    #[test]
+    fn a_wrapped_clock_still_measures_the_silence() {
+        let ctl = Arc::new(ConnCtl::default());
+        let keep_alive = table_with(&ctl);
         // Recorded just before the wrap, and (a race) just after the sweep's clock.
         ctl.touch(u32::MAX - 100);
         keep_alive.sweep_at(1_000);
@@ -211,6 +226,31 @@ mod tests {
         assert_eq!(ctl.kick_reason(), None);
         keep_alive.sweep_at(1_400);
         assert_eq!(ctl.kick_reason(), Some(ReasonCode::KEEP_ALIVE_TIMEOUT));
+    }
+
+    /// MQTT-3.1.2-24: closed once. The entry stays until the connection's task drops it, and
+    /// the sweeps meanwhile (every 250 ms) do not kick (and wake) it again.
+    #[test]
+    fn an_expired_connection_is_kicked_once_mqtt_3_1_2_24() {
+        let ctl = Arc::new(ConnCtl::default());
+        ctl.touch(0);
+        let keep_alive = table_with(&ctl);
+        assert_eq!(keep_alive.sweep_at(1_499), Some(0));
+        assert_eq!(keep_alive.sweep_at(1_500), Some(1));
+        assert_eq!(ctl.kick_reason(), Some(ReasonCode::KEEP_ALIVE_TIMEOUT));
+        assert_eq!(keep_alive.sweep_at(1_750), Some(0));
+        assert_eq!(keep_alive.sweep_at(2_000), Some(0));
+    }
+
+    /// A connection kicked for another reason (a takeover) is closing already: no second kick.
+    #[test]
+    fn a_connection_kicked_otherwise_is_not_kicked_again() {
+        let ctl = Arc::new(ConnCtl::default());
+        ctl.touch(0);
+        let keep_alive = table_with(&ctl);
+        assert!(ctl.kick(ReasonCode::SESSION_TAKEN_OVER));
+        assert_eq!(keep_alive.sweep_at(1_500), Some(0));
+        assert_eq!(ctl.kick_reason(), Some(ReasonCode::SESSION_TAKEN_OVER));
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,7 +2,9 @@
 //! to one subscriber and written to its connection allocates nothing beyond the message itself
 //! (the `Arc<Message>` its publisher's connection makes, before routing). Before session 6 it
 //! was four more: the router's target list, the template, the whole QoS 0 packet and its shared
-//! handle. Alone in its test binary: it installs a counting global allocator.
+//! handle. Also: taking from an idle session's empty queues allocates nothing (they are
+//! allocated by pushes only, `outbound::LazyQueues`). Alone in its test binary: it installs
+//! a counting global allocator (counting per thread).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -146,4 +148,26 @@ fn a_qos0_message_to_one_subscriber_allocates_nothing_on_its_way() {
         "{made} allocations for {} messages routed and written",
         messages.len()
     );
+}
+
+/// `LazyQueues` has no `DerefMut`: taking from an idle session's empty queues (a pop, acks of
+/// unknown ids, a detach, an attach, the share take, a drop of removed records, a poll of the
+/// gate) allocates nothing. Through `DerefMut` a detach allocated the queues it then freed.
+#[test]
+fn taking_from_empty_queues_allocates_nothing() {
+    let mut out = Outbound::default();
+    out.attach(16);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let before = allocations();
+    assert!(out.pop_front().is_none());
+    assert!(out.on_puback(1).is_none());
+    assert!(!out.on_pubrec(1, true));
+    assert!(out.on_pubcomp(1).is_none());
+    assert!(out.take_shared().is_empty());
+    assert_eq!(out.drop_removed(&[(0, 1..=10)]), 0);
+    assert!(out.poll_gate(&mut cx).is_pending());
+    out.detach();
+    out.attach(16);
+    let made = allocations() - before;
+    assert_eq!(made, 0, "{made} allocations taking from empty queues");
 }

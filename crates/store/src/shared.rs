@@ -60,6 +60,11 @@ pub(crate) struct Shared {
     /// Highest sequence the writer has handled: written to the file (synced or not) or
     /// rejected. Only the writer stores it, at the end of a commit.
     pub written_seq: AtomicU64,
+    /// Bytes of records appended and not yet written to a block (nor rejected by a limit):
+    /// the queue's and those of the writer's turn in progress. Appenders add under the queue
+    /// lock; the writer takes them off under the state lock, in the section that grows the
+    /// block that now holds them, so `Stream::info` sees each byte in one place or the other.
+    pub unwritten_bytes: AtomicU64,
     /// Retention limits never remove a record at or above this sequence (`u64::MAX`: no pin).
     pub retention_floor: AtomicU64,
     pub failed: AtomicBool,
@@ -111,6 +116,7 @@ impl Shared {
             space_cv: Condvar::new(),
             durable_seq: AtomicU64::new(durable_seq),
             written_seq: AtomicU64::new(durable_seq),
+            unwritten_bytes: AtomicU64::new(0),
             retention_floor: AtomicU64::new(retention_floor),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),

@@ -282,6 +282,7 @@ impl Stream {
             q.appenders_waiting -= 1;
         }
         let first = q.next_seq;
+        let queued_before = q.buf.len();
         let n = recs.len();
         for (i, r) in recs.iter().enumerate() {
             let seq = q.next_seq;
@@ -305,6 +306,10 @@ impl Stream {
             );
         }
         q.records += n;
+        sh.unwritten_bytes.fetch_add(
+            (q.buf.len() - queued_before) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let last = q.next_seq - 1;
         crate::wake::wake_after_append(sh, &mut q);
         drop(q);

@@ -44,6 +44,13 @@ pub struct StreamInfo {
     /// active block counts its whole reserved length (`block_size_bytes`) once written to.
     /// What the stream holds on disk, index files and removed blocks not yet freed aside.
     pub disk_bytes: u64,
+    /// Bytes of records appended and not yet written to a block: queued, or in the writer's
+    /// turn in progress (a held or slow write). `disk_bytes` does not show them yet.
+    pub unwritten_bytes: u64,
+    /// `disk_bytes` as it will be once those are written: the active block grown by them
+    /// where they do not fit its reservation. A block roll they cause reserves up to one
+    /// `block_size_bytes` more, which this does not foresee.
+    pub disk_bytes_with_unwritten: u64,
     /// Oldest and newest live sequence (None when empty).
     pub first_seq: Option<u64>,
     pub last_seq: Option<u64>,
@@ -95,10 +102,19 @@ impl Stream {
         let sh = self.sh();
         let mut st = lock(&sh.state);
         let bounds = st.bounds();
+        let disk_bytes = st.blocks.iter().map(|b| b.len.max(b.reserved_bytes)).sum();
+        // Read under the state lock: the writer moves bytes from this count into a block's
+        // length in one section under it.
+        let unwritten_bytes = sh.unwritten_bytes.load(Ordering::Relaxed);
+        let growth_bytes = st.blocks.back().map_or(unwritten_bytes, |active| {
+            (active.len + unwritten_bytes).saturating_sub(active.len.max(active.reserved_bytes))
+        });
         StreamInfo {
             msgs: st.live,
             bytes: st.live_bytes,
-            disk_bytes: st.blocks.iter().map(|b| b.len.max(b.reserved_bytes)).sum(),
+            disk_bytes,
+            unwritten_bytes,
+            disk_bytes_with_unwritten: disk_bytes + growth_bytes,
             first_seq: bounds.map(|b| b.0),
             last_seq: bounds.map(|b| b.1),
             durable_seq: sh.durable_seq.load(Ordering::SeqCst),

@@ -114,3 +114,58 @@ async fn disk_budget_does_not_count_the_state_streams() {
         store.disk_usage()
     );
 }
+
+/// A disk measure taken while the writer holds a turn's write (and more messages wait in
+/// the queue) counts those accepted, unwritten messages: the blocks alone do not show them,
+/// and a measure that replaced the running estimate with the blocks forgot them, so a burst
+/// could pass the budget by the publishers' windows.
+#[tokio::test]
+async fn a_disk_measure_counts_the_messages_accepted_and_not_yet_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = tern_store::sim::SimDisk::new(dir.path(), 1, tern_store::sim::SimConfig::default());
+    let mut messages = StreamSpec::default_stream();
+    messages.store.block_size_bytes = 4096;
+    let budget = 16 * 1024;
+    let store = DurableStore::open_with_vfs(
+        dir.path(),
+        DurableConfig {
+            streams: vec![messages],
+            max_disk_bytes: Some(budget),
+            ..DurableConfig::default()
+        },
+        disk.vfs(),
+    )
+    .unwrap();
+    let held = Message::new(
+        Str::from_static("x"),
+        Bytes::from(vec![b'H'; 1000]),
+        QoS::AtLeastOnce,
+        false,
+        Properties::default(),
+        None,
+        tokio::time::Instant::now(),
+    );
+    disk.hold_next_write_containing(&dir.path().join("streams"), b"HHHH");
+    let mut tickets = vec![store.append_publish("p", &held, None).expect("written")];
+    assert!(
+        disk.wait_held(std::time::Duration::from_secs(10)),
+        "the write was not held"
+    );
+    // Past the budget, by the estimate of each append.
+    while !store.disk_budget_reached("x", QoS::AtLeastOnce) {
+        let ticket = store.append_publish("p", &msg("x", QoS::AtLeastOnce), None);
+        tickets.push(ticket.expect("written"));
+        assert!(tickets.len() < 100, "budget never reached");
+    }
+    let (estimate, _) = store.disk_usage().unwrap();
+    store.refresh_disk_usage();
+    let (measured, _) = store.disk_usage().unwrap();
+    disk.release();
+    for mut t in tickets {
+        t.wait().await.unwrap();
+    }
+    assert!(
+        measured >= budget,
+        "the measure forgot the unwritten messages: {measured} after an estimate of {estimate}"
+    );
+}

@@ -310,7 +310,7 @@ impl MessageStore for DurableStore {
     fn refresh_disk_usage(&self) {
         if self.disk_budget.is_some() {
             self.disk_used
-                .store(self.message_disk_bytes(), Ordering::Relaxed);
+                .store(self.message_disk_bytes_with_unwritten(), Ordering::Relaxed);
         }
     }
 

@@ -142,7 +142,8 @@ pub struct DurableStore {
     limits: config::SessionLimits,
     /// `[store] max_disk_bytes` (see [`DurableStore::disk_budget_reached`]).
     disk_budget: Option<u64>,
-    /// Bytes of the message streams' blocks as last measured, plus what was appended since.
+    /// Bytes of the message streams' blocks as last measured (with the messages accepted and
+    /// not yet written), plus what was appended since.
     /// The state streams are not counted: retention cannot free them, so counting them
     /// could stall publishing forever (docs/simulation.md, finding 12); their own
     /// compaction bounds them (ARCHITECTURE §6.1).
@@ -302,6 +303,16 @@ impl DurableStore {
     /// Bytes of the message streams' block files: what `[store] max_disk_bytes` counts.
     pub fn message_disk_bytes(&self) -> u64 {
         self.streams().map(|s| s.info().disk_bytes).sum()
+    }
+
+    /// The budget's measure: [`DurableStore::message_disk_bytes`] plus the messages accepted
+    /// and not yet written (queued, or in a write in progress), which the blocks do not show
+    /// yet: replacing the running estimate with the blocks alone forgot them, so a burst
+    /// could pass the budget by the publishers' windows.
+    fn message_disk_bytes_with_unwritten(&self) -> u64 {
+        self.streams()
+            .map(|s| s.info().disk_bytes_with_unwritten)
+            .sum()
     }
 
     /// The stream a message to `topic` at `qos` would be written to, if it would be.

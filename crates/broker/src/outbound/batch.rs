@@ -72,7 +72,7 @@ impl Outbound {
             // the head delivery waits for the window (acks must never wait behind it).
             if let Some(&(mark, _)) = self.queues.control.front() {
                 if mark <= self.removed_total || head_blocked {
-                    if let Some((_, packet)) = self.queues.control.pop_front() {
+                    if let Some((_, packet)) = self.queues.pop_control() {
                         out.flush();
                         out.parts.push(packet);
                         packets += 1;
@@ -85,13 +85,7 @@ impl Outbound {
                 packets += self.resend(writer, env.now, out, MAX_BATCH_PACKETS - packets);
                 continue;
             }
-            // Looked at first: a mutable access would allocate empty queues.
-            let held = if self.queues.gate.is_empty() {
-                None
-            } else {
-                self.queues.gate.pop_ready()
-            };
-            if let Some(held) = held {
+            if let Some(held) = self.queues.pop_gate_ready() {
                 if self.release(held, writer, env.now, out) {
                     packets += 1;
                 }
@@ -152,7 +146,7 @@ impl Outbound {
         {
             return Front::Blocked;
         }
-        let Some(item) = self.queues.queue.pop_front() else {
+        let Some(item) = self.queues.pop_queued() else {
             return Front::Empty;
         };
         self.account_removed(&item);
@@ -169,7 +163,7 @@ impl Outbound {
         if qos == QoS::AtMostOnce {
             sent_by_qos[0] += 1;
             if self.queues.gate.holds_deliveries() {
-                self.queues.gate.push(None, HeldPacket::Qos0(item));
+                self.queues.push_gate(None, HeldPacket::Qos0(item));
             } else {
                 writer.encode_publish(&item, 0, false, env.now, out);
             }
@@ -203,12 +197,11 @@ impl Outbound {
         let held = ticket.is_some() || self.queues.gate.holds_deliveries();
         if held {
             self.queues
-                .gate
-                .push(ticket, HeldPacket::Publish { packet_id });
+                .push_gate(ticket, HeldPacket::Publish { packet_id });
         } else {
             writer.encode_publish(&item, packet_id, false, env.now, out);
         }
-        self.queues.inflight.push_back(Inflight {
+        self.queues.push_inflight(Inflight {
             packet_id,
             item,
             phase: Phase::AwaitingAck,
@@ -226,7 +219,7 @@ impl Outbound {
             self.queued_reliable_bytes += len;
         }
         self.removed_total -= 1;
-        self.queues.queue.push_front(item);
+        self.queues.push_queued_front(item);
     }
 
     /// Writes a packet the gate released. False if nothing was written (its exchange ended
@@ -244,8 +237,7 @@ impl Outbound {
                 // Held entries are at the back of `inflight`.
                 let Some(entry) = self
                     .queues
-                    .inflight
-                    .iter_mut()
+                    .inflight_mut()
                     .rev()
                     .find(|e| e.packet_id == packet_id)
                 else {
@@ -260,8 +252,7 @@ impl Outbound {
             HeldPacket::PubRel { packet_id, reason } => {
                 if let Some(entry) = self
                     .queues
-                    .inflight
-                    .iter_mut()
+                    .inflight_mut()
                     .find(|e| e.packet_id == packet_id)
                 {
                     entry.held = false;
@@ -280,11 +271,8 @@ impl Outbound {
         out: &mut BatchBufs,
         budget: usize,
     ) -> usize {
-        if self.queues.inflight.is_empty() {
-            return 0; // without allocating empty queues
-        }
         let mut packets = 0;
-        for entry in self.queues.inflight.iter_mut().filter(|e| e.needs_send) {
+        for entry in self.queues.inflight_mut().filter(|e| e.needs_send) {
             if packets >= budget {
                 break;
             }

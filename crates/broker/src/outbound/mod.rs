@@ -262,7 +262,7 @@ impl Outbound {
                 else {
                     break;
                 };
-                if let Some(old) = self.queues.queue.remove(index) {
+                if let Some(old) = self.queues.remove_queued(index) {
                     self.account_removed(&old);
                 }
                 result = PushResult::QueuedDroppedOldest;
@@ -280,7 +280,7 @@ impl Outbound {
             self.queued_reliable_bytes += len;
         }
         self.pushed_total += 1;
-        self.queues.queue.push_back(item);
+        self.queues.push_queued(item);
         self.sync_bytes_total();
         // The queued-messages gauge of an online session is brought up to date by its
         // writer's next batch, which this push wakes: no second broker-wide atomic per
@@ -293,7 +293,7 @@ impl Outbound {
 
     /// Records that the queue is full; `Some(SlowSubscriber)` once it stayed full too long.
     fn note_full(&mut self, config: &BrokerConfig, now: Instant) -> Option<PushResult> {
-        let since = *self.queues.full_since.get_or_insert(now);
+        let since = self.queues.mark_full(now);
         (now.saturating_duration_since(since) >= config.slow_subscriber_timeout())
             .then_some(PushResult::SlowSubscriber)
     }
@@ -325,19 +325,19 @@ impl Outbound {
 
     /// The connection went away: QoS 0 is not kept for an offline session.
     pub fn detach(&mut self) {
-        self.queues.control.clear();
-        self.queues.full_since = None;
-        let queue = std::mem::take(&mut self.queues.queue);
-        for item in queue {
+        if let Some(queues) = self.queues.allocated_mut() {
+            queues.control.clear();
+            queues.full_since = None;
+        }
+        for item in self.queues.take_queued() {
             if item.qos == QoS::AtMostOnce {
                 self.account_removed(&item);
             } else {
-                self.queues.queue.push_back(item);
+                self.queues.push_queued(item);
             }
         }
         self.queues
-            .gate
-            .remove(|p| matches!(p, HeldPacket::Qos0(_)));
+            .remove_from_gate(|p| matches!(p, HeldPacket::Qos0(_)));
         self.queues.release_if_empty();
         self.sync_total();
     }
@@ -347,16 +347,15 @@ impl Outbound {
     /// its delivery is completed to this member when it reconnects [MQTT-4.8.2-4].
     pub fn take_shared(&mut self) -> Vec<Outgoing> {
         let mut taken = Vec::new();
-        let queue = std::mem::take(&mut self.queues.queue);
-        for item in queue {
+        for item in self.queues.take_queued() {
             if item.share.is_some() {
                 self.account_removed(&item);
                 taken.push(item);
             } else {
-                self.queues.queue.push_back(item);
+                self.queues.push_queued(item);
             }
         }
-        let inflight = std::mem::take(&mut self.queues.inflight);
+        let inflight = self.queues.take_inflight();
         let mut unsent = Vec::new();
         for entry in inflight {
             if entry.item.share.is_some()
@@ -369,10 +368,10 @@ impl Outbound {
                 }
                 taken.push(entry.item);
             } else {
-                self.queues.inflight.push_back(entry);
+                self.queues.push_inflight(entry);
             }
         }
-        taken.extend(self.queues.gate.remove(|p| match p {
+        taken.extend(self.queues.remove_from_gate(|p| match p {
             HeldPacket::Publish { packet_id } => unsent.contains(packet_id),
             HeldPacket::Qos0(item) => item.share.is_some(),
             HeldPacket::PubRel { .. } => false,
@@ -384,7 +383,7 @@ impl Outbound {
 
     /// Removes and returns the first queued delivery.
     pub fn pop_front(&mut self) -> Option<Outgoing> {
-        let item = self.queues.queue.pop_front()?;
+        let item = self.queues.pop_queued()?;
         self.account_removed(&item);
         Some(item)
     }
@@ -401,24 +400,18 @@ impl Outbound {
     pub fn hold_pubrel(&mut self, packet_id: u16, reason: ReasonCode, ticket: Option<Ticket>) {
         if let Some(entry) = self
             .queues
-            .inflight
-            .iter_mut()
+            .inflight_mut()
             .find(|e| e.packet_id == packet_id)
         {
             entry.held = true;
         }
         self.queues
-            .gate
-            .push(ticket, HeldPacket::PubRel { packet_id, reason });
+            .push_gate(ticket, HeldPacket::PubRel { packet_id, reason });
     }
 
     /// Ready when the oldest write the gate waits for completed (the writer then runs a batch).
     pub fn poll_gate(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.queues.gate.is_empty() {
-            // What an empty gate answers, without allocating empty queues.
-            return Poll::Pending;
-        }
-        self.queues.gate.poll_front(cx)
+        self.queues.poll_gate(cx)
     }
 
     /// True while packets wait in the gate (or its failure is pending).
@@ -443,12 +436,12 @@ impl Outbound {
         };
         if !accepted {
             // v5 PUBREC with a failure reason ends the exchange ([MQTT-4.3.3-4] note).
-            if let Some(entry) = self.queues.inflight.remove(index) {
+            if let Some(entry) = self.queues.remove_inflight(index) {
                 self.packet_ids.release(entry.packet_id);
             }
             return true;
         }
-        if let Some(entry) = self.queues.inflight.get_mut(index) {
+        if let Some(entry) = self.queues.inflight_mut().nth(index) {
             entry.phase = Phase::PubRelPending;
             entry.needs_send = false;
         }
@@ -477,14 +470,13 @@ impl Outbound {
         if !self.queues.queue.iter().any(gone) {
             return 0;
         }
-        let queue = std::mem::take(&mut self.queues.queue);
         let mut dropped = 0;
-        for item in queue {
+        for item in self.queues.take_queued() {
             if gone(&item) {
                 self.account_removed(&item);
                 dropped += 1;
             } else {
-                self.queues.queue.push_back(item);
+                self.queues.push_queued(item);
             }
         }
         self.queues.release_if_empty();
@@ -534,7 +526,7 @@ impl Outbound {
             .inflight
             .iter()
             .position(|e| e.packet_id == packet_id && !e.held && accept(e))?;
-        let entry = self.queues.inflight.remove(index)?;
+        let entry = self.queues.remove_inflight(index)?;
         self.packet_ids.release(packet_id);
         Some(entry)
     }
@@ -542,12 +534,12 @@ impl Outbound {
     /// Queues a control packet (ack, SUBACK, PINGRESP, PUBREL) behind every delivery already
     /// queued: a PINGRESP then works as a barrier for what was routed before the PINGREQ.
     pub fn push_control(&mut self, packet: Bytes) {
-        self.queues.control.push_back((self.pushed_total, packet));
+        self.queues.push_control(self.pushed_total, packet);
     }
 
     /// Queues a control packet ahead of everything (CONNACK).
     pub fn push_control_first(&mut self, packet: Bytes) {
-        self.queues.control.push_front((0, packet));
+        self.queues.push_control_first(packet);
     }
 }
 

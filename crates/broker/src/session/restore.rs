@@ -64,7 +64,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
     }
     for inflight in stored.inflight {
         state.out.packet_ids.reserve(inflight.packet_id);
-        state.out.queues.inflight.push_back(Inflight {
+        state.out.queues.push_inflight(Inflight {
             packet_id: inflight.packet_id,
             item: Outgoing {
                 message: inflight.message,

@@ -39,10 +39,12 @@ use crate::state::{Block, Corruption, State, block_file_name, index_file_name};
 use crate::vfs::{VFile, Vfs, path_in};
 
 mod files;
+mod load;
 mod scan;
 
 use files::{all_zero, trim_sealed};
 pub(crate) use files::{create_block, open_new_block, preallocate, write_header};
+use load::Loader;
 pub(crate) use scan::scan;
 
 /// Longest block file recovery reads: record offsets are u32 (blocks stay far below it, see
@@ -216,6 +218,47 @@ pub(crate) fn open_dir(
 ) -> Result<Opened> {
     let vfs: &dyn Vfs = &**shared_vfs;
     ensure_dir(vfs, dir)?;
+    let bases = block_bases(vfs, dir)?;
+    let mut loader = Loader {
+        vfs,
+        dir,
+        config,
+        report: RecoveryReport::default(),
+        reemit: Vec::new(),
+        blocks: Vec::new(),
+        next_seq: 1,
+    };
+    for (i, &base) in bases.iter().enumerate() {
+        loader.load(base, bases.get(i + 1).copied())?;
+    }
+    let Loader {
+        report,
+        reemit,
+        mut blocks,
+        next_seq,
+        ..
+    } = loader;
+    let next_seq = ensure_active_block(vfs, dir, &mut blocks, &report, next_seq)?;
+    let (mut state, last_time_ns) = build_state(shared_vfs, dir, config, blocks);
+    remove_dead_blocks(vfs, dir, &mut state)?;
+    let (active_file, active_len) = sync_active(vfs, dir, &state)?;
+    state.visible_seq = next_seq - 1;
+    state.quarantined = report.quarantined.clone();
+    Ok(Opened {
+        reemit,
+        state,
+        active_file,
+        active_len,
+        next_seq,
+        last_time_ns,
+        report,
+    })
+}
+
+/// The bases of the stream's block files, in order, once what a crash left behind is gone:
+/// compaction outputs never installed, removed blocks the reaper had not freed, indexes
+/// whose block is gone.
+fn block_bases(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<u64>> {
     let names = vfs
         .list_dir(dir)
         .map_err(|e| StoreError::io("list", dir, &e))?;
@@ -238,183 +281,26 @@ pub(crate) fn open_dir(
             let _ = vfs.remove_file(&path_in(dir, n));
         }
     }
-    let mut report = RecoveryReport::default();
-    let mut reemit = Vec::new();
-    let mut blocks: Vec<Block> = Vec::new();
-    let mut next_seq: u64 = 1;
-    for (i, &base) in bases.iter().enumerate() {
-        let is_active = i + 1 == bases.len();
-        let next_base = bases.get(i + 1).copied();
-        let path = path_in(dir, &block_file_name(base));
-        next_seq = next_seq.max(base);
-        let file = vfs
-            .open_rw(&path, false)
-            .map_err(|e| StoreError::io("open block", &path, &e))?;
-        let file_len = file
-            .file_len()
-            .map_err(|e| StoreError::io("stat block", &path, &e))?;
-        let mut hbuf = [0u8; BLOCK_HEADER_LEN];
-        let header = if file_len > MAX_BLOCK_FILE_BYTES {
-            // Never read into memory: no block of ours can be this long.
-            Err(format!(
-                "file of {file_len} bytes, beyond any record offset"
-            ))
-        } else if file_len >= BLOCK_HEADER_LEN as u64 {
-            file.read_exact_at(&mut hbuf, 0)
-                .map_err(|e| StoreError::io("read block", &path, &e))?;
-            format::decode_block_header(&hbuf)
-        } else {
-            Err(format!("file of {file_len} bytes"))
-        };
-        let header_ok = matches!(header, Ok(b) if b == base);
-        if !header_ok {
-            // Only zeros past the header: the reserved length without a record.
-            let reserved_only = || {
-                file_len <= MAX_BLOCK_FILE_BYTES
-                    && vfs
-                        .read_file(&path)
-                        .is_ok_and(|raw| all_zero(&raw, BLOCK_HEADER_LEN))
-            };
-            if is_active && (file_len <= BLOCK_HEADER_LEN as u64 || reserved_only()) {
-                // Torn while being created: nothing in it was ever acknowledged. A crash
-                // between a roll's header write and its sync may leave the length whole
-                // (the header's, or the reserved one) and the bytes zeros. (Past the
-                // header no record is written before that sync, so a bad header followed
-                // by anything but zeros is damage.)
-                file.set_len(0)
-                    .map_err(|e| StoreError::io("truncate", &path, &e))?;
-                write_header(&*file, &path, base)?;
-                blocks.push(Block::new(base, path, file, BLOCK_HEADER_LEN as u64));
-                continue;
-            }
-            let mut end = next_base.map_or(u64::MAX, |n| n - 1);
-            if next_base.is_none() {
-                // The newest block: records past the bad header may still show the highest
-                // sequence ever handed out, which must not be reused.
-                let readable = file_len <= MAX_BLOCK_FILE_BYTES;
-                if let Some(raw) = readable.then(|| vfs.read_file(&path).ok()).flatten() {
-                    let sc = scan(&Bytes::from(raw), base);
-                    let high = sc.ix.entries.last().map_or(0, |e| e.seq);
-                    next_seq = next_seq.max(high.max(sc.torn_high_seq).saturating_add(1));
-                }
-                end = next_seq.saturating_sub(1).max(base);
-            }
-            let detail = format!(
-                "block header: {}",
-                header.err().unwrap_or_else(|| "base mismatch".into())
-            );
-            report
-                .quarantined
-                .push(quarantine_block(vfs, dir, base, base..=end, detail)?);
-            reemit.extend(index_markers(vfs, dir, &index_file_name(base)));
-            continue;
-        }
-        // The length an intact index gives a sealed block: shorter data means the block lost
-        // its tail (a cut at a record boundary scans clean, so only the index can tell).
-        let mut indexed_len = None;
-        if !is_active {
-            let ix_path = path_in(dir, &index_file_name(base));
-            if let Some(ix) = vfs
-                .read_file(&ix_path)
-                .ok()
-                .and_then(|buf| format::decode_index(&Bytes::from(buf)))
-            {
-                if ix.block_len == file_len
-                    && index_fits(&ix, base, next_base)
-                    && !config.verify_on_open
-                {
-                    let mut b = Block::from_index(base, path, file, ix);
-                    b.sealed = true;
-                    blocks.push(b);
-                    continue;
-                }
-                indexed_len = Some(ix.block_len);
-            }
-        }
-        let raw = Bytes::from(
-            vfs.read_file(&path)
-                .map_err(|e| StoreError::io("read block", &path, &e))?,
-        );
-        let mut sc = scan(&raw, base);
-        next_seq = next_seq.max(sc.torn_high_seq.saturating_add(1));
-        refuse_overlap(&path, &sc, next_base)?;
-        let data_end = sc.ix.block_len;
-        let missing_bytes = indexed_len.map_or(0, |l| l.saturating_sub(data_end));
-        if sc.damage.is_none() && missing_bytes > 0 {
-            sc.damage = Some((
-                data_end,
-                format!("{missing_bytes} bytes missing at the end"),
-            ));
-        }
-        // A damaged tail is a torn write in the active block, and in any block of a stream
-        // that never syncs (blocks written before sealing synced them); elsewhere it is
-        // corruption.
-        let tail_may_tear = is_active || config.sync == SyncPolicy::Never;
-        if tail_may_tear {
-            if let Some((off, what)) = &sc.damage {
-                let lost_from = sc.ix.entries.last().map_or(base, |e| e.seq + 1);
-                let lost_to = sc.torn_high_seq.max(lost_from);
-                // Damaged bytes, not the zeros of reserved space after them.
-                let written_end = raw.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
-                let cut = (written_end as u64).saturating_sub(*off);
-                tracing::warn!(path = %path.display(), offset = off, bytes = cut, %what,
-                    first_lost = lost_from, last_lost_seen = lost_to, "truncating damaged tail of block");
-                file.set_len(*off)
-                    .map_err(|e| StoreError::io("truncate", &path, &e))?;
-                file.sync_data()
-                    .map_err(|e| StoreError::io("fdatasync", &path, &e))?;
-                report.truncated_bytes += cut;
-                report.lost = Some(match report.lost.take() {
-                    Some(r) => (*r.start()).min(lost_from)..=(*r.end()).max(lost_to),
-                    None => lost_from..=lost_to,
-                });
-            }
-            let mut reserved_bytes = 0;
-            if is_active {
-                // What the previous process reserved, if no cut took it. After a cut the
-                // file ends at the last record (no byte of the torn one survives to lie
-                // past later appends); the writer reserves it again with its first commit.
-                if sc.damage.is_none() && file_len > data_end {
-                    reserved_bytes = file_len;
-                }
-            } else if sc.damage.is_none() {
-                trim_sealed(&*file, &path, file_len, data_end)?;
-            }
-            let mut b = Block::from_index(base, path, file, sc.ix);
-            b.reserved_bytes = reserved_bytes;
-            if !is_active {
-                b.sealed = true;
-                let ix = format::encode_index(&b.index_data());
-                let _ = vfs.write_file(&b.index_path(), &ix);
-            }
-            blocks.push(b);
-        } else if let Some((off, what)) = sc.damage {
-            let end = next_base.map_or(u64::MAX, |n| n - 1);
-            let detail = format!("at offset {off}: {what}");
-            report
-                .quarantined
-                .push(quarantine_block(vfs, dir, base, base..=end, detail)?);
-            reemit.extend(index_markers(vfs, dir, &index_file_name(base)));
-        } else {
-            report.indexes_rebuilt += 1;
-            trim_sealed(&*file, &path, file_len, data_end)?;
-            let mut b = Block::from_index(base, path, file, sc.ix);
-            b.sealed = true;
-            let ix = format::encode_index(&b.index_data());
-            if let Err(e) = vfs.write_file(&b.index_path(), &ix) {
-                tracing::warn!(error = %e, "could not rewrite block index");
-            }
-            blocks.push(b);
-        }
-    }
+    Ok(bases)
+}
+
+/// Raises `next_seq` above every quarantined range, record and marker loaded, and starts a
+/// fresh active block if the newest one was quarantined (or there is none). Returns the
+/// next sequence.
+fn ensure_active_block(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    blocks: &mut Vec<Block>,
+    report: &RecoveryReport,
+    mut next_seq: u64,
+) -> Result<u64> {
     for q in &report.quarantined {
         if *q.range.end() != u64::MAX {
             next_seq = next_seq.max(q.range.end() + 1);
         }
     }
-    // The newest block was quarantined (or there is none): start a fresh active block.
     let need_new = blocks.last().is_none_or(|b| b.sealed);
-    for b in &blocks {
+    for b in blocks.iter() {
         if let Some(s) = b.last_seq() {
             next_seq = next_seq.max(s + 1);
         }
@@ -428,6 +314,17 @@ pub(crate) fn open_dir(
         }
         blocks.push(create_block(vfs, dir, next_seq)?);
     }
+    Ok(next_seq)
+}
+
+/// The stream's state from its loaded blocks, with every delete marker applied (those of
+/// quarantined blocks too), and the newest record time.
+fn build_state(
+    shared_vfs: &Arc<dyn Vfs>,
+    dir: &Path,
+    config: &StreamConfig,
+    blocks: Vec<Block>,
+) -> (State, u64) {
     let mut state = State::new(
         config.limits.max_msgs_per_topic.is_some(),
         shared_vfs.clone(),
@@ -445,12 +342,17 @@ pub(crate) fn open_dir(
         }
         state.blocks.push_back(b);
     }
-    let quarantined_markers = all_quarantined_markers(vfs, dir);
+    let quarantined_markers = all_quarantined_markers(&**shared_vfs, dir);
     for &(a, z) in markers.iter().chain(&quarantined_markers) {
         apply_delete_range(&mut state, a, z);
     }
     let n = state.blocks.len();
     state.evict(n.saturating_sub(1));
+    (state, last_time_ns)
+}
+
+/// Removes the leading blocks the delete markers emptied.
+fn remove_dead_blocks(vfs: &dyn Vfs, dir: &Path, state: &mut State) -> Result<()> {
     let dead = state.take_dead_front();
     if !dead.is_empty() {
         // The active block's name (its base keeps the next sequence above everything the
@@ -468,36 +370,31 @@ pub(crate) fn open_dir(
         let _ = vfs.remove_file(&b.path);
         let _ = vfs.remove_file(&b.index_path());
     }
+    Ok(())
+}
+
+/// Syncs the active block and the directory; returns the active block's file and length.
+/// What is served from now on, and what new records are appended to, must be durable,
+/// not merely in the page cache: the previous process may have died, or failed, after
+/// writing records or creating the active block without syncing them (and a reader
+/// must never see a record that a power loss can take back). One sync of the active
+/// block and one of the directory (the active block's name, removals above) per open.
+fn sync_active(vfs: &dyn Vfs, dir: &Path, state: &State) -> Result<(Arc<dyn VFile>, u64)> {
     let n = state.blocks.len();
     let active = &state.blocks[n - 1];
     let (active_file, active_len) = (active.file.clone(), active.len);
-    // What is served from now on, and what new records are appended to, must be durable,
-    // not merely in the page cache: the previous process may have died, or failed, after
-    // writing records or creating the active block without syncing them (and a reader
-    // must never see a record that a power loss can take back). One sync of the active
-    // block and one of the directory (the active block's name, removals above) per open.
-    let active_path = state.blocks[n - 1].path.clone();
+    let active_path = &active.path;
     if let Err(e) = active_file.sync_data() {
         // On Linux the pages a failed fdatasync did not write are marked clean, and a retry
         // would find nothing to sync: write them again so the next open's sync covers them.
-        if let Ok(raw) = vfs.read_file(&active_path) {
+        if let Ok(raw) = vfs.read_file(active_path) {
             let _ = active_file.write_all_at(&raw, 0);
         }
-        return Err(StoreError::io("fdatasync", &active_path, &e));
+        return Err(StoreError::io("fdatasync", active_path, &e));
     }
     vfs.sync_dir(dir)
         .map_err(|e| StoreError::io("fsync directory", dir, &e))?;
-    state.visible_seq = next_seq - 1;
-    state.quarantined = report.quarantined.clone();
-    Ok(Opened {
-        reemit,
-        state,
-        active_file,
-        active_len,
-        next_seq,
-        last_time_ns,
-        report,
-    })
+    Ok((active_file, active_len))
 }
 
 fn apply_delete_range(st: &mut State, a: u64, z: u64) {

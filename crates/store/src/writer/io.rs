@@ -185,6 +185,10 @@ impl Writer {
         {
             let mut st = lock(&sh.state);
             st.active().len = self.active_len;
+            let applied = self.inbox_applied - self.inbox_accounted;
+            self.inbox_accounted = self.inbox_applied;
+            sh.unwritten_bytes
+                .fetch_sub(applied as u64, Ordering::Relaxed);
             if let Some(r) = reserved_bytes {
                 let act = st.active();
                 act.reserved_bytes = act.reserved_bytes.max(r);

@@ -117,6 +117,10 @@ pub(crate) struct Writer {
     /// delete marker.
     out: Vec<u8>,
     inbox: Vec<u8>,
+    /// Bytes of this turn's inbox applied (staged or rejected) and, of those, taken off
+    /// `Shared::unwritten_bytes` by a commit: a turn split by a roll commits in parts.
+    inbox_applied: usize,
+    inbox_accounted: usize,
     pending_deletes: Vec<u64>,
     /// Delete ranges to write again (markers of a quarantined block), as they are.
     pending_ranges: Vec<(u64, u64)>,
@@ -198,6 +202,8 @@ impl Writer {
             staged_run: None,
             out: Vec::new(),
             inbox: Vec::new(),
+            inbox_applied: 0,
+            inbox_accounted: 0,
             pending_deletes: Vec::new(),
             pending_ranges: reemit,
             auto_deleted: Vec::new(),
@@ -228,9 +234,27 @@ impl Writer {
         force_sync: bool,
     ) {
         let buf = std::mem::take(&mut self.inbox);
+        self.inbox_applied = 0;
+        self.inbox_accounted = 0;
+        self.run_turn(&buf, first_seq, ops, internal, force_sync);
+        // What a failure left unwritten is never written.
+        let never_written = buf.len() - self.inbox_accounted;
+        self.sh
+            .unwritten_bytes
+            .fetch_sub(never_written as u64, Ordering::Relaxed);
+        self.inbox = buf;
+    }
+
+    fn run_turn(
+        &mut self,
+        buf: &[u8],
+        first_seq: u64,
+        ops: Vec<(usize, QueuedOp)>,
+        internal: Vec<Op>,
+        force_sync: bool,
+    ) {
         if self.failed {
-            self.refuse(&buf, first_seq, ops);
-            self.inbox = buf;
+            self.refuse(buf, first_seq, ops);
             return;
         }
         let has_ops = !ops.is_empty() || !internal.is_empty();
@@ -243,10 +267,12 @@ impl Writer {
         // A block roll splits the turn: what went to the old block is committed, the roll's
         // syncs run without the state lock, then the rest of the turn goes on.
         let res = loop {
-            match self.apply(&buf, &mut pos, &mut ops, &mut internal) {
+            let applied = self.apply(buf, &mut pos, &mut ops, &mut internal);
+            self.inbox_applied = pos;
+            match applied {
                 Ok(None) => break Ok(()),
                 Ok(Some(base_seq)) => {
-                    if let Err(e) = self.commit(&buf, false).and_then(|()| self.roll(base_seq)) {
+                    if let Err(e) = self.commit(buf, false).and_then(|()| self.roll(base_seq)) {
                         break Err(e);
                     }
                     let sealed = self
@@ -258,8 +284,7 @@ impl Writer {
                 Err(e) => break Err(e),
             }
         };
-        let res = res.and_then(|()| self.commit(&buf, has_ops || force_sync));
-        self.inbox = buf;
+        let res = res.and_then(|()| self.commit(buf, has_ops || force_sync));
         let batch = self.sh.counters.records.load(Ordering::Relaxed) - records_before;
         if batch > 0 {
             self.sh.counters.batch_records.observe(batch);
