@@ -32,7 +32,7 @@ fn setup(subscribers: usize, qos: QoS) -> Setup {
             state.conn = Some(Arc::new(ConnCtl::default()));
             // As the registry does: the queue counts into `max_queued_bytes_total`.
             if std::env::var_os("TERN_BENCH_NO_TOTAL").is_none() {
-                state.out.count_into(shared.metrics.queued_bytes.clone());
+                state.out.count_into(shared.metrics.queued.clone());
             }
             state.out.attach(1024);
         }

@@ -3,8 +3,9 @@
 //!
 //! # Invariants
 //! - A `BrokerConfig` that passed [`BrokerConfig::validate`] has every limit > 0 where 0 would
-//!   make the broker unusable, `max_inflight_messages <= 65_535` (packet ids must stay unique)
-//!   and `receive_maximum >= 1` (MQTT 5 forbids a Receive Maximum of 0).
+//!   make the broker unusable, `max_inflight_messages <= 65_535` (packet ids must stay unique),
+//!   `max_queued_messages <= u32::MAX` (a session counts them in a u32) and
+//!   `receive_maximum >= 1` (MQTT 5 forbids a Receive Maximum of 0).
 
 use std::time::Duration;
 
@@ -135,8 +136,10 @@ impl BrokerConfig {
         if self.max_inflight_messages == 0 || self.max_inflight_messages == u16::MAX {
             return err("max_inflight_messages", "must be between 1 and 65534");
         }
-        if self.max_queued_messages == 0 {
-            return err("max_queued_messages", "must be at least 1");
+        // A session counts its queued QoS>0 messages in a u32 (its block stays in jemalloc's
+        // 256 B class, issue 15); the limit keeps that count in range.
+        if self.max_queued_messages == 0 || u32::try_from(self.max_queued_messages).is_err() {
+            return err("max_queued_messages", "must be between 1 and 4294967295");
         }
         if self.max_queued_bytes == 0 {
             return err("max_queued_bytes", "must be at least 1");
@@ -218,6 +221,11 @@ mod tests {
             ..BrokerConfig::default()
         };
         assert_eq!(config.validate().unwrap_err().field, "max_sessions");
+        let config = BrokerConfig {
+            max_queued_messages: usize::try_from(u64::from(u32::MAX) + 1).unwrap(),
+            ..BrokerConfig::default()
+        };
+        assert_eq!(config.validate().unwrap_err().field, "max_queued_messages");
         let config = BrokerConfig {
             max_queued_bytes: 0,
             ..BrokerConfig::default()

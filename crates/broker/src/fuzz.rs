@@ -174,7 +174,7 @@ async fn run_inner(input: &[u8]) -> Result<Outcome, RunError> {
     serving
         .await
         .map_err(|e| io::Error::other(e.to_string()))??;
-    let queued = broker.shared().metrics.queued_bytes.load(Ordering::Relaxed);
+    let queued = broker.shared().metrics.queued.bytes.load(Ordering::Relaxed);
     // Persistent sessions (clean start 0) keep their QoS>0 queues by design; the memory store
     // keeps nothing else. Everything queued must be within the broker's own bound.
     if queued > broker.shared().config.max_queued_bytes_total {

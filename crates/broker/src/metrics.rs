@@ -1,7 +1,18 @@
 //! Broker-wide counters behind `$SYS/broker/...`. Relaxed atomics: they are statistics, not
 //! synchronisation.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// What every session's outbound queue holds, together. Both counts in one block so that each
+/// `Outbound` keeps one pointer to them (8 bytes of every session's block, issue 15).
+#[derive(Debug, Default)]
+pub struct QueuedTotals {
+    /// Bytes (the measure of `max_queued_bytes_total`).
+    pub bytes: AtomicUsize,
+    /// Deliveries (beyond the in-flight window), kept with `bytes` by each `Outbound`.
+    pub messages: AtomicUsize,
+}
 
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -57,18 +68,15 @@ pub struct Metrics {
     /// Packets refused for a control character (U+0001..U+001F, U+007F..U+009F) in a topic,
     /// filter, client id or username while `reject_control_chars` is on (connection closed).
     pub control_chars_refused: AtomicU64,
-    /// Bytes queued in every session's outbound queue (the measure of `max_queued_bytes_total`;
-    /// shared with each session's `Outbound`).
-    pub queued_bytes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Bytes and deliveries queued in every session's outbound queue (shared with each
+    /// session's `Outbound`).
+    pub queued: Arc<QueuedTotals>,
     /// Live connections (past CONNECT, not yet closed), the measure of `max_connections`.
     pub connections: std::sync::atomic::AtomicUsize,
     /// Sockets closed at accept because their listener held its `max_connections`.
     pub connections_refused_listener: AtomicU64,
     /// TLS handshakes and WebSocket upgrades that failed or timed out.
     pub transport_handshakes_failed: AtomicU64,
-    /// Deliveries in every session's outbound queue (beyond the in-flight window), kept with
-    /// `queued_bytes` by each `Outbound`.
-    pub queued_messages: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub subscriptions: AtomicU64,

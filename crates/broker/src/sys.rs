@@ -83,7 +83,7 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
         ),
         (
             "$SYS/broker/messages/queued/bytes",
-            m.queued_bytes.load(Ordering::Relaxed).to_string(),
+            m.queued.bytes.load(Ordering::Relaxed).to_string(),
         ),
         (
             "$SYS/broker/clients/refused/max_connections",

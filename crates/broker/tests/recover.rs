@@ -175,7 +175,7 @@ async fn restored_queue_keeps_the_newest_within_max_queued_bytes() {
         4
     );
     assert_eq!(
-        m.queued_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        m.queued.bytes.load(std::sync::atomic::Ordering::Relaxed),
         3 * len
     );
 }

@@ -516,7 +516,7 @@ async fn accept<W: TransportWrite>(
         .properties
         .receive_maximum
         .unwrap_or(DEFAULT_CLIENT_RECEIVE_MAXIMUM);
-    let window = usize::from(client_receive_maximum.min(config.max_inflight_messages));
+    let window = client_receive_maximum.min(config.max_inflight_messages);
     let client_max_packet_size = if v5 {
         connect.properties.maximum_packet_size.unwrap_or(u32::MAX)
     } else {

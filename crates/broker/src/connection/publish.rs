@@ -72,7 +72,7 @@ impl Conn {
             // connection that died (found by the simulator: PUBREC before the message was
             // durable). The original's insert and append are one step under the session lock
             // (below), so the store knows the write of any id found here.
-            let duplicate = self.session.state.lock().qos2_received.contains(&packet_id);
+            let duplicate = self.session.state.lock().qos2_received.contains(packet_id);
             if duplicate {
                 let mut ticket = self
                     .shared
@@ -194,7 +194,7 @@ impl Conn {
             // publisher's resend is handled, and refused, as new, never PUBREC'd with nothing
             // durable (found by the broker simulator with `--eio`, docs/simulation.md
             // finding 6).
-            state.qos2_received.remove(&packet_id);
+            state.qos2_received.remove(packet_id);
         }
         drop(state);
         let kind = match qos {
@@ -215,14 +215,13 @@ impl Conn {
     }
 
     pub(super) fn on_pubrel(&mut self, ack: Ack) -> Result<(), Close> {
-        let known = {
-            let mut state = self.session.state.lock();
-            let known = state.qos2_received.remove(&ack.packet_id);
-            if state.qos2_received.is_empty() && state.qos2_received.capacity() > 64 {
-                state.qos2_received = Default::default();
-            }
-            known
-        };
+        // The set frees itself once empty (`ReceivedIds`).
+        let known = self
+            .session
+            .state
+            .lock()
+            .qos2_received
+            .remove(ack.packet_id);
         // The PUBREL of an exchange counted here is a step of it (until its PUBCOMP is sent);
         // any other PUBREL takes pipeline room of its own.
         let counted = known && self.inflight.is_counted(ack.packet_id);
@@ -264,7 +263,7 @@ impl Conn {
             }
         } else if qos != QoS::AtMostOnce
             && !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
-            && metrics.queued_bytes.load(Ordering::Relaxed)
+            && metrics.queued.bytes.load(Ordering::Relaxed)
                 >= self.shared.config.max_queued_bytes_total
         {
             (

@@ -12,8 +12,9 @@ use std::sync::Arc;
 const IDLE_CONNECTION_FUTURE_MAX_BYTES: usize = 408;
 /// Up to 136 B its `Arc` block is a 160 B malloc chunk (144 B: 176 B).
 const CONN_CTL_MAX_BYTES: usize = 136;
-/// Up to 296 B its `Arc` block is a 320 B malloc chunk (with its queues inline, 456 B: 480 B).
-const SESSION_MAX_BYTES: usize = 296;
+/// Up to 240 B its `Arc` block (16 B of counts more) is a 256 B malloc chunk; 248 B would take
+/// the 320 B class (issue 15: 64 B per connection).
+const SESSION_MAX_BYTES: usize = 240;
 
 /// Guards against a large state (e.g. an unboxed `Will` or handshake, a second task's
 /// worth of waiting futures) creeping back into what idle connections keep.

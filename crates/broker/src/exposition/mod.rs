@@ -128,13 +128,13 @@ fn messages(e: &mut TextEncoder, m: &Metrics) {
         "queued_messages",
         Kind::Gauge,
         "Deliveries waiting in session queues beyond the in-flight window.",
-        m.queued_messages.load(Ordering::Relaxed) as u64,
+        m.queued.messages.load(Ordering::Relaxed) as u64,
     );
     e.single(
         "queued_bytes",
         Kind::Gauge,
         "Bytes of those (topic + payload + 64 each), the measure of max_queued_bytes_total.",
-        m.queued_bytes.load(Ordering::Relaxed) as u64,
+        m.queued.bytes.load(Ordering::Relaxed) as u64,
     );
 }
 

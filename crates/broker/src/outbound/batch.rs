@@ -137,7 +137,7 @@ impl Outbound {
             return Front::Empty;
         };
         let qos = front.qos;
-        if qos != QoS::AtMostOnce && self.queues.inflight.len() >= self.window {
+        if qos != QoS::AtMostOnce && self.queues.inflight.len() >= usize::from(self.window) {
             return Front::Blocked;
         }
         if qos == QoS::AtMostOnce

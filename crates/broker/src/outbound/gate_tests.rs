@@ -71,7 +71,7 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn new(window: usize) -> Self {
+    fn new(window: u16) -> Self {
         let mut out = Outbound::default();
         out.attach(window);
         Fixture {

@@ -44,7 +44,7 @@ mod queues;
 mod writer;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -53,6 +53,7 @@ use tokio::time::Instant;
 
 use crate::config::BrokerConfig;
 use crate::message::Message;
+use crate::metrics::QueuedTotals;
 use crate::packet_ids::PacketIds;
 use crate::persist::Ticket;
 
@@ -124,57 +125,52 @@ pub struct Outbound {
     /// they hold something ([`LazyQueues`]).
     pub queues: LazyQueues,
     pub queued_bytes: usize,
-    pub queued_reliable: usize,
+    /// QoS>0 messages in `queue`: at most `max_queued_messages`, which config validation keeps
+    /// within u32 (4 bytes beside `window` where 8 would grow every session's block).
+    pub queued_reliable: u32,
     /// Of `queued_bytes`: the QoS>0 messages' (the measure of `max_queued_bytes`).
     pub queued_reliable_bytes: usize,
     /// Inline, not in the queues: its counter keeps ids rotating across idle periods.
     pub packet_ids: PacketIds,
-    /// min(client Receive Maximum, max_inflight_messages) of the current connection.
-    pub window: usize,
+    /// min(client Receive Maximum, max_inflight_messages) of the current connection (both
+    /// u16 in the protocol and the config).
+    pub window: u16,
     /// QoS>0 messages dropped because `max_queued_messages` was reached (for log pacing).
     pub dropped_oldest: u64,
     /// Deliveries ever pushed into / removed from `queue` (their difference is its length).
     pub pushed_total: u64,
     pub removed_total: u64,
-    /// The broker-wide queued bytes this queue counts into ([`Outbound::count_into`]).
-    total: Option<Arc<AtomicUsize>>,
-    /// What this queue's share of `total` is (`queued_bytes` as of the last sync).
+    /// The broker-wide queued bytes and deliveries this queue counts into
+    /// ([`Outbound::count_into`]).
+    totals: Option<Arc<QueuedTotals>>,
+    /// What this queue's share of `totals.bytes` is (`queued_bytes` as of the last sync).
     reported: usize,
-    /// The broker-wide queued deliveries (`Metrics::queued_messages`), kept like `total`.
-    total_messages: Option<Arc<AtomicUsize>>,
-    /// This queue's share of `total_messages` (`queue.len()` as of the last sync).
+    /// This queue's share of `totals.messages` (`queue.len()` as of the last sync).
     reported_messages: usize,
 }
 
 impl Drop for Outbound {
     fn drop(&mut self) {
-        if let Some(total) = &self.total {
-            total.fetch_sub(self.reported, Ordering::Relaxed);
-        }
-        if let Some(total) = &self.total_messages {
-            total.fetch_sub(self.reported_messages, Ordering::Relaxed);
+        if let Some(totals) = &self.totals {
+            totals.bytes.fetch_sub(self.reported, Ordering::Relaxed);
+            totals
+                .messages
+                .fetch_sub(self.reported_messages, Ordering::Relaxed);
         }
     }
 }
 
 impl Outbound {
-    /// Counts this queue's bytes into `total` (the broker-wide `max_queued_bytes_total`
-    /// measure) from now on. Set once, before anything is queued.
-    pub fn count_into(&mut self, total: Arc<AtomicUsize>) {
-        if self.total.is_none() {
-            total.fetch_add(self.queued_bytes, Ordering::Relaxed);
+    /// Counts this queue's bytes (the broker-wide `max_queued_bytes_total` measure) and
+    /// length (the queued deliveries) into `totals` from now on. Set once.
+    pub fn count_into(&mut self, totals: Arc<QueuedTotals>) {
+        if self.totals.is_none() {
+            totals.bytes.fetch_add(self.queued_bytes, Ordering::Relaxed);
             self.reported = self.queued_bytes;
-            self.total = Some(total);
-        }
-    }
-
-    /// Counts this queue's length into `total` (the broker-wide queued deliveries) from now
-    /// on, brought up to date with the bytes total. Set once.
-    pub fn count_messages_into(&mut self, total: Arc<AtomicUsize>) {
-        if self.total_messages.is_none() {
-            total.fetch_add(self.queues.queue.len(), Ordering::Relaxed);
-            self.reported_messages = self.queues.queue.len();
-            self.total_messages = Some(total);
+            let len = self.queues.queue.len();
+            totals.messages.fetch_add(len, Ordering::Relaxed);
+            self.reported_messages = len;
+            self.totals = Some(totals);
         }
     }
 
@@ -192,11 +188,15 @@ impl Outbound {
         if self.reported == self.queued_bytes {
             return;
         }
-        if let Some(total) = &self.total {
+        if let Some(totals) = &self.totals {
             if self.queued_bytes > self.reported {
-                total.fetch_add(self.queued_bytes - self.reported, Ordering::Relaxed);
+                totals
+                    .bytes
+                    .fetch_add(self.queued_bytes - self.reported, Ordering::Relaxed);
             } else {
-                total.fetch_sub(self.reported - self.queued_bytes, Ordering::Relaxed);
+                totals
+                    .bytes
+                    .fetch_sub(self.reported - self.queued_bytes, Ordering::Relaxed);
             }
         }
         self.reported = self.queued_bytes;
@@ -207,11 +207,15 @@ impl Outbound {
         if self.reported_messages == len {
             return;
         }
-        if let Some(total) = &self.total_messages {
+        if let Some(totals) = &self.totals {
             if len > self.reported_messages {
-                total.fetch_add(len - self.reported_messages, Ordering::Relaxed);
+                totals
+                    .messages
+                    .fetch_add(len - self.reported_messages, Ordering::Relaxed);
             } else {
-                total.fetch_sub(self.reported_messages - len, Ordering::Relaxed);
+                totals
+                    .messages
+                    .fetch_sub(self.reported_messages - len, Ordering::Relaxed);
             }
         }
         self.reported_messages = len;
@@ -221,9 +225,9 @@ impl Outbound {
     fn over_total(&self, config: &BrokerConfig) -> bool {
         !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
             && self
-                .total
+                .totals
                 .as_ref()
-                .is_some_and(|t| t.load(Ordering::Relaxed) >= config.max_queued_bytes_total)
+                .is_some_and(|t| t.bytes.load(Ordering::Relaxed) >= config.max_queued_bytes_total)
     }
 
     pub fn push(
@@ -251,7 +255,7 @@ impl Outbound {
             // The session's own bounds: drop the oldest QoS>0 messages until this one fits
             // (a message larger than `max_queued_bytes` is kept alone).
             while self.queued_reliable > 0
-                && (self.queued_reliable >= config.max_queued_messages
+                && (self.queued_reliable as usize >= config.max_queued_messages
                     || self.queued_reliable_bytes + len > config.max_queued_bytes)
             {
                 let Some(index) = self
@@ -310,7 +314,7 @@ impl Outbound {
 
     /// A new connection attached: forget the old connection's control packets, resend every
     /// in-flight message in order.
-    pub fn attach(&mut self, window: usize) {
+    pub fn attach(&mut self, window: u16) {
         self.window = window.max(1);
         let Some(queues) = self.queues.allocated_mut() else {
             return;

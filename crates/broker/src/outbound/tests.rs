@@ -56,7 +56,7 @@ pub(super) struct Fixture {
 }
 
 impl Fixture {
-    pub(super) fn new(window: usize) -> Self {
+    pub(super) fn new(window: u16) -> Self {
         let mut out = Outbound::default();
         out.attach(window);
         Fixture {

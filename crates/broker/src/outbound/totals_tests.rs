@@ -2,14 +2,14 @@
 //! limit) and queued messages (a gauge), and the sent-by-QoS counters of a batch.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use tern_wire::QoS;
 use tokio::time::Instant;
 
 use super::PushResult;
 use super::tests::{Fixture, item};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, QueuedTotals};
 
 /// Issue 11 item 9: every queue counts its bytes into one broker-wide total (pushes, batches
 /// taken by the writer, detach, the queue's drop), and at `max_queued_bytes_total` QoS 0 is
@@ -17,11 +17,12 @@ use crate::metrics::Metrics;
 /// publisher).
 #[tokio::test]
 async fn queues_count_into_the_broker_wide_total_and_qos0_is_dropped_at_the_cap() {
-    let total = Arc::new(AtomicUsize::new(0));
+    let totals = Arc::new(QueuedTotals::default());
+    let total = &totals.bytes;
     let mut a = Fixture::new(10);
     let mut b = Fixture::new(10);
-    a.out.count_into(total.clone());
-    b.out.count_into(total.clone());
+    a.out.count_into(totals.clone());
+    b.out.count_into(totals.clone());
     let len = item(b"1", QoS::AtMostOnce).message.approx_len();
     a.push(item(b"1", QoS::AtMostOnce));
     a.push(item(b"2", QoS::AtLeastOnce));
@@ -56,11 +57,12 @@ async fn queues_count_into_the_broker_wide_total_and_qos0_is_dropped_at_the_cap(
 /// takes its share back. Deliveries taken by a batch count as sent, by QoS.
 #[tokio::test]
 async fn queued_messages_are_counted_broker_wide_and_sent_by_qos() {
-    let total = Arc::new(AtomicUsize::new(0));
+    let totals = Arc::new(QueuedTotals::default());
+    let total = &totals.messages;
     let mut online = Fixture::new(10);
-    online.out.count_messages_into(total.clone());
+    online.out.count_into(totals.clone());
     let mut offline = Fixture::new(10);
-    offline.out.count_messages_into(total.clone());
+    offline.out.count_into(totals.clone());
     offline.out.detach();
     let now = Instant::now();
     let config = offline.config.clone();

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::broker::Shared;
 use crate::message::Message;
+use crate::session::state::PendingWill;
 use crate::session::{Session, registry};
 
 /// Ends `session` after `expiry_interval_s` unless a connection re-attached meanwhile.
@@ -40,19 +41,22 @@ pub fn arm_will(
         if state.conn_gen != conn_gen || state.ended {
             return false;
         }
-        state.pending_will = Some((will.clone(), token));
+        state.pending_will = Some(Box::new(PendingWill {
+            will: will.clone(),
+            token,
+        }));
     }
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
         let due = {
             let mut state = session.state.lock();
             match &state.pending_will {
-                Some((pending, _)) if Arc::ptr_eq(pending, &will) => state.pending_will.take(),
+                Some(pending) if Arc::ptr_eq(&pending.will, &will) => state.pending_will.take(),
                 _ => None,
             }
         };
-        if let Some((will, token)) = due {
-            crate::will::fire(&shared, &session.client_id, token, will);
+        if let Some(due) = due {
+            crate::will::fire(&shared, &session.client_id, due.token, due.will);
         }
     });
     true

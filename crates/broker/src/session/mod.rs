@@ -5,6 +5,7 @@
 //! - [`registry`]: sessions by client id; attach (with takeover), detach, end.
 //! - [`groups`]: share-group queues (messages waiting for a member), redistribution.
 //! - [`expiry`]: the timers that end an abandoned session and fire a delayed will.
+//! - `received`: the QoS 2 received set, allocated only while it holds ids.
 //! - [`signal`]: the wake-up of a connection's task.
 //! - [`restore`]: sessions and retained messages rebuilt from [`crate::persist::Recovered`].
 //!
@@ -17,10 +18,12 @@
 
 pub mod expiry;
 pub mod groups;
+mod received;
 pub mod registry;
 pub mod restore;
 pub mod signal;
 pub mod state;
 
+pub use received::ReceivedIds;
 pub use registry::Registry;
 pub use state::{ConnCtl, ConnInfo, Session, SessionState, SubRecord};

@@ -73,7 +73,7 @@ pub struct AttachRequest<'a> {
     pub clean_start: bool,
     pub expiry_interval_s: u32,
     /// min(client Receive Maximum, max_inflight_messages).
-    pub window: usize,
+    pub window: u16,
     /// Sent first on the new connection, before anything the session holds; its
     /// `session_present` is filled in here.
     pub connack: ConnAck,
@@ -133,10 +133,7 @@ pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
         state.expiry_interval_s = request.expiry_interval_s;
         // A reconnect within the will delay cancels the will (MQTT-3.1.3-9).
         state.pending_will = None;
-        state.out.count_into(shared.metrics.queued_bytes.clone());
-        state
-            .out
-            .count_messages_into(shared.metrics.queued_messages.clone());
+        state.out.count_into(shared.metrics.queued.clone());
         state.out.attach(request.window);
         let mut connack = request.connack;
         connack.session_present = session_present;
@@ -232,7 +229,7 @@ fn end_removed(shared: &Arc<Shared>, session: &Arc<Session>) {
     shared.store.session_ended(&session.client_id);
     groups::forget_if_orphaned(shared, &shares);
     // MQTT-3.1.3-9: a delayed will is sent when the session ends, if not sent before.
-    if let Some((will, token)) = will {
-        crate::will::fire(shared, &session.client_id, token, will);
+    if let Some(will) = will {
+        crate::will::fire(shared, &session.client_id, will.token, will.will);
     }
 }

@@ -55,10 +55,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
     }
     let now = Instant::now();
     let mut state = session.state.lock();
-    state.out.count_into(shared.metrics.queued_bytes.clone());
-    state
-        .out
-        .count_messages_into(shared.metrics.queued_messages.clone());
+    state.out.count_into(shared.metrics.queued.clone());
     if !crate::inject::on(crate::inject::Bug::IgnoreReceivedSetAfterRestart) {
         state.qos2_received.extend(stored.qos2_received);
     }

@@ -168,7 +168,7 @@ impl Gauges {
             refused,
         );
         if let Some(cap) = self.memory_cap {
-            let queued = shared.metrics.queued_bytes.load(Ordering::Relaxed) as u64;
+            let queued = shared.metrics.queued.bytes.load(Ordering::Relaxed) as u64;
             seen.max_queued = seen.max_queued.max(queued);
             seen.boot_samples += 1;
             let cap = cap as u64;
