@@ -125,6 +125,21 @@ mod tests {
         }
     }
 
+    /// What `Conn::flush_released` does with released acknowledgements, for the quota.
+    fn handle_released(inflight: &mut Inflight) {
+        for released in std::mem::take(&mut inflight.released) {
+            if let Released::Ack {
+                kind,
+                packet_id,
+                reason,
+                ..
+            } = released
+            {
+                inflight.quota.on_released(&kind, packet_id, reason);
+            }
+        }
+    }
+
     #[test]
     fn boxed_while_in_flight_and_dropped_when_idle() {
         let broker = crate::Broker::new(crate::BrokerConfig::default()).unwrap();
@@ -146,17 +161,7 @@ mod tests {
         slot.release_if_idle();
         assert!(slot.is_allocated(), "a released outcome not handled yet");
         let inflight = slot.get(shared);
-        for released in std::mem::take(&mut inflight.released) {
-            if let Released::Ack {
-                kind,
-                packet_id,
-                reason,
-                ..
-            } = released
-            {
-                inflight.quota.on_released(&kind, packet_id, reason);
-            }
-        }
+        handle_released(inflight);
         slot.release_if_idle();
         assert!(
             slot.is_allocated() && slot.is_counted(7),
@@ -167,17 +172,7 @@ mod tests {
         inflight
             .pipeline
             .push(ack(7, AckKind::PubComp, true), &mut inflight.released);
-        for released in std::mem::take(&mut inflight.released) {
-            if let Released::Ack {
-                kind,
-                packet_id,
-                reason,
-                ..
-            } = released
-            {
-                inflight.quota.on_released(&kind, packet_id, reason);
-            }
-        }
+        handle_released(inflight);
         slot.release_if_idle();
         assert!(!slot.is_allocated() && !slot.is_counted(7));
     }
