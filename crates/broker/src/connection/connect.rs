@@ -12,6 +12,7 @@ use tern_wire::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::peek::{connect_is_v5_shaped, peek_connect_level};
 use super::strict::{self, TopicRefusal};
 use super::{Conn, read::read_some};
 use crate::auth::{Access, AclView, Verdict, Who};
@@ -164,84 +165,6 @@ impl Drop for ConnectionSlot {
             .fetch_sub(1, Ordering::Relaxed);
         self.listener.count_connected(false);
     }
-}
-
-/// The protocol level of the CONNECT at the front of `buf`, if enough of it is there.
-fn peek_connect_level(buf: &[u8]) -> Option<u8> {
-    if buf.first()? >> 4 != 1 {
-        return None;
-    }
-    // Skip the remaining length (1 to 4 bytes).
-    let mut offset = 1;
-    loop {
-        let byte = *buf.get(offset)?;
-        offset += 1;
-        if byte & 0x80 == 0 {
-            break;
-        }
-        if offset > 4 {
-            return None;
-        }
-    }
-    let name_len = usize::from(u16::from_be_bytes([
-        *buf.get(offset)?,
-        *buf.get(offset + 1)?,
-    ]));
-    buf.get(offset + 2 + name_len).copied()
-}
-
-/// Whether the CONNECT at the front of `buf` reads as a v5 one (a property block before the
-/// client id) and not as a 3.x one, whatever its level says: only such a client can read a v5
-/// CONNACK. Without will, username and password flags the client id must end the packet.
-fn connect_is_v5_shaped(buf: &[u8]) -> bool {
-    let Some(body) = connect_body(buf) else {
-        return false;
-    };
-    let Some(name_len) = read_u16(body, 0) else {
-        return false;
-    };
-    // Protocol name, level, flags, keep alive.
-    let fixed = 2 + usize::from(name_len) + 4;
-    let (Some(flags), Some(rest)) = (body.get(fixed - 3), body.get(fixed..)) else {
-        return false;
-    };
-    let exact = flags & 0xC4 == 0;
-    let string_end = |at: usize| {
-        read_u16(rest, at)
-            .map(|n| at + 2 + usize::from(n))
-            .filter(|&end| {
-                if exact {
-                    end == rest.len()
-                } else {
-                    end <= rest.len()
-                }
-            })
-    };
-    let v5 = read_varint(rest).and_then(|(props_len, used)| string_end(used + props_len));
-    v5.is_some() && string_end(0).is_none()
-}
-
-/// The body of the packet at the front of `buf` (as much of it as is there).
-fn connect_body(buf: &[u8]) -> Option<&[u8]> {
-    let (len, used) = read_varint(buf.get(1..)?)?;
-    let start = 1 + used;
-    buf.get(start..(start + len).min(buf.len()))
-}
-
-fn read_u16(data: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_be_bytes([*data.get(at)?, *data.get(at + 1)?]))
-}
-
-/// An MQTT variable byte integer: (value, bytes used).
-fn read_varint(data: &[u8]) -> Option<(usize, usize)> {
-    let mut value = 0usize;
-    for (i, byte) in data.iter().take(4).enumerate() {
-        value |= usize::from(byte & 0x7F) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Some((value, i + 1));
-        }
-    }
-    None
 }
 
 /// Boxed by its callers: rare, and inline it would grow the handshake every connection makes.
@@ -588,34 +511,4 @@ async fn accept<W: TransportWrite>(
     };
     let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
     Some((conn, (writer, writer_state, connack_after)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::peek_connect_level;
-
-    #[test]
-    fn peeks_the_protocol_level() {
-        let v5 = [0x10, 0x10, 0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 60];
-        assert_eq!(peek_connect_level(&v5), Some(5));
-        let v31 = [0x10, 0x10, 0, 6, b'M', b'Q', b'I', b's', b'd', b'p', 3];
-        assert_eq!(peek_connect_level(&v31), Some(3));
-        assert_eq!(peek_connect_level(&[0x10, 0x10, 0]), None);
-        assert_eq!(peek_connect_level(&[0x30, 0x10, 0, 4]), None);
-    }
-
-    #[test]
-    fn tells_v5_shaped_connects_from_3x_ones() {
-        use super::connect_is_v5_shaped;
-        // Level 6, then keep alive, then: v3 layout (client id "x") / v5 layout (no properties).
-        let v3 = [
-            0x10, 0x0d, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 0, 0, 1, b'x',
-        ];
-        let v5 = [
-            0x10, 0x0e, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 0, 0, 0, 1, b'x',
-        ];
-        assert!(!connect_is_v5_shaped(&v3));
-        assert!(connect_is_v5_shaped(&v5));
-        assert!(!connect_is_v5_shaped(&v5[..5]));
-    }
 }

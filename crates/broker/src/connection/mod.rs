@@ -30,6 +30,7 @@ mod close;
 mod connect;
 mod event_loop;
 mod inflight;
+mod peek;
 mod publish;
 mod quota;
 mod read;
