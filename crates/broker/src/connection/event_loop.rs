@@ -37,23 +37,11 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
     /// kept twice, as arguments and as locals), what it waits for is polled, and the steps
     /// that do not wait are plain functions (no future of their own).
     pub(super) async fn read_loop(&mut self) -> Close {
-        // Bytes the handshake read after the CONNECT go with the connection's first ticket.
         // (Tickets start at 1: `NonZeroU64` keeps the option in 8 bytes of the idle state.)
-        let mut ticket = None;
-        let mut ended = false;
-        if !self.buf.is_empty() {
-            ticket = self.conn.read_slot.leftovers().and_then(NonZeroU64::new);
-            ended = poll_fn(|cx| {
-                Poll::Ready(settle(
-                    &self.reader,
-                    &mut self.buf,
-                    &self.conn.read_slot,
-                    cx,
-                ))
-            })
-            .await
-            .ended;
-        }
+        let (mut ticket, mut ended) = match poll_fn(|cx| Poll::Ready(self.leftovers(cx))).await {
+            ReadNow::Read { ticket, ended } => (ticket, ended),
+            ReadNow::Nothing | ReadNow::Lost => (None, false),
+        };
         loop {
             // Scoped: it is not kept across the wait below.
             let had_ticket = ticket.is_some();
@@ -120,29 +108,59 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
             match self.conn.on_event(event, &mut self.out) {
                 Err(close) => return close,
                 Ok(false) => {}
-                Ok(true) => {
-                    let n = match try_read_chunk(&self.reader, &mut self.buf) {
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                        Ok(0) | Err(_) => return Close::Lost,
-                        Ok(n) => n,
-                    };
-                    ticket = NonZeroU64::new(self.conn.read_slot.read_done());
-                    // One clock read per socket read: packets of one read arrived together.
-                    self.conn.now = Instant::now();
-                    let settled = poll_fn(|cx| {
-                        Poll::Ready(settle(
-                            &self.reader,
-                            &mut self.buf,
-                            &self.conn.read_slot,
-                            cx,
-                        ))
-                    })
-                    .await;
-                    ended = settled.ended;
-                    let bytes = n + settled.more;
-                    Metrics::add(&self.conn.shared.metrics.bytes_received, bytes as u64);
-                }
+                Ok(true) => match poll_fn(|cx| Poll::Ready(self.read_now(cx))).await {
+                    ReadNow::Nothing => {}
+                    ReadNow::Lost => return Close::Lost,
+                    ReadNow::Read {
+                        ticket: read_ticket,
+                        ended: read_ended,
+                    } => {
+                        ticket = read_ticket;
+                        ended = read_ended;
+                    }
+                },
             }
+        }
+    }
+
+    /// Bytes the handshake read after the CONNECT go with the connection's first ticket, and
+    /// are settled as a read's (`ReadNow::Nothing` if there are none).
+    fn leftovers(&mut self, cx: &mut Context<'_>) -> ReadNow {
+        if self.buf.is_empty() {
+            return ReadNow::Nothing;
+        }
+        let ticket = self.conn.read_slot.leftovers().and_then(NonZeroU64::new);
+        let settled = settle(&self.reader, &mut self.buf, &self.conn.read_slot, cx);
+        // The handshake counted what it read; what settling read is counted here.
+        Metrics::add(
+            &self.conn.shared.metrics.bytes_received,
+            settled.more as u64,
+        );
+        ReadNow::Read {
+            ticket,
+            ended: settled.ended,
+        }
+    }
+
+    /// The socket is readable: reads what is there, takes the read's ticket and settles
+    /// (`read::settle`). Polled (it registers with the driver), without a future of its own.
+    fn read_now(&mut self, cx: &mut Context<'_>) -> ReadNow {
+        let n = match try_read_chunk(&self.reader, &mut self.buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadNow::Nothing,
+            Ok(0) | Err(_) => return ReadNow::Lost,
+            Ok(n) => n,
+        };
+        let ticket = NonZeroU64::new(self.conn.read_slot.read_done());
+        // One clock read per socket read: packets of one read arrived together.
+        self.conn.now = Instant::now();
+        let settled = settle(&self.reader, &mut self.buf, &self.conn.read_slot, cx);
+        Metrics::add(
+            &self.conn.shared.metrics.bytes_received,
+            (n + settled.more) as u64,
+        );
+        ReadNow::Read {
+            ticket,
+            ended: settled.ended,
         }
     }
 
@@ -230,6 +248,19 @@ impl Conn {
         }
         Ok(false)
     }
+}
+
+/// What [`Live::read_now`] found.
+enum ReadNow {
+    /// Nothing after all (a spurious readiness).
+    Nothing,
+    /// End of stream or a failed socket.
+    Lost,
+    /// Bytes, with their ticket; `ended`: the peer closed after them.
+    Read {
+        ticket: Option<NonZeroU64>,
+        ended: bool,
+    },
 }
 
 /// One wait of the read loop: what `tokio::select! { biased; ... }` over these sources would
