@@ -70,4 +70,4 @@ pub use packet::{
 };
 pub use properties::{Properties, PropertyValues};
 pub use reason::ReasonCode;
-pub use varint::VARINT_MAX;
+pub use varint::{VARINT_MAX, parse_complete as parse_varint};

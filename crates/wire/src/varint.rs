@@ -38,6 +38,16 @@ pub(crate) fn parse(bytes: &[u8]) -> Varint {
     Varint::Malformed
 }
 
+/// A complete Variable Byte Integer at the front of `bytes`: `(value, bytes used)`; `None`
+/// if it is cut short or malformed. For callers outside the decoder that read raw packet
+/// bytes (the broker peeks at a CONNECT that failed to decode).
+pub fn parse_complete(bytes: &[u8]) -> Option<(u32, usize)> {
+    match parse(bytes) {
+        Varint::Complete(value, used) => Some((value, used)),
+        Varint::Incomplete | Varint::Malformed => None,
+    }
+}
+
 /// Number of bytes the minimal encoding of `value` takes (`value` must be ≤ [`VARINT_MAX`]).
 #[inline]
 pub(crate) fn len(value: u32) -> usize {
@@ -77,6 +87,13 @@ mod tests {
             assert_eq!(out.len(), len(value));
             assert_eq!(parse(&out), Varint::Complete(value, out.len()));
         }
+    }
+
+    #[test]
+    fn parse_complete_only_answers_complete_integers() {
+        assert_eq!(parse_complete(&[0x80, 0x01, 0xAA]), Some((128, 2)));
+        assert_eq!(parse_complete(&[0x80]), None);
+        assert_eq!(parse_complete(&[0xFF, 0xFF, 0xFF, 0xFF, 0x7F]), None);
     }
 
     #[test]

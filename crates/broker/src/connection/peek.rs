@@ -8,17 +8,8 @@ pub(super) fn peek_connect_level(buf: &[u8]) -> Option<u8> {
         return None;
     }
     // Skip the remaining length (1 to 4 bytes).
-    let mut offset = 1;
-    loop {
-        let byte = *buf.get(offset)?;
-        offset += 1;
-        if byte & 0x80 == 0 {
-            break;
-        }
-        if offset > 4 {
-            return None;
-        }
-    }
+    let (_, used) = tern_wire::parse_varint(buf.get(1..)?)?;
+    let offset = 1 + used;
     let name_len = usize::from(u16::from_be_bytes([
         *buf.get(offset)?,
         *buf.get(offset + 1)?,
@@ -53,31 +44,20 @@ pub(super) fn connect_is_v5_shaped(buf: &[u8]) -> bool {
                 }
             })
     };
-    let v5 = read_varint(rest).and_then(|(props_len, used)| string_end(used + props_len));
+    let v5 = tern_wire::parse_varint(rest)
+        .and_then(|(props_len, used)| string_end(used + props_len as usize));
     v5.is_some() && string_end(0).is_none()
 }
 
 /// The body of the packet at the front of `buf` (as much of it as is there).
 fn connect_body(buf: &[u8]) -> Option<&[u8]> {
-    let (len, used) = read_varint(buf.get(1..)?)?;
+    let (len, used) = tern_wire::parse_varint(buf.get(1..)?)?;
     let start = 1 + used;
-    buf.get(start..(start + len).min(buf.len()))
+    buf.get(start..(start + len as usize).min(buf.len()))
 }
 
 fn read_u16(data: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*data.get(at)?, *data.get(at + 1)?]))
-}
-
-/// An MQTT variable byte integer: (value, bytes used).
-fn read_varint(data: &[u8]) -> Option<(usize, usize)> {
-    let mut value = 0usize;
-    for (i, byte) in data.iter().take(4).enumerate() {
-        value |= usize::from(byte & 0x7F) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Some((value, i + 1));
-        }
-    }
-    None
 }
 
 #[cfg(test)]
