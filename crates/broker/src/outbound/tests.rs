@@ -71,7 +71,8 @@ impl Fixture {
         self.out.push(item, true, &self.config, Instant::now())
     }
 
-    pub(super) fn drain(&mut self) -> Vec<Packet> {
+    /// One writer batch, as the parts a transport would write.
+    pub(super) fn fill_parts(&mut self) -> Vec<Bytes> {
         let mut bufs = BatchBufs::default();
         let env = batch::BatchEnv {
             config: &self.config,
@@ -82,7 +83,11 @@ impl Fixture {
             now: Instant::now(),
         };
         self.out.fill_batch(&mut self.writer, &env, &mut bufs);
-        let mut parts = bufs.take_parts();
+        bufs.take_parts()
+    }
+
+    pub(super) fn drain(&mut self) -> Vec<Packet> {
+        let mut parts = self.fill_parts();
         packets(&mut parts, self.writer.protocol)
     }
 }

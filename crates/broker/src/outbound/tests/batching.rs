@@ -52,17 +52,7 @@ async fn one_shared_buffer_reaches_every_subscriber_unchanged() {
             subscription_ids: subscription_ids.clone(),
             share: None,
         });
-        let mut bufs = BatchBufs::default();
-        let env = batch::BatchEnv {
-            config: &f.config,
-            metrics: &f.metrics,
-            store: &crate::persist::MemoryStore,
-            client_id: "c",
-            persistent: false,
-            now: Instant::now(),
-        };
-        f.out.fill_batch(&mut f.writer, &env, &mut bufs);
-        let mut parts = bufs.take_parts();
+        let mut parts = f.fill_parts();
         let per_subscriber_fields =
             qos != QoS::AtMostOnce || (protocol.is_v5() && !subscription_ids.is_empty());
         if per_subscriber_fields {
@@ -132,17 +122,7 @@ async fn a_single_subscriber_message_is_one_part_of_the_batch_buffer() {
                     share: None,
                 });
             }
-            let mut bufs = BatchBufs::default();
-            let env = batch::BatchEnv {
-                config: &f.config,
-                metrics: &f.metrics,
-                store: &crate::persist::MemoryStore,
-                client_id: "c",
-                persistent: false,
-                now: Instant::now(),
-            };
-            f.out.fill_batch(&mut f.writer, &env, &mut bufs);
-            let mut parts = bufs.take_parts();
+            let mut parts = f.fill_parts();
             assert_eq!(
                 parts.len(),
                 1,
