@@ -15,6 +15,22 @@ fn msg(topic: &'static str, qos: QoS) -> Message {
     )
 }
 
+/// The budget of these tests, and the message stream's block (a quarter of it).
+const BUDGET_BYTES: u64 = 16 * 1024;
+
+/// The default message stream with 4 KiB blocks after `before`, under [`BUDGET_BYTES`].
+fn budget_config(before: Vec<StreamSpec>) -> DurableConfig {
+    let mut messages = StreamSpec::default_stream();
+    messages.store.block_size_bytes = 4096;
+    let mut streams = before;
+    streams.push(messages);
+    DurableConfig {
+        streams,
+        max_disk_bytes: Some(BUDGET_BYTES),
+        ..DurableConfig::default()
+    }
+}
+
 /// `[store] max_disk_bytes`: measured from the blocks (plus what was appended since),
 /// reached only for messages that would be written (not QoS 0 under durability
 /// `default`, not a `never` stream), and no longer reached once removal freed blocks and
@@ -26,17 +42,7 @@ async fn disk_budget_counts_written_messages_and_frees_with_removal() {
     memory.name = "memory".into();
     memory.filters = vec!["m/#".into()];
     memory.durability = Durability::Never;
-    let mut messages = StreamSpec::default_stream();
-    messages.store.block_size_bytes = 4096;
-    let store = DurableStore::open(
-        dir.path(),
-        DurableConfig {
-            streams: vec![memory, messages],
-            max_disk_bytes: Some(16 * 1024),
-            ..DurableConfig::default()
-        },
-    )
-    .unwrap();
+    let store = DurableStore::open(dir.path(), budget_config(vec![memory])).unwrap();
     let (start, budget) = store.disk_usage().unwrap();
     assert_eq!(budget, 16 * 1024);
     assert!(start < budget, "{start}");
@@ -79,18 +85,8 @@ async fn disk_budget_counts_written_messages_and_frees_with_removal() {
 #[tokio::test]
 async fn disk_budget_does_not_count_the_state_streams() {
     let dir = tempfile::tempdir().unwrap();
-    let mut messages = StreamSpec::default_stream();
-    messages.store.block_size_bytes = 4096;
-    let budget = 16 * 1024;
-    let store = DurableStore::open(
-        dir.path(),
-        DurableConfig {
-            streams: vec![messages],
-            max_disk_bytes: Some(budget),
-            ..DurableConfig::default()
-        },
-    )
-    .unwrap();
+    let budget = BUDGET_BYTES;
+    let store = DurableStore::open(dir.path(), budget_config(Vec::new())).unwrap();
     for i in 0..40 {
         let topic: &'static str = Box::leak(format!("r/{i}").into_boxed_str());
         let mut ticket = store
@@ -123,19 +119,9 @@ async fn disk_budget_does_not_count_the_state_streams() {
 async fn a_disk_measure_counts_the_messages_accepted_and_not_yet_written() {
     let dir = tempfile::tempdir().unwrap();
     let disk = tern_store::sim::SimDisk::new(dir.path(), 1, tern_store::sim::SimConfig::default());
-    let mut messages = StreamSpec::default_stream();
-    messages.store.block_size_bytes = 4096;
-    let budget = 16 * 1024;
-    let store = DurableStore::open_with_vfs(
-        dir.path(),
-        DurableConfig {
-            streams: vec![messages],
-            max_disk_bytes: Some(budget),
-            ..DurableConfig::default()
-        },
-        disk.vfs(),
-    )
-    .unwrap();
+    let budget = BUDGET_BYTES;
+    let store =
+        DurableStore::open_with_vfs(dir.path(), budget_config(Vec::new()), disk.vfs()).unwrap();
     let held = Message::new(
         Str::from_static("x"),
         Bytes::from(vec![b'H'; 1000]),
