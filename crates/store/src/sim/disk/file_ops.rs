@@ -64,36 +64,35 @@ impl SimDisk {
     }
 
     pub(super) fn file_set_len(&self, f: &SimFile, len: u64) -> io::Result<()> {
-        self.latency();
-        let mut st = self.lock();
-        st.check_boot(f.boot)?;
-        let d = st.decide(OpKind::SetLen, &f.path);
-        if !matches!(d, Decision::Ok) {
-            return Err(self.fault(&mut st, &d, OpKind::SetLen, &f.path));
-        }
-        let ps = st.cfg.page_size;
-        let len = usize::try_from(len).map_err(|_| eio("length"))?;
-        if let Some(i) = st.inodes.get_mut(&f.ino) {
-            i.set_len(len, ps);
-        }
-        st.trace_at(OpKind::SetLen as u64, &f.path, &[len as u64]);
-        Ok(())
+        self.resize(f, len, OpKind::SetLen, Inode::set_len)
     }
 
     pub(super) fn file_allocate(&self, f: &SimFile, len: u64) -> io::Result<()> {
+        self.resize(f, len, OpKind::Allocate, Inode::allocate)
+    }
+
+    /// A length change of an open file (`set_len`, `allocate`): faults decided and traced as
+    /// `kind`, applied to the inode by `apply(inode, len, page size)`.
+    fn resize(
+        &self,
+        f: &SimFile,
+        len: u64,
+        kind: OpKind,
+        apply: fn(&mut Inode, usize, usize),
+    ) -> io::Result<()> {
         self.latency();
         let mut st = self.lock();
         st.check_boot(f.boot)?;
-        let d = st.decide(OpKind::Allocate, &f.path);
+        let d = st.decide(kind, &f.path);
         if !matches!(d, Decision::Ok) {
-            return Err(self.fault(&mut st, &d, OpKind::Allocate, &f.path));
+            return Err(self.fault(&mut st, &d, kind, &f.path));
         }
         let ps = st.cfg.page_size;
         let len = usize::try_from(len).map_err(|_| eio("length"))?;
         if let Some(i) = st.inodes.get_mut(&f.ino) {
-            i.allocate(len, ps);
+            apply(i, len, ps);
         }
-        st.trace_at(OpKind::Allocate as u64, &f.path, &[len as u64]);
+        st.trace_at(kind as u64, &f.path, &[len as u64]);
         Ok(())
     }
 }
