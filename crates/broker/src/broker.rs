@@ -11,67 +11,23 @@ use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::config::{BrokerConfig, ConfigError};
+use crate::engine::Shared;
 use crate::metrics::Metrics;
-use crate::persist::{MemoryStore, MessageStore, StoredWill};
-use crate::read_order::ReadOrder;
-use crate::retained::Retained;
-use crate::router::Router;
-use crate::session::Registry;
-use crate::session::groups::Groups;
+use crate::model::{MemoryStore, MessageStore};
 use crate::transport::{ConnectionInfo, Listener, ListenerContext, Transport, poll_accept_any};
 
 /// How long shutdown waits for connections to send their DISCONNECT and close.
 pub const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 3_000;
 /// Pause after a failed accept (e.g. out of file descriptors) before trying again.
 const ACCEPT_ERROR_BACKOFF_MS: u64 = 100;
-
-/// State every connection task shares.
-pub struct Shared {
-    pub config: BrokerConfig,
-    pub sessions: Registry,
-    pub router: RwLock<Router>,
-    pub retained: RwLock<Retained>,
-    /// Share-group queues (messages waiting for a member to come online).
-    pub groups: Groups,
-    /// Wills recovered from the store, armed when the broker starts serving.
-    pub recovered_wills: Mutex<Vec<StoredWill>>,
-    pub metrics: Metrics,
-    /// Passwords and ACL in force; a reload replaces them ([`crate::auth`]).
-    pub auth: crate::auth::Auth,
-    /// CONNECTs per source address (`max_connect_rate_per_ip`).
-    pub connect_rate: crate::connect_rate::ConnectRate,
-    pub store: Arc<dyn MessageStore>,
-    pub started_at: Instant,
-    /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
-    pub(crate) read_order: Arc<ReadOrder>,
-    /// Connections with a keep alive, for the sweeper that closes the silent ones.
-    pub(crate) keep_alive: Arc<crate::keep_alive::KeepAlive>,
-    /// Every connection's ack pipeline hook (`retained::release_hook`).
-    pub(crate) release_hook: crate::ack_pipeline::ReleaseHook<Arc<crate::message::Message>>,
-    next_connection_id: AtomicU64,
-    /// Set while [`Broker::serve`] accepts connections (recovery is done by then).
-    ready: AtomicBool,
-}
-
-impl Shared {
-    pub fn next_connection_id(&self) -> u64 {
-        self.next_connection_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// True while the broker accepts connections (recovery done, listener open).
-    pub fn ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-}
 
 /// The tasks [`Broker::start_background`] started; dropping it aborts them.
 pub struct Background {
@@ -147,28 +103,10 @@ impl Broker {
     ) -> Result<Broker, ConfigError> {
         config.validate()?;
         let recovered = store.recover();
-        let started_at = Instant::now();
         let broker = Broker {
-            shared: Arc::new_cyclic(|weak| Shared {
-                config,
-                sessions: Registry::default(),
-                router: RwLock::new(Router::default()),
-                retained: RwLock::new(Retained::default()),
-                groups: Groups::default(),
-                recovered_wills: Mutex::new(Vec::new()),
-                metrics: Metrics::default(),
-                auth: crate::auth::Auth::default(),
-                connect_rate: Default::default(),
-                store,
-                started_at,
-                read_order: Arc::default(),
-                keep_alive: Arc::new(crate::keep_alive::KeepAlive::new(started_at)),
-                release_hook: crate::retained::release_hook(weak.clone()),
-                next_connection_id: AtomicU64::new(1),
-                ready: AtomicBool::new(false),
-            }),
+            shared: Shared::new(config, store),
         };
-        crate::session::restore::restore(&broker.shared, recovered);
+        crate::engine::restore::restore(&broker.shared, recovered);
         Ok(broker)
     }
 
@@ -204,7 +142,7 @@ impl Broker {
         let background = self.start_background(stop_rx.clone());
         tokio::pin!(shutdown);
         let mut next_listener = 0;
-        self.shared.ready.store(true, Ordering::Release);
+        self.shared.set_ready(true);
         loop {
             let accept = poll_fn(|cx| poll_accept_any(&listeners, &mut next_listener, cx));
             // `biased` (as every select in this crate): branches are polled in order, not from
@@ -225,7 +163,7 @@ impl Broker {
             }
         }
         drop(listeners);
-        self.shared.ready.store(false, Ordering::Release);
+        self.shared.set_ready(false);
         tracing::info!(
             connections = connections.count.load(Ordering::Acquire),
             "shutting down"
@@ -246,7 +184,7 @@ impl Broker {
         }
         drop(background);
         // A clean stop leaves exact cursors: nothing is replayed at the next start.
-        crate::checkpoint::checkpoint_once(&self.shared);
+        crate::engine::checkpoint::checkpoint_once(&self.shared);
         Ok(())
     }
 
@@ -256,10 +194,12 @@ impl Broker {
     /// simulator, through [`Broker::run_connection`]) calls it once before the first one.
     /// Dropping the result stops the `$SYS` publisher and the checkpointer.
     pub fn start_background(&self, stop: watch::Receiver<bool>) -> Background {
-        let sys = tokio::spawn(crate::sys::run(self.shared.clone(), stop));
-        crate::session::restore::arm_expiry(&self.shared);
-        crate::will::arm_recovered(&self.shared);
-        let checkpoints = tokio::spawn(crate::checkpoint::run_checkpoints(self.shared.clone()));
+        let sys = tokio::spawn(crate::engine::sys::run(self.shared.clone(), stop));
+        crate::engine::restore::arm_expiry(&self.shared);
+        crate::engine::will::arm_recovered(&self.shared);
+        let checkpoints = tokio::spawn(crate::engine::checkpoint::run_checkpoints(
+            self.shared.clone(),
+        ));
         Background { sys, checkpoints }
     }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::*;
 use parking_lot::Mutex;
-use tern_broker::message::Message;
+use tern_broker::model::message::Message;
 use tern_broker::{Broker, MessageStore, PersistError, Ticket, TicketCompleter};
 use tern_wire::{
     Packet, Properties, Protocol, QoS, ReasonCode, Subscribe, SubscriptionOptions, Unsubscribe,
@@ -348,7 +348,7 @@ mod durable {
     use std::time::Duration;
 
     use bytes::Bytes;
-    use tern_broker::message::Message;
+    use tern_broker::model::message::Message;
     use tern_broker::{DurableConfig, DurableStore, MessageStore, StreamSpec, SyncPolicy, Ticket};
     use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
     use tokio::time::Instant;

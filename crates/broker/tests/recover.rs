@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::*;
-use tern_broker::message::Message;
-use tern_broker::persist::{Recovered, StoredInflight, StoredSession};
+use tern_broker::model::message::Message;
+use tern_broker::model::persist::{Recovered, StoredInflight, StoredSession};
 use tern_broker::{Broker, MessageStore};
 use tern_wire::{Packet, Properties, Protocol, QoS, ReasonCode, Str, SubscriptionOptions};
 use tokio::net::TcpListener;

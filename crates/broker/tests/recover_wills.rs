@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use tern_broker::message::Message;
-use tern_broker::persist::{Recovered, StoredSession, StoredWill};
+use tern_broker::model::message::Message;
+use tern_broker::model::persist::{Recovered, StoredSession, StoredWill};
 use tern_broker::{Broker, MessageStore};
 use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
 use tokio::net::TcpListener;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use tern_broker::message::Message;
+use tern_broker::model::message::Message;
 use tern_broker::{Broker, MessageStore, PersistError, StoreRef, Ticket};
 use tern_wire::{Packet, QoS, ReasonCode};
 use tokio::net::TcpListener;

@@ -17,14 +17,14 @@ pub mod lists;
 
 use std::sync::Arc;
 
-use tern_store::{HistogramSnapshot, StreamInfo, StreamMetrics};
 use tern_wire::ReasonCode;
 
 use crate::broker::Broker;
-use crate::persist::Ticket;
-use crate::session::registry;
+use crate::engine::registry;
+use crate::model::Ticket;
 use crate::transport::ListenerContext;
 
+pub use crate::model::{ActionError, StreamStats};
 pub use lists::{ClientInfo, RetainedInfo, SessionInfo, SubscriptionInfo};
 
 /// Largest page a list returns, whatever `limit` asks for.
@@ -35,37 +35,6 @@ pub const MAX_PAGE_LIMIT: usize = 1_000;
 pub struct Page<T> {
     pub items: Vec<T>,
     pub next_after: Option<String>,
-}
-
-/// A stream of the durable store, as the admin API and `/metrics` show it.
-#[derive(Debug, Clone)]
-pub struct StreamStats {
-    pub name: String,
-    /// `"message"` (a `[[stream]]`) or `"state"` (`tern.sessions`, `tern.retained`).
-    pub kind: &'static str,
-    /// Topic filters of a message stream (empty: every topic).
-    pub filters: Vec<String>,
-    /// Retention limits (`None`: unlimited) and the keep policy of a message stream.
-    pub max_age_s: Option<u64>,
-    pub max_msgs: Option<u64>,
-    pub max_bytes: Option<u64>,
-    pub keep: Option<&'static str>,
-    pub info: StreamInfo,
-    pub metrics: StreamMetrics,
-    pub fsync_us: HistogramSnapshot,
-    pub batch_records: HistogramSnapshot,
-}
-
-/// Why an action could not be done.
-#[derive(Debug, thiserror::Error)]
-pub enum ActionError {
-    #[error("no such {what}: {name}")]
-    NotFound { what: &'static str, name: String },
-    #[error("the store failed: {0}")]
-    Store(String),
-    /// The request cannot be done as asked (a bad or taken backup label, ...).
-    #[error("{0}")]
-    Invalid(String),
 }
 
 impl Broker {
@@ -175,7 +144,7 @@ pub fn page<T>(
 }
 
 /// Sessions in the registry, cloned out under its lock.
-pub(crate) fn all_sessions(broker: &Broker) -> Vec<Arc<crate::session::Session>> {
+pub(crate) fn all_sessions(broker: &Broker) -> Vec<Arc<crate::state::session::Session>> {
     broker
         .shared()
         .sessions

@@ -6,12 +6,12 @@ use std::time::Duration;
 use tern_wire::{Disconnect, Packet, Properties, ReasonCode, Str, encoded_len};
 
 use super::{Close, Conn};
-use crate::broker::Shared;
+use crate::engine::Shared;
+use crate::engine::registry;
+use crate::engine::will;
 use crate::metrics::Metrics;
-use crate::outbound::{Outflow, encode_packet};
-use crate::session::registry;
+use crate::state::outbound::{Outflow, encode_packet};
 use crate::transport::TransportWrite;
-use crate::will;
 
 /// How long the last writes get when there is no DISCONNECT to send.
 const WRITER_CLOSE_TIMEOUT_MS: u64 = 2_000;
@@ -218,9 +218,9 @@ impl Conn {
             |ack| last_acks.push(ack),
         );
         for item in released {
-            if let crate::ack_pipeline::Released::Deliver(message) = item {
+            if let crate::state::ack_pipeline::Released::Deliver(message) = item {
                 // Retained records were applied by the pipeline's release hook.
-                crate::router::route(&self.shared, message.clone());
+                crate::engine::route::route(&self.shared, message.clone());
                 self.shared.store.message_released(&message);
             }
         }

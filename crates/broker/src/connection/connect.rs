@@ -16,13 +16,13 @@ use super::peek::{connect_is_v5_shaped, peek_connect_level};
 use super::strict::{self, TopicRefusal};
 use super::{Conn, read::read_some};
 use crate::auth::{Access, AclView, Verdict, Who};
-use crate::broker::Shared;
+use crate::engine::Shared;
+use crate::engine::registry::{self, AttachRequest};
 use crate::metrics::Metrics;
-use crate::outbound::{WriterState, encode_packet};
-use crate::persist::Ticket;
+use crate::model::persist::Ticket;
 use crate::read_order::ReadSlot;
-use crate::session::registry::{self, AttachRequest};
-use crate::topic_alias::InboundAliases;
+use crate::state::outbound::{WriterState, encode_packet};
+use crate::state::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, ListenerContext, TransportRead, TransportWrite};
 
 /// Receive Maximum assumed when a v5 client sends none, and for 3.x clients.
@@ -482,9 +482,10 @@ async fn accept<W: TransportWrite>(
             },
         },
     );
-    let will = connect.will.map(crate::will::keep);
+    let will = connect.will.map(crate::engine::will::keep);
     // Replaces (or, without a will, deletes) the stored will of an earlier connection.
-    let (will_token, will_written) = crate::will::record(shared, &client_id, will.as_deref());
+    let (will_token, will_written) =
+        crate::engine::will::record(shared, &client_id, will.as_deref());
     // The CONNACK (queued first) leaves once the session's and the will's records are durable
     // (`outbound::Outflow`), as a SUBACK waits for its subscription's.
     let connack_after = Ticket::join(attached.durable, will_written);

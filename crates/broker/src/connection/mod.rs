@@ -2,7 +2,7 @@
 //! (`event_loop`) that decodes packets and dispatches them (`publish`, `acks`, `subscribe`),
 //! then the close
 //! (`close`): final DISCONNECT, will, session detach. The same task writes: between reads it
-//! drives the connection's [`crate::outbound::Outflow`], so an idle connection is one task.
+//! drives the connection's [`crate::state::outbound::Outflow`], so an idle connection is one task.
 //!
 //! # Invariants
 //! - The read buffer is allocated only when data arrives, sized to it, and released whenever
@@ -17,7 +17,7 @@
 //! - The loop waits in one poll function that looks at its sources in a fixed order (wake,
 //!   pipeline, socket, outbound), as a `biased` select would, without the select's
 //!   futures in every idle connection's state.
-//! - Keep alive is the broker-wide sweeper's ([`crate::keep_alive`]): the loop records every
+//! - Keep alive is the broker-wide sweeper's ([`crate::state::keep_alive`]): the loop records every
 //!   read that decoded packets (`ConnCtl::touch`) and closes with `Close::KeepAlive` on the
 //!   sweeper's 0x8D kick; no timer is kept in the connection's future.
 //! - The loop reads through the connection's `ReadSlot` and acts on what one read returned only
@@ -46,13 +46,13 @@ use tern_wire::{Packet, Protocol, ReasonCode, Will};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::ack_pipeline::{AckKind, Released};
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::metrics::Metrics;
-use crate::outbound::{Outflow, WriteFailed, encode_packet};
 use crate::read_order::ReadSlot;
-use crate::session::{ConnCtl, Session};
-use crate::topic_alias::InboundAliases;
+use crate::state::ack_pipeline::{AckKind, Released};
+use crate::state::outbound::{Outflow, WriteFailed, encode_packet};
+use crate::state::session::{ConnCtl, Session};
+use crate::state::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, Transport, TransportRead, TransportWrite};
 
 /// Control packets (acks, SUBACK, PINGRESP) waiting to be written beyond which the connection
@@ -131,8 +131,8 @@ pub(crate) struct Conn {
     now: Instant,
     /// Its place under `max_connections`, given back when the connection is dropped.
     _slot: connect::ConnectionSlot,
-    /// Its entry in the keep-alive table (`crate::keep_alive`), left when dropped.
-    _keep_alive: Option<crate::keep_alive::Watched>,
+    /// Its entry in the keep-alive table (`crate::state::keep_alive`), left when dropped.
+    _keep_alive: Option<crate::state::keep_alive::Watched>,
 }
 
 enum Event {
@@ -224,7 +224,7 @@ async fn establish<T: Transport>(
     let (conn, (socket, writer, connack_after)) =
         connect::handshake(&shared, &mut reader, writer, &mut buf, &mut stop, info).await?;
     let keep_alive_s = conn.keep_alive_s;
-    conn.ctl.set_info(crate::session::ConnInfo {
+    conn.ctl.set_info(crate::state::session::ConnInfo {
         peer,
         keep_alive_s,
         connected_at: std::time::SystemTime::now(),
@@ -376,7 +376,7 @@ impl Conn {
             if let Released::Deliver(message) = item {
                 // Its retained record was applied when the pipeline released it (the
                 // pipeline's release hook, `retained::release_hook`).
-                crate::router::route(&self.shared, message.clone());
+                crate::engine::route::route(&self.shared, message.clone());
                 self.shared.store.message_released(&message);
             }
         }

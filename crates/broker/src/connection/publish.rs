@@ -7,11 +7,11 @@ use std::sync::atomic::Ordering;
 use tern_wire::{Ack, Publish, QoS, ReasonCode};
 
 use super::{Close, Conn};
-use crate::ack_pipeline::{AckKind, Entry};
 use crate::auth::{Access, Who};
-use crate::message::Message;
 use crate::metrics::Metrics;
-use crate::topic_alias::AliasError;
+use crate::model::message::Message;
+use crate::state::ack_pipeline::{AckKind, Entry};
+use crate::state::topic_alias::AliasError;
 
 impl Conn {
     pub(super) fn on_publish(&mut self, publish: Publish) -> Result<(), Close> {
@@ -92,8 +92,8 @@ impl Conn {
                         Some(self.session.client_id.clone()),
                         self.now,
                     ));
-                    let retained = crate::retained::update(&self.shared, &message);
-                    ticket = crate::persist::Ticket::join(ticket, retained);
+                    let retained = crate::engine::retain::update(&self.shared, &message);
+                    ticket = crate::model::persist::Ticket::join(ticket, retained);
                 }
                 self.push_entry(Entry {
                     packet_id,
@@ -187,7 +187,9 @@ impl Conn {
         };
         if let (Some(state), Some(true)) = (
             state.as_mut(),
-            ticket.as_ref().map(crate::persist::Ticket::is_refused),
+            ticket
+                .as_ref()
+                .map(crate::model::persist::Ticket::is_refused),
         ) {
             // Refused at once (the stream failed on an earlier EIO): no record exists for a
             // retry to wait on (`qos2_retry`), so the id leaves the received set again and the

@@ -3,7 +3,7 @@
 //! share groups, wills, reclamation in their modules).
 
 use crate::hash::Map;
-use crate::persist::WriterWakes;
+use crate::model::persist::WriterWakes;
 use std::sync::atomic::Ordering;
 
 use tern_store::NewRecord;
@@ -314,11 +314,11 @@ impl MessageStore for DurableStore {
         }
     }
 
-    fn stream_stats(&self) -> Vec<crate::admin::StreamStats> {
+    fn stream_stats(&self) -> Vec<crate::model::StreamStats> {
         self.admin_stream_stats()
     }
 
-    fn purge_stream(&self, name: &str) -> Result<u64, crate::admin::ActionError> {
+    fn purge_stream(&self, name: &str) -> Result<u64, crate::model::ActionError> {
         self.admin_purge(name)
     }
 
@@ -326,7 +326,7 @@ impl MessageStore for DurableStore {
         self.admin_state_barrier()
     }
 
-    fn backup(&self, label: &str) -> Result<std::path::PathBuf, crate::admin::ActionError> {
+    fn backup(&self, label: &str) -> Result<std::path::PathBuf, crate::model::ActionError> {
         self.admin_backup(label)
     }
 

@@ -82,11 +82,11 @@ pub use config::{
 };
 
 use crate::hash::Map;
-use crate::message::Message;
-use crate::persist::{
+use crate::model::SubRecord;
+use crate::model::message::Message;
+use crate::model::persist::{
     HeldSeqs, MessageStore, OutboundSent, PersistError, Recovered, StoreRef, Ticket,
 };
-use crate::session::SubRecord;
 use codec::SessionRecord;
 
 const RX_PREFIX: &str = "$tern/rx/";

@@ -1,5 +1,5 @@
 //! `/metrics`: the broker's counters in the Prometheus text format. [`render`] reads the same
-//! [`Metrics`] counters as `$SYS/broker/...` ([`crate::sys`]) plus the store's per-stream
+//! [`Metrics`] counters as `$SYS/broker/...` ([`crate::engine::sys`]) plus the store's per-stream
 //! numbers; [`text`] is the format.
 //!
 //! # Invariants
@@ -13,9 +13,9 @@ use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
-use crate::admin::StreamStats;
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::metrics::Metrics;
+use crate::model::StreamStats;
 use crate::transport::ListenerContext;
 use text::{Kind, TextEncoder};
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use tern_broker::DurableStore;
-use tern_broker::broker::Shared;
+use tern_broker::Shared;
 
 use super::check::matches;
 use super::client::{PubSpec, payload};

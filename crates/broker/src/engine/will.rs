@@ -4,7 +4,7 @@
 //! or the session ends, whichever is first, and a resume within the delay cancels it.
 //!
 //! Durability (`crate::durable::wills` has the records): the store records the will at
-//! CONNECT ([`crate::persist::MessageStore::will_set`], which hands back a token naming this
+//! CONNECT ([`crate::model::persist::MessageStore::will_set`], which hands back a token naming this
 //! connection's will), marks it closed when its delay starts, and deletes it when it is
 //! cancelled or fired. [`fire`] publishes only once that delete is durable: a will is
 //! published at most once, even across a crash. Wills recovered at start-up are fired or
@@ -18,10 +18,11 @@ use bytes::Bytes;
 use tern_wire::Will;
 use tokio::time::Instant;
 
-use crate::broker::Shared;
-use crate::message::{Message, compact_properties, copy_str};
-use crate::router;
-use crate::session::{Session, expiry};
+use crate::engine::Shared;
+use crate::engine::expiry;
+use crate::engine::route;
+use crate::model::message::{Message, compact_properties, copy_str};
+use crate::state::session::Session;
 
 /// The will as the connection keeps it until it closes: boxed (a `Will` is large and most
 /// connections never use theirs) and copied out of the read buffer it was decoded from.
@@ -56,7 +57,7 @@ pub fn record(
     shared: &Shared,
     client_id: &str,
     will: Option<&Will>,
-) -> (u64, Option<crate::persist::Ticket>) {
+) -> (u64, Option<crate::model::persist::Ticket>) {
     let message = will.map(|w| to_message(w, Instant::now()));
     let delay_s = will.map_or(0, |w| w.properties.will_delay_interval_s.unwrap_or(0));
     shared
@@ -147,21 +148,25 @@ pub fn fire(shared: &Arc<Shared>, client_id: &str, token: u64, message: Arc<Mess
 
 /// Appends the will to its message stream. Never under `$` (`$SYS/`, and `$tern/`, the
 /// store's control records, which a will topic must not be able to forge).
-fn store(shared: &Shared, client_id: &str, message: &Message) -> Option<crate::persist::Ticket> {
+fn store(
+    shared: &Shared,
+    client_id: &str,
+    message: &Message,
+) -> Option<crate::model::persist::Ticket> {
     if message.topic.starts_with('$') {
         return None;
     }
     shared.store.append_publish(client_id, message, None)
 }
 
-async fn wait_stored(ticket: &mut crate::persist::Ticket, client_id: &str) {
+async fn wait_stored(ticket: &mut crate::model::persist::Ticket, client_id: &str) {
     if let Err(error) = ticket.wait().await {
         tracing::error!(%error, client_id, "will message not stored; published from memory");
     }
 }
 
 fn publish(shared: &Shared, message: Arc<Message>) {
-    router::publish(shared, message.clone());
+    route::publish(shared, message.clone());
     shared.store.message_released(&message);
 }
 

@@ -1,6 +1,6 @@
 //! The periodic checkpoint of persistent sessions' and share groups' cursors: what each still
-//! holds of the stored messages, handed to [`crate::persist::MessageStore::checkpoint`] and
-//! [`crate::persist::MessageStore::checkpoint_group`].
+//! holds of the stored messages, handed to [`crate::model::persist::MessageStore::checkpoint`] and
+//! [`crate::model::persist::MessageStore::checkpoint_group`].
 //!
 //! # Invariants
 //! - The store's floors are read before any session's held messages are listed (see the
@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::hash::{Map, Set};
 use crate::metrics::Metrics;
-use crate::persist::HeldSeqs;
-use crate::session::Session;
+use crate::model::persist::HeldSeqs;
+use crate::state::session::Session;
 
 /// How often the checkpointer runs. Sessions whose queues changed at their last visit are
 /// visited every pass: shorter means fewer QoS 1 redeliveries after a crash; each write is a
@@ -106,7 +106,7 @@ impl Checkpointer {
         let mut held = Vec::new();
         for share in shared.store.durable_groups() {
             held.clear();
-            crate::session::groups::held(shared, &share, &mut held);
+            crate::engine::groups::held(shared, &share, &mut held);
             shared.store.checkpoint_group(&share, &floors, &held);
         }
         // Cursors are taken as written and removal waits for them to be durable, so this may
@@ -273,8 +273,8 @@ mod tests {
     use super::*;
     use crate::broker::Broker;
     use crate::config::BrokerConfig;
-    use crate::outbound::stored_item;
-    use crate::persist::MessageStore;
+    use crate::model::persist::MessageStore;
+    use crate::state::outbound::stored_item;
 
     /// A store that counts the cursors it is asked to write, per client.
     #[derive(Default)]

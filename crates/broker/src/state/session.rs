@@ -1,26 +1,24 @@
 //! One session and the control block of the connection attached to it.
 
+mod received;
+pub mod signal;
+
+pub use received::ReceivedIds;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
-use tern_wire::{Protocol, ReasonCode, SubscriptionOptions};
+use tern_wire::{Protocol, ReasonCode};
 use tokio::sync::Notify;
 
-use super::received::ReceivedIds;
-use super::signal::Signal;
 use crate::hash::Map;
-use crate::message::Message;
-use crate::outbound::Outbound;
-
-/// One subscription as the session remembers it (for retain handling 1, resubscribe, store).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SubRecord {
-    pub options: SubscriptionOptions,
-    pub subscription_id: Option<u32>,
-}
+use crate::model::SubRecord;
+use crate::model::message::Message;
+use crate::state::outbound::Outbound;
+use signal::Signal;
 
 /// What the connection's task and the rest of the broker share about one live connection.
 #[derive(Debug, Default)]
@@ -38,7 +36,7 @@ pub struct ConnCtl {
     /// its ack pipeline, or it is gone): a later connection of the same client may start.
     routed: AtomicBool,
     routed_notify: Notify,
-    /// When the client last sent a packet, in [`crate::keep_alive::KeepAlive::millis`]
+    /// When the client last sent a packet, in [`crate::state::keep_alive::KeepAlive::millis`]
     /// (wrapping: 4 bytes fit beside the flags, where 8 would cost every connection 16).
     last_packet_ms: AtomicU32,
 }

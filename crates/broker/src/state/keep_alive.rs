@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use tern_wire::ReasonCode;
 use tokio::time::Instant;
 
-use crate::session::ConnCtl;
+use crate::state::session::ConnCtl;
 
 /// How often the sweeper looks: the most a connection outlives its keep alive. 1.5 × the
 /// shortest keep alive (1 s) is 1,500 ms, so this is a sixth of it.

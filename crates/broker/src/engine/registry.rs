@@ -10,49 +10,13 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use tern_wire::{ConnAck, Packet, Protocol, ReasonCode};
 
-use crate::broker::Shared;
-use crate::hash::Map;
+use crate::engine::Shared;
+use crate::engine::groups;
 use crate::metrics::Metrics;
-use crate::outbound::encode_packet;
-use crate::session::{ConnCtl, Session, groups};
-
-#[derive(Debug, Default)]
-pub struct Registry {
-    pub(crate) map: Mutex<Map<Arc<str>, Arc<Session>>>,
-}
-
-impl Registry {
-    pub fn len(&self) -> usize {
-        self.map.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.map.lock().is_empty()
-    }
-
-    /// Tells every connected session's connection that the server shuts down.
-    pub fn shut_down_connections(&self) {
-        for session in self.map.lock().values() {
-            if let Some(ctl) = &session.state.lock().conn {
-                ctl.shut_down();
-            }
-        }
-    }
-
-    pub fn get(&self, client_id: &str) -> Option<Arc<Session>> {
-        self.map.lock().get(client_id).cloned()
-    }
-
-    /// True if a connection with `client_id` would need a new session and `max_sessions`
-    /// (`[limits]`, a backstop against unbounded growth from ever-new client ids) are taken.
-    pub fn is_full_for(&self, client_id: &str, max_sessions: usize) -> bool {
-        let map = self.map.lock();
-        map.len() >= max_sessions && !map.contains_key(client_id)
-    }
-}
+use crate::state::outbound::encode_packet;
+use crate::state::session::{ConnCtl, Session};
 
 /// A connection attached to its session.
 pub struct Attached {
@@ -61,7 +25,7 @@ pub struct Attached {
     pub conn_gen: u64,
     pub ctl: Arc<ConnCtl>,
     /// The persistent session's record: the CONNACK leaves once it is durable.
-    pub durable: Option<crate::persist::Ticket>,
+    pub durable: Option<crate::model::persist::Ticket>,
 }
 
 /// What the new connection asks for.
@@ -190,7 +154,7 @@ pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
         shared
             .store
             .session_closed(&session.client_id, expiry_interval_s);
-        crate::session::expiry::arm(shared.clone(), session.clone(), conn_gen, expiry_interval_s);
+        crate::engine::expiry::arm(shared.clone(), session.clone(), conn_gen, expiry_interval_s);
     }
 }
 
@@ -230,6 +194,6 @@ fn end_removed(shared: &Arc<Shared>, session: &Arc<Session>) {
     groups::forget_if_orphaned(shared, &shares);
     // MQTT-3.1.3-9: a delayed will is sent when the session ends, if not sent before.
     if let Some(will) = will {
-        crate::will::fire(shared, &session.client_id, will.token, will.will);
+        crate::engine::will::fire(shared, &session.client_id, will.token, will.will);
     }
 }

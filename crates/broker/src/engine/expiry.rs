@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::broker::Shared;
-use crate::message::Message;
-use crate::session::state::PendingWill;
-use crate::session::{Session, registry};
+use crate::engine::Shared;
+use crate::engine::registry;
+use crate::model::message::Message;
+use crate::state::session::{PendingWill, Session};
 
 /// Ends `session` after `expiry_interval_s` unless a connection re-attached meanwhile.
 pub fn arm(shared: Arc<Shared>, session: Arc<Session>, conn_gen: u64, expiry_interval_s: u32) {
@@ -56,7 +56,7 @@ pub fn arm_will(
             }
         };
         if let Some(due) = due {
-            crate::will::fire(&shared, &session.client_id, due.token, due.will);
+            crate::engine::will::fire(&shared, &session.client_id, due.token, due.will);
         }
     });
     true

@@ -11,7 +11,7 @@ use super::batch::BatchEnv;
 use super::*;
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
-use crate::persist::{MessageStore, OutboundSent, StoreRef, Ticket, TicketCompleter};
+use crate::model::persist::{MessageStore, OutboundSent, StoreRef, Ticket, TicketCompleter};
 
 /// Hands out a ticket per outbound record and keeps its completer, to complete by hand.
 #[derive(Default)]

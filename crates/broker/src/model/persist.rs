@@ -28,7 +28,7 @@ use std::task::{Context, Poll};
 use tern_wire::{Protocol, QoS, SubscriptionOptions};
 use tokio::sync::oneshot;
 
-use crate::message::Message;
+use crate::model::message::Message;
 
 /// A write the store could not make durable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -389,20 +389,20 @@ pub trait MessageStore: Send + Sync + 'static {
         None
     }
     /// Every stream with its numbers, for `/metrics` and the admin API (none in memory).
-    fn stream_stats(&self) -> Vec<crate::admin::StreamStats> {
+    fn stream_stats(&self) -> Vec<crate::model::StreamStats> {
         Vec::new()
     }
     /// Removes every message (not `$`-topics) of the message stream `name`; the number of
     /// records removed.
-    fn purge_stream(&self, name: &str) -> Result<u64, crate::admin::ActionError> {
-        Err(crate::admin::ActionError::NotFound {
+    fn purge_stream(&self, name: &str) -> Result<u64, crate::model::ActionError> {
+        Err(crate::model::ActionError::NotFound {
             what: "stream",
             name: name.to_string(),
         })
     }
     /// A consistent copy of the data directory under the label `label`; its path.
-    fn backup(&self, _label: &str) -> Result<std::path::PathBuf, crate::admin::ActionError> {
-        Err(crate::admin::ActionError::Invalid(
+    fn backup(&self, _label: &str) -> Result<std::path::PathBuf, crate::model::ActionError> {
+        Err(crate::model::ActionError::Invalid(
             "the in-memory store has nothing to back up".into(),
         ))
     }

@@ -23,34 +23,16 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use tern_wire::QoS;
 use tokio::time::Instant;
 
-use crate::broker::Shared;
-use crate::hash::Map;
+use crate::engine::Shared;
+use crate::engine::route;
 use crate::metrics::Metrics;
-use crate::outbound::{Outbound, Outgoing, PushResult};
-use crate::persist::HeldSeqs;
-use crate::router::{self, SubValue};
-use crate::session::Session;
-
-/// The queues of share groups that have messages waiting for a member, by
-/// `$share/{group}/{filter}`.
-#[derive(Debug, Default)]
-pub struct Groups {
-    pub(crate) map: Mutex<Map<Arc<str>, Outbound>>,
-}
-
-impl Groups {
-    /// Messages waiting in `share`'s queue.
-    pub fn queued(&self, share: &str) -> usize {
-        self.map
-            .lock()
-            .get(share)
-            .map_or(0, |q| q.queues.queue.len())
-    }
-}
+use crate::model::persist::HeldSeqs;
+use crate::state::outbound::{Outbound, Outgoing, PushResult};
+use crate::state::router::SubValue;
+use crate::state::session::Session;
 
 fn push(shared: &Shared, queue: &mut Outbound, share: &str, item: Outgoing, now: Instant) {
     let dropped_before = queue.dropped_oldest;
@@ -125,7 +107,7 @@ pub fn flush(shared: &Shared, share: &str) {
         let Some(item) = queue.pop_front() else {
             break;
         };
-        router::deliver(shared, &value.session, for_member(item, value), now);
+        route::deliver(shared, &value.session, for_member(item, value), now);
     }
     if queue.queues.queue.is_empty() {
         groups.remove(share);
@@ -169,7 +151,7 @@ pub fn redistribute(shared: &Shared, from: &Arc<Session>) {
         });
         match member {
             Some((_, value)) => {
-                router::deliver(shared, &value.session, for_member(item, value), now);
+                route::deliver(shared, &value.session, for_member(item, value), now);
             }
             None if router.share_group(&share).is_some() => {
                 let queue = groups.entry(share.clone()).or_default();
@@ -223,7 +205,7 @@ pub fn held(shared: &Shared, share: &str, out: &mut HeldSeqs) {
 }
 
 /// Restores a group queue replayed from the store at start-up.
-pub fn restore(shared: &Shared, share: &str, messages: Vec<crate::message::Message>) {
+pub fn restore(shared: &Shared, share: &str, messages: Vec<crate::model::message::Message>) {
     let share: Arc<str> = share.into();
     let now = Instant::now();
     let mut groups = shared.groups.map.lock();
@@ -247,7 +229,7 @@ mod tests {
     use super::*;
     use crate::broker::Broker;
     use crate::config::BrokerConfig;
-    use crate::outbound::stored_item;
+    use crate::state::outbound::stored_item;
 
     /// Docs/simulation.md finding 14: a share group's queue dropping its oldest QoS>0
     /// messages at `max_queued_messages` counts each one in `messages/dropped/queue_limit`,

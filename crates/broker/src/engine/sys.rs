@@ -10,10 +10,10 @@ use tern_wire::{Properties, QoS, Str};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::broker::Shared;
-use crate::message::Message;
+use crate::engine::Shared;
+use crate::engine::route;
 use crate::metrics::Metrics;
-use crate::router;
+use crate::model::message::Message;
 
 pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let interval_s = shared.config.sys_interval_s;
@@ -134,6 +134,6 @@ pub fn publish_all(shared: &Shared) {
             None,
             now,
         );
-        router::publish(shared, Arc::new(message));
+        route::publish(shared, Arc::new(message));
     }
 }

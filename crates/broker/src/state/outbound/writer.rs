@@ -10,11 +10,11 @@ use tokio::time::Instant;
 
 use super::Outgoing;
 use super::batch::BatchEnv;
-use crate::message::Message;
 use crate::metrics::Metrics;
-use crate::persist::Ticket;
-use crate::session::Session;
-use crate::topic_alias::OutboundAliases;
+use crate::model::message::Message;
+use crate::model::persist::Ticket;
+use crate::state::session::Session;
+use crate::state::topic_alias::OutboundAliases;
 use crate::transport::TransportWrite;
 
 /// Largest payload a single-subscriber delivery copies into the batch buffer; a larger one is
@@ -254,9 +254,13 @@ pub struct Outflow<W> {
 #[derive(Debug)]
 pub struct WriteFailed;
 
-/// What a step needs of the session the connection belongs to.
+/// What a step needs of the broker and of the session the connection belongs to: narrow
+/// handles, not the broker-wide state.
 pub struct OutEnv<'a> {
-    pub shared: &'a crate::broker::Shared,
+    pub config: &'a crate::config::BrokerConfig,
+    pub metrics: &'a Metrics,
+    /// Records outbound QoS 2 exchanges (ARCHITECTURE §3).
+    pub store: &'a dyn crate::model::MessageStore,
     pub session: &'a Session,
     pub conn_gen: u64,
 }
@@ -325,9 +329,9 @@ impl<W: TransportWrite> Outflow<W> {
             }
             self.want_batch = false;
             let batch = BatchEnv {
-                config: &env.shared.config,
-                metrics: &env.shared.metrics,
-                store: &*env.shared.store,
+                config: env.config,
+                metrics: env.metrics,
+                store: env.store,
                 client_id: &env.session.client_id,
                 persistent: state.expiry_interval_s > 0,
                 now: Instant::now(),
@@ -341,7 +345,7 @@ impl<W: TransportWrite> Outflow<W> {
                 return Poll::Ready(Err(WriteFailed));
             }
             drop(state);
-            count_sent(&bufs.parts, &env.shared.metrics);
+            count_sent(&bufs.parts, env.metrics);
             self.writing = !bufs.parts.is_empty();
         }
         debug_assert!(self.bufs.is_some(), "a batch is written from its buffers");

@@ -3,7 +3,7 @@
 //! connection's [`Outflow`] that drains them into the socket with vectored writes (`writer`).
 //!
 //! Publishers push [`Outgoing`] items under the session lock and wake the connection's task
-//! ([`crate::session::ConnCtl::wake`]); its `Outflow` takes a batch under the same lock
+//! ([`crate::state::session::ConnCtl::wake`]); its `Outflow` takes a batch under the same lock
 //! ([`Outbound::fill_batch`], in `batch`), releases it and writes.
 //!
 //! # Invariants
@@ -52,10 +52,10 @@ use tern_wire::{QoS, ReasonCode};
 use tokio::time::Instant;
 
 use crate::config::BrokerConfig;
-use crate::message::Message;
 use crate::metrics::QueuedTotals;
-use crate::packet_ids::PacketIds;
-use crate::persist::Ticket;
+use crate::model::message::Message;
+use crate::model::persist::Ticket;
+use crate::state::packet_ids::PacketIds;
 
 pub use batch::BatchEnv;
 pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
@@ -453,7 +453,7 @@ impl Outbound {
     }
 
     /// The store position of the in-flight message `packet_id`, if it was stored.
-    pub fn stored_ref(&self, packet_id: u16) -> Option<crate::persist::StoreRef> {
+    pub fn stored_ref(&self, packet_id: u16) -> Option<crate::model::persist::StoreRef> {
         self.queues
             .inflight
             .iter()
@@ -490,7 +490,7 @@ impl Outbound {
 
     /// Appends the store positions of every stored message this session still holds (in
     /// flight or queued) to `out`, for its durable cursor.
-    pub fn held(&self, out: &mut crate::persist::HeldSeqs) {
+    pub fn held(&self, out: &mut crate::model::persist::HeldSeqs) {
         let refs = self
             .queues
             .inflight
@@ -503,7 +503,7 @@ impl Outbound {
     }
 
     /// Like [`Outbound::held`], for the messages routed via the share group `share` only.
-    pub fn held_share(&self, share: &str, out: &mut crate::persist::HeldSeqs) {
+    pub fn held_share(&self, share: &str, out: &mut crate::model::persist::HeldSeqs) {
         let refs = self
             .queues
             .inflight
@@ -550,7 +550,7 @@ impl Outbound {
 /// A queued copy of a stored QoS 2 message at `seq` of stream 0, delivered at `qos` (tests).
 #[cfg(test)]
 pub(crate) fn stored_item(payload: &'static [u8], qos: QoS, seq: u64) -> Outgoing {
-    let message = crate::message::Message::new(
+    let message = crate::model::message::Message::new(
         tern_wire::Str::from_static("t"),
         bytes::Bytes::from_static(payload),
         QoS::ExactlyOnce,
@@ -561,7 +561,7 @@ pub(crate) fn stored_item(payload: &'static [u8], qos: QoS, seq: u64) -> Outgoin
     );
     let _ = message
         .stored
-        .set(crate::persist::StoreRef { stream: 0, seq });
+        .set(crate::model::persist::StoreRef { stream: 0, seq });
     Outgoing {
         message: Arc::new(message),
         qos,

@@ -7,8 +7,8 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::config::BrokerConfig;
-use crate::message::Message;
 use crate::metrics::Metrics;
+use crate::model::message::Message;
 
 /// The write batch's tests.
 mod batching;
@@ -77,7 +77,7 @@ impl Fixture {
         let env = batch::BatchEnv {
             config: &self.config,
             metrics: &self.metrics,
-            store: &crate::persist::MemoryStore,
+            store: &crate::model::persist::MemoryStore,
             client_id: "c",
             persistent: false,
             now: Instant::now(),

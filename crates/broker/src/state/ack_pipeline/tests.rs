@@ -1,7 +1,7 @@
 //! Tests of the ack pipeline (`ack_pipeline.rs`).
 
 use super::*;
-use crate::persist::TicketCompleter;
+use crate::model::persist::TicketCompleter;
 
 fn entry(
     packet_id: u16,

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
-use crate::persist::{MessageStore, OutboundSent};
+use crate::model::persist::{MessageStore, OutboundSent};
 
 /// What a batch needs besides the session's own state.
 pub struct BatchEnv<'a> {

@@ -1,18 +1,19 @@
 //! Rebuilds sessions, share-group queues and retained messages from what the store recovered.
 //! Restored sessions are offline; their in-flight messages are resent when the client
 //! reconnects, and a group's queue goes to its members as they connect. Recovered wills are
-//! kept for [`crate::will::arm_recovered`] (which needs a runtime).
+//! kept for [`crate::engine::will::arm_recovered`] (which needs a runtime).
 
 use std::sync::Arc;
 
 use tern_wire::QoS;
 use tokio::time::Instant;
 
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::metrics::Metrics;
-use crate::outbound::{Inflight, Outgoing, Phase};
-use crate::persist::{Recovered, StoredSession};
-use crate::session::{Session, SubRecord};
+use crate::model::SubRecord;
+use crate::model::persist::{Recovered, StoredSession};
+use crate::state::outbound::{Inflight, Outgoing, Phase};
+use crate::state::session::Session;
 
 pub fn restore(shared: &Shared, recovered: Recovered) {
     for message in recovered.retained {
@@ -26,7 +27,7 @@ pub fn restore(shared: &Shared, recovered: Recovered) {
     }
     // After the sessions: a group's queue lives while its members' subscriptions do.
     for group in recovered.groups {
-        crate::session::groups::restore(shared, &group.share, group.queued);
+        crate::engine::groups::restore(shared, &group.share, group.queued);
     }
     *shared.recovered_wills.lock() = recovered.wills;
 }
@@ -122,7 +123,7 @@ pub fn arm_expiry(shared: &Arc<Shared>) {
             )
         };
         if offline && expiry_s != u32::MAX {
-            crate::session::expiry::arm(shared.clone(), session, conn_gen, expiry_s);
+            crate::engine::expiry::arm(shared.clone(), session, conn_gen, expiry_s);
         }
     }
 }
