@@ -90,7 +90,7 @@ fn fanout(c: &mut Criterion) {
                             let env = tern_broker::state::outbound::BatchEnv {
                                 config: &shared.config,
                                 metrics: &shared.metrics,
-                                store: &*shared.store,
+                                store: &*shared.store.exchanges,
                                 client_id: &session.client_id,
                                 persistent: state.expiry_interval_s > 0,
                                 now: Instant::now(),

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::config::{BrokerConfig, ConfigError};
 use crate::engine::Shared;
 use crate::metrics::Metrics;
-use crate::model::{MemoryStore, MessageStore};
+use crate::model::{FullStore, Persistence};
 use crate::transport::{ConnectionInfo, Listener, ListenerContext, Transport, poll_accept_any};
 
 /// How long shutdown waits for connections to send their DISCONNECT and close.
@@ -94,15 +94,26 @@ pub struct Broker {
 impl Broker {
     /// A broker with the in-memory store.
     pub fn new(config: BrokerConfig) -> Result<Broker, ConfigError> {
-        Broker::with_store(config, Arc::new(MemoryStore))
+        Broker::with_persistence(config, Persistence::memory())
     }
 
-    pub fn with_store(
+    /// A broker over `store` for every concern of the persistence seam, after recovering what
+    /// it kept.
+    pub fn with_store<S: FullStore>(
         config: BrokerConfig,
-        store: Arc<dyn MessageStore>,
+        store: Arc<S>,
+    ) -> Result<Broker, ConfigError> {
+        Broker::with_persistence(config, Persistence::of(store))
+    }
+
+    /// A broker over one store per concern (tests script some concerns and leave the rest
+    /// to [`Persistence::memory`]).
+    pub fn with_persistence(
+        config: BrokerConfig,
+        store: Persistence,
     ) -> Result<Broker, ConfigError> {
         config.validate()?;
-        let recovered = store.recover();
+        let recovered = store.recovery.recover();
         let broker = Broker {
             shared: Shared::new(config, store),
         };

@@ -9,8 +9,8 @@
 //!    [`read_order`] (packets take effect across connections in read order, §2.1),
 //!    [`connect_rate`], [`auth`] (password file and ACL, mosquitto formats), [`transport`]
 //!    (plain TCP or any `AsyncRead + AsyncWrite`: TLS, WebSocket, in memory).
-//! 2. **Model** ([`model`]): [`model::Message`], the persistence seam ([`MessageStore`],
-//!    tickets, [`Recovered`]; [`MemoryStore`] keeps nothing), stats and subscription records.
+//! 2. **Model** ([`model`]): [`model::Message`], the persistence seam ([`Persistence`]: one small
+//!    trait per concern, with its contract; tickets, [`Recovered`]; [`MemoryStore`] keeps nothing), stats and subscription records.
 //! 3. **Durable** ([`durable`]): [`DurableStore`], the seam over `tern-store` (on-disk schema
 //!    in its module doc).
 //! 4. **State** ([`state`]): sessions, outbound queues and the gate, the ack pipeline, the
@@ -52,7 +52,8 @@ pub use durable::{
 };
 pub use engine::Shared;
 pub use model::{
-    MemoryStore, MessageStore, OutboundSent, PersistError, Recovered, StoreRef, StoredInflight,
-    StoredSession, Ticket, TicketCompleter,
+    CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, MessageLog, OutboundSent,
+    PersistError, Persistence, Recovered, Recovery, RetainedStore, SessionStore, StoreAdmin,
+    StoreRef, StoredInflight, StoredSession, Ticket, TicketCompleter, WillStore, WriterWakes,
 };
 pub use tern_store::{Limits, StreamConfig, SyncPolicy};

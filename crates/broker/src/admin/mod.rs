@@ -81,7 +81,7 @@ impl Broker {
         // Ended here, not by the closing connection: its detach sees `ended` and keeps away.
         registry::end(shared, &session);
         tracing::info!(client_id, "session removed by an administrator");
-        Ok(shared.store.state_barrier())
+        Ok(shared.store.sessions.state_barrier())
     }
 
     /// Removes every message of the message stream `name` (topics starting with `$` are kept:
@@ -89,7 +89,7 @@ impl Broker {
     /// in memory still deliver them; offline sessions skip what is gone. Returns the number
     /// of records removed.
     pub fn purge_stream(&self, name: &str) -> Result<u64, ActionError> {
-        let removed = self.shared().store.purge_stream(name)?;
+        let removed = self.shared().store.admin.purge_stream(name)?;
         tracing::info!(stream = name, removed, "stream purged by an administrator");
         Ok(removed)
     }
@@ -102,14 +102,14 @@ impl Broker {
     /// no copied session cursor or QoS 2 record names a message its stream's copy lacks.
     /// Blocking: call it off the async runtime.
     pub fn backup(&self, label: &str) -> Result<std::path::PathBuf, ActionError> {
-        let path = self.shared().store.backup(label)?;
+        let path = self.shared().store.admin.backup(label)?;
         tracing::info!(path = %path.display(), "backup written");
         Ok(path)
     }
 
     /// Every stream of the store with its numbers (empty for the in-memory store).
     pub fn streams(&self) -> Vec<StreamStats> {
-        self.shared().store.stream_stats()
+        self.shared().store.admin.stream_stats()
     }
 
     /// The Prometheus text exposition of the broker's metrics (`listeners`: one sample each of

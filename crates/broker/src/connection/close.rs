@@ -221,13 +221,13 @@ impl Conn {
             if let crate::state::ack_pipeline::Released::Deliver(message) = item {
                 // Retained records were applied by the pipeline's release hook.
                 crate::engine::route::route(&self.shared, message.clone());
-                self.shared.store.message_released(&message);
+                self.shared.store.messages.message_released(&message);
             }
         }
         // What never became durable is not delivered; the store must not wait for it either
         // (it would hold every persistent session's cursor back).
         for message in pipeline.abandon() {
-            self.shared.store.message_released(&message);
+            self.shared.store.messages.message_released(&message);
         }
         last_acks
     }

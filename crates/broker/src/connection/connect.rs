@@ -19,7 +19,7 @@ use crate::auth::{Access, AclView, Verdict, Who};
 use crate::engine::Shared;
 use crate::engine::registry::{self, AttachRequest};
 use crate::metrics::Metrics;
-use crate::model::persist::Ticket;
+use crate::model::Ticket;
 use crate::read_order::ReadSlot;
 use crate::state::outbound::{WriterState, encode_packet};
 use crate::state::topic_alias::InboundAliases;

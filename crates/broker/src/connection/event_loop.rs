@@ -82,7 +82,7 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
                 let env = OutEnv {
                     config: &self.conn.shared.config,
                     metrics: &self.conn.shared.metrics,
-                    store: &*self.conn.shared.store,
+                    store: &*self.conn.shared.store.exchanges,
                     session: &self.conn.session,
                     conn_gen: self.conn.conn_gen,
                 };
@@ -181,7 +181,9 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
                 Ok(Some(packet)) => {
                     decoded = true;
                     if !self.buf.is_empty() {
-                        deferred.get_or_insert_with(|| self.conn.shared.store.defer_writer_wakes());
+                        deferred.get_or_insert_with(|| {
+                            self.conn.shared.store.messages.defer_writer_wakes()
+                        });
                     }
                     self.conn.handle(packet)?;
                 }
@@ -298,7 +300,7 @@ fn poll_event<R: TransportRead, W: TransportWrite<Io = R>>(
     let env = OutEnv {
         config: &conn.shared.config,
         metrics: &conn.shared.metrics,
-        store: &*conn.shared.store,
+        store: &*conn.shared.store.exchanges,
         session: &conn.session,
         conn_gen: conn.conn_gen,
     };

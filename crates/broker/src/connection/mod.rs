@@ -377,7 +377,7 @@ impl Conn {
                 // Its retained record was applied when the pipeline released it (the
                 // pipeline's release hook, `retained::release_hook`).
                 crate::engine::route::route(&self.shared, message.clone());
-                self.shared.store.message_released(&message);
+                self.shared.store.messages.message_released(&message);
             }
         }
         inflight.released = released;

@@ -77,6 +77,7 @@ impl Conn {
                 let mut ticket = self
                     .shared
                     .store
+                    .messages
                     .qos2_retry(&self.session.client_id, packet_id);
                 if publish.retain && !sys_topic && !topic_str.starts_with("$tern/") {
                     // The original's retained record may be lost where its message record
@@ -93,7 +94,7 @@ impl Conn {
                         self.now,
                     ));
                     let retained = crate::engine::retain::update(&self.shared, &message);
-                    ticket = crate::model::persist::Ticket::join(ticket, retained);
+                    ticket = crate::model::Ticket::join(ticket, retained);
                 }
                 self.push_entry(Entry {
                     packet_id,
@@ -181,15 +182,14 @@ impl Conn {
         let ticket = if route {
             self.shared
                 .store
+                .messages
                 .append_publish(&self.session.client_id, &message, durable_rx)
         } else {
             None
         };
         if let (Some(state), Some(true)) = (
             state.as_mut(),
-            ticket
-                .as_ref()
-                .map(crate::model::persist::Ticket::is_refused),
+            ticket.as_ref().map(crate::model::Ticket::is_refused),
         ) {
             // Refused at once (the stream failed on an earlier EIO): no record exists for a
             // retry to wait on (`qos2_retry`), so the id leaves the received set again and the
@@ -232,6 +232,7 @@ impl Conn {
                 ReasonCode::SUCCESS,
                 self.shared
                     .store
+                    .messages
                     .qos2_released(&self.session.client_id, ack.packet_id),
             )
         } else if self.protocol.is_v5() {
@@ -256,7 +257,7 @@ impl Conn {
     /// written), or for QoS>0 the memory bound (`max_queued_bytes_total`).
     fn limit_reached(&self, topic: &str, qos: QoS) -> bool {
         let metrics = &self.shared.metrics;
-        let (name, counter) = if self.shared.store.disk_budget_reached(topic, qos) {
+        let (name, counter) = if self.shared.store.messages.disk_budget_reached(topic, qos) {
             if qos == QoS::AtMostOnce {
                 Metrics::add(&metrics.messages_dropped, 1);
                 ("max_disk_bytes", &metrics.messages_dropped_disk_budget)

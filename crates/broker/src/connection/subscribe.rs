@@ -22,8 +22,8 @@ use crate::auth::Who;
 use crate::engine::route;
 use crate::metrics::Metrics;
 use crate::model::SubRecord;
+use crate::model::Ticket;
 use crate::model::message::Message;
-use crate::model::persist::Ticket;
 use crate::state::ack_pipeline::{AckKind, Entry};
 use crate::state::outbound::Outgoing;
 
@@ -114,7 +114,7 @@ impl Conn {
                 state.subscriptions.insert(raw.as_str().into(), record);
                 self.session.recount_subscriptions(&state);
             }
-            let written = self.shared.store.session_subscribed(
+            let written = self.shared.store.sessions.session_subscribed(
                 &self.session.client_id,
                 raw,
                 *options,
@@ -192,6 +192,7 @@ impl Conn {
                 let written = self
                     .shared
                     .store
+                    .sessions
                     .session_unsubscribed(&self.session.client_id, raw);
                 ticket = Ticket::join(ticket, written);
                 reasons.push(ReasonCode::SUCCESS);

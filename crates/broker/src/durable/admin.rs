@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use tern_store::{FilterSet, Stream};
 
 use super::{DurableStore, Keep};
-use crate::model::persist::Ticket;
+use crate::model::Ticket;
 use crate::model::{ActionError, StreamStats};
 
 /// Backups go under `<data dir>/backups/`: on the data directory's file system (sealed blocks

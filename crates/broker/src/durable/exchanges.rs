@@ -25,7 +25,7 @@ use tern_store::StoreError;
 
 use super::{DurableStore, codec, io_error};
 use crate::hash::Map;
-use crate::model::persist::{OutboundSent, StoreRef, Ticket};
+use crate::model::{OutboundSent, StoreRef, Ticket};
 
 /// Where an outbound QoS 2 exchange stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,7 +412,7 @@ impl DurableStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::persist::MessageStore;
+    use crate::model::{ExchangeStore, MessageLog, Recovery, SessionStore};
 
     /// A crash after "PUBREL pending" was written but before the `p` entry's delete: both are
     /// on disk. The exchange resumes as PUBREL pending, and once it completes no stale `p`

@@ -1,4 +1,4 @@
-//! [`DurableStore`]: the [`MessageStore`] over `tern-store` (ARCHITECTURE §3–§5).
+//! [`DurableStore`]: the persistence seam ([`crate::model::Persistence`]) over `tern-store` (ARCHITECTURE §3–§5).
 //!
 //! # On-disk schema (one `tern-store` directory, `--data-dir`)
 //! Message streams (configured; a stream `messages` capturing every topic is appended when no
@@ -84,8 +84,9 @@ pub use config::{
 use crate::hash::Map;
 use crate::model::SubRecord;
 use crate::model::message::Message;
-use crate::model::persist::{
-    HeldSeqs, MessageStore, OutboundSent, PersistError, Recovered, StoreRef, Ticket,
+use crate::model::{
+    CursorStore, ExchangeStore, HeldSeqs, MessageLog, OutboundSent, PersistError, Recovered,
+    Recovery, RetainedStore, SessionStore, StoreAdmin, StoreRef, Ticket, WillStore,
 };
 use codec::SessionRecord;
 

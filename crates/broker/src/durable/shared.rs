@@ -34,7 +34,7 @@ use super::exchanges::ClientExchanges;
 use super::recover::read_damage_tolerant;
 use crate::hash::{Map, Set};
 use crate::model::message::Message;
-use crate::model::persist::{HeldSeqs, StoreRef, StoredGroup};
+use crate::model::{HeldSeqs, StoreRef, StoredGroup};
 
 fn is_share(filter: &str) -> bool {
     filter.starts_with(tern_topic::SHARE_PREFIX)

@@ -33,7 +33,7 @@ use super::codec::{self, SessionRecord};
 use super::{DurableStore, io_error};
 use crate::hash::Map;
 use crate::model::message::Message;
-use crate::model::persist::{StoredWill, Ticket};
+use crate::model::{StoredWill, Ticket};
 
 const VERSION: u8 = 1;
 const OPEN: u8 = 0;

@@ -1,6 +1,6 @@
 //! The periodic checkpoint of persistent sessions' and share groups' cursors: what each still
-//! holds of the stored messages, handed to [`crate::model::persist::MessageStore::checkpoint`] and
-//! [`crate::model::persist::MessageStore::checkpoint_group`].
+//! holds of the stored messages, handed to [`crate::model::CursorStore::checkpoint`] and
+//! [`crate::model::CursorStore::checkpoint_group`].
 //!
 //! # Invariants
 //! - The store's floors are read before any session's held messages are listed (see the
@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::engine::Shared;
 use crate::hash::{Map, Set};
 use crate::metrics::Metrics;
-use crate::model::persist::HeldSeqs;
+use crate::model::HeldSeqs;
 use crate::state::session::Session;
 
 /// How often the checkpointer runs. Sessions whose queues changed at their last visit are
@@ -91,27 +91,30 @@ impl Checkpointer {
 
     fn pass_with(&mut self, shared: &Shared, max_writes: usize) -> bool {
         // Floors first, then what each session holds (see the cursor invariant in `durable`).
-        let floors = shared.store.checkpoint_floors();
+        let floors = shared.store.cursors.checkpoint_floors();
         if floors.is_empty() {
             return false;
         }
-        let removed = shared.store.removed_ranges();
+        let removed = shared.store.cursors.removed_ranges();
         // What retention freed lets publishing resume (`[store] max_disk_bytes`).
-        shared.store.refresh_disk_usage();
+        shared.store.cursors.refresh_disk_usage();
         if !removed.is_empty() {
             drop_removed_everywhere(shared, &removed);
         }
         // Share groups before the sessions: a member's completed QoS 2 markers are cleared
         // only below its groups' written cursors (`durable::shared`).
         let mut held = Vec::new();
-        for share in shared.store.durable_groups() {
+        for share in shared.store.cursors.durable_groups() {
             held.clear();
             crate::engine::groups::held(shared, &share, &mut held);
-            shared.store.checkpoint_group(&share, &floors, &held);
+            shared
+                .store
+                .cursors
+                .checkpoint_group(&share, &floors, &held);
         }
         // Cursors are taken as written and removal waits for them to be durable, so this may
         // run before this pass's writes (see `durable::reclaim`).
-        shared.store.reclaim();
+        shared.store.cursors.reclaim();
         if self.sweep_at >= self.clients.len() {
             self.start_sweep(shared);
         }
@@ -142,7 +145,7 @@ impl Checkpointer {
                 Visit::Changed => self.mark_active(client),
                 Visit::Settled => {}
             }
-            if shared.store.checkpoint(client, &floors, &held) {
+            if shared.store.cursors.checkpoint(client, &floors, &held) {
                 writes += 1;
             }
         }
@@ -165,7 +168,7 @@ impl Checkpointer {
     /// A new sweep: the store's persistent sessions now, and the visit records of the others
     /// forgotten.
     fn start_sweep(&mut self, shared: &Shared) {
-        self.clients = shared.store.persistent_sessions();
+        self.clients = shared.store.cursors.persistent_sessions();
         self.sweep_at = 0;
         if self.seen.len() > self.clients.len() {
             let live: Set<&Arc<str>> = self.clients.iter().collect();
@@ -273,7 +276,7 @@ mod tests {
     use super::*;
     use crate::broker::Broker;
     use crate::config::BrokerConfig;
-    use crate::model::persist::MessageStore;
+    use crate::model::{CursorStore, HeldSeqs, MemoryStore, Persistence};
     use crate::state::outbound::stored_item;
 
     /// A store that counts the cursors it is asked to write, per client.
@@ -284,16 +287,34 @@ mod tests {
         calls: Mutex<HashMap<String, usize>>,
     }
 
-    impl MessageStore for Counting {
+    impl CursorStore for Counting {
         fn checkpoint_floors(&self) -> Vec<u64> {
             vec![self.floor.load(Ordering::Relaxed)]
         }
-        fn persistent_sessions(&self) -> Vec<Arc<str>> {
-            self.clients.clone()
+        fn removed_ranges(&self) -> Vec<(u16, std::ops::RangeInclusive<u64>)> {
+            MemoryStore.removed_ranges()
+        }
+        fn reclaim(&self) {
+            MemoryStore.reclaim()
         }
         fn checkpoint(&self, client_id: &str, _: &[u64], _: &HeldSeqs) -> bool {
             *self.calls.lock().entry(client_id.to_owned()).or_default() += 1;
             true
+        }
+        fn persistent_sessions(&self) -> Vec<Arc<str>> {
+            self.clients.clone()
+        }
+        fn durable_groups(&self) -> Vec<Arc<str>> {
+            MemoryStore.durable_groups()
+        }
+        fn checkpoint_group(&self, share: &str, floors: &[u64], held: &HeldSeqs) -> bool {
+            MemoryStore.checkpoint_group(share, floors, held)
+        }
+        fn group_ended(&self, share: &str) {
+            MemoryStore.group_ended(share)
+        }
+        fn refresh_disk_usage(&self) {
+            MemoryStore.refresh_disk_usage()
         }
     }
 
@@ -303,7 +324,14 @@ mod tests {
             floor: AtomicU64::new(1),
             ..Counting::default()
         });
-        let broker = Broker::with_store(BrokerConfig::default(), store.clone()).unwrap();
+        let broker = Broker::with_persistence(
+            BrokerConfig::default(),
+            Persistence {
+                cursors: store.clone(),
+                ..Persistence::memory()
+            },
+        )
+        .unwrap();
         for client in &store.clients {
             let session = Session::new(client.clone(), Protocol::V5, 3600);
             broker

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::engine::Shared;
 use crate::engine::route;
 use crate::metrics::Metrics;
-use crate::model::persist::HeldSeqs;
+use crate::model::HeldSeqs;
 use crate::state::outbound::{Outbound, Outgoing, PushResult};
 use crate::state::router::SubValue;
 use crate::state::session::Session;
@@ -184,7 +184,7 @@ pub fn forget_if_orphaned(shared: &Shared, shares: &[Arc<str>]) {
                 "share group has no member left; its queued messages are dropped"
             );
         }
-        shared.store.group_ended(share);
+        shared.store.cursors.group_ended(share);
     }
 }
 

@@ -25,7 +25,7 @@ pub struct Attached {
     pub conn_gen: u64,
     pub ctl: Arc<ConnCtl>,
     /// The persistent session's record: the CONNACK leaves once it is durable.
-    pub durable: Option<crate::model::persist::Ticket>,
+    pub durable: Option<crate::model::Ticket>,
 }
 
 /// What the new connection asks for.
@@ -111,7 +111,7 @@ pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
     session.set_online(true);
     drop(sessions);
     let durable = if request.expiry_interval_s > 0 {
-        shared.store.session_opened(
+        shared.store.sessions.session_opened(
             request.client_id,
             request.protocol,
             request.expiry_interval_s,
@@ -153,6 +153,7 @@ pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
         // The expiry (as set by CONNECT or DISCONNECT) counts from now, across restarts too.
         shared
             .store
+            .sessions
             .session_closed(&session.client_id, expiry_interval_s);
         crate::engine::expiry::arm(shared.clone(), session.clone(), conn_gen, expiry_interval_s);
     }
@@ -190,7 +191,7 @@ fn end_removed(shared: &Arc<Shared>, session: &Arc<Session>) {
     };
     let removed = shared.router.write().remove_session(&session.client_id);
     Metrics::sub(&shared.metrics.subscriptions, removed as u64);
-    shared.store.session_ended(&session.client_id);
+    shared.store.sessions.session_ended(&session.client_id);
     groups::forget_if_orphaned(shared, &shares);
     // MQTT-3.1.3-9: a delayed will is sent when the session ends, if not sent before.
     if let Some(will) = will {

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::engine::Shared;
 use crate::metrics::Metrics;
 use crate::model::SubRecord;
-use crate::model::persist::{Recovered, StoredSession};
+use crate::model::{Recovered, StoredSession};
 use crate::state::outbound::{Inflight, Outgoing, Phase};
 use crate::state::session::Session;
 

@@ -21,7 +21,7 @@ pub fn update(shared: &Shared, message: &Arc<Message>) -> Option<Ticket> {
         return None;
     }
     let kept = (!message.payload.is_empty()).then_some(&**message);
-    shared.store.retained_changed(&message.topic, kept)
+    shared.store.retained.retained_changed(&message.topic, kept)
 }
 
 /// The ack pipeline's release hook, one per broker (`Shared::release_hook`,

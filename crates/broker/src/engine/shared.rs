@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
-use crate::model::{Message, MessageStore, StoredWill};
+use crate::model::{Message, Persistence, StoredWill};
 use crate::read_order::ReadOrder;
 use crate::state::ack_pipeline::ReleaseHook;
 use crate::state::groups::Groups;
@@ -34,7 +34,8 @@ pub struct Shared {
     pub auth: crate::auth::Auth,
     /// CONNECTs per source address (`max_connect_rate_per_ip`).
     pub connect_rate: crate::connect_rate::ConnectRate,
-    pub store: Arc<dyn MessageStore>,
+    /// The persistence seam, one handle per concern.
+    pub store: Persistence,
     pub started_at: Instant,
     /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
     pub(crate) read_order: Arc<ReadOrder>,
@@ -64,7 +65,7 @@ impl Shared {
 
     /// The state of a broker over `store`, its retained tree, sessions and groups still empty
     /// (recovery fills them, [`crate::engine::restore`]).
-    pub(crate) fn new(config: BrokerConfig, store: Arc<dyn MessageStore>) -> Arc<Shared> {
+    pub(crate) fn new(config: BrokerConfig, store: Persistence) -> Arc<Shared> {
         let started_at = Instant::now();
         Arc::new_cyclic(|weak| Shared {
             config,

@@ -114,7 +114,7 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
             shared.retained.read().len().to_string(),
         ),
     ];
-    if let Some((used, budget)) = shared.store.disk_usage() {
+    if let Some((used, budget)) = shared.store.admin.disk_usage() {
         values.push(("$SYS/broker/store/disk/bytes", used.to_string()));
         values.push(("$SYS/broker/store/disk/budget", budget.to_string()));
     }

@@ -4,7 +4,7 @@
 //! or the session ends, whichever is first, and a resume within the delay cancels it.
 //!
 //! Durability (`crate::durable::wills` has the records): the store records the will at
-//! CONNECT ([`crate::model::persist::MessageStore::will_set`], which hands back a token naming this
+//! CONNECT ([`crate::model::WillStore::will_set`], which hands back a token naming this
 //! connection's will), marks it closed when its delay starts, and deletes it when it is
 //! cancelled or fired. [`fire`] publishes only once that delete is durable: a will is
 //! published at most once, even across a crash. Wills recovered at start-up are fired or
@@ -57,17 +57,18 @@ pub fn record(
     shared: &Shared,
     client_id: &str,
     will: Option<&Will>,
-) -> (u64, Option<crate::model::persist::Ticket>) {
+) -> (u64, Option<crate::model::Ticket>) {
     let message = will.map(|w| to_message(w, Instant::now()));
     let delay_s = will.map_or(0, |w| w.properties.will_delay_interval_s.unwrap_or(0));
     shared
         .store
+        .wills
         .will_set(client_id, message.as_deref().map(|m| (m, delay_s)))
 }
 
 /// The will `token` of `client_id` will not be sent (clean DISCONNECT, shutdown).
 pub fn cancel(shared: &Shared, client_id: &str, token: u64) {
-    drop(shared.store.will_cleared(client_id, token));
+    drop(shared.store.wills.will_cleared(client_id, token));
 }
 
 /// Sends (or schedules) the will of the connection `conn_gen` that is closing.
@@ -101,7 +102,7 @@ pub fn trigger(
             token,
             delay,
         ) {
-            shared.store.will_delayed(&session.client_id, token);
+            shared.store.wills.will_delayed(&session.client_id, token);
         } else {
             fire(shared, &session.client_id, token, message);
         }
@@ -115,7 +116,7 @@ pub fn trigger(
 /// the delete is durable (at most once, see the module doc). Published wills are stored like
 /// a client's PUBLISH before they are routed.
 pub fn fire(shared: &Arc<Shared>, client_id: &str, token: u64, message: Arc<Message>) {
-    let cleared = shared.store.will_cleared(client_id, token);
+    let cleared = shared.store.wills.will_cleared(client_id, token);
     if cleared.is_none() {
         // Nothing recorded (a store that keeps no wills): nothing to wait for first.
         match store(shared, client_id, &message) {
@@ -148,18 +149,17 @@ pub fn fire(shared: &Arc<Shared>, client_id: &str, token: u64, message: Arc<Mess
 
 /// Appends the will to its message stream. Never under `$` (`$SYS/`, and `$tern/`, the
 /// store's control records, which a will topic must not be able to forge).
-fn store(
-    shared: &Shared,
-    client_id: &str,
-    message: &Message,
-) -> Option<crate::model::persist::Ticket> {
+fn store(shared: &Shared, client_id: &str, message: &Message) -> Option<crate::model::Ticket> {
     if message.topic.starts_with('$') {
         return None;
     }
-    shared.store.append_publish(client_id, message, None)
+    shared
+        .store
+        .messages
+        .append_publish(client_id, message, None)
 }
 
-async fn wait_stored(ticket: &mut crate::model::persist::Ticket, client_id: &str) {
+async fn wait_stored(ticket: &mut crate::model::Ticket, client_id: &str) {
     if let Err(error) = ticket.wait().await {
         tracing::error!(%error, client_id, "will message not stored; published from memory");
     }
@@ -167,7 +167,7 @@ async fn wait_stored(ticket: &mut crate::model::persist::Ticket, client_id: &str
 
 fn publish(shared: &Shared, message: Arc<Message>) {
     route::publish(shared, message.clone());
-    shared.store.message_released(&message);
+    shared.store.messages.message_released(&message);
 }
 
 /// Fires or re-arms the wills recovered from the store (called from `serve`, where a runtime

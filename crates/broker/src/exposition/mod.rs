@@ -28,7 +28,7 @@ pub fn render(shared: &Shared, listeners: &[Arc<ListenerContext>]) -> String {
     messages(&mut e, &shared.metrics);
     drops(&mut e, &shared.metrics);
     security(&mut e, &shared.metrics);
-    store(&mut e, shared, &shared.store.stream_stats());
+    store(&mut e, shared, &shared.store.admin.stream_stats());
     e.finish()
 }
 
@@ -316,7 +316,7 @@ fn store(e: &mut TextEncoder, shared: &Shared, streams: &[StreamStats]) {
             1.0,
         );
     }
-    if let Some((used, budget)) = shared.store.disk_usage() {
+    if let Some((used, budget)) = shared.store.admin.disk_usage() {
         e.single(
             "store_disk_budget_bytes",
             Kind::Gauge,

@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use bytes::Bytes;
 use tern_wire::{Properties, Protocol, PublishShape, PublishTemplate, QoS, Str};
 
-use crate::model::persist::StoreRef;
+use crate::model::StoreRef;
 use tokio::time::Instant;
 
 /// Bytes counted per queued message on top of topic and payload (headers, bookkeeping).

@@ -2,20 +2,29 @@
 //! It imports nothing of this crate's but its leaves (`hash`, `config`).
 //!
 //! - [`message`]: [`Message`], a routed application message, encoded once per protocol.
-//! - [`persist`]: the persistence seam ([`MessageStore`]), tickets, and what recovery hands
-//!   back ([`Recovered`]); [`MemoryStore`] keeps nothing.
+//! - [`seam`]: the persistence seam, one small trait per concern ([`MessageLog`],
+//!   [`SessionStore`], [`ExchangeStore`], [`RetainedStore`], [`WillStore`], [`CursorStore`],
+//!   [`StoreAdmin`], [`Recovery`]) held together in [`Persistence`], with its written
+//!   contract; [`MemoryStore`] keeps nothing.
+//! - [`ticket`]: [`Ticket`], the completion of one issued write.
+//! - [`recovered`]: what recovery hands back ([`Recovered`]).
 //! - [`stats`]: what the store reports to operators ([`StreamStats`]), and [`ActionError`].
 //! - [`sub_record`]: one subscription as a session keeps it ([`SubRecord`]).
 
 pub mod message;
-pub mod persist;
+pub mod recovered;
+pub mod seam;
 pub mod stats;
 pub mod sub_record;
+pub mod ticket;
 
 pub use message::Message;
-pub use persist::{
-    HeldSeqs, MemoryStore, MessageStore, OutboundSent, PersistError, Recovered, StoreRef,
-    StoredGroup, StoredInflight, StoredSession, StoredWill, Ticket, TicketCompleter, WriterWakes,
+pub use recovered::{Recovered, StoredGroup, StoredInflight, StoredSession, StoredWill};
+pub use seam::{
+    CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, MessageLog, OutboundSent,
+    Persistence, Recovery, RetainedStore, SessionStore, StoreAdmin, StoreRef, WillStore,
+    WriterWakes,
 };
 pub use stats::{ActionError, StreamStats};
 pub use sub_record::SubRecord;
+pub use ticket::{PersistError, Ticket, TicketCompleter};

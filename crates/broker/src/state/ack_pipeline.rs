@@ -37,7 +37,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use tern_wire::ReasonCode;
 
-use crate::model::persist::{PersistError, Ticket};
+use crate::model::{PersistError, Ticket};
 
 /// The acknowledgement an entry releases.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use super::{
     DurableStore, RECOVERY_READ_BYTES, RECOVERY_READ_RECORDS, REL_PREFIX, RESET_PREFIX, RX_PREFIX,
 };
 use crate::hash::Map;
-use crate::model::persist::{Recovered, StoreRef};
+use crate::model::{Recovered, StoreRef};
 
 /// Most damaged blocks one recovery read steps over.
 const MAX_DAMAGED_BLOCKS_PER_READ: usize = 64;

@@ -22,7 +22,7 @@ use super::super::{DurableStore, RECOVERY_READ_BYTES};
 use super::read_damage_tolerant;
 use crate::hash::{Map, Set};
 use crate::model::message::Message;
-use crate::model::persist::{StoreRef, StoredInflight, StoredSession};
+use crate::model::{StoreRef, StoredInflight, StoredSession};
 
 /// Above this many distinct filters the stream read takes every topic and the trie alone
 /// selects (a `FilterSet` matches filter by filter).

@@ -1,7 +1,7 @@
 //! Tests of the ack pipeline (`ack_pipeline.rs`).
 
 use super::*;
-use crate::model::persist::TicketCompleter;
+use crate::model::TicketCompleter;
 
 fn entry(
     packet_id: u16,

@@ -12,14 +12,14 @@ use super::{
 };
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
-use crate::model::persist::{MessageStore, OutboundSent};
+use crate::model::{ExchangeStore, OutboundSent};
 
 /// What a batch needs besides the session's own state.
 pub struct BatchEnv<'a> {
     pub config: &'a BrokerConfig,
     pub metrics: &'a Metrics,
     /// Records outbound QoS 2 exchanges of persistent sessions (ARCHITECTURE §3).
-    pub store: &'a dyn MessageStore,
+    pub store: &'a dyn ExchangeStore,
     pub client_id: &'a str,
     /// The session outlives its connection: only then are its exchanges recorded.
     pub persistent: bool,

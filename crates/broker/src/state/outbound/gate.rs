@@ -27,7 +27,7 @@ use std::task::{Context, Poll};
 use tern_wire::ReasonCode;
 
 use super::Outgoing;
-use crate::model::persist::Ticket;
+use crate::model::Ticket;
 
 /// QoS 0 deliveries that may wait in the gate behind a held PUBLISH; beyond it the session
 /// queue keeps them (and its own limits apply).
@@ -220,7 +220,7 @@ impl Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::persist::PersistError;
+    use crate::model::PersistError;
 
     #[tokio::test]
     async fn releases_in_push_order_only_when_the_front_is_durable() {

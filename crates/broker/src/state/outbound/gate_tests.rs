@@ -11,7 +11,7 @@ use super::batch::BatchEnv;
 use super::*;
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
-use crate::model::persist::{MessageStore, OutboundSent, StoreRef, Ticket, TicketCompleter};
+use crate::model::{ExchangeStore, MemoryStore, OutboundSent, StoreRef, Ticket, TicketCompleter};
 
 /// Hands out a ticket per outbound record and keeps its completer, to complete by hand.
 #[derive(Default)]
@@ -45,7 +45,7 @@ impl HandStore {
     }
 }
 
-impl MessageStore for HandStore {
+impl ExchangeStore for HandStore {
     fn outbound_sent(&self, _: &str, packet_id: u16, _: StoreRef) -> OutboundSent {
         match self.ticket("sent", packet_id) {
             Some(t) => OutboundSent::Recorded(t),
@@ -59,6 +59,9 @@ impl MessageStore for HandStore {
         _: Option<StoreRef>,
     ) -> Option<Ticket> {
         self.ticket("pubrel", packet_id)
+    }
+    fn outbound_completed(&self, client_id: &str, packet_id: u16) {
+        MemoryStore.outbound_completed(client_id, packet_id)
     }
 }
 

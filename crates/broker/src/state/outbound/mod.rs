@@ -53,8 +53,8 @@ use tokio::time::Instant;
 
 use crate::config::BrokerConfig;
 use crate::metrics::QueuedTotals;
+use crate::model::Ticket;
 use crate::model::message::Message;
-use crate::model::persist::Ticket;
 use crate::state::packet_ids::PacketIds;
 
 pub use batch::BatchEnv;
@@ -453,7 +453,7 @@ impl Outbound {
     }
 
     /// The store position of the in-flight message `packet_id`, if it was stored.
-    pub fn stored_ref(&self, packet_id: u16) -> Option<crate::model::persist::StoreRef> {
+    pub fn stored_ref(&self, packet_id: u16) -> Option<crate::model::StoreRef> {
         self.queues
             .inflight
             .iter()
@@ -490,7 +490,7 @@ impl Outbound {
 
     /// Appends the store positions of every stored message this session still holds (in
     /// flight or queued) to `out`, for its durable cursor.
-    pub fn held(&self, out: &mut crate::model::persist::HeldSeqs) {
+    pub fn held(&self, out: &mut crate::model::HeldSeqs) {
         let refs = self
             .queues
             .inflight
@@ -503,7 +503,7 @@ impl Outbound {
     }
 
     /// Like [`Outbound::held`], for the messages routed via the share group `share` only.
-    pub fn held_share(&self, share: &str, out: &mut crate::model::persist::HeldSeqs) {
+    pub fn held_share(&self, share: &str, out: &mut crate::model::HeldSeqs) {
         let refs = self
             .queues
             .inflight
@@ -561,7 +561,7 @@ pub(crate) fn stored_item(payload: &'static [u8], qos: QoS, seq: u64) -> Outgoin
     );
     let _ = message
         .stored
-        .set(crate::model::persist::StoreRef { stream: 0, seq });
+        .set(crate::model::StoreRef { stream: 0, seq });
     Outgoing {
         message: Arc::new(message),
         qos,

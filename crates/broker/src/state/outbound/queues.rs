@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{Gate, HeldPacket, Inflight, Outgoing};
-use crate::model::persist::Ticket;
+use crate::model::Ticket;
 
 /// The containers of an [`super::Outbound`] that an idle session has no use for.
 #[derive(Debug)]

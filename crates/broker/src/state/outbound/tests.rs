@@ -77,7 +77,7 @@ impl Fixture {
         let env = batch::BatchEnv {
             config: &self.config,
             metrics: &self.metrics,
-            store: &crate::model::persist::MemoryStore,
+            store: &crate::model::MemoryStore,
             client_id: "c",
             persistent: false,
             now: Instant::now(),

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use super::Outgoing;
 use super::batch::BatchEnv;
 use crate::metrics::Metrics;
+use crate::model::Ticket;
 use crate::model::message::Message;
-use crate::model::persist::Ticket;
 use crate::state::session::Session;
 use crate::state::topic_alias::OutboundAliases;
 use crate::transport::TransportWrite;
@@ -260,7 +260,7 @@ pub struct OutEnv<'a> {
     pub config: &'a crate::config::BrokerConfig,
     pub metrics: &'a Metrics,
     /// Records outbound QoS 2 exchanges (ARCHITECTURE §3).
-    pub store: &'a dyn crate::model::MessageStore,
+    pub store: &'a dyn crate::model::ExchangeStore,
     pub session: &'a Session,
     pub conn_gen: u64,
 }
