@@ -14,6 +14,16 @@ pub struct QueuedTotals {
     pub messages: AtomicUsize,
 }
 
+impl QueuedTotals {
+    /// True while the queues together hold `max_queued_bytes_total` (`cap_bytes`) or more:
+    /// the one rule of the cap (issue 24), for a QoS 0 push (dropped) and a QoS>0 PUBLISH
+    /// (refused with 0x97) alike.
+    pub fn at_cap(&self, cap_bytes: usize) -> bool {
+        !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
+            && self.bytes.load(std::sync::atomic::Ordering::Relaxed) >= cap_bytes
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub clients_connected: AtomicU64,

@@ -2,7 +2,6 @@
 //! format), the store write, and the ack pipeline (ARCHITECTURE §2.2–2.6, §3).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tern_wire::{Ack, Publish, QoS, ReasonCode};
 
@@ -265,9 +264,9 @@ impl Conn {
                 ("max_disk_bytes", &metrics.publishes_refused_disk_budget)
             }
         } else if qos != QoS::AtMostOnce
-            && !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
-            && metrics.queued.bytes.load(Ordering::Relaxed)
-                >= self.shared.config.max_queued_bytes_total
+            && metrics
+                .queued
+                .at_cap(self.shared.config.max_queued_bytes_total)
         {
             (
                 "max_queued_bytes_total",

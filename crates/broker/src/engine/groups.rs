@@ -57,6 +57,21 @@ fn push(shared: &Shared, queue: &mut Outbound, share: &str, item: Outgoing, now:
     }
 }
 
+/// The queue of `share`, made when missing. It counts into the broker-wide queued totals
+/// (`max_queued_bytes_total`) as a session's queue does: messages waiting for a group's members
+/// are held in memory like any other (issue 24 item 3).
+fn group_queue<'a>(
+    shared: &Shared,
+    groups: &'a mut crate::hash::Map<Arc<str>, Outbound>,
+    share: &Arc<str>,
+) -> &'a mut Outbound {
+    groups.entry(share.clone()).or_insert_with(|| {
+        let mut queue = Outbound::default();
+        queue.count_into(shared.metrics.queued.clone());
+        queue
+    })
+}
+
 /// Queues `item` for the group `share` (no member was online when it was routed).
 pub fn enqueue(shared: &Shared, share: &Arc<str>, item: Outgoing, now: Instant) {
     if item.qos == QoS::AtMostOnce {
@@ -65,7 +80,7 @@ pub fn enqueue(shared: &Shared, share: &Arc<str>, item: Outgoing, now: Instant) 
     }
     {
         let mut groups = shared.groups.map.lock();
-        let queue = groups.entry(share.clone()).or_default();
+        let queue = group_queue(shared, &mut groups, share);
         push(shared, queue, share, item, now);
     }
     if any_member_online(shared, share) {
@@ -154,7 +169,7 @@ pub fn redistribute(shared: &Shared, from: &Arc<Session>) {
                 route::deliver(shared, &value.session, for_member(item, value), now);
             }
             None if router.share_group(&share).is_some() => {
-                let queue = groups.entry(share.clone()).or_default();
+                let queue = group_queue(shared, &mut groups, &share);
                 push(shared, queue, &share, item, now);
             }
             None => Metrics::add(&shared.metrics.messages_dropped, 1),
@@ -209,7 +224,7 @@ pub fn restore(shared: &Shared, share: &str, messages: Vec<crate::model::message
     let share: Arc<str> = share.into();
     let now = Instant::now();
     let mut groups = shared.groups.map.lock();
-    let queue = groups.entry(share.clone()).or_default();
+    let queue = group_queue(shared, &mut groups, &share);
     for message in messages {
         let item = Outgoing {
             qos: message.qos,
@@ -257,5 +272,38 @@ mod tests {
             7
         );
         assert_eq!(Metrics::get(&shared.metrics.messages_dropped), 7);
+    }
+
+    /// Issue 24 item 3: a share group's queue counts into `max_queued_bytes_total` as a
+    /// session's does, so messages waiting for a group's members cannot grow past the
+    /// broker-wide cap unseen (the publisher is refused with 0x97 at the cap), and they leave
+    /// the total when a member takes them or the queue goes.
+    #[tokio::test]
+    async fn a_group_queue_counts_into_the_broker_wide_queued_total() {
+        let broker = Broker::new(BrokerConfig::default()).unwrap();
+        let shared = broker.shared();
+        let share: Arc<str> = "$share/g/t".into();
+        let total = || {
+            shared
+                .metrics
+                .queued
+                .bytes
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        assert_eq!(total(), 0);
+        let item = stored_item(b"0123456789", QoS::AtLeastOnce, 1);
+        let len = item.message.approx_len();
+        enqueue(shared, &share, item, Instant::now());
+        enqueue(
+            shared,
+            &share,
+            stored_item(b"0123456789", QoS::AtLeastOnce, 2),
+            Instant::now(),
+        );
+        assert_eq!(shared.groups.queued(&share), 2);
+        assert_eq!(total(), 2 * len, "the group's queue counts into the total");
+        forget_if_orphaned(shared, std::slice::from_ref(&share));
+        assert_eq!(shared.groups.queued(&share), 0);
+        assert_eq!(total(), 0, "a dropped queue leaves the total");
     }
 }

@@ -223,11 +223,9 @@ impl Outbound {
 
     /// True while every session's queues together hold `max_queued_bytes_total` or more.
     fn over_total(&self, config: &BrokerConfig) -> bool {
-        !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
-            && self
-                .totals
-                .as_ref()
-                .is_some_and(|t| t.bytes.load(Ordering::Relaxed) >= config.max_queued_bytes_total)
+        self.totals
+            .as_ref()
+            .is_some_and(|t| t.at_cap(config.max_queued_bytes_total))
     }
 
     pub fn push(
