@@ -125,6 +125,14 @@ impl Broker {
         &self.shared
     }
 
+    /// Marks the broker ready (`/readyz`) before [`Broker::serve_listeners`] runs: recovery is
+    /// done when the broker is built, and a bound listener queues connections in the kernel,
+    /// so the line that announces the listeners can promise readiness (a probe used to see
+    /// 503 for a moment after it).
+    pub fn mark_ready(&self) {
+        self.shared.set_ready(true);
+    }
+
     /// Accepts connections on one plain TCP listener until `shutdown` resolves; see
     /// [`Broker::serve_listeners`].
     pub async fn serve(

@@ -242,6 +242,8 @@ fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
             let contexts = listeners.iter().map(|l| l.context.clone()).collect();
             http.set_broker(broker.clone(), contexts);
         }
+        // Ready before the lines: whoever reads them may probe `/readyz` at once.
+        broker.mark_ready();
         // One line per listener, in config order: the first line is the first listener.
         for listener in &listeners {
             let local = listener
