@@ -112,34 +112,26 @@ fn the_scanner_sees_dependencies_in_every_form() {
 /// cycle, spelled out member by member: the test fails if the cycle grows, changes or shrinks,
 /// so whoever breaks an edge of it must shrink this list to what is left, and delete the entry
 /// once the crate has no cycle. Nothing may be added here.
-const KNOWN_CYCLES: &[(&str, &[&str])] = &[
-    (
+const KNOWN_CYCLES: &[(&str, &[&str])] = &[(
+    "broker",
+    &[
+        "ack_pipeline",
+        "admin",
         "broker",
-        &[
-            "ack_pipeline",
-            "admin",
-            "broker",
-            "checkpoint",
-            "connection",
-            "exposition",
-            "keep_alive",
-            "message",
-            "outbound",
-            "persist",
-            "retained",
-            "router",
-            "session",
-            "sys",
-            "will",
-        ],
-    ),
-    (
-        "store",
-        &["compact", "recovery", "shared", "state", "wake", "writer"],
-    ),
-    ("store", &["sim", "vfs"]),
-    ("store", &["stream", "stream_info"]),
-];
+        "checkpoint",
+        "connection",
+        "exposition",
+        "keep_alive",
+        "message",
+        "outbound",
+        "persist",
+        "retained",
+        "router",
+        "session",
+        "sys",
+        "will",
+    ],
+)];
 
 /// The written layers of the leaf crates, lowest first. A module may import modules of its own
 /// layer and of the layers below it, never of a layer above; every top-level module of the
@@ -164,6 +156,23 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             &["error", "hybrid_map", "shared"],
             &["validate", "subscribers"],
             &["trie"],
+        ],
+    ),
+    (
+        "store",
+        &[
+            &["error", "filter", "histogram", "vfs"],
+            &["config", "lockfile", "queue", "sim"],
+            &["format"],
+            &["record", "scan"],
+            &["state"],
+            &["recovery"],
+            &["shared"],
+            &["wake", "ticket"],
+            &["writer"],
+            &["stream"],
+            &["read", "kv"],
+            &["store"],
         ],
     ),
 ];
