@@ -13,8 +13,8 @@
 //!   re-exports [`PacketType`] and [`Str`], its vocabulary from below).
 //! - `decode`: [`decode`], incremental and zero-copy, one file per packet family; `encode`:
 //!   [`encode`] and [`encoded_len`], one file per packet family.
-//! - [`fanout`]: [`PublishTemplate`], [`PublishShape`] and [`Delivery`], a PUBLISH encoded once for many
-//!   subscribers, and the [`publish_templates_built`] counter.
+//! - [`fanout`]: [`PublishTemplate`], [`PublishShape`] and [`Delivery`], a PUBLISH encoded
+//!   once for many subscribers, and the [`publish_templates_built`] counter.
 //!
 //! ```
 //! use tern_wire::{decode, encode, Bytes, BytesMut, Packet, Protocol, Publish, QoS, Str, Properties};

@@ -250,7 +250,8 @@ mod tests {
 
     #[test]
     fn inline_test_modules_do_not_count_but_code_after_them_does() {
-        let src = "#[cfg(test)]\nmod tests {\n    use crate::a;\n    mod deeper { use crate::b; }\n}\n\
+        let src = "#[cfg(test)]\nmod tests {\n    use crate::a;\n\
+                   mod deeper { use crate::b; }\n}\n\
                    #[cfg(test)]\n#[allow(dead_code)]\npub(crate) mod more { use crate::c; }\n\
                    #[cfg(test)]\nuse crate::d;\n#[cfg(feature = \"sim\")]\nuse crate::e;\n\
                    #[cfg(test)]\nmod on_disk;\nuse crate::f;";
@@ -281,7 +282,8 @@ mod tests {
 
     #[test]
     fn the_crate_root_maps_reexported_names_to_their_modules() {
-        let lib = "pub mod a;\nmod b;\npub use a::{X, y::{Z as W, self}};\npub(crate) use self::b::V;\n\
+        let lib = "pub mod a;\nmod b;\npub use a::{X, y::{Z as W, self}};\n\
+                   pub(crate) use self::b::V;\n\
                    use crate::c::U;\npub use bytes::Bytes;\nfn f() { use d::Inner; }";
         let names = root_reexports(lib);
         let pairs: Vec<(&str, &str)> = names
