@@ -22,10 +22,13 @@ pub use crate::record::{NewRecord, ReadBatch, Record};
 use crate::recovery::{self, RecoveryReport};
 use crate::shared::{Shared, lock};
 use crate::state::RemovedLog;
-pub use crate::stream_info::{StreamInfo, StreamMetrics, TopicStats};
 use crate::ticket::Ticket;
 use crate::vfs::Vfs;
 use crate::writer::Writer;
+
+mod info;
+
+pub use info::{StreamInfo, StreamMetrics, TopicStats};
 
 /// Most entries one `read_from` call walks (matching or not) before it returns, so that a
 /// sparse filter cannot hold the stream lock for long.
@@ -96,7 +99,7 @@ impl Stream {
         let mut writer = Writer::new(sh.clone(), o.active_file, o.active_len, durable, o.reemit);
         let thread = if sh.is_stepped() {
             writer.start();
-            sh.install_stepper(writer);
+            sh.install_stepper(Box::new(writer));
             None
         } else {
             let j = std::thread::Builder::new()
@@ -274,10 +277,7 @@ impl Stream {
                 continue;
             }
             q.appenders_waiting += 1;
-            if q.writer_waiting {
-                q.writer_waiting = false;
-                sh.writer_cv.notify_one();
-            }
+            q.wake_writer(&sh.writer_cv);
             q = sh.space_cv.wait(q).unwrap_or_else(|e| e.into_inner());
             q.appenders_waiting -= 1;
         }
@@ -311,7 +311,7 @@ impl Stream {
             std::sync::atomic::Ordering::Relaxed,
         );
         let last = q.next_seq - 1;
-        crate::wake::wake_after_append(sh, &mut q);
+        q.wake_after_append(&sh.writer_cv);
         drop(q);
         Ok(Ticket::new(sh.clone(), first, last))
     }
@@ -326,10 +326,7 @@ impl Stream {
         }
         let off = q.buf.len();
         q.ops.push((off, QueuedOp { op, reply: tx }));
-        if q.writer_waiting {
-            q.writer_waiting = false;
-            sh.writer_cv.notify_one();
-        }
+        q.wake_writer(&sh.writer_cv);
     }
 
     fn op(&self, op: Op) -> Result<Removed> {
@@ -345,10 +342,7 @@ impl Stream {
             }
             let off = q.buf.len();
             q.ops.push((off, QueuedOp { op, reply: tx }));
-            if q.writer_waiting {
-                q.writer_waiting = false;
-                sh.writer_cv.notify_one();
-            }
+            q.wake_writer(&sh.writer_cv);
             q.next_seq - 1
         };
         sh.reply(&rx, waits_for)

@@ -1,8 +1,15 @@
-//! Parsing one block's records at recovery: entries, topics and delete markers up to the
-//! first damage or unfinished batch (or the zeros of reserved space), and how far a torn
-//! tail's sequences reach.
+//! Parsing one block's records: entries, topics and delete markers up to the first damage or
+//! unfinished batch (or the zeros of reserved space), and how far a torn tail's sequences
+//! reach. Recovery scans the blocks it opens with it; the in-memory view (`state`) and the
+//! reader rescan a block whose index they cannot trust, so it sits below all three.
 
-use super::*;
+use std::collections::HashMap;
+
+use bytes::Bytes;
+
+use crate::format::{
+    self, BLOCK_HEADER_LEN, DecodeError, Entry, FLAG_BATCH_MORE, IndexData, KIND_DATA, MAX_SEQ,
+};
 
 pub(crate) struct Scan {
     pub ix: IndexData,
@@ -65,7 +72,7 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
                 }
                 off += r.len;
             }
-            Err(_) if files::all_zero(raw, off) => {
+            Err(_) if all_zero(raw, off) => {
                 // Reserved space never written (or whose writes were lost whole): the end
                 // of the data, not damage.
                 break;
@@ -138,4 +145,10 @@ fn high_seq_past(raw: &Bytes, off: usize) -> u64 {
         at += r.len;
     }
     high
+}
+
+/// Whether every byte of `raw` from `from` on is zero (true past its end): space reserved
+/// but never written, or written and lost whole.
+pub(crate) fn all_zero(raw: &[u8], from: usize) -> bool {
+    raw.get(from..).is_none_or(|t| t.iter().all(|&b| b == 0))
 }

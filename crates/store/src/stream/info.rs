@@ -1,14 +1,14 @@
 //! What a stream reports about itself: per-topic counts, the writer's counters and
 //! histograms, and a snapshot of its numbers ([`StreamInfo`]). Reads and appends are in
-//! `read.rs` and `stream.rs`.
+//! `read.rs` and `stream/mod.rs`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 
+use super::Stream;
 use crate::shared::lock;
 use crate::state::Corruption;
-use crate::stream::Stream;
 
 /// Live records of one topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

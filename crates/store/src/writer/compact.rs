@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::Writer;
 use crate::error::{Result, StoreError};
 use crate::format::{
     self, BLOCK_HEADER_LEN, Entry, FLAG_BATCH_MORE, FLAG_TOMBSTONE, encode_block_header,
@@ -31,7 +32,6 @@ use crate::format::{
 use crate::shared::{Shared, lock};
 use crate::state::{Block, ENTRY_DELETED, State};
 use crate::vfs::VFile;
-use crate::writer::Writer;
 
 /// Sum of bytes held by deleted records and markers in sealed blocks.
 pub(crate) fn garbage_bytes(st: &State) -> u64 {
