@@ -24,14 +24,13 @@
 //! literals and test modules), `paths` (the paths in a file, the root's re-exports) and `graph`
 //! (the module graph and its cycles).
 //!
-//! **Written layers.** The leaf crates also carry their order, lowest layer first, in `LAYERS`,
+//! **Written layers.** The crates also carry their order, lowest layer first, in `LAYERS`,
 //! and a module may import only its own layer and those below. A cycle alone says that one of
 //! its imports is wrong, not which: with the order written down, the failure points at the one
 //! upward import to remove, and the list doubles as the crate's map for a newcomer (each
 //! `lib.rs` module map follows it). The price is that a new module must be placed in the list,
-//! which is the decision we want made on purpose. `crates/broker` has no order yet: its cycle is
-//! a named exception in `KNOWN_CYCLES` until it is untangled (issue 22), and it gets its layers
-//! then.
+//! which is the decision we want made on purpose. No crate has an exception: the broker's
+//! 15-module cycle was untangled into the layers of ARCHITECTURE §1.1 (issue 22).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -119,35 +118,33 @@ fn the_scanner_sees_dependencies_in_every_form() {
 
 // --- Module level: the top-level modules inside each crate (read by `graph`, `paths`, `lex`) ---
 
-/// Import cycles that exist today and are being untangled (issue 22). Each entry is one crate's
-/// cycle, spelled out member by member: the test fails if the cycle grows, changes or shrinks,
-/// so whoever breaks an edge of it must shrink this list to what is left, and delete the entry
-/// once the crate has no cycle. Nothing may be added here.
-const KNOWN_CYCLES: &[(&str, &[&str])] = &[(
-    "broker",
-    &[
-        "ack_pipeline",
-        "admin",
-        "broker",
-        "checkpoint",
-        "connection",
-        "exposition",
-        "keep_alive",
-        "message",
-        "outbound",
-        "persist",
-        "retained",
-        "router",
-        "session",
-        "sys",
-        "will",
-    ],
-)];
-
-/// The written layers of the leaf crates, lowest first. A module may import modules of its own
+/// The written layers of each crate, lowest first. A module may import modules of its own
 /// layer and of the layers below it, never of a layer above; every top-level module of the
 /// crate must be listed (a new module is placed on purpose, not by accident).
 const LAYERS: &[(&str, &[&[&str]])] = &[
+    (
+        // ARCHITECTURE §1.1: leaves, model, durable, state, engine, driver, assembly.
+        "broker",
+        &[
+            &[
+                "auth",
+                "config",
+                "connect_rate",
+                "hash",
+                "inject",
+                "read_order",
+                "transport",
+            ],
+            &["metrics"],
+            &["model"],
+            &["durable"],
+            &["state"],
+            &["engine"],
+            &["connection"],
+            &["broker", "exposition"],
+            &["admin", "fuzz"],
+        ],
+    ),
     (
         "wire",
         &[
@@ -210,39 +207,13 @@ fn describe_cycle(krate: &str, graph: &ModuleGraph, members: &BTreeSet<String>) 
     out
 }
 
-/// The crate's failures: cycles not in [`KNOWN_CYCLES`], known cycles that changed, imports
-/// against [`LAYERS`].
+/// The crate's failures: any import cycle among its top-level modules, and imports against
+/// [`LAYERS`].
 fn module_failures(krate: &str, graph: &ModuleGraph) -> Vec<String> {
-    let mut failures = Vec::new();
-    let known: Vec<BTreeSet<String>> = KNOWN_CYCLES
+    let mut failures: Vec<String> = cycles(graph)
         .iter()
-        .filter(|(name, _)| *name == krate)
-        .map(|(_, members)| members.iter().map(|m| m.to_string()).collect())
+        .map(|cycle| describe_cycle(krate, graph, cycle))
         .collect();
-    let found = cycles(graph);
-    for cycle in &found {
-        if !known.contains(cycle) {
-            let mut message = describe_cycle(krate, graph, cycle);
-            if let Some(old) = known.iter().find(|old| !old.is_disjoint(cycle)) {
-                let gone: Vec<&String> = old.difference(cycle).collect();
-                let new: Vec<&String> = cycle.difference(old).collect();
-                message += &format!(
-                    "  This is the known cycle of KNOWN_CYCLES changed (left it: {gone:?}; \
-                     joined it: {new:?}). A cycle may only shrink: if it did, write the \
-                     members above into KNOWN_CYCLES.\n"
-                );
-            }
-            failures.push(message);
-        }
-    }
-    for old in &known {
-        if !found.contains(old) && found.iter().all(|cycle| cycle.is_disjoint(old)) {
-            failures.push(format!(
-                "crates/{krate}: the known cycle {old:?} is gone. Delete its KNOWN_CYCLES entry \
-                 so it cannot come back."
-            ));
-        }
-    }
     failures.extend(layer_failures(krate, graph));
     failures
 }
@@ -302,11 +273,10 @@ fn no_crate_has_a_cycle_among_its_top_level_modules() {
             .unwrap_or_default();
         failures.extend(module_failures(&krate, &crate_graph(&src)));
     }
-    let named = KNOWN_CYCLES.iter().map(|(k, _)| *k);
-    for krate in named.chain(LAYERS.iter().map(|(k, _)| *k)) {
+    for (krate, _) in LAYERS {
         assert!(
             crates_dir().join(krate).join("src").is_dir(),
-            "KNOWN_CYCLES or LAYERS names crates/{krate}, which does not exist"
+            "LAYERS names crates/{krate}, which does not exist"
         );
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
@@ -352,33 +322,4 @@ fn a_cycle_is_reported_with_its_shortest_loop_and_every_edge() {
         "{}",
         failures[0]
     );
-}
-
-#[test]
-fn the_known_broker_cycle_must_stay_exactly_as_listed() {
-    let ring = |members: &[&'static str]| -> Vec<(&'static str, &'static str)> {
-        let next = members.iter().cycle().skip(1);
-        members
-            .iter()
-            .zip(next)
-            .map(|(from, to)| (*from, *to))
-            .collect()
-    };
-    let (_, known) = KNOWN_CYCLES[0];
-    assert!(module_failures("broker", &graph_of(&ring(known))).is_empty());
-    // One module more in the circle fails, and so does one less (then shrink the list).
-    let mut grown = ring(known);
-    grown.extend([("will", "config"), ("config", "will")]);
-    let failures = module_failures("broker", &graph_of(&grown));
-    assert!(
-        failures[0].contains("joined it: [\"config\"]"),
-        "{failures:?}"
-    );
-    let shrunk = module_failures("broker", &graph_of(&ring(&known[1..])));
-    assert!(
-        shrunk[0].contains("left it: [\"ack_pipeline\"]"),
-        "{shrunk:?}"
-    );
-    let gone = module_failures("broker", &graph_of(&[("a", "b")]));
-    assert!(gone[0].contains("is gone"), "{gone:?}");
 }
