@@ -37,6 +37,10 @@ pub struct Metrics {
     pub messages_dropped_expired: AtomicU64,
     /// Of `messages_dropped`: queued deliveries whose stored records retention removed.
     pub messages_dropped_retention: AtomicU64,
+    /// QoS 1 deliveries in flight to a persistent session whose stored records retention
+    /// removed (not dropped: resent from memory while the broker runs, but a restart before
+    /// their PUBACK cannot resend them; QoS 2 in flight is pinned instead).
+    pub inflight_exposed_retention: AtomicU64,
     /// Of `messages_dropped`: QoS 0 refused because an online subscriber's outbound queue was
     /// at its byte or message limit (a slow subscriber).
     pub messages_dropped_queue_full: AtomicU64,

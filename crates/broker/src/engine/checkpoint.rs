@@ -244,24 +244,34 @@ enum Visit {
 fn drop_removed_everywhere(shared: &Shared, removed: &[(u16, std::ops::RangeInclusive<u64>)]) {
     let sessions: Vec<Arc<Session>> = shared.sessions.map.lock().values().cloned().collect();
     for session in &sessions {
-        let dropped = session.state.lock().out.drop_removed(removed);
-        if dropped > 0 {
-            Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
-            Metrics::add(&shared.metrics.messages_dropped_retention, dropped as u64);
-            tracing::info!(client_id = %session.client_id, dropped, "retention removed queued messages; session skips ahead");
+        let (effect, persistent) = {
+            let mut state = session.state.lock();
+            (state.out.drop_removed(removed), state.expiry_interval_s > 0)
+        };
+        note_retention_drops(shared, "session", &session.client_id, effect.dropped);
+        if persistent && effect.inflight_exposed > 0 {
+            let n = effect.inflight_exposed as u64;
+            Metrics::add(&shared.metrics.inflight_exposed_retention, n);
+            tracing::warn!(client_id = %session.client_id, exposed = n, "retention removed the records of QoS 1 messages in flight; a restart before their PUBACK cannot resend them");
         }
     }
     for (share, queue) in shared.groups.map.lock().iter_mut() {
-        let dropped = queue.drop_removed(removed);
-        if dropped > 0 {
-            Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
-            Metrics::add(&shared.metrics.messages_dropped_retention, dropped as u64);
-            tracing::info!(
-                share = &**share,
-                dropped,
-                "retention removed queued messages; share group skips ahead"
-            );
-        }
+        let effect = queue.drop_removed(removed);
+        note_retention_drops(shared, "share group", share, effect.dropped);
+    }
+}
+
+/// Counts and logs `dropped` queued copies that retention removed from `who`'s queue.
+fn note_retention_drops(shared: &Shared, kind: &str, who: &str, dropped: usize) {
+    if dropped > 0 {
+        Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
+        Metrics::add(&shared.metrics.messages_dropped_retention, dropped as u64);
+        tracing::info!(
+            queue = kind,
+            name = who,
+            dropped,
+            "retention removed queued messages; the queue skips ahead"
+        );
     }
 }
 

@@ -74,6 +74,10 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
             Metrics::get(&m.messages_dropped_disk_budget).to_string(),
         ),
         (
+            "$SYS/broker/messages/inflight_exposed/retention",
+            Metrics::get(&m.inflight_exposed_retention).to_string(),
+        ),
+        (
             "$SYS/broker/messages/refused/memory_limit",
             Metrics::get(&m.publishes_refused_memory_limit).to_string(),
         ),

@@ -185,6 +185,13 @@ fn drops(e: &mut TextEncoder, m: &Metrics) {
         Metrics::get(&m.publishes_refused_disk_budget),
     );
     e.single(
+        "inflight_exposed_retention_total",
+        Kind::Counter,
+        "QoS 1 deliveries in flight to a persistent session whose stored records retention \
+         removed: resent from memory while the broker runs, not after a restart.",
+        Metrics::get(&m.inflight_exposed_retention),
+    );
+    e.single(
         "slow_subscribers_disconnected_total",
         Kind::Counter,
         "Subscribers disconnected because their queue stayed full past slow_subscriber_timeout_ms.",

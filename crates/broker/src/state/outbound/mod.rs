@@ -104,6 +104,16 @@ pub struct Inflight {
     pub held: bool,
 }
 
+/// What retention's removal of ranges did to one queue ([`Outbound::drop_removed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Removed {
+    /// Queued deliveries dropped: the queue skips the removed range.
+    pub dropped: usize,
+    /// QoS 1 deliveries in flight whose record went: resent from memory while the broker
+    /// runs, not after a restart.
+    pub inflight_exposed: usize,
+}
+
 /// What happened to a pushed item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PushResult {
@@ -460,8 +470,11 @@ impl Outbound {
     }
 
     /// Drops queued (not in-flight) stored messages whose position retention removed from the
-    /// store: the session skips ahead over the removed range once. Returns how many.
-    pub fn drop_removed(&mut self, removed: &[(u16, std::ops::RangeInclusive<u64>)]) -> usize {
+    /// store: the session skips ahead over the removed range once. In-flight messages stay
+    /// (they are resent from memory, MQTT-4.4.0-1); the QoS 1 ones among them are counted as
+    /// exposed: no record pins them (a QoS 2 exchange's does), so a restart before their
+    /// PUBACK cannot resend them (ARCHITECTURE §5, "Retention").
+    pub fn drop_removed(&mut self, removed: &[(u16, std::ops::RangeInclusive<u64>)]) -> Removed {
         let gone = |o: &Outgoing| {
             o.message.store_ref().is_some_and(|r| {
                 removed
@@ -469,8 +482,17 @@ impl Outbound {
                     .any(|(stream, range)| *stream == r.stream && range.contains(&r.seq))
             })
         };
+        let inflight_exposed = self
+            .queues
+            .inflight
+            .iter()
+            .filter(|e| e.item.qos == QoS::AtLeastOnce && gone(&e.item))
+            .count();
         if !self.queues.queue.iter().any(gone) {
-            return 0;
+            return Removed {
+                dropped: 0,
+                inflight_exposed,
+            };
         }
         let mut dropped = 0;
         for item in self.queues.take_queued() {
@@ -483,7 +505,10 @@ impl Outbound {
         }
         self.queues.release_if_empty();
         self.sync_total();
-        dropped
+        Removed {
+            dropped,
+            inflight_exposed,
+        }
     }
 
     /// Appends the store positions of every stored message this session still holds (in

@@ -469,3 +469,40 @@ async fn queues_exist_only_while_they_hold_something() {
     assert_eq!(f.drain().len(), 1);
     assert_ne!(f.out.queues.inflight[0].packet_id, id);
 }
+
+/// Issue 24 item 3: retention removing a range drops the queued copies in it (the queue skips
+/// ahead) and keeps the in-flight ones (resent from memory, MQTT-4.4.0-1), counting the QoS 1
+/// ones among them as exposed: no record pins them across a restart.
+#[test]
+fn removed_ranges_drop_queued_copies_and_count_inflight_qos1_as_exposed() {
+    let mut f = Fixture::new(2);
+    for (seq, qos) in [
+        (5, QoS::AtLeastOnce),
+        (6, QoS::ExactlyOnce),
+        (7, QoS::AtLeastOnce),
+    ] {
+        f.push(stored_item(b"x", qos, seq));
+    }
+    // The window of 2 takes seqs 5 and 6 in flight; 7 stays queued.
+    f.fill_parts();
+    let out = &mut f.out;
+    assert_eq!(out.queues.inflight.len(), 2);
+    let effect = out.drop_removed(&[(0, 1..=10)]);
+    assert_eq!(
+        effect,
+        Removed {
+            dropped: 1,
+            inflight_exposed: 1
+        }
+    );
+    assert_eq!(out.queues.inflight.len(), 2, "in-flight messages are kept");
+    assert!(out.queues.queue.is_empty());
+    // A range that holds none of them changes nothing.
+    assert_eq!(
+        out.drop_removed(&[(0, 20..=30)]),
+        Removed {
+            dropped: 0,
+            inflight_exposed: 0
+        }
+    );
+}
