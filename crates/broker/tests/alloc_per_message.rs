@@ -165,7 +165,7 @@ fn taking_from_empty_queues_allocates_nothing() {
     assert!(!out.on_pubrec(1, true));
     assert!(out.on_pubcomp(1).is_none());
     assert!(out.take_shared().is_empty());
-    assert_eq!(out.drop_removed(&[(0, 1..=10)]), 0);
+    assert_eq!(out.drop_removed(&[(0, 1..=10)]).dropped, 0);
     assert!(out.poll_gate(&mut cx).is_pending());
     out.detach();
     out.attach(16);
