@@ -240,7 +240,7 @@ fn replay(
         loop {
             let batch = read_damage_tolerant(&slot.stream, from, &fs)?;
             for r in batch.records {
-                if r.topic.starts_with(b"$tern/") || r.is_tombstone() {
+                if crate::model::topics::is_internal(&r.topic) || r.is_tombstone() {
                     continue;
                 }
                 let stored = StoreRef {

@@ -150,7 +150,7 @@ pub fn fire(shared: &Arc<Shared>, client_id: &str, token: u64, message: Arc<Mess
 /// Appends the will to its message stream. Never under `$` (`$SYS/`, and `$tern/`, the
 /// store's control records, which a will topic must not be able to forge).
 fn store(shared: &Shared, client_id: &str, message: &Message) -> Option<crate::model::Ticket> {
-    if message.topic.starts_with('$') {
+    if crate::model::topics::is_dollar(&message.topic) {
         return None;
     }
     shared

@@ -10,6 +10,7 @@
 //! - [`recovered`]: what recovery hands back ([`Recovered`]).
 //! - [`stats`]: what the store reports to operators ([`StreamStats`]), and [`ActionError`].
 //! - [`sub_record`]: one subscription as a session keeps it ([`SubRecord`]).
+//! - [`topics`]: the topic spaces the broker reserves (`$SYS`, `$tern/`, `$share/`), named once.
 
 pub mod message;
 pub mod recovered;
@@ -17,6 +18,7 @@ pub mod seam;
 pub mod stats;
 pub mod sub_record;
 pub mod ticket;
+pub mod topics;
 
 pub use message::Message;
 pub use recovered::{Recovered, StoredGroup, StoredInflight, StoredSession, StoredWill};

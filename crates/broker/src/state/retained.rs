@@ -51,7 +51,7 @@ impl Node {
             }
         }
         for (name, child) in &self.children {
-            if at_root && name.starts_with('$') {
+            if at_root && crate::model::topics::is_dollar(name) {
                 continue;
             }
             child.collect_all(false, now, out);
@@ -73,7 +73,7 @@ impl Node {
             "+" => {
                 for (name, child) in &self.children {
                     // MQTT-4.7.2-1: leading wildcards do not match `$` topics.
-                    if at_root && name.starts_with('$') {
+                    if at_root && crate::model::topics::is_dollar(name) {
                         continue;
                     }
                     child.collect(rest, false, now, out);
