@@ -261,16 +261,25 @@ fn drop_removed_everywhere(shared: &Shared, removed: &[(u16, std::ops::RangeIncl
     }
 }
 
-/// Counts and logs `dropped` queued copies that retention removed from `who`'s queue.
+/// Counts and logs `dropped` queued copies that retention removed from a session's queue, or
+/// from a share group's (`share` is its `$share/...` name).
 fn note_retention_drops(shared: &Shared, kind: &str, who: &str, dropped: usize) {
-    if dropped > 0 {
-        Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
-        Metrics::add(&shared.metrics.messages_dropped_retention, dropped as u64);
+    if dropped == 0 {
+        return;
+    }
+    Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
+    Metrics::add(&shared.metrics.messages_dropped_retention, dropped as u64);
+    if kind == "session" {
         tracing::info!(
-            queue = kind,
-            name = who,
+            client_id = who,
             dropped,
-            "retention removed queued messages; the queue skips ahead"
+            "retention removed queued messages; session skips ahead"
+        );
+    } else {
+        tracing::info!(
+            share = who,
+            dropped,
+            "retention removed queued messages; share group skips ahead"
         );
     }
 }
