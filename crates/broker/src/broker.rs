@@ -57,6 +57,9 @@ pub struct Shared {
     pub(crate) keep_alive: Arc<crate::keep_alive::KeepAlive>,
     /// Every connection's ack pipeline hook (`retained::release_hook`).
     pub(crate) release_hook: crate::ack_pipeline::ReleaseHook<Arc<crate::message::Message>>,
+    /// Sockets lingering after a close the broker started (`connection::linger`), counted so
+    /// that their number is bounded and a shutdown waits for them.
+    pub(crate) lingering: Arc<LiveTasks>,
     next_connection_id: AtomicU64,
     /// Set while [`Broker::serve`] accepts connections (recovery is done by then).
     ready: AtomicBool,
@@ -86,9 +89,10 @@ impl Drop for Background {
     }
 }
 
-/// The connection tasks of [`Broker::serve_listeners`] still alive.
+/// The connection tasks of [`Broker::serve_listeners`] still alive (and, counted apart, the
+/// lingering sockets of `connection::linger`).
 #[derive(Default)]
-struct LiveTasks {
+pub(crate) struct LiveTasks {
     count: AtomicUsize,
     /// Notified when `count` drops to 0.
     ended: Notify,
@@ -112,12 +116,23 @@ impl LiveTasks {
 
 /// Counts one task in [`LiveTasks`] while it lives (dropped with its future: also when the
 /// task panics or is aborted).
-struct LiveTask(Arc<LiveTasks>);
+pub(crate) struct LiveTask(Arc<LiveTasks>);
 
 impl LiveTask {
     fn new(tasks: &Arc<LiveTasks>) -> LiveTask {
         tasks.count.fetch_add(1, Ordering::AcqRel);
         LiveTask(tasks.clone())
+    }
+
+    /// Counts one more task unless `limit` are alive.
+    pub(crate) fn within(tasks: &Arc<LiveTasks>, limit: usize) -> Option<LiveTask> {
+        tasks
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| LiveTask(tasks.clone()))
     }
 }
 
@@ -164,6 +179,7 @@ impl Broker {
                 read_order: Arc::default(),
                 keep_alive: Arc::new(crate::keep_alive::KeepAlive::new(started_at)),
                 release_hook: crate::retained::release_hook(weak.clone()),
+                lingering: Arc::default(),
                 next_connection_id: AtomicU64::new(1),
                 ready: AtomicBool::new(false),
             }),
@@ -233,14 +249,18 @@ impl Broker {
         let _ = stop_tx.send(true);
         // After the send: a connection that attaches later sees `stop` (`connection::run`).
         self.shared.sessions.shut_down_connections();
-        let drained = tokio::time::timeout(
-            Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS),
-            connections.all_ended(),
-        )
-        .await;
+        // The sockets the connections' closes leave lingering are waited for too (each for at
+        // most `CLOSE_LINGER_MS`), within the same bound: their clients read the 0x8B.
+        let drained =
+            tokio::time::timeout(Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS), async {
+                connections.all_ended().await;
+                self.shared.lingering.all_ended().await;
+            })
+            .await;
         if drained.is_err() {
             tracing::warn!(
                 left = connections.count.load(Ordering::Acquire),
+                lingering = self.shared.lingering.count.load(Ordering::Acquire),
                 "connections did not close in time; not waiting for them"
             );
         }

@@ -1,0 +1,106 @@
+//! The socket's last seconds after a close the broker started: its reason (a v5 DISCONNECT, a
+//! refusing CONNACK) is written and the writing side shut down, then the connection reads and
+//! throws away what the client still sends, until the client's end of stream or
+//! [`CLOSE_LINGER_MS`], and only then closes the socket (issue 24 item 1).
+//!
+//! Why: a socket closed with bytes unread in its receive buffer makes the kernel send RST, not
+//! FIN. A client that goes on writing (PUBRELs answering the PUBRECs queued ahead of our
+//! DISCONNECT, PINGREQs) then fails its next write with EPIPE or ECONNRESET before it has read
+//! the reason, and the reason still unsent or unread may be thrown away with the connection
+//! (Eclipse Paho's `test_flow_control2`). Read to the end, the close is a FIN after the reason.
+//!
+//! # Invariants
+//! - A lingering socket is its own small task holding the reading half and nothing of the
+//!   connection: the session is detached, the will handled, the connection's place under
+//!   `max_connections` given back before it starts (the close path ran to its end). So a
+//!   takeover or a will never waits for a linger, and no idle connection's future grows.
+//! - At most [`MAX_LINGERING_CLOSES`] sockets linger at once; beyond it a socket is closed at
+//!   once and counted (`closes_not_lingered`). Each lingers at most [`CLOSE_LINGER_MS`], so the
+//!   memory and file descriptors they hold are bounded, and so is a shutdown's wait for them.
+
+use std::future::poll_fn;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::broker::{LiveTask, Shared};
+use crate::metrics::Metrics;
+use crate::transport::TransportRead;
+
+/// How long a socket whose close the broker started reads and discards what the client still
+/// sends before it is closed: the client has that long to read the reason and end its side.
+pub const CLOSE_LINGER_MS: u64 = 2_000;
+
+/// Sockets lingering at once, at most; more are closed at once (and may lose their reason to a
+/// reset, as before the linger). Each holds a task of a few hundred bytes and a file
+/// descriptor for at most [`CLOSE_LINGER_MS`].
+pub const MAX_LINGERING_CLOSES: usize = 1_024;
+
+/// Bytes read and thrown away per read while lingering (a stack buffer, not kept).
+const DISCARD_CHUNK_BYTES: usize = 4 * 1024;
+
+/// Reads per turn of the lingering task before it yields: a client that writes as fast as it
+/// can must not hold a worker thread (nor keep the linger's timer from firing).
+const DISCARD_READS_PER_TURN: usize = 16;
+
+/// Hands the reading half of a socket whose writing side the close shut down to a task that
+/// lingers on it (module doc); closes it at once beyond [`MAX_LINGERING_CLOSES`].
+pub(crate) fn linger<R: TransportRead>(shared: &Arc<Shared>, reader: R) {
+    let Some(held) = LiveTask::within(&shared.lingering, MAX_LINGERING_CLOSES) else {
+        let n = Metrics::add_get(&shared.metrics.closes_not_lingered, 1);
+        if n.is_power_of_two() {
+            tracing::warn!(
+                limit = MAX_LINGERING_CLOSES,
+                count = n,
+                "too many closing sockets lingering; closed at once"
+            );
+        }
+        return;
+    };
+    Metrics::add(&shared.metrics.closes_lingered, 1);
+    tokio::spawn(async move {
+        let linger = Duration::from_millis(CLOSE_LINGER_MS);
+        let _ = tokio::time::timeout(linger, discard_to_end(&reader)).await;
+        // The socket closes here (a FIN was sent already), then the place is given back.
+        drop(reader);
+        drop(held);
+    });
+}
+
+/// Reads and discards until the end of stream or an error.
+async fn discard_to_end<R: TransportRead>(reader: &R) {
+    loop {
+        if poll_fn(|cx| reader.poll_readable(cx)).await.is_err() {
+            return;
+        }
+        match discard_available(reader) {
+            Discarded::Drained => {}
+            Discarded::More => tokio::task::yield_now().await,
+            Discarded::Ended => return,
+        }
+    }
+}
+
+/// What one turn of [`discard_available`] found.
+enum Discarded {
+    /// Nothing more to read for now.
+    Drained,
+    /// [`DISCARD_READS_PER_TURN`] reads, and maybe more to come.
+    More,
+    /// End of stream or an error.
+    Ended,
+}
+
+/// Reads and discards what is there, at most [`DISCARD_READS_PER_TURN`] reads.
+fn discard_available<R: TransportRead>(reader: &R) -> Discarded {
+    let mut chunk = [0u8; DISCARD_CHUNK_BYTES];
+    for _ in 0..DISCARD_READS_PER_TURN {
+        match reader.try_read(&mut chunk) {
+            Ok(0) => return Discarded::Ended,
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Discarded::Drained,
+            Err(_) => return Discarded::Ended,
+        }
+    }
+    Discarded::More
+}
