@@ -99,6 +99,11 @@ pub(crate) struct LiveTasks {
 }
 
 impl LiveTasks {
+    /// How many counted tasks are alive.
+    pub(crate) fn alive(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
     /// Resolves once no counted task is alive.
     async fn all_ended(&self) {
         loop {
@@ -260,7 +265,7 @@ impl Broker {
         if drained.is_err() {
             tracing::warn!(
                 left = connections.count.load(Ordering::Acquire),
-                lingering = self.shared.lingering.count.load(Ordering::Acquire),
+                lingering = self.shared.lingering.alive(),
                 "connections did not close in time; not waiting for them"
             );
         }

@@ -31,6 +31,11 @@ pub const CHATTER_INTERVAL: Duration = Duration::from_millis(1);
 /// broker has decided to close by then, and its PUBRECs and DISCONNECT wait unread here.
 const FIRST_REPLY_PAUSE: Duration = Duration::from_millis(100);
 
+/// The reader's pause once it has decoded the reason, before it tells the writer to stop: the
+/// reason arrives while the client is busy writing (a client's writes do not wait for its
+/// reads). Without a linger the broker has closed by then, and the writer's next write fails.
+const REASON_PAUSE: Duration = Duration::from_millis(100);
+
 /// How the stream ended, from the client's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum End {
@@ -144,6 +149,25 @@ impl Chatty {
         }
     }
 
+    /// A write failed (while the reason was unread): the broker's socket is gone.
+    pub fn write_failed(&self) -> bool {
+        self.shared
+            .early_write_error
+            .lock()
+            .expect("not poisoned")
+            .is_some()
+    }
+
+    /// The next packet within [`WAIT`], for a client that must be connected before the broker
+    /// closes it (a takeover, an administrative kick).
+    pub async fn expect_packet(&mut self) -> Packet {
+        let deadline = Instant::now() + WAIT;
+        match self.next(deadline).await {
+            Ok(packet) => packet,
+            Err(end) => panic!("expected a packet, the stream ended: {end:?}"),
+        }
+    }
+
     /// Reads until the stream ends, answering every PUBREC with a PUBREL before it decodes the
     /// next packet (as Paho does); the writer stops once a DISCONNECT or a CONNACK refusing the
     /// connection was read.
@@ -152,39 +176,25 @@ impl Chatty {
         let mut packets = Vec::new();
         let mut replied = false;
         let end = loop {
-            match tern_wire::decode(&mut self.buf, self.protocol, u32::MAX) {
-                Ok(Some(packet)) => {
-                    match &packet {
-                        Packet::PubRec(a) => {
-                            if !std::mem::replace(&mut replied, true) {
-                                tokio::time::sleep(FIRST_REPLY_PAUSE).await;
-                            }
-                            let mut out = BytesMut::new();
-                            let pubrel = Packet::PubRel(ack(a.packet_id));
-                            tern_wire::encode(&pubrel, self.protocol, &mut out)
-                                .expect("encode PUBREL");
-                            self.shared.write(&out).await;
-                        }
-                        Packet::Disconnect(_) => {
-                            self.shared.reason_read.store(true, Ordering::Release)
-                        }
-                        Packet::ConnAck(ca) if !ca.reason.is_success() => {
-                            self.shared.reason_read.store(true, Ordering::Release)
-                        }
-                        _ => {}
+            let packet = match self.next(deadline).await {
+                Ok(packet) => packet,
+                Err(end) => break end,
+            };
+            match &packet {
+                Packet::PubRec(a) => {
+                    if !std::mem::replace(&mut replied, true) {
+                        tokio::time::sleep(FIRST_REPLY_PAUSE).await;
                     }
-                    packets.push(packet);
-                    continue;
+                    let mut out = BytesMut::new();
+                    let pubrel = Packet::PubRel(ack(a.packet_id));
+                    tern_wire::encode(&pubrel, self.protocol, &mut out).expect("encode PUBREL");
+                    self.shared.write(&out).await;
                 }
-                Ok(None) => {}
-                Err(_) => break End::Undecodable,
+                Packet::Disconnect(_) => self.reason_read().await,
+                Packet::ConnAck(ca) if !ca.reason.is_success() => self.reason_read().await,
+                _ => {}
             }
-            match tokio::time::timeout_at(deadline, self.read.read_buf(&mut self.buf)).await {
-                Err(_) => break End::Timeout,
-                Ok(Ok(0)) => break End::Eof,
-                Ok(Err(_)) => break End::Reset,
-                Ok(Ok(_)) => {}
-            }
+            packets.push(packet);
         };
         self.shared.reason_read.store(true, Ordering::Release);
         let _ = tokio::time::timeout(WAIT, self.writer).await;
@@ -193,6 +203,29 @@ impl Chatty {
             packets,
             end,
             early_write_error,
+        }
+    }
+
+    /// The reason was decoded: after [`REASON_PAUSE`] the writer stops.
+    async fn reason_read(&self) {
+        tokio::time::sleep(REASON_PAUSE).await;
+        self.shared.reason_read.store(true, Ordering::Release);
+    }
+
+    /// The next packet, or how the stream ended.
+    async fn next(&mut self, deadline: Instant) -> Result<Packet, End> {
+        loop {
+            match tern_wire::decode(&mut self.buf, self.protocol, u32::MAX) {
+                Ok(Some(packet)) => return Ok(packet),
+                Ok(None) => {}
+                Err(_) => return Err(End::Undecodable),
+            }
+            match tokio::time::timeout_at(deadline, self.read.read_buf(&mut self.buf)).await {
+                Err(_) => return Err(End::Timeout),
+                Ok(Ok(0)) => return Err(End::Eof),
+                Ok(Err(_)) => return Err(End::Reset),
+                Ok(Ok(_)) => {}
+            }
         }
     }
 }
