@@ -13,7 +13,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use common::chatty::{Chatty, Ending};
+use common::chatty::{Chatty, Ending, assert_all};
 use common::http::request;
 use common::raw::*;
 use common::{Broker, WAIT};
@@ -75,6 +75,7 @@ const MALFORMED_PUBLISH: &[u8] = &[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F];
 /// - (3.1.1) MQTT-3.1.3-8: a zero-byte client id with CleanSession 0: CONNACK return code 2.
 #[tokio::test]
 async fn malformed_protocol_error_and_311_connack_codes_are_read_by_a_client_that_keeps_writing() {
+    let mut checks = Vec::new();
     let b = Broker::start();
     let ending = chatty_to_end(
         &b,
@@ -82,25 +83,26 @@ async fn malformed_protocol_error_and_311_connack_codes_are_read_by_a_client_tha
         &v5_connect_then("close-81", MALFORMED_PUBLISH),
     )
     .await;
-    ending.assert_reason(ReasonCode::MALFORMED_PACKET, "v5 malformed 0x81");
+    checks.push(ending.check(ReasonCode::MALFORMED_PACKET, "v5 malformed 0x81"));
 
     let second = encoded(&[v5_connect("close-82")], Protocol::V5);
     let ending = chatty_to_end(&b, Protocol::V5, &v5_connect_then("close-82", &second)).await;
-    ending.assert_reason(ReasonCode::PROTOCOL_ERROR, "v5 second CONNECT 0x82");
+    checks.push(ending.check(ReasonCode::PROTOCOL_ERROR, "v5 second CONNECT 0x82"));
 
     let level_6 = connect_bytes(6, 0x02, 0, "close-rc1", &[]);
     let ending = chatty_to_end(&b, Protocol::V3_1_1, &level_6).await;
-    ending.assert_reason(
+    checks.push(ending.check(
         ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
         "3.1.1 return code 1",
-    );
+    ));
 
     let empty_id_persistent = connect_bytes(4, 0x00, 0, "", &[]);
     let ending = chatty_to_end(&b, Protocol::V3_1_1, &empty_id_persistent).await;
-    ending.assert_reason(
+    checks.push(ending.check(
         ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
         "3.1.1 return code 2",
-    );
+    ));
+    assert_all(&checks);
 }
 
 /// (v5) MQTT-3.2.2-15 and §3.2.2.3.6: a PUBLISH over the server's Maximum Packet Size gets
@@ -169,18 +171,20 @@ async fn administrative_action_0x98_is_read_by_a_client_that_keeps_writing() {
 /// then the close) or 3.1.1 return code 3 (MQTT-3.2.2-5), read while it keeps writing.
 #[tokio::test]
 async fn quota_exceeded_0x97_and_311_code_3_are_read_by_a_client_that_keeps_writing() {
+    let mut checks = Vec::new();
     let b = Broker::start_with("[limits]\nmax_connections = 1\n");
     let _only = RawClient::v5(b.addr, "close-only").await;
     let first = encoded(&[v5_connect("close-97")], Protocol::V5);
     let ending = chatty_to_end(&b, Protocol::V5, &first).await;
-    ending.assert_reason(ReasonCode::QUOTA_EXCEEDED, "v5 0x97");
+    checks.push(ending.check(ReasonCode::QUOTA_EXCEEDED, "v5 0x97"));
     let ending = chatty_to_end(
         &b,
         Protocol::V3_1_1,
         &connect_bytes(4, 0x02, 0, "close-rc3", &[]),
     )
     .await;
-    ending.assert_reason(ReasonCode::SERVER_UNAVAILABLE, "3.1.1 return code 3");
+    checks.push(ending.check(ReasonCode::SERVER_UNAVAILABLE, "3.1.1 return code 3"));
+    assert_all(&checks);
 }
 
 /// (v5) MQTT-3.1.4-2, MQTT-3.2.2-8 / (3.1.1) MQTT-3.1.4-2, MQTT-3.2.2-5: refused credentials
@@ -188,6 +192,7 @@ async fn quota_exceeded_0x97_and_311_code_3_are_read_by_a_client_that_keeps_writ
 /// by a client that keeps writing.
 #[tokio::test]
 async fn bad_credentials_and_not_authorized_are_read_by_a_client_that_keeps_writing() {
+    let mut checks = Vec::new();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("passwd");
     let p = path.to_str().expect("utf-8 path");
@@ -201,18 +206,19 @@ async fn bad_credentials_and_not_authorized_are_read_by_a_client_that_keeps_writ
     wrong.password = Some(bytes::Bytes::from_static(b"wrong"));
     let first = encoded(&[Packet::Connect(Box::new(wrong.clone()))], Protocol::V5);
     let ending = chatty_to_end(&b, Protocol::V5, &first).await;
-    ending.assert_reason(ReasonCode::BAD_USER_NAME_OR_PASSWORD, "v5 0x86");
+    checks.push(ending.check(ReasonCode::BAD_USER_NAME_OR_PASSWORD, "v5 0x86"));
     let anonymous = encoded(&[v5_connect("close-87")], Protocol::V5);
     let ending = chatty_to_end(&b, Protocol::V5, &anonymous).await;
-    ending.assert_reason(ReasonCode::NOT_AUTHORIZED, "v5 0x87");
+    checks.push(ending.check(ReasonCode::NOT_AUTHORIZED, "v5 0x87"));
 
     wrong.protocol = Protocol::V3_1_1;
     let first = encoded(&[Packet::Connect(Box::new(wrong))], Protocol::V3_1_1);
     let ending = chatty_to_end(&b, Protocol::V3_1_1, &first).await;
-    ending.assert_reason(ReasonCode::BAD_USER_NAME_OR_PASSWORD, "3.1.1 return code 4");
+    checks.push(ending.check(ReasonCode::BAD_USER_NAME_OR_PASSWORD, "3.1.1 return code 4"));
     let anonymous = connect_bytes(4, 0x02, 0, "close-rc5", &[]);
     let ending = chatty_to_end(&b, Protocol::V3_1_1, &anonymous).await;
-    ending.assert_reason(ReasonCode::NOT_AUTHORIZED, "3.1.1 return code 5");
+    checks.push(ending.check(ReasonCode::NOT_AUTHORIZED, "3.1.1 return code 5"));
+    assert_all(&checks);
 }
 
 /// (v5) §4.13, reason 0x8B: SIGTERM's DISCONNECT 0x8B is read by a client that keeps writing

@@ -71,26 +71,47 @@ impl Ending {
     /// Asserts the stream ended after a packet with `reason` (DISCONNECT or CONNACK), read by
     /// the client, then an orderly end of stream.
     pub fn assert_reason(&self, reason: ReasonCode, what: &str) {
-        let briefs: Vec<String> = self.packets.iter().rev().take(4).map(brief).collect();
-        assert_eq!(
-            self.reason(),
-            Some(reason),
-            "{what}: expected reason 0x{:02x} read before the close; ended {:?} after {} packets, the last (newest first): {briefs:?}",
-            reason.0,
-            self.end,
-            self.packets.len()
-        );
-        assert_eq!(
-            self.early_write_error, None,
-            "{what}: a write failed before the reason was read (Paho gives up there)"
-        );
-        assert_eq!(
-            self.end,
-            End::Eof,
-            "{what}: the reason was read, but the stream then ended with {:?}, not EOF",
-            self.end
-        );
+        if let Err(failure) = self.check(reason, what) {
+            panic!("{failure}");
+        }
     }
+
+    /// [`Ending::assert_reason`]'s check, for tests that go through every case first.
+    pub fn check(&self, reason: ReasonCode, what: &str) -> Result<(), String> {
+        if self.reason() != Some(reason) {
+            let briefs: Vec<String> = self.packets.iter().rev().take(4).map(brief).collect();
+            return Err(format!(
+                "{what}: expected reason 0x{:02x} read before the close; ended {:?} after {} packets, the last (newest first): {briefs:?}",
+                reason.0,
+                self.end,
+                self.packets.len()
+            ));
+        }
+        if let Some(error) = self.early_write_error {
+            return Err(format!(
+                "{what}: a write failed ({error:?}) before the reason was read (Paho gives up there)"
+            ));
+        }
+        if self.end != End::Eof {
+            return Err(format!(
+                "{what}: the reason was read, but the stream then ended with {:?}, not EOF",
+                self.end
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Fails the test with every failed case of `checks` (each case runs, so that a test of many
+/// reasons says which of them fail).
+pub fn assert_all(checks: &[Result<(), String>]) {
+    let failures: Vec<&String> = checks.iter().filter_map(|c| c.as_ref().err()).collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed: {failures:#?}",
+        failures.len(),
+        checks.len()
+    );
 }
 
 /// What the reader and the writer task share.
