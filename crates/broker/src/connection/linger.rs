@@ -104,3 +104,107 @@ fn discard_available<R: TransportRead>(reader: &R) -> Discarded {
     }
     Discarded::More
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// How long a test waits for what must happen soon.
+    const WAIT: Duration = Duration::from_secs(5);
+
+    /// The broker's end (write side shut down, as the close path leaves it) and the client's.
+    async fn closing_pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        server.shutdown().await.expect("shutdown");
+        (server, client)
+    }
+
+    fn shared() -> Arc<Shared> {
+        let broker = crate::Broker::new(crate::BrokerConfig::default()).expect("broker");
+        broker.shared().clone()
+    }
+
+    async fn wait_until_none_linger(shared: &Shared) {
+        let deadline = Instant::now() + WAIT;
+        while shared.lingering.alive() > 0 {
+            assert!(Instant::now() < deadline, "the linger did not end");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The linger reads what the client still sends (more than a socket buffer holds) until the
+    /// client's end of stream; the client sees our FIN, never a reset.
+    #[tokio::test]
+    async fn a_lingering_socket_reads_to_the_clients_end_of_stream() {
+        let shared = shared();
+        let (server, mut client) = closing_pair().await;
+        linger(&shared, server);
+        assert_eq!(Metrics::get(&shared.metrics.closes_lingered), 1);
+        let chunk = [7u8; 64 * 1024];
+        for _ in 0..64 {
+            client
+                .write_all(&chunk)
+                .await
+                .expect("the linger reads it all");
+        }
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(WAIT, client.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0))), "EOF expected: {read:?}");
+        client.shutdown().await.expect("shutdown");
+        wait_until_none_linger(&shared).await;
+    }
+
+    /// A client that never stops writing (and never ends its side) is cut off after
+    /// `CLOSE_LINGER_MS`, however fast it writes: the linger yields between its reads.
+    #[tokio::test]
+    async fn a_client_that_never_stops_writing_is_closed_after_the_linger() {
+        let shared = shared();
+        let (server, mut client) = closing_pair().await;
+        let started = Instant::now();
+        linger(&shared, server);
+        let chunk = [7u8; 4 * 1024];
+        let flood = async { while client.write_all(&chunk).await.is_ok() {} };
+        tokio::time::timeout(Duration::from_millis(CLOSE_LINGER_MS) + WAIT, flood)
+            .await
+            .expect("the socket was closed");
+        let lingered = started.elapsed();
+        assert!(
+            lingered >= Duration::from_millis(CLOSE_LINGER_MS),
+            "{lingered:?}"
+        );
+        wait_until_none_linger(&shared).await;
+    }
+
+    /// Beyond `MAX_LINGERING_CLOSES` a socket is closed at once and counted; the places come
+    /// back when the lingering tasks end.
+    #[tokio::test]
+    async fn beyond_the_limit_a_socket_is_closed_at_once_and_counted() {
+        let shared = shared();
+        let taken: Vec<LiveTask> = (0..MAX_LINGERING_CLOSES)
+            .map(|_| LiveTask::within(&shared.lingering, MAX_LINGERING_CLOSES).expect("room"))
+            .collect();
+        assert!(LiveTask::within(&shared.lingering, MAX_LINGERING_CLOSES).is_none());
+        let (server, mut client) = closing_pair().await;
+        linger(&shared, server);
+        assert_eq!(Metrics::get(&shared.metrics.closes_not_lingered), 1);
+        assert_eq!(Metrics::get(&shared.metrics.closes_lingered), 0);
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(WAIT, client.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0))), "closed at once: {read:?}");
+        // The socket is gone: a write draws a reset, and the next one fails.
+        let _ = client.write_all(b"x").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(client.write_all(b"x").await.is_err());
+        drop(taken);
+        assert_eq!(shared.lingering.alive(), 0);
+    }
+}
