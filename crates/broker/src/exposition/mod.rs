@@ -99,16 +99,14 @@ fn closes(e: &mut TextEncoder, shared: &Shared) {
          client reads the reason) or over_limit (closed at once: MAX_LINGERING_CLOSES sockets \
          lingered already; the client may lose the reason to a reset).",
     );
-    e.sample(
-        "close_lingers_total",
-        &[("outcome", "lingered")],
-        Metrics::get(&m.closes_lingered),
-    );
-    e.sample(
-        "close_lingers_total",
-        &[("outcome", "over_limit")],
-        Metrics::get(&m.closes_not_lingered),
-    );
+    let outcomes = [
+        ("lingered", &m.closes_lingered),
+        ("over_limit", &m.closes_not_lingered),
+    ];
+    for (outcome, counter) in outcomes {
+        let value = Metrics::get(counter);
+        e.sample("close_lingers_total", &[("outcome", outcome)], value);
+    }
     e.single(
         "close_lingering",
         Kind::Gauge,
