@@ -207,4 +207,82 @@ mod tests {
         drop(taken);
         assert_eq!(shared.lingering.alive(), 0);
     }
+
+    /// The stream transports (TLS, WebSocket: `StreamTransport`) linger too, through the
+    /// connection's real close path: a v5 client sends a malformed packet after its CONNACK
+    /// and keeps writing PINGREQs; every write succeeds, and it reads DISCONNECT 0x81
+    /// (MQTT-4.13.1-1) and the end of stream.
+    #[tokio::test]
+    async fn a_stream_transport_connection_lingers_after_its_disconnect() {
+        let shared = shared();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let mut client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (server, peer) = listener.accept().await.expect("accept");
+        let (_stop, stop) = tokio::sync::watch::channel(false);
+        let info = crate::transport::ConnectionInfo::new(
+            crate::transport::ListenerContext::plain_tcp("test"),
+            peer,
+        );
+        let transport = crate::transport::StreamTransport::new(server);
+        tokio::spawn(crate::connection::run(
+            shared.clone(),
+            transport,
+            info,
+            stop,
+            (),
+        ));
+        // CONNECT v5, client id "a", no properties; then a five-byte Remaining Length.
+        let connect = [
+            0x10, 14, 0x00, 0x04, b'M', b'Q', b'T', b'T', 5, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01,
+            b'a',
+        ];
+        client.write_all(&connect).await.expect("CONNECT");
+        let protocol = tern_wire::Protocol::V5;
+        let mut buf = bytes::BytesMut::new();
+        let connack = loop {
+            if let Some(packet) = tern_wire::decode(&mut buf, protocol, u32::MAX).expect("decode") {
+                break packet;
+            }
+            let read = tokio::time::timeout(WAIT, client.read_buf(&mut buf)).await;
+            assert!(
+                matches!(read, Ok(Ok(n)) if n > 0),
+                "CONNACK expected: {read:?}"
+            );
+        };
+        assert!(
+            matches!(connack, tern_wire::Packet::ConnAck(_)),
+            "{connack:?}"
+        );
+        client
+            .write_all(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F])
+            .await
+            .expect("malformed");
+        let (mut read, mut write) = client.into_split();
+        let chatter = tokio::spawn(async move {
+            for _ in 0..200 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                write.write_all(&[0xC0, 0x00]).await?;
+            }
+            Ok::<_, io::Error>(write)
+        });
+        let mut received = Vec::new();
+        let read_all = tokio::time::timeout(WAIT, read.read_to_end(&mut received)).await;
+        assert!(matches!(read_all, Ok(Ok(_))), "EOF expected: {read_all:?}");
+        buf.extend_from_slice(&received);
+        let disconnect = tern_wire::decode(&mut buf, protocol, u32::MAX);
+        assert!(
+            matches!(&disconnect, Ok(Some(tern_wire::Packet::Disconnect(d)))
+                if d.reason == tern_wire::ReasonCode::MALFORMED_PACKET),
+            "{disconnect:?}"
+        );
+        let mut write = chatter
+            .await
+            .expect("chatter")
+            .expect("every write after the close succeeds while the socket lingers");
+        write.shutdown().await.expect("shutdown");
+        wait_until_none_linger(&shared).await;
+        assert_eq!(Metrics::get(&shared.metrics.closes_lingered), 1);
+    }
 }
