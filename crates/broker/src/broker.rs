@@ -11,15 +11,15 @@ use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::{BrokerConfig, ConfigError};
 use crate::engine::Shared;
+use crate::engine::live_tasks::{LiveTask, LiveTasks};
 use crate::metrics::Metrics;
 use crate::model::{FullStore, Persistence};
 use crate::transport::{ConnectionInfo, Listener, ListenerContext, Transport, poll_accept_any};
@@ -39,49 +39,6 @@ impl Drop for Background {
     fn drop(&mut self) {
         self.sys.abort();
         self.checkpoints.abort();
-    }
-}
-
-/// The connection tasks of [`Broker::serve_listeners`] still alive.
-#[derive(Default)]
-struct LiveTasks {
-    count: AtomicUsize,
-    /// Notified when `count` drops to 0.
-    ended: Notify,
-}
-
-impl LiveTasks {
-    /// Resolves once no counted task is alive.
-    async fn all_ended(&self) {
-        loop {
-            let ended = self.ended.notified();
-            tokio::pin!(ended);
-            // Registered before the check: a task ending in between still wakes this wait.
-            ended.as_mut().enable();
-            if self.count.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            ended.await;
-        }
-    }
-}
-
-/// Counts one task in [`LiveTasks`] while it lives (dropped with its future: also when the
-/// task panics or is aborted).
-struct LiveTask(Arc<LiveTasks>);
-
-impl LiveTask {
-    fn new(tasks: &Arc<LiveTasks>) -> LiveTask {
-        tasks.count.fetch_add(1, Ordering::AcqRel);
-        LiveTask(tasks.clone())
-    }
-}
-
-impl Drop for LiveTask {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.ended.notify_waiters();
-        }
     }
 }
 
@@ -183,21 +140,22 @@ impl Broker {
         }
         drop(listeners);
         self.shared.set_ready(false);
-        tracing::info!(
-            connections = connections.count.load(Ordering::Acquire),
-            "shutting down"
-        );
+        tracing::info!(connections = connections.alive(), "shutting down");
         let _ = stop_tx.send(true);
         // After the send: a connection that attaches later sees `stop` (`connection::run`).
         self.shared.sessions.shut_down_connections();
-        let drained = tokio::time::timeout(
-            Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS),
-            connections.all_ended(),
-        )
-        .await;
+        // The sockets the connections' closes leave lingering are waited for too (each for at
+        // most `CLOSE_LINGER_MS`), within the same bound: their clients read the 0x8B.
+        let drained =
+            tokio::time::timeout(Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS), async {
+                connections.all_ended().await;
+                self.shared.lingering.all_ended().await;
+            })
+            .await;
         if drained.is_err() {
             tracing::warn!(
-                left = connections.count.load(Ordering::Acquire),
+                left = connections.alive(),
+                lingering = self.shared.lingering.alive(),
                 "connections did not close in time; not waiting for them"
             );
         }

@@ -91,6 +91,12 @@ pub struct Metrics {
     pub connections_refused_listener: AtomicU64,
     /// TLS handshakes and WebSocket upgrades that failed or timed out.
     pub transport_handshakes_failed: AtomicU64,
+    /// Closes the broker started whose socket lingered (read to the client's end of stream or
+    /// `CLOSE_LINGER_MS`) so that the client could read the reason (`connection::linger`).
+    pub closes_lingered: AtomicU64,
+    /// Such closes done at once because `MAX_LINGERING_CLOSES` sockets lingered already: the
+    /// client may lose the reason to a reset.
+    pub closes_not_lingered: AtomicU64,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub subscriptions: AtomicU64,

@@ -36,12 +36,14 @@ impl Conn {
         }
     }
 
+    /// The close path. True if the socket should linger (`linger`): the broker started the
+    /// close and everything, its reason included, was written and the writing side shut down.
     pub(super) async fn finish<W: TransportWrite>(
         &mut self,
         close: Close,
         out: &mut Outflow<W>,
         io: &mut W::Io,
-    ) {
+    ) -> bool {
         // Writes already issued still complete: deliver what they made durable (a QoS 2
         // message recorded as received must reach its subscribers, since the client's retry
         // will be answered as a duplicate), and acknowledge it, in packet order, in the
@@ -122,7 +124,16 @@ impl Conn {
             WRITER_CLOSE_TIMEOUT_MS
         };
         let closed = out.close(io, &self.shared.metrics, final_packet);
-        let _ = tokio::time::timeout(Duration::from_millis(timeout_ms), closed).await;
+        let shut_down = tokio::time::timeout(Duration::from_millis(timeout_ms), closed).await;
+        // The client ended it (DISCONNECT, end of stream) or our writes failed: nothing to
+        // wait for.
+        let broker_started = !matches!(
+            close,
+            Close::ClientDisconnect { .. }
+                | Close::Lost
+                | Close::Kicked(ReasonCode::UNSPECIFIED_ERROR)
+        );
+        broker_started && shut_down == Ok(true)
     }
 }
 

@@ -12,11 +12,13 @@
 //! - [`expiry`], [`will`]: session expiry and will timers, a will's publication.
 //! - [`restore`]: sessions, groups and retained messages rebuilt from [`crate::model::Recovered`].
 //! - [`checkpoint`]: the periodic write of persistent sessions' cursors.
+//! - [`live_tasks`]: counting live tasks (connections, lingering sockets).
 //! - [`sys`]: the `$SYS/broker/...` topics.
 
 pub mod checkpoint;
 pub mod expiry;
 pub mod groups;
+pub mod live_tasks;
 pub mod registry;
 pub mod restore;
 pub mod retain;

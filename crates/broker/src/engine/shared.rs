@@ -9,6 +9,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
 
 use crate::config::BrokerConfig;
+use crate::engine::live_tasks::LiveTasks;
 use crate::metrics::Metrics;
 use crate::model::{Message, Persistence, StoredWill};
 use crate::read_order::ReadOrder;
@@ -43,6 +44,9 @@ pub struct Shared {
     pub(crate) keep_alive: Arc<KeepAlive>,
     /// Every connection's ack pipeline hook (`retained::release_hook`).
     pub(crate) release_hook: ReleaseHook<Arc<Message>>,
+    /// Sockets lingering after a close the broker started (`connection::linger`), counted so
+    /// that their number is bounded and a shutdown waits for them.
+    pub(crate) lingering: Arc<LiveTasks>,
     next_connection_id: AtomicU64,
     /// Set while [`Broker::serve`] accepts connections (recovery is done by then).
     ready: AtomicBool,
@@ -82,6 +86,7 @@ impl Shared {
             read_order: Arc::default(),
             keep_alive: Arc::new(KeepAlive::new(started_at)),
             release_hook: crate::engine::retain::release_hook(weak.clone()),
+            lingering: Arc::default(),
             next_connection_id: AtomicU64::new(1),
             ready: AtomicBool::new(false),
         })

@@ -102,6 +102,14 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
             Metrics::get(&m.transport_handshakes_failed).to_string(),
         ),
         (
+            "$SYS/broker/clients/closes/lingered",
+            Metrics::get(&m.closes_lingered).to_string(),
+        ),
+        (
+            "$SYS/broker/clients/closes/not_lingered",
+            Metrics::get(&m.closes_not_lingered).to_string(),
+        ),
+        (
             "$SYS/broker/bytes/received",
             Metrics::get(&m.bytes_received).to_string(),
         ),

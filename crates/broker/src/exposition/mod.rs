@@ -25,6 +25,7 @@ const QOS_LABELS: [&str; 3] = ["0", "1", "2"];
 pub fn render(shared: &Shared, listeners: &[Arc<ListenerContext>]) -> String {
     let mut e = TextEncoder::default();
     clients(&mut e, shared, listeners);
+    closes(&mut e, shared);
     messages(&mut e, &shared.metrics);
     drops(&mut e, &shared.metrics);
     security(&mut e, &shared.metrics);
@@ -84,6 +85,33 @@ fn clients(e: &mut TextEncoder, shared: &Shared, listeners: &[Arc<ListenerContex
         Kind::Gauge,
         "Retained messages held.",
         shared.retained.read().len() as u64,
+    );
+}
+
+/// The lingering closes of `connection::linger` (issue 24 item 1).
+fn closes(e: &mut TextEncoder, shared: &Shared) {
+    let m = &shared.metrics;
+    e.family(
+        "close_lingers_total",
+        Kind::Counter,
+        "Closes the broker started (after a DISCONNECT or a refusing CONNACK), by outcome: \
+         lingered (read to the client's end of stream, at most CLOSE_LINGER_MS, so that the \
+         client reads the reason) or over_limit (closed at once: MAX_LINGERING_CLOSES sockets \
+         lingered already; the client may lose the reason to a reset).",
+    );
+    let outcomes = [
+        ("lingered", &m.closes_lingered),
+        ("over_limit", &m.closes_not_lingered),
+    ];
+    for (outcome, counter) in outcomes {
+        let value = Metrics::get(counter);
+        e.sample("close_lingers_total", &[("outcome", outcome)], value);
+    }
+    e.single(
+        "close_lingering",
+        Kind::Gauge,
+        "Sockets lingering now (at most MAX_LINGERING_CLOSES).",
+        shared.lingering.alive() as u64,
     );
 }
 

@@ -373,14 +373,20 @@ impl<W: TransportWrite> Outflow<W> {
 
     /// The close: finishes the batch being written (nothing new is taken: the session was
     /// detached), writes `final_packet` (our DISCONNECT) and shuts the socket. Nothing leaves
-    /// before the CONNACK's records are durable. The caller bounds it in time.
-    pub async fn close(&mut self, io: &mut W::Io, metrics: &Metrics, final_packet: Option<Bytes>) {
+    /// before the CONNACK's records are durable. The caller bounds it in time. True if all was
+    /// written and the writing side shut down.
+    pub async fn close(
+        &mut self,
+        io: &mut W::Io,
+        metrics: &Metrics,
+        final_packet: Option<Bytes>,
+    ) -> bool {
         if let Some(mut ticket) = self.connack_after.take() {
             self.connack_failed = ticket.wait().await.is_err();
         }
         if self.connack_failed {
             let _ = self.socket.shutdown(io).await;
-            return;
+            return false;
         }
         let parts = &mut self.bufs.get_or_insert_with(Box::default).parts;
         if let Some(packet) = final_packet {
@@ -390,9 +396,9 @@ impl<W: TransportWrite> Outflow<W> {
         }
         let unfinished = self.writing || !parts.is_empty();
         if unfinished && self.socket.write_parts(io, parts).await.is_err() {
-            return;
+            return false;
         }
-        let _ = self.socket.shutdown(io).await;
+        self.socket.shutdown(io).await.is_ok()
     }
 }
 
