@@ -23,6 +23,8 @@ mod sim {
     pub mod clean;
     pub mod client;
     pub mod eio;
+    pub mod exchanges;
+    pub mod offline;
     pub mod plan;
     pub mod probes;
     pub mod probes_a;
