@@ -276,10 +276,10 @@ pub fn plan(seed: u64, crash_only: bool, features: Features) -> Plan {
         }
     }
     plan.subscribers = subscribers;
-    // Issue 25's draws (windows of 1-1,024, offline subscribers): their own generator, ahead
-    // of the bounds (which narrow the windows under a memory cap).
-    super::offline::draw(seed, &mut plan);
     bounds(seed, &mut plan, features);
+    // Issue 25's draws (windows of 1-1,024, offline subscribers): their own generator, after
+    // the bounds (whose narrow windows under a memory cap they keep).
+    super::offline::draw(seed, &mut plan);
     plan
 }
 
