@@ -21,6 +21,7 @@
 #       drop-share-queue-on-leave          a leaving share-group member drops the group's messages
 #       ignore-queued-bytes-total          the memory cap (max_queued_bytes_total) is not checked
 #       ignore-disk-budget                 the disk budget ([store] max_disk_bytes) is not checked
+#       replay-ignores-inflight            recovery queues a restored in-flight message again (fresh id)
 #   --crash-only  every fault a process crash (kill -9: the page cache survives), no power
 #                 loss: what the crash tests can see (the store bugs go unnoticed)
 #   --linger      let clients reconnect to a broker whose disk just died (power loss inside
@@ -75,7 +76,7 @@ while [ $# -gt 0 ]; do
     --retention) RETENTION=1; shift ;;
     --all) ALL=1; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -85,7 +86,7 @@ done
 case "$INJECT" in
   ''|ack-before-fsync|skip-dir-sync-on-roll|skip-sync-on-roll) ;;
   ignore-received-set-after-restart|random-pubrel-order|retention-removes-open-qos2|drop-share-queue-on-leave) ;;
-  ignore-queued-bytes-total|ignore-disk-budget) ;;
+  ignore-queued-bytes-total|ignore-disk-budget|replay-ignores-inflight) ;;
   *) echo "sim.sh: unknown bug '$INJECT' (see --help)" >&2; exit 2 ;;
 esac
 

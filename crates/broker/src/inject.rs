@@ -27,6 +27,9 @@ pub enum Bug {
     /// The broker-wide memory cap is not checked: QoS>0 PUBLISHes are accepted and QoS 0
     /// queued past `max_queued_bytes_total` (`connection/publish.rs`, `outbound/mod.rs`).
     IgnoreQueuedBytesTotal = 32,
+    /// Recovery queues a message again (for a fresh packet id) though it is in the restored
+    /// in-flight set, to be resent under its own id (`durable/recover/sessions.rs`).
+    ReplayIgnoresInflight = 64,
 }
 
 #[cfg(feature = "inject")]

@@ -23,6 +23,8 @@ mod sim {
     pub mod clean;
     pub mod client;
     pub mod eio;
+    pub mod exchanges;
+    pub mod offline;
     pub mod plan;
     pub mod probes;
     pub mod probes_a;
@@ -538,4 +540,27 @@ fn a_refused_puback_is_not_an_acknowledgement() {
             out.violations
         );
     }
+}
+
+/// Issue 25's packet-id rule is sensitive: with `replay-ignores-inflight` (recovery queues a
+/// message for a fresh packet id though its restored exchange resends it under its own), seed
+/// 6 (a v5 subscriber holding QoS 2 PUBLISHes it had not answered when the power failed)
+/// gets the restored PUBLISH and then the same message under a new id while the first
+/// exchange is open; the same seed passes without the bug (`sim_seeds` runs it).
+#[test]
+fn the_packet_id_rule_finds_replay_ignores_inflight() {
+    if std::env::var("TERN_SIM_SEED").is_ok() || std::env::var("TERN_SIM_INJECT").is_ok() {
+        return;
+    }
+    let _turn = take_turn(true);
+    let injected = bugs(Some("replay-ignores-inflight")).expect("known bug");
+    tern_broker::inject::set(injected.broker);
+    let out = run_seed(6, injected, false, false);
+    tern_broker::inject::set(None);
+    let rule = "a second QoS 2 exchange for a message with one open";
+    assert!(
+        out.violations.iter().any(|v| v.contains(rule)),
+        "seed 6 with replay-ignores-inflight: {:?}",
+        out.violations
+    );
 }

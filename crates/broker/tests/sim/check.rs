@@ -192,8 +192,39 @@ pub fn check(pubs: &Pubs, subs: &Subs, ctx: &Context, violations: &mut Vec<Strin
     }
 }
 
+/// Every PUBLISH of message `number` of `publisher` the receiver's clients saw: (subscriber,
+/// connection, boot, packet id, DUP, virtual time); which stage sent it twice.
+fn publishes_of(member: &Member<'_>, publisher: usize, number: u64) -> String {
+    let all: Vec<String> = member
+        .receiver
+        .members
+        .iter()
+        .zip(member.states)
+        .flat_map(|(&m, st)| {
+            st.seen
+                .iter()
+                .filter(|s| s.publisher == publisher && s.number == number)
+                .map(move |s| {
+                    let dup = if s.dup { " DUP" } else { "" };
+                    format!(
+                        "sub {m} c{} boot {} id {}{dup} t={:?}",
+                        s.connection, s.boot, s.packet_id, s.at
+                    )
+                })
+        })
+        .collect();
+    format!("{publisher}/{number}: [{}]", all.join("; "))
+}
+
 fn check_session(s: &SubSpec, st: &SubState, ctx: &Context, violations: &mut Vec<String>) {
     let who = who(s);
+    if !st.open_ids.violations.is_empty() {
+        violations.push(format!(
+            "{who}: {} PUBLISHes against an open exchange: {}",
+            st.open_ids.violations.len(),
+            examples(&st.open_ids.violations)
+        ));
+    }
     if st.sessions_lost > 0 {
         violations.push(format!(
             "{who}: session lost {} times after its SUBACK",
@@ -258,8 +289,8 @@ fn check_pair(
             .flat_map(|(&m, st)| {
                 st.seen
                     .iter()
-                    .filter(|s| s.0 == p.index && lost.contains(&s.1))
-                    .map(move |s| (m, s.2, s.3, s.4))
+                    .filter(|s| s.publisher == p.index && lost.contains(&s.number))
+                    .map(move |s| (m, s.connection, s.dup, s.qos))
             })
             .collect();
         violations.push(format!(
@@ -293,8 +324,9 @@ fn check_pair(
             .collect();
         if !dup.is_empty() {
             violations.push(format!(
-                "{pair}: QoS 2 delivered more than once (number, times): {}",
-                examples(&dup)
+                "{pair}: QoS 2 delivered more than once (number, times): {}; the PUBLISHes of {}",
+                examples(&dup),
+                publishes_of(member, p.index, dup[0].0)
             ));
         }
     }

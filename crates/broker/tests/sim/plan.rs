@@ -12,7 +12,7 @@ use super::client::PubSpec;
 use super::subscriber::{Deliver, SubSpec};
 
 /// Bugs the simulator can inject (`scripts/sim.sh --inject NAME`), with what they do.
-pub const BUGS: [(&str, &str); 9] = [
+pub const BUGS: [(&str, &str); 10] = [
     (
         "ack-before-fsync",
         "the store completes tickets (so the broker acks) before the commit's fdatasync",
@@ -49,6 +49,10 @@ pub const BUGS: [(&str, &str); 9] = [
         "ignore-disk-budget",
         "the store does not check [store] max_disk_bytes (new messages written past it)",
     ),
+    (
+        "replay-ignores-inflight",
+        "recovery queues a message for a fresh packet id though its restored exchange resends it",
+    ),
 ];
 
 /// The bugs to inject: into the store (the sim disk's `Bugs`) or into the broker
@@ -75,6 +79,7 @@ pub fn bugs(name: Option<&str>) -> Result<Injected, String> {
         Some("drop-share-queue-on-leave") => broker = Some(InjectBug::DropShareQueueOnLeave),
         Some("ignore-queued-bytes-total") => broker = Some(InjectBug::IgnoreQueuedBytesTotal),
         Some("ignore-disk-budget") => broker = Some(InjectBug::IgnoreDiskBudget),
+        Some("replay-ignores-inflight") => broker = Some(InjectBug::ReplayIgnoresInflight),
         Some(other) => return Err(format!("unknown bug {other:?}")),
     }
     Ok(Injected { store: b, broker })
@@ -197,6 +202,7 @@ pub fn plan(seed: u64, crash_only: bool, features: Features) -> Plan {
             leave_cleanly: false,
             pause_ms: 0,
             stall: None,
+            offline: None,
         })
         .collect();
     let total: u64 = publishers.iter().map(|p| p.limit).sum();
@@ -271,6 +277,9 @@ pub fn plan(seed: u64, crash_only: bool, features: Features) -> Plan {
     }
     plan.subscribers = subscribers;
     bounds(seed, &mut plan, features);
+    // Issue 25's draws (windows of 1-1,024, offline subscribers): their own generator, after
+    // the bounds (whose narrow windows under a memory cap they keep).
+    super::offline::draw(seed, &mut plan);
     plan
 }
 
@@ -382,6 +391,7 @@ fn share_group(rng: &mut SimRng, n_pub: u64, subs: &mut Vec<SubSpec>) {
             stall: rng
                 .chance(0.3)
                 .then(|| (rng.range(4, 16), rng.range(2, 15))),
+            offline: None,
         });
     }
 }

@@ -524,7 +524,8 @@ impl SeedRun {
         }
         for (s, st) in &clients.subs {
             let st = st.lock();
-            if s.share.is_some() || !st.received.is_empty() {
+            let reused = !st.open_ids.violations.is_empty();
+            if s.share.is_some() || s.offline.is_some() || !st.received.is_empty() || reused {
                 let _ = writeln!(log, "{}: {}", s.client_id(), st.trace.join(" "));
             }
         }

@@ -13,7 +13,9 @@ use tern_wire::{
     Disconnect, Packet, Properties, Protocol, QoS, ReasonCode, Subscribe, SubscriptionOptions,
 };
 
-use super::client::{Net, POLL, ack, parse, reconnect, s, stall};
+use super::client::{Conn, Net, POLL, ack, parse, reconnect, s, stall};
+use super::exchanges::{Incoming, OpenIds};
+use super::offline::{Offline, Stage, stay_away};
 
 /// When a subscriber hands a QoS 2 message to its application.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,9 @@ pub struct SubSpec {
     /// Stalled client (see [`PubSpec::stall`]); the reply to the packet it stalls at waits
     /// too, so a QoS 2 exchange stays open meanwhile.
     pub stall: Option<(u64, u64)>,
+    /// Leaves at a chosen stage of its exchanges and stays away across faults
+    /// (`offline.rs`, issue 25).
+    pub offline: Option<Offline>,
 }
 
 impl SubSpec {
@@ -70,6 +75,21 @@ pub struct Delivery {
     pub connection: u64,
 }
 
+/// A PUBLISH that came: what the checker's reports show of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    pub publisher: usize,
+    pub number: u64,
+    pub connection: u64,
+    pub dup: bool,
+    pub qos: u8,
+    pub packet_id: u16,
+    /// The broker's boot when the connection was made (0 = first).
+    pub boot: u64,
+    /// Virtual time.
+    pub at: Duration,
+}
+
 #[derive(Default)]
 pub struct SubState {
     /// The SUBACK came (the subscription is durable).
@@ -77,8 +97,11 @@ pub struct SubState {
     /// QoS 2 packet ids received and not yet released, with the held message (AtPubrel).
     pub received: BTreeMap<u16, Option<(usize, u64)>>,
     pub got: Vec<Delivery>,
-    /// Every PUBLISH that came, for the log: (publisher, number, connection, DUP, QoS).
-    pub seen: Vec<(usize, u64, u64, bool, u8)>,
+    /// Every PUBLISH that came, for the log.
+    pub seen: Vec<Seen>,
+    /// Exchanges open at the subscriber, and violations of the packet-id rule
+    /// (`exchanges.rs`).
+    pub open_ids: OpenIds,
     /// What the subscriber saw and did (printed for share-group members and for subscribers
     /// left with open exchanges).
     pub trace: Vec<String>,
@@ -87,6 +110,8 @@ pub struct SubState {
     /// Reconnects after the SUBACK answered with Session Present = 0.
     pub sessions_lost: u64,
     pub connections: u64,
+    /// The broker's boot when the current connection was made.
+    pub boot: u64,
     /// Refused or unexpected SUBACKs.
     pub bad_subacks: Vec<String>,
 }
@@ -101,9 +126,186 @@ impl SubState {
             connection,
         });
     }
+
+    /// A new connection (its CONNACK's Session Present): whether to subscribe.
+    fn connected(&mut self, boot: u64, session_present: bool) -> bool {
+        self.connections += 1;
+        self.boot = boot;
+        let entry = format!("c{}:boot{boot}", self.connections);
+        self.trace.push(entry);
+        if !session_present {
+            // A new session: the broker may use any packet id again.
+            self.open_ids.reset();
+        }
+        if self.subscribed && !session_present {
+            // The subscription was acknowledged: the session must have survived.
+            self.sessions_lost += 1;
+            self.subscribed = false;
+        }
+        !self.subscribed
+    }
+
+    /// Notes a PUBLISH of ours and checks it against the open exchanges.
+    fn note(&mut self, p: &tern_wire::Publish, m: (usize, u64)) -> Incoming {
+        let incoming = Incoming {
+            packet_id: p.packet_id,
+            message: m,
+            qos: p.qos as u8,
+            dup: p.dup,
+            connection: self.connections,
+            boot: self.boot,
+            at: turmoil::sim_elapsed().unwrap_or_default(),
+        };
+        self.seen.push(Seen {
+            publisher: m.0,
+            number: m.1,
+            connection: incoming.connection,
+            dup: p.dup,
+            qos: incoming.qos,
+            packet_id: p.packet_id,
+            boot: incoming.boot,
+            at: incoming.at,
+        });
+        let dup = if p.dup { "d" } else { "" };
+        let entry = format!(
+            "c{}:P{}q{}{dup}={}/{}",
+            incoming.connection, p.packet_id, incoming.qos, m.0, m.1
+        );
+        self.trace.push(entry);
+        if p.qos != QoS::AtMostOnce {
+            self.open_ids.check(&incoming);
+        }
+        incoming
+    }
+
+    /// Handles a packet (the subscriber's application and MQTT session state): the reply.
+    /// `incoming`: what [`SubState::note`] made of it, if it is a PUBLISH of ours.
+    fn handle(
+        &mut self,
+        spec: &SubSpec,
+        packet: Packet,
+        incoming: Option<Incoming>,
+    ) -> Option<Packet> {
+        match packet {
+            Packet::SubAck(sa) => {
+                if sa.reasons == vec![ReasonCode(spec.qos)] {
+                    self.subscribed = true;
+                } else {
+                    self.bad_subacks.push(format!("{:?}", sa.reasons));
+                }
+                None
+            }
+            Packet::Publish(p) => {
+                let Some(m) = parse(&p.payload) else {
+                    self.foreign
+                        .push(String::from_utf8_lossy(&p.payload).into_owned());
+                    return None;
+                };
+                self.handle_publish(spec, &p, m, incoming)
+            }
+            Packet::PubRel(a) => {
+                let entry = format!("c{}:R{}", self.connections, a.packet_id);
+                self.trace.push(entry);
+                if let Some(Some(m)) = self.received.remove(&a.packet_id) {
+                    self.deliver(m, 2);
+                }
+                Some(Packet::PubComp(ack(a.packet_id)))
+            }
+            _ => None,
+        }
+    }
+
+    fn handle_publish(
+        &mut self,
+        spec: &SubSpec,
+        p: &tern_wire::Publish,
+        m: (usize, u64),
+        incoming: Option<Incoming>,
+    ) -> Option<Packet> {
+        if let Some(i) = incoming.filter(|_| p.qos != QoS::AtMostOnce) {
+            self.open_ids.open(&i);
+        }
+        match p.qos {
+            QoS::AtMostOnce => {
+                self.deliver(m, 0);
+                None
+            }
+            QoS::AtLeastOnce => {
+                self.deliver(m, 1);
+                Some(Packet::PubAck(ack(p.packet_id)))
+            }
+            QoS::ExactlyOnce => {
+                // A packet id already held: the same message again.
+                if let Entry::Vacant(e) = self.received.entry(p.packet_id) {
+                    match spec.deliver {
+                        Deliver::AtPublish => {
+                            e.insert(None);
+                            self.deliver(m, 2);
+                        }
+                        Deliver::AtPubrel => {
+                            e.insert(Some(m));
+                        }
+                    }
+                }
+                Some(Packet::PubRec(ack(p.packet_id)))
+            }
+        }
+    }
+
+    fn note_leave(&mut self) {
+        let entry = format!("c{}:leave", self.connections);
+        self.trace.push(entry);
+    }
+}
+
+/// Whether an offline subscriber leaves now, at its stage: `packet` came and `reply` is
+/// what would answer it. (Leave at `Unacked` / `AtPubrel`: before the reply; at
+/// `AfterPubrec`: once it is sent.)
+fn leaves_at(o: &Offline, publishes_here: u64, reply: Option<&Packet>) -> Option<Stage> {
+    if publishes_here < o.after_publishes {
+        return None;
+    }
+    let at = match (o.stage, reply?) {
+        (Stage::Unacked, Packet::PubAck(_) | Packet::PubRec(_)) => Stage::Unacked,
+        (Stage::AfterPubrec, Packet::PubRec(_)) => Stage::AfterPubrec,
+        (Stage::AtPubrel, Packet::PubComp(_)) => Stage::AtPubrel,
+        _ => return None,
+    };
+    Some(at)
+}
+
+/// Leaves: DISCONNECT if `clean`, then the socket closes.
+async fn leave(mut c: Conn, clean: bool, state: &Mutex<SubState>) {
+    state.lock().note_leave();
+    if clean {
+        let _ = c
+            .send(&Packet::Disconnect(Disconnect {
+                reason: ReasonCode::SUCCESS,
+                properties: Properties::default(),
+            }))
+            .await;
+    }
+    drop(c);
+}
+
+/// Sends a reply: an exchange closes as its PUBACK / PUBCOMP starts out.
+async fn reply(c: &mut Conn, p: &Packet, state: &Mutex<SubState>) -> bool {
+    if let Packet::PubAck(a) | Packet::PubComp(a) = p {
+        state.lock().open_ids.close(a.packet_id);
+    }
+    if !c.send(p).await {
+        return false;
+    }
+    if let Packet::PubRec(a) = p {
+        let mut st = state.lock();
+        let entry = format!("c{}:r{}", st.connections, a.packet_id);
+        st.trace.push(entry);
+    }
+    true
 }
 
 pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc<Net>) {
+    let mut absences = 0u64;
     'connection: loop {
         let Some(mut c) =
             reconnect(&net, spec.protocol, &spec.client_id(), spec.receive_maximum).await
@@ -112,38 +314,12 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
         };
         let mut publishes_here = 0u64;
         let mut received_here = 0u64;
-        let subscribe = {
-            let mut st = state.lock();
-            st.connections += 1;
-            let entry = format!(
-                "c{}:boot{}",
-                st.connections,
-                net.boot.load(Ordering::Relaxed)
-            );
-            st.trace.push(entry);
-            if st.subscribed && !c.session_present {
-                // The subscription was acknowledged: the session must have survived.
-                st.sessions_lost += 1;
-                st.subscribed = false;
-            }
-            !st.subscribed
-        };
-        if subscribe {
-            let sub = Subscribe {
-                packet_id: 1,
-                properties: Properties::default(),
-                filters: vec![(
-                    s(&spec.subscription()),
-                    SubscriptionOptions {
-                        qos: QoS::from_u8(spec.qos).expect("qos"),
-                        ..SubscriptionOptions::default()
-                    },
-                )],
-            };
-            if !c.send(&Packet::Subscribe(sub)).await {
-                continue 'connection;
-            }
+        let boot = net.boot.load(Ordering::Relaxed);
+        if state.lock().connected(boot, c.session_present) && !subscribe(&mut c, &spec).await {
+            continue 'connection;
         }
+        // Away for long on this connection (issue 25)?
+        let offline = spec.offline.filter(|o| absences < o.absences);
         loop {
             if net.stop.load(Ordering::Relaxed) {
                 return;
@@ -154,110 +330,54 @@ pub async fn run_subscriber(spec: SubSpec, state: Arc<Mutex<SubState>>, net: Arc
                 Ok(Some(p)) => p,
             };
             received_here += 1;
+            let mut incoming = None;
             if let Packet::Publish(p) = &packet {
-                if let Some((publisher, number)) = parse(&p.payload) {
-                    let mut st = state.lock();
-                    let connection = st.connections;
-                    st.seen
-                        .push((publisher, number, connection, p.dup, p.qos as u8));
-                    {
-                        let dup = if p.dup { "d" } else { "" };
-                        let entry = format!(
-                            "c{connection}:P{}q{}{dup}={publisher}/{number}",
-                            p.packet_id, p.qos as u8
-                        );
-                        st.trace.push(entry);
-                    }
-                }
+                incoming = parse(&p.payload).map(|m| state.lock().note(p, m));
                 publishes_here += 1;
                 if spec.leave_after.is_some_and(|k| publishes_here > k) {
                     // Leaves before handling this PUBLISH (it is resent or goes elsewhere).
-                    {
-                        let mut st = state.lock();
-                        let entry = format!("c{}:leave", st.connections);
-                        st.trace.push(entry);
-                    }
-                    if spec.leave_cleanly {
-                        let _ = c
-                            .send(&Packet::Disconnect(Disconnect {
-                                reason: ReasonCode::SUCCESS,
-                                properties: Properties::default(),
-                            }))
-                            .await;
-                    }
-                    drop(c);
+                    leave(c, spec.leave_cleanly, &state).await;
                     tokio::time::sleep(Duration::from_millis(spec.pause_ms)).await;
                     continue 'connection;
                 }
             }
-            let reply = {
-                let mut st = state.lock();
-                match packet {
-                    Packet::SubAck(sa) => {
-                        if sa.reasons == vec![ReasonCode(spec.qos)] {
-                            st.subscribed = true;
-                        } else {
-                            st.bad_subacks.push(format!("{:?}", sa.reasons));
-                        }
-                        None
-                    }
-                    Packet::Publish(p) => {
-                        let Some(m) = parse(&p.payload) else {
-                            st.foreign
-                                .push(String::from_utf8_lossy(&p.payload).into_owned());
-                            continue;
-                        };
-                        match p.qos {
-                            QoS::AtMostOnce => {
-                                st.deliver(m, 0);
-                                None
-                            }
-                            QoS::AtLeastOnce => {
-                                st.deliver(m, 1);
-                                Some(Packet::PubAck(ack(p.packet_id)))
-                            }
-                            QoS::ExactlyOnce => {
-                                // A packet id already held: the same message again.
-                                if let Entry::Vacant(e) = st.received.entry(p.packet_id) {
-                                    match spec.deliver {
-                                        Deliver::AtPublish => {
-                                            e.insert(None);
-                                            st.deliver(m, 2);
-                                        }
-                                        Deliver::AtPubrel => {
-                                            e.insert(Some(m));
-                                        }
-                                    }
-                                }
-                                Some(Packet::PubRec(ack(p.packet_id)))
-                            }
-                        }
-                    }
-                    Packet::PubRel(a) => {
-                        {
-                            let entry = format!("c{}:R{}", st.connections, a.packet_id);
-                            st.trace.push(entry);
-                        }
-                        if let Some(Some(m)) = st.received.remove(&a.packet_id) {
-                            st.deliver(m, 2);
-                        }
-                        Some(Packet::PubComp(ack(a.packet_id)))
-                    }
-                    Packet::Disconnect(_) => continue 'connection,
-                    _ => None,
-                }
-            };
+            if let Packet::Disconnect(_) = packet {
+                continue 'connection;
+            }
+            let answer = state.lock().handle(&spec, packet, incoming);
             stall(spec.stall, received_here).await;
-            if let Some(p) = reply {
-                if !c.send(&p).await {
+            let stage = offline.and_then(|o| leaves_at(&o, publishes_here, answer.as_ref()));
+            if let Some(p) = &answer {
+                if stage != Some(Stage::Unacked)
+                    && stage != Some(Stage::AtPubrel)
+                    && !reply(&mut c, p, &state).await
+                {
                     continue 'connection;
                 }
-                if let Packet::PubRec(a) = &p {
-                    let mut st = state.lock();
-                    let entry = format!("c{}:r{}", st.connections, a.packet_id);
-                    st.trace.push(entry);
+            }
+            if let (Some(o), Some(_)) = (offline, stage) {
+                leave(c, o.clean, &state).await;
+                absences += 1;
+                if !stay_away(&net, &o).await {
+                    return;
                 }
+                continue 'connection;
             }
         }
     }
+}
+
+async fn subscribe(c: &mut Conn, spec: &SubSpec) -> bool {
+    let sub = Subscribe {
+        packet_id: 1,
+        properties: Properties::default(),
+        filters: vec![(
+            s(&spec.subscription()),
+            SubscriptionOptions {
+                qos: QoS::from_u8(spec.qos).expect("qos"),
+                ..SubscriptionOptions::default()
+            },
+        )],
+    };
+    c.send(&Packet::Subscribe(sub)).await
 }

@@ -201,7 +201,9 @@ fn replay_all(
                     o.last = Some(stored);
                     if is_sent {
                         o.resend.insert(stored, m.clone());
-                        continue;
+                        if !crate::inject::on(crate::inject::Bug::ReplayIgnoresInflight) {
+                            continue;
+                        }
                     }
                     o.pending_bytes += m.approx_len();
                     o.pending.push_back(m.clone());
