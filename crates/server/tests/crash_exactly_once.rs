@@ -20,6 +20,11 @@
 //!   drop a repeated one until PUBREL (Method B): the broker must resend an unfinished QoS 2
 //!   message with the same packet id (MQTT-4.3.3-*, MQTT-4.4.0-1). They also check the order
 //!   of the PUBRELs they get against their PUBRECs (MQTT-4.6.0-4).
+//! - `paho-away-v3`, `paho-away-v5` (issue 25): paho subscribers as above that send DISCONNECT
+//!   shortly (0-300 ms) before three kills in four, with QoS 2 deliveries in flight, and come
+//!   back 0-2 s after the restart (later still if the next kill comes first), to a backlog and
+//!   to exchanges the broker restored from disk. `paho-sub-*` stay connected throughout and
+//!   reconnect at once after each kill (the issue's second shape). `crash/away.rs` times them.
 //!
 //! While the broker is down the paho clients keep trying to reconnect (to a port that refuses,
 //! as against a fixed port), which is how users run them; see scripts/crash_paho.py for the
@@ -35,6 +40,9 @@
 //! (QoS 2) its publisher got reaches every subscriber; QoS 2 exactly once per subscriber
 //! (counted by payload), QoS 1 at least once; every first delivery in its publisher's order
 //! (MQTT-4.6.0-5 / -6); PUBRELs in PUBREC order (MQTT-4.6.0-4). No session may be lost.
+//! Each delivery keeps its packet id, DUP, cycle and time since the last restart, so a
+//! duplicate is printed with its shape (e.g. "DUP=1 then DUP=0 under a new id, in the same
+//! broker life": a restored exchange resent and the same message delivered again as new).
 
 mod common;
 mod crash;
@@ -45,6 +53,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::Broker;
+use crash::away::{Away, Plan};
 use crash::paho::{Commands, Paho};
 use crash::raw::{Ctl, RawPublisher, RawSubscriber, Trap};
 use crash::{KillAt, RefusingPort, Rng, Shared};
@@ -71,6 +80,9 @@ const LAG: u64 = 4000;
 const WINDOW: &str = "256";
 
 const PAHO_SUBS: [(&str, &str); 2] = [("paho-sub-v3", "311"), ("paho-sub-v5", "5")];
+/// Subscribers that disconnect shortly before most kills and come back after the restart
+/// (`crash/away.rs`, issue 25).
+const PAHO_AWAY: [(&str, &str); 2] = [("paho-away-v3", "311"), ("paho-away-v5", "5")];
 /// (name, protocol, QoS)
 const PAHO_PUBS: [(&str, &str, &str); 2] = [("paho-q2-v3", "311", "2"), ("paho-q1-v5", "5", "1")];
 
@@ -156,6 +168,21 @@ fn schedule(rng: &mut Rng, cycles: u32) -> Vec<(KillAt, u64)> {
         .collect()
 }
 
+/// The away subscribers' plan of one cycle, for the log.
+fn describe_moves(plans: &[Plan]) -> String {
+    let moves = PAHO_AWAY
+        .iter()
+        .zip(plans)
+        .map(|((name, _), p)| match p.lead_ms {
+            Some(lead) => format!(
+                "{name} leaves {lead} ms before, back {} ms after",
+                p.back_ms
+            ),
+            None => format!("{name} stays (if back), back {} ms after", p.back_ms),
+        });
+    moves.collect::<Vec<_>>().join("; ")
+}
+
 fn env_or<T: std::str::FromStr>(name: &str, default: impl FnOnce() -> T) -> T {
     std::env::var(name)
         .ok()
@@ -211,6 +238,7 @@ struct Harness {
     shared: Shared,
     ctl: Ctl,
     paho: Vec<Paho>,
+    away: Away,
     raw: Option<Raw>,
     subs: Vec<String>,
     pubs: Vec<String>,
@@ -222,10 +250,11 @@ struct Harness {
 impl Harness {
     fn start() -> Harness {
         let b = Broker::start_with(CONFIG);
+        let shared = Shared::default();
+        shared.set_restarted();
         let dir = tempfile::tempdir().expect("tempdir");
         let port_file = dir.path().join("port");
         set_port(&port_file, b.port());
-        let shared = Shared::default();
         let ctl = Ctl {
             shared: shared.clone(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -253,6 +282,7 @@ impl Harness {
             shared,
             ctl,
             paho: Vec::new(),
+            away: Away::new(Vec::new()),
             raw: Some(raw),
             subs: Vec::new(),
             pubs: Vec::new(),
@@ -260,17 +290,23 @@ impl Harness {
             hit_tx,
             hits,
         };
-        h.subs = PAHO_SUBS.iter().map(|s| s.0.to_string()).collect();
+        h.subs = (PAHO_SUBS.iter().chain(&PAHO_AWAY))
+            .map(|s| s.0.to_string())
+            .collect();
         h.subs
             .extend(["raw-sub-v5".to_string(), "raw-sub-v3".to_string()]);
         h.pubs = PAHO_PUBS.iter().map(|p| p.0.to_string()).collect();
         h.pubs
             .extend(["raw-q2-v5".to_string(), "raw-q1-v3".to_string()]);
-        for (name, protocol) in PAHO_SUBS {
+        for (name, protocol) in PAHO_SUBS.into_iter().chain(PAHO_AWAY) {
             let args = [h.port(), name.into(), protocol.into(), filter.clone()];
             h.paho
                 .push(Paho::spawn("sub", name, &args, &h.shared, h.dir.path()));
         }
+        let away = (h.paho.iter())
+            .filter(|p| PAHO_AWAY.iter().any(|a| a.0 == p.name))
+            .map(Paho::commands);
+        h.away = Away::new(away.collect());
         for (name, protocol, qos) in PAHO_PUBS {
             let args = [
                 h.port(),
@@ -321,9 +357,15 @@ impl Harness {
         );
     }
 
-    /// One broker life that ends with a kill at `kill`; describes the kill moment.
-    async fn cycle(&mut self, cycle: u32, kill: KillAt, arm_ms: u64) -> String {
+    /// One broker life that ends with a kill at `kill`, the away subscribers moving as
+    /// `away` says; describes the kill moment.
+    async fn cycle(&mut self, cycle: u32, kill: KillAt, arm_ms: u64, away: &[Plan]) -> String {
         self.shared.set_cycle(cycle);
+        let kill_in_ms = match kill {
+            KillAt::Random(ms) => ms,
+            _ => arm_ms,
+        };
+        self.away.plan_leaves(away, kill_in_ms);
         let trap = Trap {
             at: kill,
             armed: self.armed.clone(),
@@ -334,6 +376,8 @@ impl Harness {
         let how = self.reach(kill, arm_ms).await;
         set_port(&self.port_file, self.refusing.port);
         tokio::task::block_in_place(|| self.b.restart_after_kill());
+        self.shared.set_restarted();
+        self.away.plan_returns(away);
         set_port(&self.port_file, self.b.port());
         self.raw = Some(running.join().await);
         how
@@ -367,6 +411,7 @@ impl Harness {
         for p in self.paho.iter().filter(|p| self.pubs.contains(&p.name)) {
             p.commands().send("finish");
         }
+        self.away.all_back();
         let running = raw.start(self.b.addr, &self.ctl, None);
         let shared = self.shared.clone();
         let pubs = self.pubs.clone();
@@ -411,6 +456,14 @@ impl Harness {
         let notes = raw.pubs.iter().flat_map(|p| &p.notes);
         for note in notes.chain(raw.subs.iter().flat_map(|s| &s.notes)) {
             out.push_str(&format!("kill point: {note}\n"));
+        }
+        for (sub, moves) in &record.away {
+            let held: u64 = moves.iter().map(|m| m.2).sum();
+            out.push_str(&format!(
+                "{sub} left {} times before a kill, holding {held} QoS 2 messages awaiting \
+                 PUBREL in all\n",
+                moves.len()
+            ));
         }
         let mut ok = record.sessions_lost.is_empty() && record.errors.is_empty();
         if !finished {
@@ -457,6 +510,7 @@ async fn qos2_exactly_once_and_in_order_across_sigkill() {
     let cycles: u32 = env_or("TERN_CRASH_CYCLES", || DEFAULT_CYCLES);
     eprintln!("TERN_CRASH_SEED={seed} TERN_CRASH_CYCLES={cycles}");
     let plan = schedule(&mut Rng(seed), cycles);
+    let away = Plan::schedule(seed, cycles, PAHO_AWAY.len());
     // Fails here, naming the reason, if paho cannot be had.
     eprintln!("paho from {}", crash::paho::python().display());
 
@@ -475,8 +529,13 @@ async fn qos2_exactly_once_and_in_order_across_sigkill() {
         pacing.clone(),
     );
     for (cycle, &(kill, arm_ms)) in plan.iter().enumerate() {
-        let how = h.cycle(cycle as u32, kill, arm_ms).await;
-        eprintln!("cycle {cycle}: killed {how}\n  {}", h.progress());
+        let moves = &away[cycle];
+        let how = h.cycle(cycle as u32, kill, arm_ms, moves).await;
+        eprintln!(
+            "cycle {cycle}: killed {how}\n  away {}\n  {}",
+            describe_moves(moves),
+            h.progress()
+        );
     }
     pacing.store(true, Ordering::Relaxed);
     let _ = pacer.join();

@@ -146,12 +146,76 @@ fn check_pair(deliveries: &[&Delivery], acked: &BTreeSet<u64>, qos: u8) -> Pair 
 
 fn brief(d: &Delivery) -> String {
     format!(
-        "[id {}{}, qos {}, cycle {}]",
+        "[id {}{}, qos {}, cycle {}, {} ms after the restart]",
         d.packet_id,
         if d.dup { " DUP" } else { "" },
         d.qos,
-        d.cycle
+        d.cycle,
+        d.since_restart_ms
     )
+}
+
+/// The shape of a duplicate from its first two copies: DUP flags, same or other packet id,
+/// same broker life or not. Packet ids and times vary; this is what tells causes apart.
+fn shape(first: &Delivery, second: &Delivery) -> String {
+    let flag = |d: &Delivery| if d.dup { "DUP=1" } else { "DUP=0" };
+    let id = if first.packet_id == second.packet_id {
+        "the same id"
+    } else {
+        "a new id"
+    };
+    let life = match second.cycle.saturating_sub(first.cycle) {
+        0 => "in the same broker life".to_string(),
+        n => format!("{n} restart(s) later"),
+    };
+    format!("{} then {} under {id}, {life}", flag(first), flag(second))
+}
+
+/// Per shape: how many, and the range of the gap between the copies and of the second
+/// copy's time after its restart (ms).
+#[derive(Default)]
+struct ShapeStats {
+    count: usize,
+    gap_ms: (u64, u64),
+    second_after_restart_ms: (u64, u64),
+}
+
+fn widen(range: &mut (u64, u64), v: u64, first: bool) {
+    *range = if first {
+        (v, v)
+    } else {
+        (range.0.min(v), range.1.max(v))
+    };
+}
+
+fn shapes(out: &mut String, duplicated: &BTreeMap<u64, Vec<Delivery>>) {
+    let mut stats: BTreeMap<String, ShapeStats> = BTreeMap::new();
+    for ds in duplicated.values() {
+        let (Some(first), Some(second)) = (ds.first(), ds.get(1)) else {
+            continue;
+        };
+        let s = stats.entry(shape(first, second)).or_default();
+        let gap = second.at_ms.saturating_sub(first.at_ms);
+        widen(&mut s.gap_ms, gap, s.count == 0);
+        widen(
+            &mut s.second_after_restart_ms,
+            second.since_restart_ms,
+            s.count == 0,
+        );
+        s.count += 1;
+    }
+    for (shape, s) in stats {
+        let _ = writeln!(
+            out,
+            "    shape: {} x {shape}; second copy {}..{} ms after the first, {}..{} ms after \
+             its restart",
+            s.count,
+            s.gap_ms.0,
+            s.gap_ms.1,
+            s.second_after_restart_ms.0,
+            s.second_after_restart_ms.1
+        );
+    }
 }
 
 /// First and last few of a sorted list of numbers.
@@ -163,8 +227,15 @@ fn numbers(ns: &[u64]) -> String {
 }
 
 fn duplicates(out: &mut String, publ: &str, duplicated: &BTreeMap<u64, Vec<Delivery>>) {
+    shapes(out, duplicated);
     for (n, ds) in duplicated.iter().take(EXAMPLES) {
-        let copies: Vec<String> = ds.iter().map(brief).collect();
+        let first_ms = ds.first().map_or(0, |d| d.at_ms);
+        let copies: Vec<String> = (ds.iter().enumerate())
+            .map(|(i, d)| match i {
+                0 => brief(d),
+                _ => format!("+{} ms {}", d.at_ms.saturating_sub(first_ms), brief(d)),
+            })
+            .collect();
         let _ = writeln!(out, "    {publ}:{n} x{}: {}", ds.len(), copies.join(" "));
     }
 }
