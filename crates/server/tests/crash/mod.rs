@@ -61,8 +61,9 @@ pub struct Record {
     /// Publisher → numbers it may publish up to (exclusive), set by the pacer.
     pub limits: BTreeMap<String, u64>,
     /// Publisher → numbers it re-sent as a PUBLISH after sending their PUBREL (a client
-    /// violation of MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5): paho after a failed reconnect).
-    pub resent_after_pubrel: BTreeMap<String, BTreeSet<u64>>,
+    /// violation of MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5): paho after a failed reconnect),
+    /// with how often: each such PUBLISH is a new message to the broker, one more copy.
+    pub resent_after_pubrel: BTreeMap<String, BTreeMap<u64, usize>>,
     /// Publisher → numbers whose PUBLISH left after a higher number's on the same connection
     /// (a client violation of MQTT-4.6.0-1: paho after a reconnect).
     pub sent_out_of_order: BTreeMap<String, BTreeSet<u64>>,
@@ -170,7 +171,9 @@ impl Shared {
             .resent_after_pubrel
             .entry(publisher.to_string())
             .or_default()
-            .insert(n);
+            .entry(n)
+            .and_modify(|times| *times += 1)
+            .or_insert(1);
     }
 
     pub fn sent_out_of_order(&self, publisher: &str, n: u64) {
@@ -243,24 +246,22 @@ impl Shared {
         self.lock().limits.get(publisher).copied().unwrap_or(0)
     }
 
-    /// Sets every publisher's limit to `lag` numbers beyond what its slowest subscriber has,
-    /// so that no session queue overflows (a dropped message would read as lost); returns
-    /// the limits.
-    pub fn pace(&self, publishers: &[String], subscribers: &[String], lag: u64) -> Vec<u64> {
+    /// Sets every publisher's limit to the least, over `subscribers` (name, lag), of what the
+    /// subscriber has plus its lag, so that no session queue overflows (a dropped message
+    /// would read as lost); returns the limits.
+    pub fn pace(&self, publishers: &[String], subscribers: &[(String, u64)]) -> Vec<u64> {
         let mut r = self.lock();
         let limits: Vec<u64> = publishers
             .iter()
             .map(|publ| {
-                let slowest = subscribers
+                subscribers
                     .iter()
-                    .map(|sub| {
-                        r.distinct
-                            .get(&(sub.clone(), publ.clone()))
-                            .map_or(0, |d| d.len() as u64)
+                    .map(|(sub, lag)| {
+                        let got = r.distinct.get(&(sub.clone(), publ.clone()));
+                        got.map_or(0, |d| d.len() as u64) + lag
                     })
                     .min()
-                    .unwrap_or(0);
-                slowest + lag
+                    .unwrap_or(0)
             })
             .collect();
         for (publ, &limit) in publishers.iter().zip(&limits) {
