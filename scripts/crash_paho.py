@@ -10,7 +10,8 @@ PROTOCOL is 311 (clean_session=False) or 5 (clean_start=False, session expiry 0x
 PORT_FILE holds the broker's port; the test rewrites it after each restart (the broker comes
 back on a new ephemeral port). While the broker is down it holds a port that refuses
 connections, so the client keeps failing to reconnect, as paho's own auto-reconnect does
-against a fixed port. The client reconnects with the same client object, so paho keeps its
+against a fixed port; or nothing, and then the client waits without dialing (the test's
+TERN_CRASH_PUB_WAITS=1 does that for publishers, which avoids the first paho bug below). The client reconnects with the same client object, so paho keeps its
 session state: in-flight PUBLISHes are resent with DUP, PUBREL after PUBREC, and received
 QoS 2 messages wait for their PUBREL.
 
