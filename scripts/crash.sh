@@ -14,7 +14,8 @@
 #   --seed N    replay a kill schedule (TERN_CRASH_SEED, printed by every run)
 #   --pub-waits the paho publishers do not dial while the broker is down
 #               (TERN_CRASH_PUB_WAITS=1): paho's re-PUBLISH after PUBREL, which follows a
-#               failed reconnect attempt, cannot happen, so no duplicate is the client's
+#               failed reconnect attempt, becomes rare (a kill during a reconnect still
+#               triggers it); its copies are told apart either way
 # The harness itself is built in release too (it must keep up with a release broker).
 # Python: scripts/pydeps.sh provides paho-mqtt 2.x in .venv/interop (the test calls it).
 # Exits with the test's status; the report (seed, counts, first examples) is on stderr.

@@ -11,7 +11,7 @@ PORT_FILE holds the broker's port; the test rewrites it after each restart (the 
 back on a new ephemeral port). While the broker is down it holds a port that refuses
 connections, so the client keeps failing to reconnect, as paho's own auto-reconnect does
 against a fixed port; or nothing, and then the client waits without dialing (the test's
-TERN_CRASH_PUB_WAITS=1 does that for publishers, which avoids the first paho bug below). The client reconnects with the same client object, so paho keeps its
+TERN_CRASH_PUB_WAITS=1 does that for publishers, which makes the first paho bug below rare). The client reconnects with the same client object, so paho keeps its
 session state: in-flight PUBLISHes are resent with DUP, PUBREL after PUBREC, and received
 QoS 2 messages wait for their PUBREL.
 
