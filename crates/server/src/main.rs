@@ -287,11 +287,17 @@ fn auth_reload(
     allow_anonymous: bool,
 ) -> signals::Reload {
     let shared = broker.shared().clone();
+    // The reload runs on the blocking pool; what follows it (checking queued messages and the
+    // connected clients' passwords again) is async work for the runtime.
+    let runtime = tokio::runtime::Handle::current();
     signals::Reload {
         name: "password_file and acl_file",
         apply: Box::new(move || {
             let rules = auth_config::load_rules(&auth, allow_anonymous)?;
             shared.auth.replace(rules);
+            runtime.spawn(tern_broker::engine::reload::after_auth_reload(
+                shared.clone(),
+            ));
             Ok(())
         }),
     }

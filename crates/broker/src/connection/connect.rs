@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::model::Ticket;
 use crate::read_order::ReadSlot;
 use crate::state::outbound::{WriterState, encode_packet};
+use crate::state::session::{ConnInfo, Credentials};
 use crate::state::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, ListenerContext, TransportRead, TransportWrite};
 
@@ -38,7 +39,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
 ) -> Result<Accepted<W>, Refused> {
     let config = &shared.config;
     // Only what the CONNECT needs of `info` is kept across the reads below.
-    let info_peer = info.peer.ip();
+    let info_peer = info.peer;
     let allow_anonymous = info.listener.allow_anonymous;
     let listener = info.listener.clone();
     let identity = identity_username(info);
@@ -273,7 +274,7 @@ fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
 
 /// Who is connecting, as far as the checks before the session need it.
 struct Client {
-    peer: IpAddr,
+    peer: std::net::SocketAddr,
     /// The listener's `allow_anonymous`; `None` = the `[auth]` setting.
     allow_anonymous: Option<bool>,
     /// The username is the client certificate's CN (`use_identity_as_username`).
@@ -297,6 +298,23 @@ fn admit_rate(shared: &Shared, peer: IpAddr, client_id: &str) -> bool {
         tracing::warn!(%peer, client_id, limit = rate, count = n, "max_connect_rate_per_ip: CONNECT refused");
     }
     false
+}
+
+/// The credentials a password file accepted, kept with the connection so that a reload of
+/// the file checks them again (`engine::reload`); `None` where no file decided (no file, no
+/// username, or the username is the client certificate's).
+fn checked_credentials(
+    shared: &Shared,
+    client: &Client,
+    username: Option<&Arc<str>>,
+    password: Option<&bytes::Bytes>,
+) -> Option<Arc<Credentials>> {
+    let username = username?;
+    if client.by_certificate || shared.auth.rules().passwords.is_none() {
+        return None;
+    }
+    let password = password.map_or(&[][..], |p| &p[..]);
+    Some(Arc::new(Credentials::new(username.clone(), password)))
 }
 
 /// The credentials (password file) and the will's topic (ACL, write access), checked before
@@ -369,7 +387,7 @@ async fn accept<W: TransportWrite>(
         }
         return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
     }
-    if !admit_rate(shared, client.peer, &connect.client_id) {
+    if !admit_rate(shared, client.peer.ip(), &connect.client_id) {
         // 0x9F Connection rate exceeded; 3.1.1: return code 3, Server unavailable.
         let reason = ReasonCode::CONNECTION_RATE_EXCEEDED;
         return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
@@ -489,6 +507,17 @@ async fn accept<W: TransportWrite>(
     // The CONNACK (queued first) leaves once the session's and the will's records are durable
     // (`outbound::Outflow`), as a SUBACK waits for its subscription's.
     let connack_after = Ticket::join(attached.durable, will_written);
+    attached.ctl.set_info(ConnInfo {
+        peer: client.peer,
+        keep_alive_s,
+        connected_at: std::time::SystemTime::now(),
+        credentials: checked_credentials(
+            shared,
+            &client,
+            username.as_ref(),
+            connect.password.as_ref(),
+        ),
+    });
     let keep_alive = shared.keep_alive.watch(&attached.ctl, keep_alive_ms);
     let conn = Conn {
         shared: shared.clone(),

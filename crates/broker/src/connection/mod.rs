@@ -253,11 +253,6 @@ async fn establish<T: Transport>(
         Err(_) => return None,
     };
     let keep_alive_s = conn.keep_alive_s;
-    conn.ctl.set_info(crate::state::session::ConnInfo {
-        peer,
-        keep_alive_s,
-        connected_at: std::time::SystemTime::now(),
-    });
     tracing::info!(%peer, client_id = %conn.session.client_id, protocol = ?conn.protocol, keep_alive_s, "client connected");
     Metrics::add(&shared.metrics.clients_connected, 1);
     if *stop.borrow() {

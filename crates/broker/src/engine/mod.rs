@@ -10,6 +10,7 @@
 //! - [`registry`]: attach (with takeover), detach, end.
 //! - [`groups`]: share-group queues: enqueue, flush to members, redistribute.
 //! - [`expiry`], [`will`]: session expiry and will timers, a will's publication.
+//! - [`reload`]: a reloaded password file and ACL applied to queued messages and clients.
 //! - [`restore`]: sessions, groups and retained messages rebuilt from [`crate::model::Recovered`].
 //! - [`checkpoint`]: the periodic write of persistent sessions' cursors.
 //! - [`live_tasks`]: counting live tasks (connections, lingering sockets).
@@ -20,6 +21,7 @@ pub mod expiry;
 pub mod groups;
 pub mod live_tasks;
 pub mod registry;
+pub mod reload;
 pub mod restore;
 pub mod retain;
 pub mod route;

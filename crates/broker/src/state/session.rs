@@ -51,6 +51,41 @@ pub struct ConnInfo {
     /// The keep alive in force (the Server Keep Alive if we set one), 0 for none.
     pub keep_alive_s: u16,
     pub connected_at: SystemTime,
+    /// The credentials a password file accepted, kept so that a reload of the file checks
+    /// them again (`engine::reload`); `None` for every other client.
+    pub credentials: Option<Arc<Credentials>>,
+}
+
+/// A client's username and password as the password file accepted them at CONNECT. Kept for
+/// the life of the connection, as mosquitto keeps them, so that a reload (SIGHUP) can
+/// disconnect a client whose password no longer matches or whose user is gone (issue 24 item
+/// 2). Only clients checked against a password file have one. `Debug` never shows the
+/// password.
+#[derive(Clone)]
+pub struct Credentials {
+    pub username: Arc<str>,
+    password: Box<[u8]>,
+}
+
+impl Credentials {
+    pub fn new(username: Arc<str>, password: &[u8]) -> Credentials {
+        Credentials {
+            username,
+            password: password.into(),
+        }
+    }
+
+    pub fn password(&self) -> &[u8] {
+        &self.password
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ConnCtl {

@@ -488,15 +488,21 @@ impl Outbound {
             .iter()
             .filter(|e| e.item.qos == QoS::AtLeastOnce && gone(&e.item))
             .count();
-        if !self.queues.queue.iter().any(gone) {
-            return Removed {
-                dropped: 0,
-                inflight_exposed,
-            };
+        Removed {
+            dropped: self.drop_queued_where(gone),
+            inflight_exposed,
+        }
+    }
+
+    /// Drops the queued (not in-flight) deliveries `drop` picks, keeping the others in order
+    /// and the sums exact. Returns how many went.
+    pub fn drop_queued_where(&mut self, mut drop: impl FnMut(&Outgoing) -> bool) -> usize {
+        if !self.queues.queue.iter().any(&mut drop) {
+            return 0;
         }
         let mut dropped = 0;
         for item in self.queues.take_queued() {
-            if gone(&item) {
+            if drop(&item) {
                 self.account_removed(&item);
                 dropped += 1;
             } else {
@@ -505,10 +511,7 @@ impl Outbound {
         }
         self.queues.release_if_empty();
         self.sync_total();
-        Removed {
-            dropped,
-            inflight_exposed,
-        }
+        dropped
     }
 
     /// Appends the store positions of every stored message this session still holds (in
