@@ -510,7 +510,7 @@ async fn accept<W: TransportWrite>(
     attached.ctl.set_info(ConnInfo {
         peer: client.peer,
         keep_alive_s,
-        connected_at: std::time::SystemTime::now(),
+        connected_at_unix_ms: ConnInfo::unix_ms(std::time::SystemTime::now()),
         credentials: checked_credentials(
             shared,
             &client,
