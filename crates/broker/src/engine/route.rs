@@ -166,38 +166,10 @@ pub fn note_dropped_oldest(session: &Session, total: u64, added: u64) {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
     use tern_topic::FilterKind;
-    use tern_wire::{Properties, Protocol, Str, SubscriptionOptions};
 
     use super::*;
-    use crate::model::SubRecord;
-
-    fn session(id: &str) -> Arc<Session> {
-        Session::new(id.into(), Protocol::V5, 0)
-    }
-
-    fn record(qos: QoS, id: Option<u32>) -> SubRecord {
-        SubRecord {
-            options: SubscriptionOptions {
-                qos,
-                ..SubscriptionOptions::default()
-            },
-            subscription_id: id,
-        }
-    }
-
-    fn message(topic: &'static str, qos: QoS, publisher: Option<&str>) -> Arc<Message> {
-        Arc::new(Message::new(
-            Str::from_static(topic),
-            Bytes::from_static(b"p"),
-            qos,
-            true,
-            Properties::default(),
-            publisher.map(Into::into),
-            Instant::now(),
-        ))
-    }
+    use crate::state::router::tests::{message, record, session};
 
     /// A message to several sessions is marked fan-out before it is queued (its deliveries
     /// share one encoding, ARCHITECTURE §2 "Encode once"); one to a single session is not.

@@ -517,19 +517,17 @@ impl Outbound {
     /// Appends the store positions of every stored message this session still holds (in
     /// flight or queued) to `out`, for its durable cursor.
     pub fn held(&self, out: &mut crate::model::HeldSeqs) {
-        let refs = self
-            .queues
-            .inflight
-            .iter()
-            .map(|e| &e.item)
-            .chain(self.queues.gate.qos0_items())
-            .chain(self.queues.queue.iter())
-            .filter_map(|o| o.message.store_ref());
-        out.extend(refs.map(|r| (r.stream, r.seq)));
+        self.held_where(out, |_| true);
     }
 
     /// Like [`Outbound::held`], for the messages routed via the share group `share` only.
     pub fn held_share(&self, share: &str, out: &mut crate::model::HeldSeqs) {
+        self.held_where(out, |o| o.share.as_deref() == Some(share));
+    }
+
+    /// What [`Outbound::held`] lists, of the deliveries `pick` takes: in flight, held in the
+    /// gate (QoS 0) and queued.
+    fn held_where(&self, out: &mut crate::model::HeldSeqs, pick: impl Fn(&Outgoing) -> bool) {
         let refs = self
             .queues
             .inflight
@@ -537,7 +535,7 @@ impl Outbound {
             .map(|e| &e.item)
             .chain(self.queues.gate.qos0_items())
             .chain(self.queues.queue.iter())
-            .filter(|o| o.share.as_deref() == Some(share))
+            .filter(|o| pick(o))
             .filter_map(|o| o.message.store_ref());
         out.extend(refs.map(|r| (r.stream, r.seq)));
     }
