@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use tern_wire::{Disconnect, Packet, Properties, ReasonCode, Str, encoded_len};
 
+use super::outflow::Outflow;
 use super::{Close, Conn};
 use crate::engine::Shared;
 use crate::engine::registry;
 use crate::engine::will;
 use crate::metrics::Metrics;
-use crate::state::outbound::{Outflow, encode_packet};
+use crate::state::outbound::encode_packet;
 use crate::transport::TransportWrite;
 
 /// How long the last writes get when there is no DISCONNECT to send.

@@ -1,6 +1,7 @@
 //! The outbound side of a session: control packets, the ordered delivery queue, the in-flight
 //! window, the release gate of packets that wait for a store write (`gate`), and the
-//! connection's [`Outflow`] that drains them into the socket with vectored writes (`writer`).
+//! connection's `Outflow` (`connection::outflow`) that drains them into the socket with vectored
+//! writes; `writer` keeps the per-connection encoder state.
 //!
 //! Publishers push [`Outgoing`] items under the session lock and wake the connection's task
 //! ([`crate::state::session::ConnCtl::wake`]); its `Outflow` takes a batch under the same lock
@@ -60,7 +61,7 @@ use crate::state::packet_ids::PacketIds;
 pub use batch::BatchEnv;
 pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
 pub use queues::{LazyQueues, Queues};
-pub use writer::{BatchBufs, OutEnv, Outflow, WriteFailed, WriterState, encode_packet};
+pub use writer::{BatchBufs, WriterState, encode_packet};
 
 /// Packets taken per batch: enough to amortise the syscall (64 → 256 took 1 pub → 1 sub QoS 0
 /// from ~850k to ~1M msg/s), small enough to keep the session lock short (~10 µs).
