@@ -232,8 +232,7 @@ impl Conn {
         for item in released {
             if let crate::state::ack_pipeline::Released::Deliver(message) = item {
                 // Retained records were applied by the pipeline's release hook.
-                crate::engine::route::route(&self.shared, message.clone());
-                self.shared.store.messages.message_released(&message);
+                crate::engine::route::route_released(&self.shared, message);
             }
         }
         // What never became durable is not delivered; the store must not wait for it either

@@ -418,8 +418,7 @@ impl Conn {
             if let Released::Deliver(message) = item {
                 // Its retained record was applied when the pipeline released it (the
                 // pipeline's release hook, `retained::release_hook`).
-                crate::engine::route::route(&self.shared, message.clone());
-                self.shared.store.messages.message_released(&message);
+                crate::engine::route::route_released(&self.shared, message);
             }
         }
         inflight.released = released;

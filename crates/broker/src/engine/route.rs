@@ -55,6 +55,22 @@ pub fn route(shared: &Shared, message: Arc<Message>) {
     }
 }
 
+/// Routes a message that a publisher's pipeline released (or a will), then tells the store it
+/// left the pipeline, so that cursors may pass its position: routed first, so a checkpoint
+/// that finds it released also finds it in the queues it went to (the cursor invariant of
+/// `durable`). The one sequence of every released message.
+pub fn route_released(shared: &Shared, message: Arc<Message>) {
+    route(shared, message.clone());
+    shared.store.messages.message_released(&message);
+}
+
+/// [`publish`] for a message the store wrote (a will): retained, routed, then released as
+/// [`route_released`] does.
+pub fn publish_released(shared: &Shared, message: Arc<Message>) {
+    publish(shared, message.clone());
+    shared.store.messages.message_released(&message);
+}
+
 /// Pushes one delivery into a session's queue and wakes its writer.
 pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
     // `None` (no ACL file) costs one atomic load.
