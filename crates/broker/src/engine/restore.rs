@@ -10,7 +10,6 @@ use tokio::time::Instant;
 
 use crate::engine::Shared;
 use crate::engine::registry::{Subscribed, subscribe};
-use crate::metrics::Metrics;
 use crate::model::SubRecord;
 use crate::model::{Recovered, StoredSession};
 use crate::state::outbound::{Inflight, Outgoing, Phase};
@@ -93,8 +92,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
     let dropped = state.out.dropped_oldest + stored.dropped_queue_limit;
     drop(state);
     if dropped > 0 {
-        Metrics::add(&shared.metrics.messages_dropped, dropped);
-        Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped);
+        shared.metrics.dropped_at_queue_limit(dropped);
         tracing::warn!(
             %client_id,
             dropped,

@@ -159,8 +159,7 @@ fn deliver_with(
         }
     }
     if dropped_now > 0 {
-        Metrics::add(&shared.metrics.messages_dropped, dropped_now);
-        Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped_now);
+        shared.metrics.dropped_at_queue_limit(dropped_now);
         note_dropped_oldest(session, dropped_oldest, dropped_now);
     }
 }
