@@ -185,3 +185,34 @@ async fn subscribe_with_invalid_options_closes() {
     let v4 = [0x82, 0x06, 0x00, 0x01, 0x00, 0x01, b'a', 0x03];
     assert_closes(&b, &v5, &v4, MALFORMED_OR_PROTOCOL).await;
 }
+
+/// MQTT-3.2.0-1: the first packet the server sends is the CONNACK, also when the client's
+/// next packet, arriving in the same read as its CONNECT, is malformed and closes the
+/// connection: the CONNACK still queued leaves ahead of the DISCONNECT 0x81 (it used to be
+/// dropped with the session's queues at the close, found by the close-linger work).
+#[tokio::test]
+async fn a_malformed_packet_read_with_the_connect_still_gets_the_connack_first_mqtt_3_2_0_1() {
+    let b = Broker::start();
+    let mut c = RawClient::open(b.addr, Protocol::V5).await;
+    let mut bytes = bytes::BytesMut::new();
+    tern_wire::encode(
+        &Packet::Connect(Box::new(connect_packet(Protocol::V5, "mal-first", true, 0))),
+        Protocol::V5,
+        &mut bytes,
+    )
+    .expect("encode CONNECT");
+    // A PUBLISH whose Remaining Length runs past four bytes.
+    bytes.extend_from_slice(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]);
+    c.send_bytes(&bytes).await;
+    let packets = c.expect_closed().await;
+    assert!(
+        matches!(packets.first(), Some(Packet::ConnAck(_))),
+        "first packet: {}",
+        briefs(&packets)
+    );
+    assert!(
+        matches!(packets.last(), Some(Packet::Disconnect(d)) if d.reason == ReasonCode::MALFORMED_PACKET),
+        "last packet: {}",
+        briefs(&packets)
+    );
+}

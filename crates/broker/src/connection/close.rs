@@ -89,7 +89,19 @@ impl Conn {
                 }
                 encode_packet(&packet, self.protocol, &mut bytes::BytesMut::new())
             });
-        let final_packet = ahead_of(last_acks, final_packet);
+        // The control packets still queued for this connection (a CONNACK it never got to
+        // write, MQTT-3.2.0-1; acks and SUBACKs before the last acks) go first; a takeover's
+        // new connection owns the queue once it attached.
+        let mut queued = {
+            let mut state = self.session.state.lock();
+            if state.conn_gen == self.conn_gen {
+                state.out.take_control()
+            } else {
+                Vec::new()
+            }
+        };
+        queued.extend(last_acks);
+        let final_packet = ahead_of(queued, final_packet);
         let has_final_packet = final_packet.is_some();
         let send_will = match close {
             Close::ClientDisconnect { send_will } => Some(send_will),

@@ -566,6 +566,28 @@ impl Outbound {
         self.queues.push_control(self.pushed_total, packet);
     }
 
+    /// Takes the control packets still queued that may leave now (the CONNACK, acks, SUBACKs),
+    /// in order, up to the first that waits behind deliveries not yet sent (a PINGRESP is a
+    /// barrier, and at the close those deliveries stay queued): the close path writes them
+    /// ahead of its DISCONNECT instead of dropping them with the connection (MQTT-3.2.0-1: the
+    /// CONNACK is the first packet the client gets, even when it is closed right away).
+    pub fn take_control(&mut self) -> Vec<Bytes> {
+        let removed_total = self.removed_total;
+        let Some(queues) = self.queues.allocated_mut() else {
+            return Vec::new();
+        };
+        let ready = queues
+            .control
+            .iter()
+            .take_while(|(mark, _)| *mark <= removed_total)
+            .count();
+        queues
+            .control
+            .drain(..ready)
+            .map(|(_, packet)| packet)
+            .collect()
+    }
+
     /// Queues a control packet ahead of everything (CONNACK).
     pub fn push_control_first(&mut self, packet: Bytes) {
         self.queues.push_control_first(packet);
