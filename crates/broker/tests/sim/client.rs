@@ -335,6 +335,11 @@ pub struct PubState {
     /// Reconnects answered with Session Present = 0 (noted, not a violation: the CONNACK
     /// does not wait for the session record).
     pub sessions_lost: u64,
+    /// What the publisher sent and got, per connection (printed for a failing seed with
+    /// `TERN_SIM_TRACE`): `c3:boot1` a connection, `P12/5d` PUBLISH of number 12 under
+    /// id 5 (DUP), `R5` PUBREL, `a5` PUBACK / PUBREC, `x5:0x97` a refusal, `C5` PUBCOMP,
+    /// `D5` the packet the connection was dropped at, unread.
+    pub trace: Vec<String>,
 }
 
 impl PubState {
@@ -355,6 +360,12 @@ impl PubState {
         self.refused.extend(unacked);
     }
 
+    fn note(&mut self, entry: String) {
+        let at = turmoil::sim_elapsed().unwrap_or_default().as_micros();
+        let entry = format!("c{}:{entry}@{at}", self.connections);
+        self.trace.push(entry);
+    }
+
     fn allocate(&mut self) -> u16 {
         loop {
             self.next_packet_id = self.next_packet_id.wrapping_add(1);
@@ -362,6 +373,24 @@ impl PubState {
                 return self.next_packet_id;
             }
         }
+    }
+}
+
+/// A publisher's packet as its trace shows it (see [`PubState::trace`]).
+fn describe(packet: &Packet) -> String {
+    match packet {
+        Packet::Publish(p) => {
+            let n = parse(&p.payload).map_or(u64::MAX, |m| m.1);
+            let dup = if p.dup { "d" } else { "" };
+            format!("P{n}/{}{dup}", p.packet_id)
+        }
+        Packet::PubRel(a) => format!("R{}", a.packet_id),
+        Packet::PubAck(a) | Packet::PubRec(a) if a.reason.is_success() => {
+            format!("a{}", a.packet_id)
+        }
+        Packet::PubAck(a) | Packet::PubRec(a) => format!("x{}:{:#04x}", a.packet_id, a.reason.0),
+        Packet::PubComp(a) => format!("C{}", a.packet_id),
+        other => format!("{:?}", std::mem::discriminant(other)),
     }
 }
 
@@ -393,6 +422,7 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
             let mut st = state.lock();
             st.connections += 1;
             st.boots.push(c.boot);
+            st.note(format!("boot{}", c.boot));
             if st.connections > 1 && !c.session_present {
                 st.sessions_lost += 1;
             }
@@ -408,6 +438,7 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                 .collect()
         };
         for p in resend {
+            state.lock().note(describe(&p));
             if !c.send(&p).await {
                 continue 'connection;
             }
@@ -428,7 +459,9 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                     st.next += 1;
                     st.inflight.insert(number, (pi, false));
                     st.by_packet_id.insert(pi, number);
-                    v.push(publish_packet(&spec, number, pi, false));
+                    let p = publish_packet(&spec, number, pi, false);
+                    st.note(describe(&p));
+                    v.push(p);
                 }
                 v
             };
@@ -445,8 +478,10 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
             received_here += 1;
             if spec.drop_after.is_some_and(|k| received_here >= k) {
                 // Dropped at a packet boundary: this packet is never read.
+                state.lock().note(format!("D{}", describe(&packet)));
                 continue 'connection;
             }
+            state.lock().note(describe(&packet));
             stall(spec.stall, received_here).await;
             let reply = {
                 let mut st = state.lock();
@@ -513,6 +548,7 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                 continue 'connection;
             };
             if let Some(p) = reply {
+                state.lock().note(describe(&p));
                 if !c.send(&p).await {
                     continue 'connection;
                 }

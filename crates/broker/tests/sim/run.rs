@@ -512,6 +512,7 @@ impl SeedRun {
             t.check(plan.max_msgs.is_some(), &mut violations);
             let _ = writeln!(log, "{}", t.summary());
         }
+        let traces = std::env::var_os("TERN_SIM_TRACE").is_some();
         for (p, st) in &clients.pubs {
             let st = st.lock();
             let _ = writeln!(
@@ -521,11 +522,19 @@ impl SeedRun {
                 st.boots,
                 st.sessions_lost
             );
+            if traces {
+                let _ = writeln!(log, "{}: {}", p.client_id(), st.trace.join(" "));
+            }
         }
         for (s, st) in &clients.subs {
             let st = st.lock();
             let reused = !st.open_ids.violations.is_empty();
-            if s.share.is_some() || s.offline.is_some() || !st.received.is_empty() || reused {
+            if traces
+                || s.share.is_some()
+                || s.offline.is_some()
+                || !st.received.is_empty()
+                || reused
+            {
                 let _ = writeln!(log, "{}: {}", s.client_id(), st.trace.join(" "));
             }
         }
