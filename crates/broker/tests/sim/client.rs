@@ -55,6 +55,9 @@ pub struct Net {
     events: Mutex<u64>,
     /// A counter that orders events across clients (`clean.rs`): the run is one thread.
     stamps: AtomicU64,
+    /// The broker's PUBLISH refusals at its bounds so far, over every boot (the seed runner's
+    /// gauges, `bounds.rs`; none on the probes' runner): see [`PubState::refused`].
+    pub refusals: Mutex<Option<Box<dyn Fn() -> u64 + Send>>>,
 }
 
 impl Net {
@@ -68,7 +71,13 @@ impl Net {
             linger,
             events: Mutex::new(0),
             stamps: AtomicU64::new(0),
+            refusals: Mutex::new(None),
         }
+    }
+
+    /// PUBLISHes the broker refused at its bounds so far (0 without gauges).
+    fn refusals(&self) -> u64 {
+        self.refusals.lock().as_ref().map_or(0, |f| f())
     }
 
     /// Whether the broker at the advertised address still has its disk.
@@ -325,8 +334,13 @@ pub struct PubState {
     pub acked: BTreeSet<u64>,
     /// Numbers the broker may have refused (a PUBACK or PUBREC with a reason code of 0x80 or
     /// more: a failed write, a broker limit; and what was in flight behind it): resent on a
-    /// later connection, so perhaps published after later numbers.
+    /// later connection, so perhaps published after later numbers. Also what was in flight
+    /// unacknowledged when a connection ended while the broker refused PUBLISHes at a bound
+    /// (its refusal may sit unread in the socket the client dropped, or come after the
+    /// drop, while later numbers of the same window were accepted: seed 676, finding 16).
     pub refused: BTreeSet<u64>,
+    /// [`Net::refusals`] when the current connection was made.
+    refusals_at_connect: u64,
     /// Number → (connection, broker boot) its PUBACK / PUBREC came on.
     pub acked_on: BTreeMap<u64, (u64, u64)>,
     /// Connection → the broker boot it was made to.
@@ -358,6 +372,15 @@ impl PubState {
             .map(|(&n, _)| n)
             .collect();
         self.refused.extend(unacked);
+    }
+
+    /// A new connection: if the broker refused any PUBLISH at a bound since the last one was
+    /// made, what is still unacknowledged in flight may have been refused there unseen.
+    fn connected(&mut self, refusals: u64) {
+        if refusals > self.refusals_at_connect {
+            self.note_refused();
+        }
+        self.refusals_at_connect = refusals;
     }
 
     fn note(&mut self, entry: String) {
@@ -420,6 +443,7 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
         // PUBREL once its PUBREC came).
         let resend: Vec<Packet> = {
             let mut st = state.lock();
+            st.connected(net.refusals());
             st.connections += 1;
             st.boots.push(c.boot);
             st.note(format!("boot{}", c.boot));

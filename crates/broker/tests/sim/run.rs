@@ -283,6 +283,8 @@ impl SeedRun {
             &disk,
             linger,
         ));
+        let counter = gauges.clone();
+        *net.refusals.lock() = Some(Box::new(move || counter.refusals()));
         let mut sim = turmoil::Builder::new()
             .rng_seed(seed)
             .tick_duration(TICK)
