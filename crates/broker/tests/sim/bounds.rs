@@ -231,17 +231,26 @@ impl Gauges {
                 .map(|s| {
                     let i = s.info();
                     format!(
-                        "{} records of {} B, seqs {:?}..={:?}, blocks {} B, retention floor {}",
+                        "{} records of {} B, seqs {:?}..={:?}, blocks {} B, unwritten {} B, \
+                         written seq {}, durable seq {}, failed {}, retention floor {}",
                         i.msgs,
                         i.bytes,
                         i.first_seq,
                         i.last_seq,
                         i.disk_bytes,
+                        i.unwritten_bytes,
+                        i.written_seq,
+                        i.durable_seq,
+                        i.failed,
                         s.retention_floor()
                     )
                 })
                 .collect::<Vec<_>>()
                 .join("; ");
+            // The budget's own measure, as the broker last refreshed it.
+            if let Some((used, _)) = shared.store.disk_usage() {
+                let _ = write!(seen.message_info, "; the budget's measure {used} B");
+            }
             seen.state_streams = disk - messages;
         }
     }
