@@ -3,12 +3,19 @@
 # crates/server/tests/crash_exactly_once.rs) at length: N kill -9 / restart cycles (default 100)
 # against a release build of `tern`, or against the binary given with --bin.
 #
-# Usage: scripts/crash.sh [--cycles N] [--bin PATH] [--seed N]
+# Subscribers include two paho ones that DISCONNECT shortly before most kills and come back
+# after the restart (issue 25), so every run also checks sessions that were offline at a crash.
+#
+# Usage: scripts/crash.sh [--cycles N] [--bin PATH] [--seed N] [--pub-waits]
 #   --cycles N  kill/restart cycles (TERN_CRASH_CYCLES; the test's default inside
 #               `cargo test` is 10)
 #   --bin PATH  the broker binary to test (TERN_E2E_BIN); default: `cargo build --release -p
 #               tern` and target/release/tern (honours CARGO_TARGET_DIR)
 #   --seed N    replay a kill schedule (TERN_CRASH_SEED, printed by every run)
+#   --pub-waits the paho publishers do not dial while the broker is down
+#               (TERN_CRASH_PUB_WAITS=1): paho's re-PUBLISH after PUBREL, which follows a
+#               failed reconnect attempt, becomes rare (a kill during a reconnect still
+#               triggers it); its copies are told apart either way
 # The harness itself is built in release too (it must keep up with a release broker).
 # Python: scripts/pydeps.sh provides paho-mqtt 2.x in .venv/interop (the test calls it).
 # Exits with the test's status; the report (seed, counts, first examples) is on stderr.
@@ -18,12 +25,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CYCLES=100
 BIN=""
 SEED=""
+PUB_WAITS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --cycles) CYCLES="$2"; shift 2 ;;
     --bin) BIN="$2"; shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --pub-waits) PUB_WAITS=1; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "crash.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -42,6 +51,6 @@ case "$BIN" in /*) ;; *) BIN="$PWD/$BIN" ;; esac
 bash "$ROOT/scripts/pydeps.sh" >/dev/null
 
 echo "crash.sh: $CYCLES cycles against $BIN" >&2
-export TERN_E2E_BIN="$BIN" TERN_CRASH_CYCLES="$CYCLES"
+export TERN_E2E_BIN="$BIN" TERN_CRASH_CYCLES="$CYCLES" TERN_CRASH_PUB_WAITS="$PUB_WAITS"
 [ -n "$SEED" ] && export TERN_CRASH_SEED="$SEED"
 exec cargo test -q --release -p tern --test crash_exactly_once -- --nocapture

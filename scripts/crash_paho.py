@@ -10,7 +10,8 @@ PROTOCOL is 311 (clean_session=False) or 5 (clean_start=False, session expiry 0x
 PORT_FILE holds the broker's port; the test rewrites it after each restart (the broker comes
 back on a new ephemeral port). While the broker is down it holds a port that refuses
 connections, so the client keeps failing to reconnect, as paho's own auto-reconnect does
-against a fixed port. The client reconnects with the same client object, so paho keeps its
+against a fixed port; or nothing, and then the client waits without dialing (the test's
+TERN_CRASH_PUB_WAITS=1 does that for publishers, which makes the first paho bug below rare). The client reconnects with the same client object, so paho keeps its
 session state: in-flight PUBLISHes are resent with DUP, PUBREL after PUBREC, and received
 QoS 2 messages wait for their PUBREL.
 
@@ -36,6 +37,11 @@ Commands on stdin, one per line:
             slowest subscriber, so that no session queue overflows)
   finish    (pub) publish nothing new; report "done" once nothing is in flight
   stop      disconnect and exit (stdin EOF does the same)
+  away      (sub) disconnect cleanly (DISCONNECT) and stay away, keeping paho's session
+            state (QoS 2 messages held until PUBREL), until "back": the test sends it shortly
+            before a kill, so the session is offline with exchanges in flight when the broker
+            dies, and the client comes back after the restart to a backlog (issue 25)
+  back      (sub) reconnect again (with the same client object, clean_session=False)
 A publisher keeps WINDOW messages unacknowledged while the limit allows.
 
 Events on stdout, one JSON object per line (flushed):
@@ -47,6 +53,7 @@ Events on stdout, one JSON object per line (flushed):
   {"ev":"done","qos":Q}                        (pub, finished with nothing in flight)
   {"ev":"resent_after_pubrel","n":N,"mid":M,"dup":D}  (pub, the first paho bug above)
   {"ev":"sent_out_of_order","n":N,"after":M}   (pub, the second: N went out after M > N)
+  {"ev":"away","held":H}                       (sub, after its DISCONNECT; H QoS 2 await PUBREL)
   {"ev":"error","what":..}
 Payloads are "CLIENT_ID:N".
 """
@@ -67,6 +74,8 @@ HOST = "127.0.0.1"
 # The process never outlives a forgotten test by more than this.
 MAX_LIFETIME_S = 1800.0
 RECONNECT_PAUSE_S = 0.05
+# Bound on flushing the DISCONNECT of "away" (paho closes the socket once it is written).
+AWAY_FLUSH_S = 0.5
 # Messages handed to paho beyond its in-flight window. Kept small: after a reconnect paho
 # resends every stored message at once, ignoring max_inflight_messages (its reset loop never
 # counts), and a long queue would exceed the broker's Receive Maximum.
@@ -123,6 +132,7 @@ class Client:
         # paho has no callback for PUBREC; its debug log line is the only public trace of it.
         self.c.on_log = self.on_log
         self.connected = False
+        self.away = False  # told "away" and not yet "back": no reconnect attempts
         self.limit = 0
         self.finishing = False
         self.pubrel_sent = set()  # mids whose PUBREL paho has sent (PUBCOMP not yet received)
@@ -196,6 +206,20 @@ class Client:
             self.highest_sent = max(self.highest_sent, n)
 
     # --- the loop -------------------------------------------------------------------------
+    def leave(self, socket_open):
+        """"away": a clean DISCONNECT (if a socket is open), then no dialing until "back".
+        paho keeps received QoS 2 messages awaiting their PUBREL across it."""
+        self.away = True
+        if socket_open:
+            self.c.disconnect()
+            deadline = time.monotonic() + AWAY_FLUSH_S
+            while time.monotonic() < deadline:
+                if self.c.loop(0.02) != mqtt.MQTT_ERR_SUCCESS:
+                    break
+        self.connected = False
+        # paho has no public count of them; the number only explains a failure.
+        emit(ev="away", held=len(getattr(self.c, "_in_messages", {})))
+
     def dial(self):
         port = read_port(self.port_file)
         if port is None:
@@ -243,12 +267,20 @@ class Client:
                             self.c.disconnect()
                             self.c.loop(0.1)
                         return
-                    if cmd == "finish":
+                    if cmd == "away" and self.role == "sub" and not self.away:
+                        self.leave(socket_open)
+                        socket_open = False
+                    elif cmd == "back":
+                        self.away = False
+                    elif cmd == "finish":
                         self.finishing = True
                     elif cmd.startswith("limit "):
                         self.limit = max(self.limit, int(cmd.split()[1]))
             except queue.Empty:
                 pass
+            if not socket_open and self.away:
+                time.sleep(RECONNECT_PAUSE_S)
+                continue
             if not socket_open:
                 socket_open = self.dial()
                 if not socket_open:

@@ -8,10 +8,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tern_broker::message::Message;
-use tern_broker::outbound::WriterState;
-use tern_broker::session::{ConnCtl, Session, SubRecord};
-use tern_broker::{Broker, BrokerConfig, router};
+use tern_broker::engine::route;
+use tern_broker::model::SubRecord;
+use tern_broker::model::message::Message;
+use tern_broker::state::outbound::WriterState;
+use tern_broker::state::session::{ConnCtl, Session};
+use tern_broker::{Broker, BrokerConfig};
 use tern_topic::FilterKind;
 use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
 use tokio::time::Instant;
@@ -71,7 +73,7 @@ fn fanout(c: &mut Criterion) {
                 BenchmarkId::new(format!("qos{}", qos as u8), subscribers),
                 &subscribers,
                 |b, _| {
-                    let mut bufs = tern_broker::outbound::BatchBufs::default();
+                    let mut bufs = tern_broker::state::outbound::BatchBufs::default();
                     b.iter(|| {
                         let message = Arc::new(Message::new(
                             Str::from_static("bench/1/t"),
@@ -82,13 +84,13 @@ fn fanout(c: &mut Criterion) {
                             None,
                             Instant::now(),
                         ));
-                        router::publish(&shared, message);
+                        route::publish(&shared, message);
                         for (session, writer) in &mut s.sessions {
                             let mut state = session.state.lock();
-                            let env = tern_broker::outbound::BatchEnv {
+                            let env = tern_broker::state::outbound::BatchEnv {
                                 config: &shared.config,
                                 metrics: &shared.metrics,
-                                store: &*shared.store,
+                                store: &*shared.store.exchanges,
                                 client_id: &session.client_id,
                                 persistent: state.expiry_interval_s > 0,
                                 now: Instant::now(),

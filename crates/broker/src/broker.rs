@@ -11,67 +11,23 @@ use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::{BrokerConfig, ConfigError};
+use crate::engine::Shared;
+use crate::engine::live_tasks::{LiveTask, LiveTasks};
 use crate::metrics::Metrics;
-use crate::persist::{MemoryStore, MessageStore, StoredWill};
-use crate::read_order::ReadOrder;
-use crate::retained::Retained;
-use crate::router::Router;
-use crate::session::Registry;
-use crate::session::groups::Groups;
+use crate::model::{FullStore, Persistence};
 use crate::transport::{ConnectionInfo, Listener, ListenerContext, Transport, poll_accept_any};
 
 /// How long shutdown waits for connections to send their DISCONNECT and close.
 pub const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 3_000;
 /// Pause after a failed accept (e.g. out of file descriptors) before trying again.
 const ACCEPT_ERROR_BACKOFF_MS: u64 = 100;
-
-/// State every connection task shares.
-pub struct Shared {
-    pub config: BrokerConfig,
-    pub sessions: Registry,
-    pub router: RwLock<Router>,
-    pub retained: RwLock<Retained>,
-    /// Share-group queues (messages waiting for a member to come online).
-    pub groups: Groups,
-    /// Wills recovered from the store, armed when the broker starts serving.
-    pub recovered_wills: Mutex<Vec<StoredWill>>,
-    pub metrics: Metrics,
-    /// Passwords and ACL in force; a reload replaces them ([`crate::auth`]).
-    pub auth: crate::auth::Auth,
-    /// CONNECTs per source address (`max_connect_rate_per_ip`).
-    pub connect_rate: crate::connect_rate::ConnectRate,
-    pub store: Arc<dyn MessageStore>,
-    pub started_at: Instant,
-    /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
-    pub(crate) read_order: Arc<ReadOrder>,
-    /// Connections with a keep alive, for the sweeper that closes the silent ones.
-    pub(crate) keep_alive: Arc<crate::keep_alive::KeepAlive>,
-    /// Every connection's ack pipeline hook (`retained::release_hook`).
-    pub(crate) release_hook: crate::ack_pipeline::ReleaseHook<Arc<crate::message::Message>>,
-    next_connection_id: AtomicU64,
-    /// Set while [`Broker::serve`] accepts connections (recovery is done by then).
-    ready: AtomicBool,
-}
-
-impl Shared {
-    pub fn next_connection_id(&self) -> u64 {
-        self.next_connection_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// True while the broker accepts connections (recovery done, listener open).
-    pub fn ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-}
 
 /// The tasks [`Broker::start_background`] started; dropping it aborts them.
 pub struct Background {
@@ -86,49 +42,6 @@ impl Drop for Background {
     }
 }
 
-/// The connection tasks of [`Broker::serve_listeners`] still alive.
-#[derive(Default)]
-struct LiveTasks {
-    count: AtomicUsize,
-    /// Notified when `count` drops to 0.
-    ended: Notify,
-}
-
-impl LiveTasks {
-    /// Resolves once no counted task is alive.
-    async fn all_ended(&self) {
-        loop {
-            let ended = self.ended.notified();
-            tokio::pin!(ended);
-            // Registered before the check: a task ending in between still wakes this wait.
-            ended.as_mut().enable();
-            if self.count.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            ended.await;
-        }
-    }
-}
-
-/// Counts one task in [`LiveTasks`] while it lives (dropped with its future: also when the
-/// task panics or is aborted).
-struct LiveTask(Arc<LiveTasks>);
-
-impl LiveTask {
-    fn new(tasks: &Arc<LiveTasks>) -> LiveTask {
-        tasks.count.fetch_add(1, Ordering::AcqRel);
-        LiveTask(tasks.clone())
-    }
-}
-
-impl Drop for LiveTask {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.ended.notify_waiters();
-        }
-    }
-}
-
 /// The broker: build with [`Broker::new`], run with [`Broker::serve`].
 #[derive(Clone)]
 pub struct Broker {
@@ -138,42 +51,43 @@ pub struct Broker {
 impl Broker {
     /// A broker with the in-memory store.
     pub fn new(config: BrokerConfig) -> Result<Broker, ConfigError> {
-        Broker::with_store(config, Arc::new(MemoryStore))
+        Broker::with_persistence(config, Persistence::memory())
     }
 
-    pub fn with_store(
+    /// A broker over `store` for every concern of the persistence seam, after recovering what
+    /// it kept.
+    pub fn with_store<S: FullStore>(
         config: BrokerConfig,
-        store: Arc<dyn MessageStore>,
+        store: Arc<S>,
+    ) -> Result<Broker, ConfigError> {
+        Broker::with_persistence(config, Persistence::of(store))
+    }
+
+    /// A broker over one store per concern (tests script some concerns and leave the rest
+    /// to [`Persistence::memory`]).
+    pub fn with_persistence(
+        config: BrokerConfig,
+        store: Persistence,
     ) -> Result<Broker, ConfigError> {
         config.validate()?;
-        let recovered = store.recover();
-        let started_at = Instant::now();
+        let recovered = store.recovery.recover();
         let broker = Broker {
-            shared: Arc::new_cyclic(|weak| Shared {
-                config,
-                sessions: Registry::default(),
-                router: RwLock::new(Router::default()),
-                retained: RwLock::new(Retained::default()),
-                groups: Groups::default(),
-                recovered_wills: Mutex::new(Vec::new()),
-                metrics: Metrics::default(),
-                auth: crate::auth::Auth::default(),
-                connect_rate: Default::default(),
-                store,
-                started_at,
-                read_order: Arc::default(),
-                keep_alive: Arc::new(crate::keep_alive::KeepAlive::new(started_at)),
-                release_hook: crate::retained::release_hook(weak.clone()),
-                next_connection_id: AtomicU64::new(1),
-                ready: AtomicBool::new(false),
-            }),
+            shared: Shared::new(config, store),
         };
-        crate::session::restore::restore(&broker.shared, recovered);
+        crate::engine::restore::restore(&broker.shared, recovered);
         Ok(broker)
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Marks the broker ready (`/readyz`) before [`Broker::serve_listeners`] runs: recovery is
+    /// done when the broker is built, and a bound listener queues connections in the kernel,
+    /// so the line that announces the listeners can promise readiness (a probe used to see
+    /// 503 for a moment after it).
+    pub fn mark_ready(&self) {
+        self.shared.set_ready(true);
     }
 
     /// Accepts connections on one plain TCP listener until `shutdown` resolves; see
@@ -204,7 +118,7 @@ impl Broker {
         let background = self.start_background(stop_rx.clone());
         tokio::pin!(shutdown);
         let mut next_listener = 0;
-        self.shared.ready.store(true, Ordering::Release);
+        self.shared.set_ready(true);
         loop {
             let accept = poll_fn(|cx| poll_accept_any(&listeners, &mut next_listener, cx));
             // `biased` (as every select in this crate): branches are polled in order, not from
@@ -225,28 +139,29 @@ impl Broker {
             }
         }
         drop(listeners);
-        self.shared.ready.store(false, Ordering::Release);
-        tracing::info!(
-            connections = connections.count.load(Ordering::Acquire),
-            "shutting down"
-        );
+        self.shared.set_ready(false);
+        tracing::info!(connections = connections.alive(), "shutting down");
         let _ = stop_tx.send(true);
         // After the send: a connection that attaches later sees `stop` (`connection::run`).
         self.shared.sessions.shut_down_connections();
-        let drained = tokio::time::timeout(
-            Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS),
-            connections.all_ended(),
-        )
-        .await;
+        // The sockets the connections' closes leave lingering are waited for too (each for at
+        // most `CLOSE_LINGER_MS`), within the same bound: their clients read the 0x8B.
+        let drained =
+            tokio::time::timeout(Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS), async {
+                connections.all_ended().await;
+                self.shared.lingering.all_ended().await;
+            })
+            .await;
         if drained.is_err() {
             tracing::warn!(
-                left = connections.count.load(Ordering::Acquire),
+                left = connections.alive(),
+                lingering = self.shared.lingering.alive(),
                 "connections did not close in time; not waiting for them"
             );
         }
         drop(background);
         // A clean stop leaves exact cursors: nothing is replayed at the next start.
-        crate::checkpoint::checkpoint_once(&self.shared);
+        crate::engine::checkpoint::checkpoint_once(&self.shared);
         Ok(())
     }
 
@@ -256,10 +171,12 @@ impl Broker {
     /// simulator, through [`Broker::run_connection`]) calls it once before the first one.
     /// Dropping the result stops the `$SYS` publisher and the checkpointer.
     pub fn start_background(&self, stop: watch::Receiver<bool>) -> Background {
-        let sys = tokio::spawn(crate::sys::run(self.shared.clone(), stop));
-        crate::session::restore::arm_expiry(&self.shared);
-        crate::will::arm_recovered(&self.shared);
-        let checkpoints = tokio::spawn(crate::checkpoint::run_checkpoints(self.shared.clone()));
+        let sys = tokio::spawn(crate::engine::sys::run(self.shared.clone(), stop));
+        crate::engine::restore::arm_expiry(&self.shared);
+        crate::engine::will::arm_recovered(&self.shared);
+        let checkpoints = tokio::spawn(crate::engine::checkpoint::run_checkpoints(
+            self.shared.clone(),
+        ));
         Background { sys, checkpoints }
     }
 

@@ -14,6 +14,16 @@ pub struct QueuedTotals {
     pub messages: AtomicUsize,
 }
 
+impl QueuedTotals {
+    /// True while the queues together hold `max_queued_bytes_total` (`cap_bytes`) or more:
+    /// the one rule of the cap (issue 24), for a QoS 0 push (dropped) and a QoS>0 PUBLISH
+    /// (refused with 0x97) alike.
+    pub fn at_cap(&self, cap_bytes: usize) -> bool {
+        !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
+            && self.bytes.load(std::sync::atomic::Ordering::Relaxed) >= cap_bytes
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub clients_connected: AtomicU64,
@@ -27,6 +37,10 @@ pub struct Metrics {
     pub messages_dropped_expired: AtomicU64,
     /// Of `messages_dropped`: queued deliveries whose stored records retention removed.
     pub messages_dropped_retention: AtomicU64,
+    /// QoS 1 deliveries in flight to a persistent session whose stored records retention
+    /// removed (not dropped: resent from memory while the broker runs, but a restart before
+    /// their PUBACK cannot resend them; QoS 2 in flight is pinned instead).
+    pub inflight_exposed_retention: AtomicU64,
     /// Of `messages_dropped`: QoS 0 refused because an online subscriber's outbound queue was
     /// at its byte or message limit (a slow subscriber).
     pub messages_dropped_queue_full: AtomicU64,
@@ -77,6 +91,12 @@ pub struct Metrics {
     pub connections_refused_listener: AtomicU64,
     /// TLS handshakes and WebSocket upgrades that failed or timed out.
     pub transport_handshakes_failed: AtomicU64,
+    /// Closes the broker started whose socket lingered (read to the client's end of stream or
+    /// `CLOSE_LINGER_MS`) so that the client could read the reason (`connection::linger`).
+    pub closes_lingered: AtomicU64,
+    /// Such closes done at once because `MAX_LINGERING_CLOSES` sockets lingered already: the
+    /// client may lose the reason to a reset.
+    pub closes_not_lingered: AtomicU64,
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub subscriptions: AtomicU64,

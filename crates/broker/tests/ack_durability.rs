@@ -16,8 +16,11 @@ use std::time::Duration;
 
 use common::*;
 use parking_lot::Mutex;
-use tern_broker::message::Message;
-use tern_broker::{Broker, MessageStore, PersistError, Ticket, TicketCompleter};
+use tern_broker::model::message::Message;
+use tern_broker::{
+    Broker, MemoryStore, MessageLog, PersistError, Persistence, RetainedStore, SessionStore,
+    Ticket, TicketCompleter, WriterWakes,
+};
 use tern_wire::{
     Packet, Properties, Protocol, QoS, ReasonCode, Subscribe, SubscriptionOptions, Unsubscribe,
 };
@@ -69,19 +72,43 @@ impl HandStore {
     }
 }
 
-impl MessageStore for HandStore {
+impl MessageLog for HandStore {
     fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
         if m.topic.starts_with("w/") {
             return self.hold(Write::Publish(m.topic.to_string()));
         }
         None
     }
+    fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        MemoryStore.qos2_retry(client_id, packet_id)
+    }
+    fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        MemoryStore.qos2_released(client_id, packet_id)
+    }
+    fn message_released(&self, message: &Message) {
+        MemoryStore.message_released(message)
+    }
+    fn defer_writer_wakes(&self) -> WriterWakes {
+        MemoryStore.defer_writer_wakes()
+    }
+    fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
+        MemoryStore.disk_budget_reached(topic, qos)
+    }
+}
+
+impl SessionStore for HandStore {
     fn session_opened(&self, client_id: &str, _: Protocol, _: u32, _: bool) -> Option<Ticket> {
         self.persistent.lock().insert(client_id.to_string());
         if client_id.starts_with("held/") {
             return self.hold(Write::Session(client_id.to_string()));
         }
         None
+    }
+    fn session_closed(&self, client_id: &str, expiry_interval_s: u32) {
+        MemoryStore.session_closed(client_id, expiry_interval_s)
+    }
+    fn session_ended(&self, client_id: &str) {
+        MemoryStore.session_ended(client_id)
     }
     fn session_subscribed(
         &self,
@@ -101,6 +128,12 @@ impl MessageStore for HandStore {
         }
         self.hold(Write::Unsubscribed(filter.to_string()))
     }
+    fn state_barrier(&self) -> Option<Ticket> {
+        MemoryStore.state_barrier()
+    }
+}
+
+impl RetainedStore for HandStore {
     fn retained_changed(&self, topic: &str, message: Option<&Message>) -> Option<Ticket> {
         self.hold(Write::Retained(topic.to_string(), message.is_some()))
     }
@@ -118,7 +151,16 @@ async fn start() -> (std::net::SocketAddr, Arc<HandStore>) {
     let store = Arc::new(HandStore::default());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let broker = Broker::with_store(config(), store.clone()).unwrap();
+    let broker = Broker::with_persistence(
+        config(),
+        Persistence {
+            messages: store.clone(),
+            sessions: store.clone(),
+            retained: store.clone(),
+            ..Persistence::memory()
+        },
+    )
+    .unwrap();
     tokio::spawn(async move { broker.serve(listener, std::future::pending()).await });
     (addr, store)
 }
@@ -348,8 +390,11 @@ mod durable {
     use std::time::Duration;
 
     use bytes::Bytes;
-    use tern_broker::message::Message;
-    use tern_broker::{DurableConfig, DurableStore, MessageStore, StreamSpec, SyncPolicy, Ticket};
+    use tern_broker::model::message::Message;
+    use tern_broker::{
+        DurableConfig, DurableStore, MessageLog, RetainedStore, SessionStore, StreamSpec,
+        SyncPolicy, Ticket,
+    };
     use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
     use tokio::time::Instant;
 

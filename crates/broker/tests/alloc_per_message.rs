@@ -11,11 +11,12 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tern_broker::message::Message;
 use tern_broker::metrics::Metrics;
-use tern_broker::outbound::{BatchBufs, BatchEnv, Outbound, WriterState};
-use tern_broker::router::{Router, Targets};
-use tern_broker::session::{Session, SubRecord};
+use tern_broker::model::SubRecord;
+use tern_broker::model::message::Message;
+use tern_broker::state::outbound::{BatchBufs, BatchEnv, Outbound, WriterState};
+use tern_broker::state::router::{Router, Targets};
+use tern_broker::state::session::Session;
 use tern_broker::{BrokerConfig, MemoryStore};
 use tern_topic::FilterKind;
 use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
@@ -164,7 +165,7 @@ fn taking_from_empty_queues_allocates_nothing() {
     assert!(!out.on_pubrec(1, true));
     assert!(out.on_pubcomp(1).is_none());
     assert!(out.take_shared().is_empty());
-    assert_eq!(out.drop_removed(&[(0, 1..=10)]), 0);
+    assert_eq!(out.drop_removed(&[(0, 1..=10)]).dropped, 0);
     assert!(out.poll_gate(&mut cx).is_pending());
     out.detach();
     out.attach(16);

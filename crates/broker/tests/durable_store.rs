@@ -6,8 +6,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tern_broker::message::Message;
-use tern_broker::{DurableConfig, DurableStore, MessageStore};
+use tern_broker::model::message::Message;
+use tern_broker::{
+    CursorStore, DurableConfig, DurableStore, ExchangeStore, MessageLog, Recovery, RetainedStore,
+    SessionStore,
+};
 use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
 use tokio::time::Instant;
 

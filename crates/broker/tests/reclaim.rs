@@ -5,8 +5,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tern_broker::message::Message;
-use tern_broker::{DurableConfig, DurableStore, Keep, MessageStore, StreamSpec};
+use tern_broker::model::message::Message;
+use tern_broker::{
+    CursorStore, DurableConfig, DurableStore, Keep, MessageLog, Recovery, SessionStore, StreamSpec,
+};
 use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
 use tokio::time::Instant;
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::*;
-use tern_broker::message::Message;
-use tern_broker::persist::{Recovered, StoredInflight, StoredSession};
-use tern_broker::{Broker, MessageStore};
+use tern_broker::model::message::Message;
+use tern_broker::model::{Recovered, StoredInflight, StoredSession};
+use tern_broker::{Broker, Persistence, Recovery};
 use tern_wire::{Packet, Properties, Protocol, QoS, ReasonCode, Str, SubscriptionOptions};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -28,7 +28,7 @@ fn msg(topic: &'static str, payload: &'static [u8], qos: QoS, retain: bool) -> M
 
 struct Recovering;
 
-impl MessageStore for Recovering {
+impl Recovery for Recovering {
     fn recover(&self) -> Recovered {
         Recovered {
             sessions: vec![StoredSession {
@@ -74,7 +74,14 @@ impl MessageStore for Recovering {
 async fn recovered_session_resumes_where_it_stopped() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let broker = Broker::with_store(config(), Arc::new(Recovering)).unwrap();
+    let broker = Broker::with_persistence(
+        config(),
+        Persistence {
+            recovery: Arc::new(Recovering),
+            ..Persistence::memory()
+        },
+    )
+    .unwrap();
     tokio::spawn(async move { broker.serve(listener, std::future::pending()).await });
 
     let mut c = connect_packet(Protocol::V5, "survivor", false, 0);
@@ -112,7 +119,7 @@ async fn recovered_session_resumes_where_it_stopped() {
 /// broker's `max_queued_bytes` holds.
 struct OverLimit;
 
-impl MessageStore for OverLimit {
+impl Recovery for OverLimit {
     fn recover(&self) -> Recovered {
         let payloads: [&'static [u8]; 5] = [b"1", b"2", b"3", b"4", b"5"];
         Recovered {
@@ -156,7 +163,14 @@ async fn restored_queue_keeps_the_newest_within_max_queued_bytes() {
     let len = msg("q/t", b"1", QoS::AtLeastOnce, false).approx_len();
     let mut limits = config();
     limits.max_queued_bytes = 3 * len;
-    let broker = Broker::with_store(limits, Arc::new(OverLimit)).unwrap();
+    let broker = Broker::with_persistence(
+        limits,
+        Persistence {
+            recovery: Arc::new(OverLimit),
+            ..Persistence::memory()
+        },
+    )
+    .unwrap();
     let shared = broker.shared();
     let session = shared.sessions.get("backlog").expect("restored");
     let kept: Vec<Vec<u8>> = session

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use tern_broker::message::Message;
-use tern_broker::persist::{Recovered, StoredSession, StoredWill};
-use tern_broker::{Broker, MessageStore};
+use tern_broker::model::message::Message;
+use tern_broker::model::{Recovered, StoredSession, StoredWill};
+use tern_broker::{Broker, Persistence, Recovery};
 use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -54,7 +54,7 @@ fn session(client_id: &str, filters: &[&str]) -> StoredSession {
 /// 30 s of its delay left, and the will of `gone` (no session left: due now).
 struct RecoveringWills;
 
-impl MessageStore for RecoveringWills {
+impl Recovery for RecoveringWills {
     fn recover(&self) -> Recovered {
         Recovered {
             sessions: vec![session("watcher", &["wills/#"]), session("delayed", &[])],
@@ -80,7 +80,14 @@ impl MessageStore for RecoveringWills {
 async fn start() -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let broker = Broker::with_store(config(), Arc::new(RecoveringWills)).unwrap();
+    let broker = Broker::with_persistence(
+        config(),
+        Persistence {
+            recovery: Arc::new(RecoveringWills),
+            ..Persistence::memory()
+        },
+    )
+    .unwrap();
     tokio::spawn(async move { broker.serve(listener, std::future::pending()).await });
     addr
 }

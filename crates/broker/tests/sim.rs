@@ -253,7 +253,7 @@ fn sim_finds_ack_before_fsync() {
 /// The QoS 2 received-set bug sim v0 found (seed 9 with `--linger`; docs/simulation.md),
 /// without any disk error: a retry on a new connection was PUBREC'd while the original write
 /// was still pending. Fixed: the retry's PUBREC waits for the original's write
-/// (`MessageStore::qos2_retry`).
+/// (`MessageLog::qos2_retry`).
 #[test]
 fn qos2_retry_is_not_acknowledged_before_its_write_is_durable() {
     let _turn = take_turn(false);

@@ -9,8 +9,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use tern_broker::message::Message;
-use tern_broker::{Broker, MessageStore, PersistError, StoreRef, Ticket};
+use tern_broker::model::message::Message;
+use tern_broker::{
+    Broker, ExchangeStore, MemoryStore, MessageLog, OutboundSent, PersistError, Persistence,
+    StoreRef, Ticket, WriterWakes,
+};
 use tern_wire::{Packet, QoS, ReasonCode};
 use tokio::net::TcpListener;
 
@@ -33,7 +36,7 @@ impl SlowStore {
     }
 }
 
-impl MessageStore for SlowStore {
+impl MessageLog for SlowStore {
     fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
         // Durability `default`: QoS 0 is not written.
         if m.qos == QoS::AtMostOnce {
@@ -41,11 +44,32 @@ impl MessageStore for SlowStore {
         }
         self.ticket()
     }
+    fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        MemoryStore.qos2_retry(client_id, packet_id)
+    }
     fn qos2_released(&self, _: &str, _: u16) -> Option<Ticket> {
         self.ticket()
     }
+    fn message_released(&self, message: &Message) {
+        MemoryStore.message_released(message)
+    }
+    fn defer_writer_wakes(&self) -> WriterWakes {
+        MemoryStore.defer_writer_wakes()
+    }
+    fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
+        MemoryStore.disk_budget_reached(topic, qos)
+    }
+}
+
+impl ExchangeStore for SlowStore {
+    fn outbound_sent(&self, client_id: &str, packet_id: u16, stored: StoreRef) -> OutboundSent {
+        MemoryStore.outbound_sent(client_id, packet_id, stored)
+    }
     fn outbound_pubrel_pending(&self, _: &str, _: u16, _: Option<StoreRef>) -> Option<Ticket> {
         self.ticket()
+    }
+    fn outbound_completed(&self, client_id: &str, packet_id: u16) {
+        MemoryStore.outbound_completed(client_id, packet_id)
     }
 }
 
@@ -57,7 +81,15 @@ async fn mixed_qos_keeps_order_and_acks_wait_for_durability() {
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let broker = Broker::with_store(config(), store.clone()).unwrap();
+    let broker = Broker::with_persistence(
+        config(),
+        Persistence {
+            messages: store.clone(),
+            exchanges: store.clone(),
+            ..Persistence::memory()
+        },
+    )
+    .unwrap();
     tokio::spawn(async move { broker.serve(listener, std::future::pending()).await });
 
     let mut sub = Client::v5(addr, "ord-sub").await;
@@ -101,7 +133,7 @@ struct ScriptedStore {
     writes: AtomicUsize,
 }
 
-impl MessageStore for ScriptedStore {
+impl MessageLog for ScriptedStore {
     fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
         if m.qos == QoS::AtMostOnce {
             return None;
@@ -120,6 +152,21 @@ impl MessageStore for ScriptedStore {
         });
         Some(ticket)
     }
+    fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        MemoryStore.qos2_retry(client_id, packet_id)
+    }
+    fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        MemoryStore.qos2_released(client_id, packet_id)
+    }
+    fn message_released(&self, message: &Message) {
+        MemoryStore.message_released(message)
+    }
+    fn defer_writer_wakes(&self) -> WriterWakes {
+        MemoryStore.defer_writer_wakes()
+    }
+    fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
+        MemoryStore.disk_budget_reached(topic, qos)
+    }
 }
 
 async fn scripted(delays_ms: Vec<u64>, fail_at: Option<usize>) -> std::net::SocketAddr {
@@ -130,7 +177,14 @@ async fn scripted(delays_ms: Vec<u64>, fail_at: Option<usize>) -> std::net::Sock
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let broker = Broker::with_store(config(), store).unwrap();
+    let broker = Broker::with_persistence(
+        config(),
+        Persistence {
+            messages: store,
+            ..Persistence::memory()
+        },
+    )
+    .unwrap();
     tokio::spawn(async move { broker.serve(listener, std::future::pending()).await });
     addr
 }

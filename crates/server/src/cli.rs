@@ -127,7 +127,10 @@ Config file keys (TOML, all optional; defaults shown):
     keep = \"interest\"                     interest: a block goes once no one needs it (no persistent
                                           session's cursor below it, nothing unrouted, no open QoS 2
                                           exchange); retention: keep everything the limits allow,
-                                          as a replay log. Limits never remove open QoS 2 state.
+                                          as a replay log. Limits never remove open QoS 2 state;
+                                          they may remove a QoS 1 message in flight to a persistent
+                                          session (resent from memory while tern runs, not after a
+                                          restart; counted in tern_inflight_exposed_retention_total)
     block_size_bytes = 4194304
   The default stream `messages` (every topic, sync always, durability default) is the only stream
   when none is configured, and is appended after the configured ones when none of them captures

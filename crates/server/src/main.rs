@@ -242,6 +242,8 @@ fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
             let contexts = listeners.iter().map(|l| l.context.clone()).collect();
             http.set_broker(broker.clone(), contexts);
         }
+        // Ready before the lines: whoever reads them may probe `/readyz` at once.
+        broker.mark_ready();
         // One line per listener, in config order: the first line is the first listener.
         for listener in &listeners {
             let local = listener
@@ -285,11 +287,17 @@ fn auth_reload(
     allow_anonymous: bool,
 ) -> signals::Reload {
     let shared = broker.shared().clone();
+    // The reload runs on the blocking pool; what follows it (checking queued messages and the
+    // connected clients' passwords again) is async work for the runtime.
+    let runtime = tokio::runtime::Handle::current();
     signals::Reload {
         name: "password_file and acl_file",
         apply: Box::new(move || {
             let rules = auth_config::load_rules(&auth, allow_anonymous)?;
             shared.auth.replace(rules);
+            runtime.spawn(tern_broker::engine::reload::after_auth_reload(
+                shared.clone(),
+            ));
             Ok(())
         }),
     }

@@ -8,7 +8,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -41,7 +41,7 @@ fn start(dir: &Path, acl: &str) -> Broker {
     let passwd = dir.join("passwd");
     let p = passwd.to_str().expect("utf-8");
     for (i, user) in ["alice", "bob", "carol"].iter().enumerate() {
-        let mut cmd = Command::new("mosquitto_passwd");
+        let mut cmd = common::tools::tool("mosquitto_passwd");
         if i == 0 {
             cmd.arg("-c");
         }
@@ -214,7 +214,7 @@ async fn mosquitto_clients_see_only_what_the_acl_lets_them_read() {
     let b = start(dir.path(), ACL);
     let port = b.addr.port().to_string();
     // bob reads alice/# except alice/private: a delivery-time check on the concrete topic.
-    let mut sub = Command::new("mosquitto_sub")
+    let mut sub = common::tools::tool("mosquitto_sub")
         .args([
             "-h",
             "127.0.0.1",
@@ -234,7 +234,7 @@ async fn mosquitto_clients_see_only_what_the_acl_lets_them_read() {
         .expect("mosquitto_sub");
     let lines = lines_of(&mut sub);
     let mosquitto_pub = |topic: &str, msg: &str| {
-        let out = Command::new("mosquitto_pub")
+        let out = common::tools::tool("mosquitto_pub")
             .args([
                 "-h",
                 "127.0.0.1",

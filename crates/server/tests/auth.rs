@@ -18,7 +18,7 @@ fn password_file(dir: &Path) -> PathBuf {
     let path = dir.join("passwd");
     let p = path.to_str().expect("utf-8 path");
     let ok = |args: &[&str]| {
-        let out = Command::new("mosquitto_passwd")
+        let out = common::tools::tool("mosquitto_passwd")
             .args(args)
             .output()
             .expect("mosquitto_passwd (Debian package mosquitto) is installed");
@@ -50,7 +50,7 @@ async fn connack(b: &Broker, connect: Connect) -> ReasonCode {
 }
 
 fn mosquitto_pub(b: &Broker, version: &str, user: &str, pass: &str) -> std::process::Output {
-    Command::new("mosquitto_pub")
+    common::tools::tool("mosquitto_pub")
         .args(["-h", "127.0.0.1", "-p", &b.addr.port().to_string()])
         .args([
             "-V", version, "-u", user, "-P", pass, "-t", "t", "-m", "x", "-q", "1",

@@ -23,6 +23,8 @@ use common::tools::{repo_root, run};
 const HOLD_LIMIT: Duration = Duration::from_secs(40);
 
 fn mqtt_bundle() -> PathBuf {
+    // npm comes from Debian (`scripts/debdeps.sh`, run by the first `tool` call).
+    drop(common::tools::tool("npm"));
     let script = repo_root().join("scripts/jsdeps.sh");
     let out = run(Command::new("bash").arg(&script), Duration::from_secs(300));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -139,7 +141,7 @@ fn mqtt_js_in_chromium_over_websocket() {
         let http = serve_page(page(ws.port(), version), bundle.clone());
         let profile = tempfile::tempdir().unwrap();
         let out = run(
-            Command::new("chromium")
+            common::tools::tool("chromium")
                 .args([
                     "--headless",
                     "--no-sandbox",

@@ -20,10 +20,17 @@
 //!   drop a repeated one until PUBREL (Method B): the broker must resend an unfinished QoS 2
 //!   message with the same packet id (MQTT-4.3.3-*, MQTT-4.4.0-1). They also check the order
 //!   of the PUBRELs they get against their PUBRECs (MQTT-4.6.0-4).
+//! - `paho-away-v3`, `paho-away-v5` (issue 25): paho subscribers as above that send DISCONNECT
+//!   shortly (0-300 ms) before three kills in four, with QoS 2 deliveries in flight, and come
+//!   back 0-2 s after the restart (later still if the next kill comes first), to a backlog and
+//!   to exchanges the broker restored from disk. `paho-sub-*` stay connected throughout and
+//!   reconnect at once after each kill (the issue's second shape). `crash/away.rs` times them.
 //!
 //! While the broker is down the paho clients keep trying to reconnect (to a port that refuses,
 //! as against a fixed port), which is how users run them; see scripts/crash_paho.py for the
-//! paho bug this triggers and how its duplicates are told apart from the broker's.
+//! paho bug this triggers and how its duplicates are told apart from the broker's. With
+//! `TERN_CRASH_PUB_WAITS=1` the paho publishers do not dial until the broker is back, so that
+//! bug becomes rare (a kill during a reconnect still triggers it).
 //! Publishers are paced by the slowest subscriber ([`LAG`]) so that no session queue overflows.
 //!
 //! Kill moments: random (from the first packets after a restart, when the clients resend, to
@@ -35,6 +42,9 @@
 //! (QoS 2) its publisher got reaches every subscriber; QoS 2 exactly once per subscriber
 //! (counted by payload), QoS 1 at least once; every first delivery in its publisher's order
 //! (MQTT-4.6.0-5 / -6); PUBRELs in PUBREC order (MQTT-4.6.0-4). No session may be lost.
+//! Each delivery keeps its packet id, DUP, cycle and time since the last restart, so a
+//! duplicate is printed with its shape (e.g. "DUP=1 then DUP=0 under a new id, in the same
+//! broker life": a restored exchange resent and the same message delivered again as new).
 
 mod common;
 mod crash;
@@ -45,6 +55,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::Broker;
+use crash::away::{Away, Plan};
 use crash::paho::{Commands, Paho};
 use crash::raw::{Ctl, RawPublisher, RawSubscriber, Trap};
 use crash::{KillAt, RefusingPort, Rng, Shared};
@@ -68,9 +79,16 @@ const FINISH_WAIT: Duration = Duration::from_secs(90);
 const TAIL: Duration = Duration::from_secs(1);
 /// How far a publisher may run ahead of its slowest subscriber (messages).
 const LAG: u64 = 4000;
+/// The same for the away subscribers: their backlog may grow well past [`LAG`] while they
+/// are offline, without holding the publishers (and so the kill points) back. Four
+/// publishers at this lag stay under the default `max_queued_messages` (100,000).
+const AWAY_LAG: u64 = 20_000;
 const WINDOW: &str = "256";
 
 const PAHO_SUBS: [(&str, &str); 2] = [("paho-sub-v3", "311"), ("paho-sub-v5", "5")];
+/// Subscribers that disconnect shortly before most kills and come back after the restart
+/// (`crash/away.rs`, issue 25).
+const PAHO_AWAY: [(&str, &str); 2] = [("paho-away-v3", "311"), ("paho-away-v5", "5")];
 /// (name, protocol, QoS)
 const PAHO_PUBS: [(&str, &str, &str); 2] = [("paho-q2-v3", "311", "2"), ("paho-q1-v5", "5", "1")];
 
@@ -136,8 +154,13 @@ impl Running {
 
 /// The port file the paho clients dial, rewritten atomically.
 fn set_port(path: &Path, port: u16) {
+    write_atomically(path, &port.to_string());
+}
+
+/// `text` into `path`, atomically (an empty port file: the client does not dial).
+fn write_atomically(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, port.to_string()).expect("write port file");
+    std::fs::write(&tmp, text).expect("write port file");
     std::fs::rename(&tmp, path).expect("rename port file");
 }
 
@@ -181,7 +204,8 @@ async fn wait_until(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
     true
 }
 
-/// Keeps every publisher within [`LAG`] of its slowest subscriber until `stop`.
+/// Keeps every publisher within [`LAG`] of its slowest subscriber ([`AWAY_LAG`] for the away
+/// ones) until `stop`.
 fn start_pacer(
     shared: Shared,
     paho: Vec<(String, Commands)>,
@@ -189,9 +213,15 @@ fn start_pacer(
     subs: Vec<String>,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
+    let lags: Vec<(String, u64)> = (subs.into_iter())
+        .map(|s| {
+            let away = PAHO_AWAY.iter().any(|a| a.0 == s);
+            (s, if away { AWAY_LAG } else { LAG })
+        })
+        .collect();
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
-            let limits = shared.pace(&pubs, &subs, LAG);
+            let limits = shared.pace(&pubs, &lags);
             for (name, commands) in &paho {
                 if let Some(i) = pubs.iter().position(|p| p == name) {
                     commands.send(&format!("limit {}", limits[i]));
@@ -206,11 +236,19 @@ struct Harness {
     b: Broker,
     dir: tempfile::TempDir,
     port_file: PathBuf,
+    /// The paho publishers' port file: as `port_file`, or empty while the broker is down
+    /// with `pub_waits`.
+    pub_port_file: PathBuf,
+    /// `TERN_CRASH_PUB_WAITS=1`: the paho publishers make no connection attempt while the
+    /// broker is down. A failed attempt is what makes paho re-send a PUBLISH after its PUBREL
+    /// (scripts/crash_paho.py); then only a kill during a reconnect still does.
+    pub_waits: bool,
     /// Where the port file points while the broker is down.
     refusing: RefusingPort,
     shared: Shared,
     ctl: Ctl,
     paho: Vec<Paho>,
+    away: Away,
     raw: Option<Raw>,
     subs: Vec<String>,
     pubs: Vec<String>,
@@ -220,12 +258,15 @@ struct Harness {
 }
 
 impl Harness {
-    fn start() -> Harness {
+    fn start(pub_waits: bool) -> Harness {
         let b = Broker::start_with(CONFIG);
+        let shared = Shared::default();
+        shared.set_restarted();
         let dir = tempfile::tempdir().expect("tempdir");
         let port_file = dir.path().join("port");
         set_port(&port_file, b.port());
-        let shared = Shared::default();
+        let pub_port_file = dir.path().join("port-pub");
+        set_port(&pub_port_file, b.port());
         let ctl = Ctl {
             shared: shared.clone(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -249,10 +290,13 @@ impl Harness {
             b,
             dir,
             port_file,
+            pub_port_file,
+            pub_waits,
             refusing: RefusingPort::new(),
             shared,
             ctl,
             paho: Vec::new(),
+            away: Away::new(Vec::new()),
             raw: Some(raw),
             subs: Vec::new(),
             pubs: Vec::new(),
@@ -260,30 +304,51 @@ impl Harness {
             hit_tx,
             hits,
         };
-        h.subs = PAHO_SUBS.iter().map(|s| s.0.to_string()).collect();
+        h.subs = (PAHO_SUBS.iter().chain(&PAHO_AWAY))
+            .map(|s| s.0.to_string())
+            .collect();
         h.subs
             .extend(["raw-sub-v5".to_string(), "raw-sub-v3".to_string()]);
         h.pubs = PAHO_PUBS.iter().map(|p| p.0.to_string()).collect();
         h.pubs
             .extend(["raw-q2-v5".to_string(), "raw-q1-v3".to_string()]);
-        for (name, protocol) in PAHO_SUBS {
-            let args = [h.port(), name.into(), protocol.into(), filter.clone()];
-            h.paho
-                .push(Paho::spawn("sub", name, &args, &h.shared, h.dir.path()));
+        h.spawn_paho(&filter, topic);
+        h
+    }
+
+    /// The paho subscribers (the away ones under [`Away`]'s control) and publishers.
+    fn spawn_paho(&mut self, filter: &str, topic: impl Fn(&str) -> String) {
+        for (name, protocol) in PAHO_SUBS.into_iter().chain(PAHO_AWAY) {
+            let args = [self.port(), name.into(), protocol.into(), filter.into()];
+            (self.paho).push(Paho::spawn(
+                "sub",
+                name,
+                &args,
+                &self.shared,
+                self.dir.path(),
+            ));
         }
+        let away = (self.paho.iter())
+            .filter(|p| PAHO_AWAY.iter().any(|a| a.0 == p.name))
+            .map(Paho::commands);
+        self.away = Away::new(away.collect());
         for (name, protocol, qos) in PAHO_PUBS {
             let args = [
-                h.port(),
+                self.pub_port_file.display().to_string(),
                 name.into(),
                 protocol.into(),
                 topic(name),
                 qos.into(),
                 WINDOW.into(),
             ];
-            h.paho
-                .push(Paho::spawn("pub", name, &args, &h.shared, h.dir.path()));
+            (self.paho).push(Paho::spawn(
+                "pub",
+                name,
+                &args,
+                &self.shared,
+                self.dir.path(),
+            ));
         }
-        h
     }
 
     fn port(&self) -> String {
@@ -321,9 +386,15 @@ impl Harness {
         );
     }
 
-    /// One broker life that ends with a kill at `kill`; describes the kill moment.
-    async fn cycle(&mut self, cycle: u32, kill: KillAt, arm_ms: u64) -> String {
+    /// One broker life that ends with a kill at `kill`, the away subscribers moving as
+    /// `away` says; describes the kill moment.
+    async fn cycle(&mut self, cycle: u32, kill: KillAt, arm_ms: u64, away: &[Plan]) -> String {
         self.shared.set_cycle(cycle);
+        let kill_in_ms = match kill {
+            KillAt::Random(ms) => ms,
+            _ => arm_ms,
+        };
+        self.away.plan_leaves(away, kill_in_ms);
         let trap = Trap {
             at: kill,
             armed: self.armed.clone(),
@@ -333,8 +404,15 @@ impl Harness {
         let running = raw.start(self.b.addr, &self.ctl, Some(&trap));
         let how = self.reach(kill, arm_ms).await;
         set_port(&self.port_file, self.refusing.port);
+        match self.pub_waits {
+            true => write_atomically(&self.pub_port_file, ""),
+            false => set_port(&self.pub_port_file, self.refusing.port),
+        }
         tokio::task::block_in_place(|| self.b.restart_after_kill());
+        self.shared.set_restarted();
+        self.away.plan_returns(away);
         set_port(&self.port_file, self.b.port());
+        set_port(&self.pub_port_file, self.b.port());
         self.raw = Some(running.join().await);
         how
     }
@@ -367,6 +445,7 @@ impl Harness {
         for p in self.paho.iter().filter(|p| self.pubs.contains(&p.name)) {
             p.commands().send("finish");
         }
+        self.away.all_back();
         let running = raw.start(self.b.addr, &self.ctl, None);
         let shared = self.shared.clone();
         let pubs = self.pubs.clone();
@@ -412,6 +491,14 @@ impl Harness {
         for note in notes.chain(raw.subs.iter().flat_map(|s| &s.notes)) {
             out.push_str(&format!("kill point: {note}\n"));
         }
+        for (sub, moves) in &record.away {
+            let held: u64 = moves.iter().map(|m| m.2).sum();
+            out.push_str(&format!(
+                "{sub} left {} times before a kill, holding {held} QoS 2 messages awaiting \
+                 PUBREL in all\n",
+                moves.len()
+            ));
+        }
         let mut ok = record.sessions_lost.is_empty() && record.errors.is_empty();
         if !finished {
             let stuck: Vec<&String> = (self.pubs.iter())
@@ -455,12 +542,17 @@ async fn qos2_exactly_once_and_in_order_across_sigkill() {
     let started = Instant::now();
     let seed = env_or("TERN_CRASH_SEED", time_seed);
     let cycles: u32 = env_or("TERN_CRASH_CYCLES", || DEFAULT_CYCLES);
-    eprintln!("TERN_CRASH_SEED={seed} TERN_CRASH_CYCLES={cycles}");
+    let pub_waits = env_or("TERN_CRASH_PUB_WAITS", || 0u8) == 1;
+    eprintln!(
+        "TERN_CRASH_SEED={seed} TERN_CRASH_CYCLES={cycles} TERN_CRASH_PUB_WAITS={}",
+        u8::from(pub_waits)
+    );
     let plan = schedule(&mut Rng(seed), cycles);
+    let away = Plan::schedule(seed, cycles, PAHO_AWAY.len());
     // Fails here, naming the reason, if paho cannot be had.
     eprintln!("paho from {}", crash::paho::python().display());
 
-    let mut h = Harness::start();
+    let mut h = Harness::start(pub_waits);
     h.subscribe_all().await;
     let pacing = Arc::new(AtomicBool::new(false));
     let paho_pubs = (h.paho.iter())
@@ -475,8 +567,13 @@ async fn qos2_exactly_once_and_in_order_across_sigkill() {
         pacing.clone(),
     );
     for (cycle, &(kill, arm_ms)) in plan.iter().enumerate() {
-        let how = h.cycle(cycle as u32, kill, arm_ms).await;
-        eprintln!("cycle {cycle}: killed {how}\n  {}", h.progress());
+        let moves = &away[cycle];
+        let how = h.cycle(cycle as u32, kill, arm_ms, moves).await;
+        eprintln!(
+            "cycle {cycle}: killed {how}\n  away {}\n  {}",
+            Plan::describe(&PAHO_AWAY.map(|a| a.0), moves),
+            h.progress()
+        );
     }
     pacing.store(true, Ordering::Relaxed);
     let _ = pacer.join();
@@ -485,7 +582,8 @@ async fn qos2_exactly_once_and_in_order_across_sigkill() {
     let report = crash::check::check(&h.shared.lock());
     let (others, others_ok) = h.other_findings(finished, caught_up);
     let summary = format!(
-        "{cycles} kills (TERN_CRASH_SEED={seed}), {:.1} s: {}\n{}{others}",
+        "{cycles} kills (TERN_CRASH_SEED={seed}, TERN_CRASH_PUB_WAITS={}), {:.1} s: {}\n{}{others}",
+        u8::from(pub_waits),
         started.elapsed().as_secs_f64(),
         report.totals(),
         report.describe()

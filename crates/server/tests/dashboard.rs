@@ -40,7 +40,7 @@ fn start_load(b: &Broker) -> Load {
 
 /// Loads `url` in headless chromium and returns the DOM after the virtual time budget.
 fn dump_dom(url: &str) -> String {
-    let out = Command::new("chromium")
+    let out = common::tools::tool("chromium")
         .args([
             "--headless",
             "--no-sandbox",

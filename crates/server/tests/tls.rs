@@ -39,7 +39,7 @@ fn start(pki: &Pki, extra: &str) -> (Broker, SocketAddr) {
 
 /// mosquitto_pub (retained, QoS 1) with the given TLS arguments; the process output.
 fn publish(addr: SocketAddr, topic: &str, message: &str, tls: &[&Path]) -> std::process::Output {
-    let mut command = Command::new("mosquitto_pub");
+    let mut command = common::tools::tool("mosquitto_pub");
     command
         .args(["-h", "127.0.0.1", "-p", &addr.port().to_string()])
         .args(["-t", topic, "-m", message, "-q", "1", "-r"]);
@@ -56,7 +56,7 @@ fn add_tls(command: &mut Command, tls: &[&Path]) {
 }
 
 fn subscribe_one(addr: SocketAddr, topic: &str, tls: &[&Path]) -> std::process::Output {
-    let mut command = Command::new("mosquitto_sub");
+    let mut command = common::tools::tool("mosquitto_sub");
     command
         .args(["-h", "127.0.0.1", "-p", &addr.port().to_string()])
         .args(["-t", topic, "-q", "1", "-C", "1", "-W", "10"]);
@@ -141,7 +141,7 @@ fn use_identity_as_username_refuses_a_client_without_certificate() {
     assert!(out.status.success(), "pub: {}", text(&out.stderr));
     // TLS without a client certificate: CONNACK rc 4 (v3) / 0x86 (v5), as mosquitto.
     for version in ["mqttv311", "mqttv5"] {
-        let mut command = Command::new("mosquitto_pub");
+        let mut command = common::tools::tool("mosquitto_pub");
         command
             .args(["-h", "127.0.0.1", "-p", &addr.port().to_string()])
             .args(["-t", "id/t", "-m", "anon", "-V", version, "-u", "someone"]);
@@ -229,7 +229,7 @@ fn listener_max_connections_refuses_the_one_too_many() {
 
 /// mosquitto_sub with its stdout line buffered (a pipe would hold `-d`'s SUBACK line back).
 fn line_buffered_sub(addr: SocketAddr) -> Command {
-    let mut command = Command::new("stdbuf");
+    let mut command = common::tools::tool("stdbuf");
     command
         .args(["-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p"])
         .arg(addr.port().to_string());
@@ -369,7 +369,7 @@ fn listener_allow_anonymous_and_certificate_identity_with_a_password_file() {
     let pki = certs::make(dir.path(), "a", "sensor-9");
     let passwd = dir.path().join("passwd");
     let out = run(
-        Command::new("mosquitto_passwd")
+        common::tools::tool("mosquitto_passwd")
             .args(["-c", "-b"])
             .arg(&passwd)
             .args(["alice", "secret"]),
@@ -407,7 +407,7 @@ fn listener_allow_anonymous_and_certificate_identity_with_a_password_file() {
     let out = publish(addrs[1], "l/t", "anon", &[]);
     assert!(out.status.success(), "listener 1: {}", text(&out.stderr));
     // A password-file user works on listener 0.
-    let mut command = Command::new("mosquitto_pub");
+    let mut command = common::tools::tool("mosquitto_pub");
     command
         .args(["-h", "127.0.0.1", "-p", &addrs[0].port().to_string()])
         .args(["-t", "l/t", "-m", "alice", "-u", "alice", "-P", "secret"]);

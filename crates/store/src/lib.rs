@@ -3,21 +3,28 @@
 //! simulator can have no thread at all instead: with stepped writers (`Vfs::stepped_writers`)
 //! turns run when it calls [`Store::step`], and time is `Vfs::now_ns` / `Vfs::monotonic_ns`.
 //!
-//! Module map:
+//! Module map, one layer per line, lowest first: a module imports only its own line and the
+//! lines before it (`crates/server/tests/layering.rs` holds the same order and enforces it).
+//! - [`error`]; [`filter`]: MQTT matching; [`histogram`]: the writer's fsync latency and
+//!   batch size histograms; [`vfs`]: the file abstraction (real and fault-injecting, and the
+//!   test-only bug switches a simulated disk hands the store).
+//! - [`config`]: block size, sync policy, retention limits; `lockfile`: the directory's lock;
+//!   `queue`: the bounded hand-off from appenders to the writer; `sim` (feature `sim` only):
+//!   the simulated disk (page cache, power loss, EIO), a `Vfs`.
+//! - [`format`](mod@format): the on-disk layout.
+//! - `record`: the records appends take and reads return; `scan`: parsing a block's records.
+//! - `state`: the in-memory view (blocks, entries, topic index; the directory's file names).
+//! - `recovery`: opening a stream, torn tails, quarantine.
+//! - `shared`: what a stream's handles, writer and tickets share. A stepped writer is handed
+//!   to it as a trait (`SteppedWriter`): the writer holds an `Arc<Shared>` and sits above.
+//! - `wake`: [`DeferWakes`], one group commit for a run of appends; [`ticket`]: completion
+//!   handles (`Future`, `is_done`, `wait`).
+//! - `writer`: the per-stream group commit (its turns driven by a thread, or stepped), block
+//!   rolls, limits, and compaction (block rewrites, run in the writer's turns).
+//! - [`stream`]: appends returning tickets, removals, and what a stream reports about itself.
+//! - `read`: reads by sequence, by topic filter, per topic, and the scrub of sealed blocks;
+//!   [`kv`]: keyed state (sessions, retained) on a one-record-per-topic stream.
 //! - [`store`]: a directory of named streams behind a lock file.
-//! - [`stream`]: appends returning tickets, removals; `read`: reads by sequence, by topic
-//!   filter, per topic, and the scrub of sealed blocks.
-//! - [`kv`]: keyed state (sessions, retained) on a one-record-per-topic stream.
-//! - [`ticket`]: completion handles (`Future`, `is_done`, `wait`).
-//! - [`config`]: block size, sync policy, retention limits.
-//! - `writer`: the per-stream group commit (its turns driven by a thread, or stepped);
-//!   `queue`: the bounded hand-off to it.
-//! - `state`: the in-memory view (blocks, entries, topic index); `compact`: block rewrites.
-//! - `recovery`: opening a stream, torn tails, quarantine; [`format`](mod@format): the on-disk layout.
-//! - [`histogram`]: the writer's fsync latency and batch size histograms.
-//! - [`vfs`]: the file abstraction (real and fault-injecting); [`filter`]: MQTT matching.
-//! - `sim` (feature `sim` only): the simulated disk (page cache, power loss, EIO) and the
-//!   store's test-only bug switches.
 //!
 //! # Invariants
 //! - Sequence numbers start at 1, grow by one per record and are never reused.
@@ -82,18 +89,17 @@ pub mod kv;
 mod record;
 pub mod store;
 pub mod stream;
-mod stream_info;
 pub mod ticket;
 pub mod vfs;
 
 #[cfg(feature = "sim")]
 pub mod sim;
 
-mod compact;
 mod lockfile;
 mod queue;
 mod read;
 mod recovery;
+mod scan;
 mod shared;
 mod state;
 mod wake;

@@ -11,6 +11,7 @@
 //!   before that offset and before the ones after it.
 
 use std::ops::RangeInclusive;
+use std::sync::Condvar;
 use std::sync::mpsc::SyncSender;
 
 use crate::error::Result;
@@ -121,6 +122,35 @@ impl Queue {
 
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty() && self.ops.is_empty()
+    }
+
+    // The writer's wake-ups, under the queue lock (`writer_cv` is the condvar it sleeps on).
+    // The rules of deferring them are in the `wake` module; they live here, below `Shared`,
+    // because `Shared::wait` applies one of them too.
+
+    /// Wakes the writer if it sleeps.
+    pub fn wake_writer(&mut self, writer_cv: &Condvar) {
+        if self.writer_waiting {
+            self.writer_waiting = false;
+            writer_cv.notify_one();
+        }
+    }
+
+    /// After an append: wakes the writer unless a `DeferWakes` guard defers it.
+    pub fn wake_after_append(&mut self, writer_cv: &Condvar) {
+        if self.deferring > 0 {
+            self.wake_deferred = true;
+        } else {
+            self.wake_writer(writer_cv);
+        }
+    }
+
+    /// Before a thread blocks on a ticket: a wake its own guard deferred happens now.
+    pub fn wake_if_deferred(&mut self, writer_cv: &Condvar) {
+        if self.wake_deferred {
+            self.wake_deferred = false;
+            self.wake_writer(writer_cv);
+        }
     }
 }
 

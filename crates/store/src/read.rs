@@ -15,7 +15,6 @@ use crate::error::{Result, StoreError};
 use crate::filter::FilterSet;
 use crate::format::{self, Entry};
 use crate::queue::Op;
-use crate::recovery;
 use crate::shared::lock;
 use crate::state::{Corruption, ENTRY_DELETED};
 use crate::stream::{MAX_SCAN_ENTRIES, ReadBatch, Record, Stream, TopicStats};
@@ -279,7 +278,7 @@ impl Stream {
                 .err()
                 .map(|e| format!("block header: {e}"));
             if detail.is_none() {
-                let sc = recovery::scan(&Bytes::from(raw), base);
+                let sc = crate::scan::scan(&Bytes::from(raw), base);
                 detail = sc
                     .damage
                     .map(|(off, what)| format!("at offset {off}: {what}"));

@@ -21,7 +21,18 @@ use crate::queue::Queue;
 use crate::queue::Removed;
 use crate::state::State;
 use crate::vfs::Vfs;
-use crate::writer::Writer;
+
+/// What `Shared` needs of a writer whose turns its callers run (stepped writers,
+/// `Vfs::stepped_writers`). The writer holds an `Arc<Shared>` and sits above this module, so
+/// it is handed down as this trait rather than named here.
+pub(crate) trait SteppedWriter: Send {
+    /// One turn if there is work, a due timer, or (`force_sync`) written data to sync.
+    fn step(&mut self, force_sync: bool) -> bool;
+    /// When the next timer fires (`Vfs::monotonic_ns`), if one is armed.
+    fn next_timer_ns(&self) -> Option<u64>;
+    /// The stream is closing: the rest of the queue written, the last sync, trash freed.
+    fn close(self: Box<Self>);
+}
 
 /// Locks a mutex, taking the data even if another thread panicked while holding it: every
 /// structure behind our mutexes is left consistent between statements that can panic.
@@ -80,7 +91,7 @@ pub(crate) struct Shared {
     /// Stepped writers (`Vfs::stepped_writers`): the writer lives here instead of on a
     /// thread, from the stream's open until its last handle is dropped (which takes it out,
     /// breaking the cycle through the writer's own `Arc<Shared>`). `None` in production.
-    stepper: Option<Mutex<Option<Writer>>>,
+    stepper: Option<Mutex<Option<Box<dyn SteppedWriter>>>>,
 }
 
 impl Shared {
@@ -242,7 +253,7 @@ impl Shared {
             return self.drive_until(|| self.outcome(seq, true), seq)?;
         }
         // This thread may hold a `DeferWakes` guard of the stream: not a wait on itself.
-        crate::wake::wake_deferred(self);
+        lock(&self.queue).wake_if_deferred(&self.writer_cv);
         self.blocked.fetch_add(1, Ordering::SeqCst);
         let mut g = lock(&self.done_lock);
         let r = loop {
@@ -262,14 +273,14 @@ impl Shared {
     }
 
     /// Stepped writers: hands the stream's writer over (at open).
-    pub fn install_stepper(&self, w: Writer) {
+    pub fn install_stepper(&self, w: Box<dyn SteppedWriter>) {
         if let Some(m) = &self.stepper {
             *lock(m) = Some(w);
         }
     }
 
     /// Stepped writers: takes the writer out (the last handle is going).
-    pub fn take_stepper(&self) -> Option<Writer> {
+    pub fn take_stepper(&self) -> Option<Box<dyn SteppedWriter>> {
         self.stepper.as_ref().and_then(|m| lock(m).take())
     }
 
@@ -283,7 +294,7 @@ impl Shared {
     /// Stepped writers: when the next timer of this stream fires (`Vfs::monotonic_ns`).
     pub fn next_timer_ns(&self) -> Option<u64> {
         let m = self.stepper.as_ref()?;
-        lock(m).as_ref().and_then(Writer::next_timer_ns)
+        lock(m).as_ref().and_then(|w| w.next_timer_ns())
     }
 
     /// Waits for the writer's reply to an op (with stepped writers, running turns on this

@@ -74,8 +74,8 @@ pub trait Vfs: Send + Sync + Debug {
     /// Defects the store should give itself, so a test can prove its checker finds them.
     /// Exists only with the `sim` feature; only a simulated disk answers anything but none.
     #[cfg(feature = "sim")]
-    fn injected_bugs(&self) -> crate::sim::Bugs {
-        crate::sim::Bugs::NONE
+    fn injected_bugs(&self) -> Bugs {
+        Bugs::NONE
     }
 }
 
@@ -303,4 +303,31 @@ pub fn process_monotonic_ns() -> u64 {
 /// Joins a directory and a file name.
 pub(crate) fn path_in(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
+}
+
+/// Deliberate defects the store can be told to have, to prove that a checker finds them.
+/// They are read from [`Vfs::injected_bugs`], which only a [`SimDisk`](crate::sim::SimDisk)
+/// (or a test's own `Vfs`) answers with anything but "none"; they exist only in builds with
+/// the `sim` feature and no configuration can reach them. Defined here, beside the trait that
+/// carries them, so the store below `sim` can read them (`sim` re-exports them).
+#[cfg(feature = "sim")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bugs {
+    /// Complete tickets (publish the durable sequence) before the commit's `fdatasync`.
+    pub ack_before_fsync: bool,
+    /// Seal a block without syncing it first (only matters under `sync = interval`, where a
+    /// commit does not sync by itself).
+    pub skip_sync_on_roll: bool,
+    /// Create a new block file without the directory fsync that makes its name durable.
+    pub skip_dir_sync_on_roll: bool,
+}
+
+#[cfg(feature = "sim")]
+impl Bugs {
+    /// No bug: the store as built.
+    pub const NONE: Bugs = Bugs {
+        ack_before_fsync: false,
+        skip_sync_on_roll: false,
+        skip_dir_sync_on_roll: false,
+    };
 }

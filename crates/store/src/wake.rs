@@ -22,7 +22,6 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::queue::Queue;
 use crate::shared::{Shared, lock};
 
 /// While it lives, appends to its stream do not wake the stream's writer (see the module doc).
@@ -49,33 +48,7 @@ impl Drop for DeferWakes {
         q.deferring -= 1;
         if q.deferring == 0 && q.wake_deferred {
             q.wake_deferred = false;
-            wake_writer(&self.sh, &mut q);
+            q.wake_writer(&self.sh.writer_cv);
         }
-    }
-}
-
-/// Wakes the writer if it sleeps (the queue lock held).
-pub(crate) fn wake_writer(sh: &Shared, q: &mut Queue) {
-    if q.writer_waiting {
-        q.writer_waiting = false;
-        sh.writer_cv.notify_one();
-    }
-}
-
-/// After an append: wakes the writer unless a guard defers it.
-pub(crate) fn wake_after_append(sh: &Shared, q: &mut Queue) {
-    if q.deferring > 0 {
-        q.wake_deferred = true;
-    } else {
-        wake_writer(sh, q);
-    }
-}
-
-/// Before a thread blocks on a ticket: a wake its own guard deferred happens now.
-pub(crate) fn wake_deferred(sh: &Shared) {
-    let mut q = lock(&sh.queue);
-    if q.wake_deferred {
-        q.wake_deferred = false;
-        wake_writer(sh, &mut q);
     }
 }

@@ -1,7 +1,7 @@
 //! Typed decode and encode errors. Every decode failure maps to the MQTT 5.0 reason code the
 //! broker must put in its DISCONNECT (or CONNACK) before closing the connection.
 
-use crate::packet::PacketType;
+use crate::packet_type::PacketType;
 use crate::reason::ReasonCode;
 
 /// Why a byte string is not an acceptable MQTT packet.

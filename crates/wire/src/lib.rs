@@ -1,17 +1,20 @@
 //! tern-wire: the MQTT 3.1, 3.1.1 and 5.0 codec of Tern. No I/O, no sessions, no clock.
 //!
-//! Module map:
-//! - [`packet`]: the packet model shared by decoder, encoder, broker and bench tool.
-//! - [`properties`]: the MQTT 5.0 properties: [`PropertyValues`] holds every property,
-//!   [`Properties`] is the one-pointer handle packets carry (null when there are none);
-//!   `property_table` says which packet may carry which property.
-//! - [`reason`]: reason codes, and their mapping to 3.x return codes.
+//! Module map, one layer per line, lowest first: a module imports only its own line and the
+//! lines before it (`crates/server/tests/layering.rs` holds the same order and enforces it).
+//! - `varint`: Variable Byte Integers; `packet_type`: [`PacketType`], the fixed header's type.
+//! - [`reason`]: reason codes, which packet may carry which, and their mapping to 3.x return
+//!   codes; `property_table`: property identifiers and which packet may carry which property.
 //! - [`error`]: [`DecodeError`] (with [`DecodeError::reason_code`]) and [`EncodeError`].
-//! - `varint`: Variable Byte Integers.
-//! - `decode`: [`decode`], incremental and zero-copy, one file per packet family.
-//! - `encode`: [`encode`] and [`encoded_len`], one file per packet family.
-//! - [`fanout`]: [`PublishTemplate`], [`PublishShape`] and [`Delivery`], a PUBLISH encoded once for many
-//!   subscribers, and the [`publish_templates_built`] counter.
+//! - `string`: [`Str`], the validated MQTT UTF-8 string.
+//! - [`properties`]: the MQTT 5.0 properties: [`PropertyValues`] holds every property,
+//!   [`Properties`] is the one-pointer handle packets carry (null when there are none).
+//! - [`packet`]: the packet model shared by decoder, encoder, broker and bench tool (it
+//!   re-exports [`PacketType`] and [`Str`], its vocabulary from below).
+//! - `decode`: [`decode`], incremental and zero-copy, one file per packet family; `encode`:
+//!   [`encode`] and [`encoded_len`], one file per packet family.
+//! - [`fanout`]: [`PublishTemplate`], [`PublishShape`] and [`Delivery`], a PUBLISH encoded
+//!   once for many subscribers, and the [`publish_templates_built`] counter.
 //!
 //! ```
 //! use tern_wire::{decode, encode, Bytes, BytesMut, Packet, Protocol, Publish, QoS, Str, Properties};
@@ -54,9 +57,11 @@ mod encode;
 pub mod error;
 pub mod fanout;
 pub mod packet;
+mod packet_type;
 pub mod properties;
 mod property_table;
 pub mod reason;
+mod string;
 mod varint;
 
 pub use bytes::{Bytes, BytesMut};
@@ -65,9 +70,11 @@ pub use encode::{encode, encoded_len};
 pub use error::{DecodeError, EncodeError};
 pub use fanout::{Delivery, PublishShape, PublishTemplate, publish_templates_built};
 pub use packet::{
-    Ack, Auth, ConnAck, Connect, Disconnect, Packet, PacketType, Protocol, Publish, QoS,
-    RetainHandling, Str, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe, Will,
+    Ack, Auth, ConnAck, Connect, Disconnect, Packet, Protocol, Publish, QoS, RetainHandling,
+    SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe, Will,
 };
+pub use packet_type::PacketType;
 pub use properties::{Properties, PropertyValues};
 pub use reason::ReasonCode;
+pub use string::Str;
 pub use varint::{VARINT_MAX, parse_complete as parse_varint};

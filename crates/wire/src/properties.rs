@@ -15,7 +15,7 @@ use std::ops::{Deref, DerefMut};
 
 use bytes::Bytes;
 
-use crate::packet::Str;
+use crate::string::Str;
 
 /// All MQTT 5.0 properties. A field is `None` (or empty) when the property is absent.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

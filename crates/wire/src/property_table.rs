@@ -4,7 +4,7 @@
 //! - A "place" is a bit index: the packet type number (1..=15) of the fixed header, or
 //!   [`WILL`] (0, unused by any packet type) for the will properties of CONNECT.
 
-use crate::packet::PacketType;
+use crate::packet_type::{PacketType, packet_type_from_u8};
 
 pub(crate) const PAYLOAD_FORMAT_INDICATOR: u8 = 0x01;
 pub(crate) const MESSAGE_EXPIRY_INTERVAL: u8 = 0x02;
@@ -54,28 +54,6 @@ impl Place {
     fn bit(self) -> u16 {
         1 << self.0
     }
-}
-
-pub(crate) fn packet_type_from_u8(value: u8) -> Option<PacketType> {
-    use PacketType::*;
-    Some(match value {
-        1 => Connect,
-        2 => ConnAck,
-        3 => Publish,
-        4 => PubAck,
-        5 => PubRec,
-        6 => PubRel,
-        7 => PubComp,
-        8 => Subscribe,
-        9 => SubAck,
-        10 => Unsubscribe,
-        11 => UnsubAck,
-        12 => PingReq,
-        13 => PingResp,
-        14 => Disconnect,
-        15 => Auth,
-        _ => return None,
-    })
 }
 
 const fn bits(places: &[u8]) -> u16 {

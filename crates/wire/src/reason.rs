@@ -1,6 +1,8 @@
 //! MQTT 5.0 reason codes, used by the broker for every version (the encoder maps them to the 3.x
 //! return codes where 3.x has any).
 
+use crate::packet_type::PacketType;
+
 /// A reason code byte. Values below 0x80 mean success, 0x80 and above mean failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct ReasonCode(pub u8);
@@ -59,8 +61,8 @@ impl ReasonCode {
 
 /// Reason codes the spec allows in each packet (MQTT 5.0 sections 3.2.2.2, 3.4.2.1, 3.5.2.1,
 /// 3.6.2.1, 3.7.2.1, 3.9.3, 3.11.3, 3.14.2.1, 3.15.2.1).
-pub(crate) fn allowed_in(packet_type: crate::packet::PacketType, code: u8) -> bool {
-    use crate::packet::PacketType::*;
+pub(crate) fn allowed_in(packet_type: PacketType, code: u8) -> bool {
+    use PacketType::*;
     match packet_type {
         ConnAck => matches!(
             code,

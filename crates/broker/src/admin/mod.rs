@@ -17,14 +17,14 @@ pub mod lists;
 
 use std::sync::Arc;
 
-use tern_store::{HistogramSnapshot, StreamInfo, StreamMetrics};
 use tern_wire::ReasonCode;
 
 use crate::broker::Broker;
-use crate::persist::Ticket;
-use crate::session::registry;
+use crate::engine::registry;
+use crate::model::Ticket;
 use crate::transport::ListenerContext;
 
+pub use crate::model::{ActionError, StreamStats};
 pub use lists::{ClientInfo, RetainedInfo, SessionInfo, SubscriptionInfo};
 
 /// Largest page a list returns, whatever `limit` asks for.
@@ -35,37 +35,6 @@ pub const MAX_PAGE_LIMIT: usize = 1_000;
 pub struct Page<T> {
     pub items: Vec<T>,
     pub next_after: Option<String>,
-}
-
-/// A stream of the durable store, as the admin API and `/metrics` show it.
-#[derive(Debug, Clone)]
-pub struct StreamStats {
-    pub name: String,
-    /// `"message"` (a `[[stream]]`) or `"state"` (`tern.sessions`, `tern.retained`).
-    pub kind: &'static str,
-    /// Topic filters of a message stream (empty: every topic).
-    pub filters: Vec<String>,
-    /// Retention limits (`None`: unlimited) and the keep policy of a message stream.
-    pub max_age_s: Option<u64>,
-    pub max_msgs: Option<u64>,
-    pub max_bytes: Option<u64>,
-    pub keep: Option<&'static str>,
-    pub info: StreamInfo,
-    pub metrics: StreamMetrics,
-    pub fsync_us: HistogramSnapshot,
-    pub batch_records: HistogramSnapshot,
-}
-
-/// Why an action could not be done.
-#[derive(Debug, thiserror::Error)]
-pub enum ActionError {
-    #[error("no such {what}: {name}")]
-    NotFound { what: &'static str, name: String },
-    #[error("the store failed: {0}")]
-    Store(String),
-    /// The request cannot be done as asked (a bad or taken backup label, ...).
-    #[error("{0}")]
-    Invalid(String),
 }
 
 impl Broker {
@@ -112,7 +81,7 @@ impl Broker {
         // Ended here, not by the closing connection: its detach sees `ended` and keeps away.
         registry::end(shared, &session);
         tracing::info!(client_id, "session removed by an administrator");
-        Ok(shared.store.state_barrier())
+        Ok(shared.store.sessions.state_barrier())
     }
 
     /// Removes every message of the message stream `name` (topics starting with `$` are kept:
@@ -120,7 +89,7 @@ impl Broker {
     /// in memory still deliver them; offline sessions skip what is gone. Returns the number
     /// of records removed.
     pub fn purge_stream(&self, name: &str) -> Result<u64, ActionError> {
-        let removed = self.shared().store.purge_stream(name)?;
+        let removed = self.shared().store.admin.purge_stream(name)?;
         tracing::info!(stream = name, removed, "stream purged by an administrator");
         Ok(removed)
     }
@@ -133,14 +102,14 @@ impl Broker {
     /// no copied session cursor or QoS 2 record names a message its stream's copy lacks.
     /// Blocking: call it off the async runtime.
     pub fn backup(&self, label: &str) -> Result<std::path::PathBuf, ActionError> {
-        let path = self.shared().store.backup(label)?;
+        let path = self.shared().store.admin.backup(label)?;
         tracing::info!(path = %path.display(), "backup written");
         Ok(path)
     }
 
     /// Every stream of the store with its numbers (empty for the in-memory store).
     pub fn streams(&self) -> Vec<StreamStats> {
-        self.shared().store.stream_stats()
+        self.shared().store.admin.stream_stats()
     }
 
     /// The Prometheus text exposition of the broker's metrics (`listeners`: one sample each of
@@ -175,7 +144,7 @@ pub fn page<T>(
 }
 
 /// Sessions in the registry, cloned out under its lock.
-pub(crate) fn all_sessions(broker: &Broker) -> Vec<Arc<crate::session::Session>> {
+pub(crate) fn all_sessions(broker: &Broker) -> Vec<Arc<crate::state::session::Session>> {
     broker
         .shared()
         .sessions

@@ -219,9 +219,7 @@ fn decide<'r>(
 ) -> Option<bool> {
     for rule in rules {
         let filter = filter_of(&rule.filter);
-        if topic.starts_with('$') && !filter.starts_with('$') {
-            continue;
-        }
+        // MQTT-4.7.2-1 (a leading wildcard never matches a `$`-topic) is the matcher's.
         if !tern_topic::filter_matches(&filter, topic) {
             continue;
         }

@@ -16,6 +16,7 @@ impl Conn {
         if done {
             self.shared
                 .store
+                .exchanges
                 .outbound_completed(&self.session.client_id, ack.packet_id);
             self.ctl.wake.notify(); // the window opened
         }
@@ -37,6 +38,7 @@ impl Conn {
                     // v5: a PUBREC with a failure reason ends the exchange (MQTT-4.3.3-4 note).
                     self.shared
                         .store
+                        .exchanges
                         .outbound_completed(&self.session.client_id, ack.packet_id);
                 }
                 self.ctl.wake.notify();
@@ -52,7 +54,7 @@ impl Conn {
             // with the write issued under the session lock so that the gate's order is the
             // write order.
             let ticket = if known {
-                self.shared.store.outbound_pubrel_pending(
+                self.shared.store.exchanges.outbound_pubrel_pending(
                     &self.session.client_id,
                     ack.packet_id,
                     stored,
@@ -77,6 +79,7 @@ impl Conn {
         if done {
             self.shared
                 .store
+                .exchanges
                 .outbound_completed(&self.session.client_id, ack.packet_id);
             self.ctl.wake.notify();
         }

@@ -6,12 +6,12 @@ use std::time::Duration;
 use tern_wire::{Disconnect, Packet, Properties, ReasonCode, Str, encoded_len};
 
 use super::{Close, Conn};
-use crate::broker::Shared;
+use crate::engine::Shared;
+use crate::engine::registry;
+use crate::engine::will;
 use crate::metrics::Metrics;
-use crate::outbound::{Outflow, encode_packet};
-use crate::session::registry;
+use crate::state::outbound::{Outflow, encode_packet};
 use crate::transport::TransportWrite;
-use crate::will;
 
 /// How long the last writes get when there is no DISCONNECT to send.
 const WRITER_CLOSE_TIMEOUT_MS: u64 = 2_000;
@@ -36,12 +36,14 @@ impl Conn {
         }
     }
 
+    /// The close path. True if the socket should linger (`linger`): the broker started the
+    /// close and everything, its reason included, was written and the writing side shut down.
     pub(super) async fn finish<W: TransportWrite>(
         &mut self,
         close: Close,
         out: &mut Outflow<W>,
         io: &mut W::Io,
-    ) {
+    ) -> bool {
         // Writes already issued still complete: deliver what they made durable (a QoS 2
         // message recorded as received must reach its subscribers, since the client's retry
         // will be answered as a duplicate), and acknowledge it, in packet order, in the
@@ -122,7 +124,16 @@ impl Conn {
             WRITER_CLOSE_TIMEOUT_MS
         };
         let closed = out.close(io, &self.shared.metrics, final_packet);
-        let _ = tokio::time::timeout(Duration::from_millis(timeout_ms), closed).await;
+        let shut_down = tokio::time::timeout(Duration::from_millis(timeout_ms), closed).await;
+        // The client ended it (DISCONNECT, end of stream) or our writes failed: nothing to
+        // wait for.
+        let broker_started = !matches!(
+            close,
+            Close::ClientDisconnect { .. }
+                | Close::Lost
+                | Close::Kicked(ReasonCode::UNSPECIFIED_ERROR)
+        );
+        broker_started && shut_down == Ok(true)
     }
 }
 
@@ -218,16 +229,16 @@ impl Conn {
             |ack| last_acks.push(ack),
         );
         for item in released {
-            if let crate::ack_pipeline::Released::Deliver(message) = item {
+            if let crate::state::ack_pipeline::Released::Deliver(message) = item {
                 // Retained records were applied by the pipeline's release hook.
-                crate::router::route(&self.shared, message.clone());
-                self.shared.store.message_released(&message);
+                crate::engine::route::route(&self.shared, message.clone());
+                self.shared.store.messages.message_released(&message);
             }
         }
         // What never became durable is not delivered; the store must not wait for it either
         // (it would hold every persistent session's cursor back).
         for message in pipeline.abandon() {
-            self.shared.store.message_released(&message);
+            self.shared.store.messages.message_released(&message);
         }
         last_acks
     }

@@ -16,13 +16,14 @@ use super::peek::{connect_is_v5_shaped, peek_connect_level};
 use super::strict::{self, TopicRefusal};
 use super::{Conn, read::read_some};
 use crate::auth::{Access, AclView, Verdict, Who};
-use crate::broker::Shared;
+use crate::engine::Shared;
+use crate::engine::registry::{self, AttachRequest};
 use crate::metrics::Metrics;
-use crate::outbound::{WriterState, encode_packet};
-use crate::persist::Ticket;
+use crate::model::Ticket;
 use crate::read_order::ReadSlot;
-use crate::session::registry::{self, AttachRequest};
-use crate::topic_alias::InboundAliases;
+use crate::state::outbound::{WriterState, encode_packet};
+use crate::state::session::{ConnInfo, Credentials};
+use crate::state::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, ListenerContext, TransportRead, TransportWrite};
 
 /// Receive Maximum assumed when a v5 client sends none, and for 3.x clients.
@@ -35,10 +36,10 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
     buf: &mut BytesMut,
     stop: &mut watch::Receiver<bool>,
     info: ConnectionInfo,
-) -> Option<(Conn, (W, WriterState, Option<Ticket>))> {
+) -> Result<Accepted<W>, Refused> {
     let config = &shared.config;
     // Only what the CONNECT needs of `info` is kept across the reads below.
-    let info_peer = info.peer.ip();
+    let info_peer = info.peer;
     let allow_anonymous = info.listener.allow_anonymous;
     let listener = info.listener.clone();
     let identity = identity_username(info);
@@ -47,12 +48,13 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
         match decode(buf, Protocol::V3_1_1, config.max_packet_size_bytes) {
             Ok(Some(Packet::Connect(connect))) => break connect,
             // MQTT-3.1.0-1: the first packet must be CONNECT.
-            Ok(Some(_)) => return None,
+            Ok(Some(_)) => return Err(Refused::Dropped),
             Ok(None) => {}
             Err(error) => {
                 tracing::debug!(%error, "bad CONNECT");
                 if error == DecodeError::InvalidProtocolName {
                     // MQTT-3.1.2-1: not MQTT at all: closed without a CONNACK.
+                    return Err(Refused::Dropped);
                 } else if let DecodeError::UnsupportedProtocolVersion { level } = error {
                     // MQTT-3.1.2-2: return code 1 in the 3.1.1 format, then close; a CONNECT
                     // laid out as a v5 one (of a later level) gets the v5 form, 0x84.
@@ -61,27 +63,24 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
                     } else {
                         Protocol::V3_1_1
                     };
-                    Box::pin(reject(&mut writer, reader, form, error.reason_code())).await;
+                    return Err(
+                        Box::pin(reject(&mut writer, reader, form, error.reason_code())).await,
+                    );
                 } else if peek_connect_level(buf) == Some(Protocol::V5.level()) {
                     // MQTT 5 §3.2.2.2: a bad v5 CONNECT may get a CONNACK with the reason.
-                    Box::pin(reject(
-                        &mut writer,
-                        reader,
-                        Protocol::V5,
-                        error.reason_code(),
-                    ))
-                    .await;
+                    let reason = error.reason_code();
+                    return Err(Box::pin(reject(&mut writer, reader, Protocol::V5, reason)).await);
                 }
-                return None;
+                return Err(Refused::Dropped);
             }
         }
         tokio::select! {
             biased;
             read = tokio::time::timeout_at(deadline, read_some(reader, buf)) => match read {
                 Ok(Ok(n)) if n > 0 => Metrics::add(&shared.metrics.bytes_received, n as u64),
-                _ => return None,
+                _ => return Err(Refused::Dropped),
             },
-            _ = stop.changed() => return None,
+            _ = stop.changed() => return Err(Refused::Dropped),
         }
     };
     // The CONNECT stays boxed until `accept` takes it: inline it would grow this future, which
@@ -91,8 +90,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
         if let Err(reason) = use_identity(username, &mut connect) {
             let protocol = connect.protocol;
             drop(connect);
-            Box::pin(reject(&mut writer, reader, protocol, reason)).await;
-            return None;
+            return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
         }
     }
     let client = Client {
@@ -167,13 +165,29 @@ impl Drop for ConnectionSlot {
     }
 }
 
-/// Boxed by its callers: rare, and inline it would grow the handshake every connection makes.
+/// What a successful handshake hands the connection: the writing half, the writer's state and
+/// the records the CONNACK waits for.
+pub(super) type Accepted<W> = (Conn, (W, WriterState, Option<Ticket>));
+
+/// How a handshake that accepted no connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// Nothing was said (not MQTT, no CONNECT in time, the server stopping): the socket is
+    /// dropped.
+    Dropped,
+    /// A refusing CONNACK was written (or, for a malformed 3.1.1 CONNECT, the writing side shut
+    /// down): the socket lingers so that the client reads it (`linger`).
+    Answered,
+}
+
+/// Writes the refusing CONNACK and shuts the writing side down. Boxed by its callers: rare, and
+/// inline it would grow the handshake every connection makes.
 async fn reject<W: TransportWrite>(
     writer: &mut W,
     io: &mut W::Io,
     protocol: Protocol,
     reason: ReasonCode,
-) {
+) -> Refused {
     let connack = Packet::ConnAck(ConnAck {
         session_present: false,
         reason,
@@ -181,9 +195,14 @@ async fn reject<W: TransportWrite>(
     });
     let mut scratch = BytesMut::new();
     if let Some(bytes) = encode_packet(&connack, protocol, &mut scratch) {
-        let _ = writer.write_parts(io, &mut vec![bytes]).await;
+        if writer.write_parts(io, &mut vec![bytes]).await.is_err() {
+            return Refused::Dropped;
+        }
     }
-    let _ = writer.shutdown(io).await;
+    match writer.shutdown(io).await {
+        Ok(()) => Refused::Answered,
+        Err(_) => Refused::Dropped,
+    }
 }
 
 fn assigned_client_id(shared: &Shared) -> String {
@@ -255,7 +274,7 @@ fn check(shared: &Shared, connect: &Connect) -> Result<(), ReasonCode> {
 
 /// Who is connecting, as far as the checks before the session need it.
 struct Client {
-    peer: IpAddr,
+    peer: std::net::SocketAddr,
     /// The listener's `allow_anonymous`; `None` = the `[auth]` setting.
     allow_anonymous: Option<bool>,
     /// The username is the client certificate's CN (`use_identity_as_username`).
@@ -279,6 +298,23 @@ fn admit_rate(shared: &Shared, peer: IpAddr, client_id: &str) -> bool {
         tracing::warn!(%peer, client_id, limit = rate, count = n, "max_connect_rate_per_ip: CONNECT refused");
     }
     false
+}
+
+/// The credentials a password file accepted, kept with the connection so that a reload of
+/// the file checks them again (`engine::reload`); `None` where no file decided (no file, no
+/// username, or the username is the client certificate's).
+fn checked_credentials(
+    shared: &Shared,
+    client: &Client,
+    username: Option<&Arc<str>>,
+    password: Option<&bytes::Bytes>,
+) -> Option<Arc<Credentials>> {
+    let username = username?;
+    if client.by_certificate || shared.auth.rules().passwords.is_none() {
+        return None;
+    }
+    let password = password.map_or(&[][..], |p| &p[..]);
+    Some(Arc::new(Credentials::new(username.clone(), password)))
 }
 
 /// The credentials (password file) and the will's topic (ACL, write access), checked before
@@ -337,34 +373,28 @@ async fn accept<W: TransportWrite>(
     mut writer: W,
     reader: &mut W::Io,
     client: Client,
-) -> Option<(Conn, (W, WriterState, Option<Ticket>))> {
+) -> Result<Accepted<W>, Refused> {
     let config = &shared.config;
     let protocol = connect.protocol;
     let v5 = protocol.is_v5();
     if let Err(reason) = check(shared, &connect) {
         if reason == ReasonCode::MALFORMED_PACKET && !v5 {
             // 3.1.1 has no return code for a malformed CONNECT: closed without a CONNACK.
-            let _ = writer.shutdown(reader).await;
-        } else {
-            Box::pin(reject(&mut writer, reader, protocol, reason)).await;
+            return Err(match writer.shutdown(reader).await {
+                Ok(()) => Refused::Answered,
+                Err(_) => Refused::Dropped,
+            });
         }
-        return None;
+        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
     }
-    if !admit_rate(shared, client.peer, &connect.client_id) {
+    if !admit_rate(shared, client.peer.ip(), &connect.client_id) {
         // 0x9F Connection rate exceeded; 3.1.1: return code 3, Server unavailable.
-        Box::pin(reject(
-            &mut writer,
-            reader,
-            protocol,
-            ReasonCode::CONNECTION_RATE_EXCEEDED,
-        ))
-        .await;
-        return None;
+        let reason = ReasonCode::CONNECTION_RATE_EXCEEDED;
+        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
     }
     let username: Option<Arc<str>> = connect.username.as_deref().map(Arc::from);
     if let Err(reason) = authorize(shared, &connect, username.as_deref(), &client).await {
-        Box::pin(reject(&mut writer, reader, protocol, reason)).await;
-        return None;
+        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
     }
     let Some(slot) = ConnectionSlot::take(shared, client.listener.clone(), &connect.client_id)
     else {
@@ -379,28 +409,16 @@ async fn accept<W: TransportWrite>(
         }
         // 0x97 Quota exceeded (an administrative limit; 0x9F names a connection *rate*);
         // 3.1.1 gets return code 3, Server unavailable.
-        Box::pin(reject(
-            &mut writer,
-            reader,
-            protocol,
-            ReasonCode::QUOTA_EXCEEDED,
-        ))
-        .await;
-        return None;
+        let reason = ReasonCode::QUOTA_EXCEEDED;
+        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
     };
     if shared
         .sessions
         .is_full_for(&connect.client_id, config.max_sessions)
     {
         tracing::warn!(limit = config.max_sessions, "session limit reached");
-        Box::pin(reject(
-            &mut writer,
-            reader,
-            protocol,
-            ReasonCode::SERVER_BUSY,
-        ))
-        .await;
-        return None;
+        let reason = ReasonCode::SERVER_BUSY;
+        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
     }
     let mut properties = Properties::default();
     let client_id: Arc<str> = if connect.client_id.is_empty() {
@@ -482,12 +500,24 @@ async fn accept<W: TransportWrite>(
             },
         },
     );
-    let will = connect.will.map(crate::will::keep);
+    let will = connect.will.map(crate::engine::will::keep);
     // Replaces (or, without a will, deletes) the stored will of an earlier connection.
-    let (will_token, will_written) = crate::will::record(shared, &client_id, will.as_deref());
+    let (will_token, will_written) =
+        crate::engine::will::record(shared, &client_id, will.as_deref());
     // The CONNACK (queued first) leaves once the session's and the will's records are durable
     // (`outbound::Outflow`), as a SUBACK waits for its subscription's.
     let connack_after = Ticket::join(attached.durable, will_written);
+    attached.ctl.set_info(ConnInfo {
+        peer: client.peer,
+        keep_alive_s,
+        connected_at: std::time::SystemTime::now(),
+        credentials: checked_credentials(
+            shared,
+            &client,
+            username.as_ref(),
+            connect.password.as_ref(),
+        ),
+    });
     let keep_alive = shared.keep_alive.watch(&attached.ctl, keep_alive_ms);
     let conn = Conn {
         shared: shared.clone(),
@@ -510,5 +540,5 @@ async fn accept<W: TransportWrite>(
         _keep_alive: keep_alive,
     };
     let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
-    Some((conn, (writer, writer_state, connack_after)))
+    Ok((conn, (writer, writer_state, connack_after)))
 }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::read::{poll_ordered, settle, try_read_chunk};
 use super::{Close, Conn, Event, Live, MAX_CONTROL_BACKLOG};
 use crate::metrics::Metrics;
-use crate::outbound::{OutEnv, Outflow, WriteFailed};
+use crate::state::outbound::{OutEnv, Outflow, WriteFailed};
 use crate::transport::{TransportRead, TransportWrite};
 
 /// The DISCONNECT reason for a packet that failed to decode.
@@ -67,7 +67,7 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
                 self.buf = BytesMut::new();
             }
             if decoded {
-                // For the keep-alive sweeper (`crate::keep_alive`): one store per read.
+                // For the keep-alive sweeper (`crate::state::keep_alive`): one store per read.
                 self.conn
                     .ctl
                     .touch(self.conn.shared.keep_alive.millis(self.conn.now));
@@ -80,7 +80,9 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
             // to read still writes (its acks), one that always has packets to write still reads.
             let step = poll_fn(|cx| {
                 let env = OutEnv {
-                    shared: &self.conn.shared,
+                    config: &self.conn.shared.config,
+                    metrics: &self.conn.shared.metrics,
+                    store: &*self.conn.shared.store.exchanges,
                     session: &self.conn.session,
                     conn_gen: self.conn.conn_gen,
                 };
@@ -179,7 +181,9 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
                 Ok(Some(packet)) => {
                     decoded = true;
                     if !self.buf.is_empty() {
-                        deferred.get_or_insert_with(|| self.conn.shared.store.defer_writer_wakes());
+                        deferred.get_or_insert_with(|| {
+                            self.conn.shared.store.messages.defer_writer_wakes()
+                        });
                     }
                     self.conn.handle(packet)?;
                 }
@@ -294,7 +298,9 @@ fn poll_event<R: TransportRead, W: TransportWrite<Io = R>>(
         }
     }
     let env = OutEnv {
-        shared: &conn.shared,
+        config: &conn.shared.config,
+        metrics: &conn.shared.metrics,
+        store: &*conn.shared.store.exchanges,
         session: &conn.session,
         conn_gen: conn.conn_gen,
     };

@@ -15,9 +15,9 @@
 
 use std::sync::Arc;
 
-use crate::ack_pipeline::{AckPipeline, Released};
-use crate::broker::Shared;
-use crate::message::Message;
+use crate::engine::Shared;
+use crate::model::message::Message;
+use crate::state::ack_pipeline::{AckPipeline, Released};
 
 use super::quota::InboundQuota;
 
@@ -111,7 +111,7 @@ mod tests {
     use tern_wire::ReasonCode;
 
     use super::*;
-    use crate::ack_pipeline::{AckKind, Entry};
+    use crate::state::ack_pipeline::{AckKind, Entry};
 
     fn ack(packet_id: u16, kind: AckKind, counted: bool) -> Entry<Arc<Message>> {
         Entry {

@@ -2,7 +2,7 @@
 //! (`event_loop`) that decodes packets and dispatches them (`publish`, `acks`, `subscribe`),
 //! then the close
 //! (`close`): final DISCONNECT, will, session detach. The same task writes: between reads it
-//! drives the connection's [`crate::outbound::Outflow`], so an idle connection is one task.
+//! drives the connection's [`crate::state::outbound::Outflow`], so an idle connection is one task.
 //!
 //! # Invariants
 //! - The read buffer is allocated only when data arrives, sized to it, and released whenever
@@ -17,7 +17,7 @@
 //! - The loop waits in one poll function that looks at its sources in a fixed order (wake,
 //!   pipeline, socket, outbound), as a `biased` select would, without the select's
 //!   futures in every idle connection's state.
-//! - Keep alive is the broker-wide sweeper's ([`crate::keep_alive`]): the loop records every
+//! - Keep alive is the broker-wide sweeper's ([`crate::state::keep_alive`]): the loop records every
 //!   read that decoded packets (`ConnCtl::touch`) and closes with `Close::KeepAlive` on the
 //!   sweeper's 0x8D kick; no timer is kept in the connection's future.
 //! - The loop reads through the connection's `ReadSlot` and acts on what one read returned only
@@ -30,6 +30,7 @@ mod close;
 mod connect;
 mod event_loop;
 mod inflight;
+mod linger;
 mod peek;
 mod publish;
 mod quota;
@@ -46,13 +47,13 @@ use tern_wire::{Packet, Protocol, ReasonCode, Will};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::ack_pipeline::{AckKind, Released};
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::metrics::Metrics;
-use crate::outbound::{Outflow, WriteFailed, encode_packet};
 use crate::read_order::ReadSlot;
-use crate::session::{ConnCtl, Session};
-use crate::topic_alias::InboundAliases;
+use crate::state::ack_pipeline::{AckKind, Released};
+use crate::state::outbound::{Outflow, WriteFailed, encode_packet};
+use crate::state::session::{ConnCtl, Session};
+use crate::state::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, Transport, TransportRead, TransportWrite};
 
 /// Control packets (acks, SUBACK, PINGRESP) waiting to be written beyond which the connection
@@ -131,8 +132,8 @@ pub(crate) struct Conn {
     now: Instant,
     /// Its place under `max_connections`, given back when the connection is dropped.
     _slot: connect::ConnectionSlot,
-    /// Its entry in the keep-alive table (`crate::keep_alive`), left when dropped.
-    _keep_alive: Option<crate::keep_alive::Watched>,
+    /// Its entry in the keep-alive table (`crate::state::keep_alive`), left when dropped.
+    _keep_alive: Option<crate::state::keep_alive::Watched>,
 }
 
 enum Event {
@@ -159,7 +160,7 @@ pub fn run<T: Transport, H: Send + 'static>(
 ) -> impl Future<Output = ()> + Send + 'static {
     // Boxed: the handshake and the arguments only it needs are large and short-lived; out of
     // line they do not inflate every idle connection's future (an async fn keeps its arguments).
-    let connecting = Box::pin(establish(shared, transport, info, stop));
+    let connecting = Box::pin(establish(shared, transport, info, stop, Lingers::Yes));
     async move {
         // Captured, not bound: a binding would keep a second copy beside the block's own, and
         // a move at the end would add drop flags. Dropped with the block, after `live`.
@@ -170,7 +171,10 @@ pub fn run<T: Transport, H: Send + 'static>(
             return;
         };
         let reason = live.read_loop().await;
-        live.close(reason).await;
+        let lingers = live.close(reason).await;
+        // Moved whole into a plain function (no partial move here, no drop flags): the linger
+        // is a task of its own, not part of this future.
+        live.end(lingers);
     }
 }
 
@@ -181,7 +185,15 @@ pub(crate) async fn run_until_stopped<T: Transport>(
     info: ConnectionInfo,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut live = Box::pin(establish(shared, transport, info, stop.clone())).await;
+    // No linger: the in-memory transports of tests and the simulator have no reset to avoid.
+    let mut live = Box::pin(establish(
+        shared,
+        transport,
+        info,
+        stop.clone(),
+        Lingers::No,
+    ))
+    .await;
     let Some(live) = &mut live else {
         return;
     };
@@ -211,24 +223,36 @@ const UNKNOWN_PEER: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::So
     0,
 ));
 
+/// Whether a socket whose close the broker started lingers (`linger`): a real socket does,
+/// the in-memory transports of tests and the simulator do not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lingers {
+    Yes,
+    No,
+}
+
 /// The handshake, then what the connection's life starts with.
 async fn establish<T: Transport>(
     shared: Arc<Shared>,
     transport: T,
     info: ConnectionInfo,
     mut stop: watch::Receiver<bool>,
+    lingers: Lingers,
 ) -> Option<Live<T::Read, T::Write>> {
     let peer = info.peer;
     let (mut reader, writer) = transport.split();
     let mut buf = BytesMut::new();
-    let (conn, (socket, writer, connack_after)) =
-        connect::handshake(&shared, &mut reader, writer, &mut buf, &mut stop, info).await?;
+    let handshake = connect::handshake(&shared, &mut reader, writer, &mut buf, &mut stop, info);
+    let (conn, (socket, writer, connack_after)) = match handshake.await {
+        Ok(accepted) => accepted,
+        Err(connect::Refused::Answered) if lingers == Lingers::Yes => {
+            // The refusing CONNACK is written: the client must get to read it.
+            linger::linger(&shared, reader);
+            return None;
+        }
+        Err(_) => return None,
+    };
     let keep_alive_s = conn.keep_alive_s;
-    conn.ctl.set_info(crate::session::ConnInfo {
-        peer,
-        keep_alive_s,
-        connected_at: std::time::SystemTime::now(),
-    });
     tracing::info!(%peer, client_id = %conn.session.client_id, protocol = ?conn.protocol, keep_alive_s, "client connected");
     Metrics::add(&shared.metrics.clients_connected, 1);
     if *stop.borrow() {
@@ -252,9 +276,10 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
         self.close(reason).await;
     }
 
-    /// After the read loop: logs why, then the close path. (`Drop for Live` covers an abort:
-    /// no guards are kept in every idle connection's future.)
-    async fn close(&mut self, reason: Close) {
+    /// After the read loop: logs why, then the close path. (`Drop for Conn` covers an abort:
+    /// no guards are kept in every idle connection's future.) True if the socket should
+    /// linger: the broker started the close and its reason (if any) was written.
+    async fn close(&mut self, reason: Close) -> bool {
         // Its tickets must not hold other readers back while it closes.
         self.conn.read_slot.close();
         {
@@ -263,18 +288,33 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
             tracing::info!(%peer, client_id = %self.conn.session.client_id, reason = %reason, "client disconnected");
         }
         // Boxed like the handshake: only a closing connection needs the close path's state.
-        Box::pin(self.conn.finish(reason, &mut self.out, &mut self.reader)).await;
+        Box::pin(self.conn.finish(reason, &mut self.out, &mut self.reader)).await
+    }
+
+    /// After the close: everything of the connection goes (its place under `max_connections`,
+    /// its keep-alive entry, its session's `Arc`), then the socket lingers if `lingers`, or is
+    /// closed with the rest.
+    fn end(self, lingers: bool) {
+        let Live {
+            conn, reader, out, ..
+        } = self;
+        let shared = conn.shared.clone();
+        drop(out);
+        drop(conn);
+        if lingers {
+            linger::linger(&shared, reader);
+        }
     }
 }
 
-impl<R, W> Drop for Live<R, W> {
+impl Drop for Conn {
     /// Whatever way the task ends (also by abort): the connection's read tickets must not hold
     /// other readers back, and a later connection of this client must not wait for it
     /// (`close::await_predecessor`). Both are idempotent: the close path did them already
     /// unless the task was aborted.
     fn drop(&mut self) {
-        self.conn.read_slot.close();
-        self.conn.ctl.set_routed();
+        self.read_slot.close();
+        self.ctl.set_routed();
     }
 }
 
@@ -376,8 +416,8 @@ impl Conn {
             if let Released::Deliver(message) = item {
                 // Its retained record was applied when the pipeline released it (the
                 // pipeline's release hook, `retained::release_hook`).
-                crate::router::route(&self.shared, message.clone());
-                self.shared.store.message_released(&message);
+                crate::engine::route::route(&self.shared, message.clone());
+                self.shared.store.messages.message_released(&message);
             }
         }
         inflight.released = released;

@@ -2,25 +2,70 @@
 //! format), the store write, and the ack pipeline (ARCHITECTURE §2.2–2.6, §3).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tern_wire::{Ack, Publish, QoS, ReasonCode};
 
 use super::{Close, Conn};
-use crate::ack_pipeline::{AckKind, Entry};
 use crate::auth::{Access, Who};
-use crate::message::Message;
 use crate::metrics::Metrics;
-use crate::topic_alias::AliasError;
+use crate::model::message::Message;
+use crate::state::ack_pipeline::{AckKind, Entry};
+use crate::state::topic_alias::AliasError;
 
 impl Conn {
     pub(super) fn on_publish(&mut self, publish: Publish) -> Result<(), Close> {
-        let v5 = self.protocol.is_v5();
+        let topic = self.publish_topic(&publish)?;
+        let packet_id = publish.packet_id;
+        let qos = publish.qos;
+        Metrics::add(
+            &self.shared.metrics.messages_received_by_qos[usize::from(qos as u8)],
+            1,
+        );
+        let counted = self.count_exchange(packet_id, qos)?;
+        // ARCHITECTURE §3: a packet id still in the received set is a retry: PUBREC only.
+        if qos == QoS::ExactlyOnce && self.session.state.lock().qos2_received.contains(packet_id) {
+            self.on_qos2_retry(&publish, topic, counted);
+            return Ok(());
+        }
+        let Some((reason, route)) = self.admit(&publish, &topic)? else {
+            return Ok(());
+        };
+        let message = Arc::new(Message::new(
+            topic,
+            publish.payload,
+            qos,
+            publish.retain,
+            publish.properties,
+            Some(self.session.client_id.clone()),
+            self.now,
+        ));
+        let ticket = self.store_publish(&message, packet_id, reason, route);
+        let kind = match qos {
+            QoS::AtMostOnce => AckKind::None,
+            QoS::AtLeastOnce => AckKind::PubAck,
+            QoS::ExactlyOnce => AckKind::PubRec,
+        };
+        self.push_entry(Entry {
+            packet_id,
+            kind,
+            reason,
+            ticket,
+            deliver: route.then_some(message),
+            deliver_after_durable: qos == QoS::ExactlyOnce,
+            counted,
+        });
+        Ok(())
+    }
+
+    /// The PUBLISH's topic name (through its topic alias in v5), checked: no Subscription
+    /// Identifier (MQTT-3.3.4-6), a valid topic name and Response Topic (MQTT-3.3.2-14).
+    #[inline]
+    fn publish_topic(&mut self, publish: &Publish) -> Result<tern_wire::Str, Close> {
         if !publish.properties.subscription_identifiers.is_empty() {
             // MQTT-3.3.4-6: a client's PUBLISH must not carry a Subscription Identifier.
             return Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR));
         }
-        let topic = if v5 {
+        let topic = if self.protocol.is_v5() {
             self.aliases
                 .resolve(&publish.topic, publish.properties.topic_alias)
                 .map_err(|error| match error {
@@ -42,75 +87,79 @@ impl Conn {
             // MQTT-3.3.2-14: the Response Topic is a Topic Name: no wildcards.
             return Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR));
         }
-        let sys_topic = topic_str.starts_with("$SYS/") || topic_str == "$SYS";
-        let packet_id = publish.packet_id;
-        let qos = publish.qos;
-        Metrics::add(
-            &self.shared.metrics.messages_received_by_qos[usize::from(qos as u8)],
-            1,
-        );
+        Ok(topic)
+    }
 
-        // MQTT-3.3.4-9 (v5 §4.9): one more exchange than our Receive Maximum is refused,
-        // after reading it and before anything else happens to it. A retry of an exchange
-        // counted already counts nothing (`quota`).
-        // MQTT 3.1.1 has no Receive Maximum: its exchanges take pipeline room instead, so a
-        // burst (paho resends everything it holds at once after a reconnect) is slowed down by
-        // backpressure, never disconnected. Its received set is bounded by the 65,535 packet
-        // ids.
-        let counted = if qos == QoS::AtMostOnce || !self.protocol.is_v5() {
-            false
-        } else {
-            self.inflight
-                .get(&self.shared)
-                .quota
-                .admit(packet_id, self.shared.config.receive_maximum)
-                .map_err(|_| Close::Protocol(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED))?
-        };
-        if qos == QoS::ExactlyOnce {
-            // ARCHITECTURE §3: a packet id still in the received set is a retry: PUBREC only.
-            // Its PUBREC waits for the original's write, which may still be pending on a
-            // connection that died (found by the simulator: PUBREC before the message was
-            // durable). The original's insert and append are one step under the session lock
-            // (below), so the store knows the write of any id found here.
-            let duplicate = self.session.state.lock().qos2_received.contains(packet_id);
-            if duplicate {
-                let mut ticket = self
-                    .shared
-                    .store
-                    .qos2_retry(&self.session.client_id, packet_id);
-                if publish.retain && !sys_topic && !topic_str.starts_with("$tern/") {
-                    // The original's retained record may be lost where its message record
-                    // (and so this retry) survived a power loss: the retry carries the whole
-                    // message, apply it again, and the PUBREC waits for that write too (found
-                    // by the broker simulator, docs/simulation.md finding 7).
-                    let message = Arc::new(Message::new(
-                        topic.clone(),
-                        publish.payload.clone(),
-                        qos,
-                        true,
-                        publish.properties.clone(),
-                        Some(self.session.client_id.clone()),
-                        self.now,
-                    ));
-                    let retained = crate::retained::update(&self.shared, &message);
-                    ticket = crate::persist::Ticket::join(ticket, retained);
-                }
-                self.push_entry(Entry {
-                    packet_id,
-                    kind: AckKind::PubRec,
-                    reason: ReasonCode::SUCCESS,
-                    ticket,
-                    deliver: None,
-                    deliver_after_durable: false,
-                    counted,
-                });
-                return Ok(());
-            }
+    /// MQTT-3.3.4-9 (v5 §4.9): one more exchange than our Receive Maximum is refused, after
+    /// reading it and before anything else happens to it. A retry of an exchange counted
+    /// already counts nothing (`quota`). True if this PUBLISH counts.
+    ///
+    /// MQTT 3.1.1 has no Receive Maximum: its exchanges take pipeline room instead, so a burst
+    /// (paho resends everything it holds at once after a reconnect) is slowed down by
+    /// backpressure, never disconnected. Its received set is bounded by the 65,535 packet ids.
+    #[inline]
+    fn count_exchange(&mut self, packet_id: u16, qos: QoS) -> Result<bool, Close> {
+        if qos == QoS::AtMostOnce || !self.protocol.is_v5() {
+            return Ok(false);
         }
+        self.inflight
+            .get(&self.shared)
+            .quota
+            .admit(packet_id, self.shared.config.receive_maximum)
+            .map_err(|_| Close::Protocol(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED))
+    }
 
-        let mut reason = ReasonCode::SUCCESS;
-        let mut route = true;
-        if v5
+    /// A QoS 2 PUBLISH on a packet id still in the received set: PUBREC only, delivered to no
+    /// one, whatever DUP says (MQTT-4.3.3-10 / MQTT-4.3.3-2). Its PUBREC waits for the
+    /// original's write, which may still be pending on a connection that died (found by the
+    /// simulator: PUBREC before the message was durable). The original's insert and append
+    /// are one step under the session lock (`store_publish`), so the store knows the write of
+    /// any id found here.
+    fn on_qos2_retry(&mut self, publish: &Publish, topic: tern_wire::Str, counted: bool) {
+        let packet_id = publish.packet_id;
+        let mut ticket = self
+            .shared
+            .store
+            .messages
+            .qos2_retry(&self.session.client_id, packet_id);
+        if publish.retain && !crate::model::topics::is_reserved(&topic) {
+            // The original's retained record may be lost where its message record (and so
+            // this retry) survived a power loss: the retry carries the whole message, apply it
+            // again, and the PUBREC waits for that write too (found by the broker simulator,
+            // docs/simulation.md finding 7).
+            let message = Arc::new(Message::new(
+                topic,
+                publish.payload.clone(),
+                publish.qos,
+                true,
+                publish.properties.clone(),
+                Some(self.session.client_id.clone()),
+                self.now,
+            ));
+            let retained = crate::engine::retain::update(&self.shared, &message);
+            ticket = crate::model::Ticket::join(ticket, retained);
+        }
+        self.push_entry(Entry {
+            packet_id,
+            kind: AckKind::PubRec,
+            reason: ReasonCode::SUCCESS,
+            ticket,
+            deliver: None,
+            deliver_after_durable: false,
+            counted,
+        });
+    }
+
+    /// Whether the PUBLISH is stored and routed, and the reason its ack carries; `None` for a
+    /// QoS 0 PUBLISH dropped without a word, `Err` for one that closes the connection.
+    #[inline]
+    fn admit(
+        &mut self,
+        publish: &Publish,
+        topic: &str,
+    ) -> Result<Option<(ReasonCode, bool)>, Close> {
+        let qos = publish.qos;
+        if self.protocol.is_v5()
             && publish.properties.payload_format_indicator == Some(1)
             && std::str::from_utf8(&publish.payload).is_err()
         {
@@ -118,50 +167,51 @@ impl Conn {
             if qos == QoS::AtMostOnce {
                 return Err(Close::Protocol(ReasonCode::PAYLOAD_FORMAT_INVALID));
             }
-            reason = ReasonCode::PAYLOAD_FORMAT_INVALID;
-            route = false;
+            return Ok(Some((ReasonCode::PAYLOAD_FORMAT_INVALID, false)));
         }
-        if sys_topic || topic.starts_with("$tern/") {
+        if crate::model::topics::is_reserved(topic) {
             // Clients may not publish into the broker's own statistics, nor into the topic
-            // space of the store's control records.
-            route = false;
+            // space of the store's control records: acknowledged, not routed.
+            return Ok(Some((ReasonCode::SUCCESS, false)));
         }
-        if route && reason.is_success() && !self.may_write(topic_str) {
+        if !self.may_write(topic) {
             if qos == QoS::AtMostOnce {
-                return Ok(());
+                return Ok(None);
             }
             // As mosquitto: v5 PUBACK / PUBREC 0x87 (a PUBREC >= 0x80 ends the exchange);
             // 3.1.1 acks carry no reason, so the message is acknowledged and dropped.
-            reason = ReasonCode::NOT_AUTHORIZED;
-            route = false;
+            return Ok(Some((ReasonCode::NOT_AUTHORIZED, false)));
         }
-        if route && reason.is_success() && self.limit_reached(topic_str, qos) {
+        if self.limit_reached(topic, qos) {
             if qos == QoS::AtMostOnce {
                 // No ack to carry a refusal: dropped, counted (disk budget only; the memory
                 // bound drops QoS 0 per subscriber as it is queued).
-                return Ok(());
+                return Ok(None);
             }
-            if !v5 {
+            if !self.protocol.is_v5() {
                 // 3.1.1 has no negative PUBACK: close without acknowledging, so that the
                 // client sends the message again on its next connection (ARCHITECTURE §6).
                 return Err(Close::Protocol(ReasonCode::QUOTA_EXCEEDED));
             }
-            reason = ReasonCode::QUOTA_EXCEEDED;
-            route = false;
+            return Ok(Some((ReasonCode::QUOTA_EXCEEDED, false)));
         }
+        Ok(Some((ReasonCode::SUCCESS, true)))
+    }
 
-        let message = Arc::new(Message::new(
-            topic,
-            publish.payload,
-            qos,
-            publish.retain,
-            publish.properties,
-            Some(self.session.client_id.clone()),
-            self.now,
-        ));
-        let exactly_once = qos == QoS::ExactlyOnce && reason.is_success();
-        // The received set and the write change together under the session lock: a retry
-        // on another connection that finds the id also finds its write (`qos2_retry`).
+    /// Writes the message (if routed) with, for QoS 2, its packet id in the received set: the
+    /// set and the write change together under the session lock, so that a retry on another
+    /// connection that finds the id also finds its write (`qos2_retry`). The store decides by
+    /// the stream's durability policy whether to write; the pipeline waits only if it did
+    /// (ARCHITECTURE §4.3).
+    #[inline]
+    fn store_publish(
+        &mut self,
+        message: &Message,
+        packet_id: u16,
+        reason: ReasonCode,
+        route: bool,
+    ) -> Option<crate::model::Ticket> {
+        let exactly_once = message.qos == QoS::ExactlyOnce && reason.is_success();
         let session = self.session.clone();
         let mut state = exactly_once.then(|| session.state.lock());
         // Only a session that can outlive this connection needs its received set on disk: one
@@ -176,18 +226,17 @@ impl Conn {
                 durable_rx = Some(packet_id);
             }
         }
-        // The store decides by the stream's durability policy whether to write; the pipeline
-        // waits only if it did (ARCHITECTURE §4.3).
         let ticket = if route {
             self.shared
                 .store
-                .append_publish(&self.session.client_id, &message, durable_rx)
+                .messages
+                .append_publish(&self.session.client_id, message, durable_rx)
         } else {
             None
         };
         if let (Some(state), Some(true)) = (
             state.as_mut(),
-            ticket.as_ref().map(crate::persist::Ticket::is_refused),
+            ticket.as_ref().map(crate::model::Ticket::is_refused),
         ) {
             // Refused at once (the stream failed on an earlier EIO): no record exists for a
             // retry to wait on (`qos2_retry`), so the id leaves the received set again and the
@@ -196,22 +245,7 @@ impl Conn {
             // finding 6).
             state.qos2_received.remove(packet_id);
         }
-        drop(state);
-        let kind = match qos {
-            QoS::AtMostOnce => AckKind::None,
-            QoS::AtLeastOnce => AckKind::PubAck,
-            QoS::ExactlyOnce => AckKind::PubRec,
-        };
-        self.push_entry(Entry {
-            packet_id,
-            kind,
-            reason,
-            ticket,
-            deliver: route.then_some(message),
-            deliver_after_durable: qos == QoS::ExactlyOnce,
-            counted,
-        });
-        Ok(())
+        ticket
     }
 
     pub(super) fn on_pubrel(&mut self, ack: Ack) -> Result<(), Close> {
@@ -230,6 +264,7 @@ impl Conn {
                 ReasonCode::SUCCESS,
                 self.shared
                     .store
+                    .messages
                     .qos2_released(&self.session.client_id, ack.packet_id),
             )
         } else if self.protocol.is_v5() {
@@ -254,7 +289,7 @@ impl Conn {
     /// written), or for QoS>0 the memory bound (`max_queued_bytes_total`).
     fn limit_reached(&self, topic: &str, qos: QoS) -> bool {
         let metrics = &self.shared.metrics;
-        let (name, counter) = if self.shared.store.disk_budget_reached(topic, qos) {
+        let (name, counter) = if self.shared.store.messages.disk_budget_reached(topic, qos) {
             if qos == QoS::AtMostOnce {
                 Metrics::add(&metrics.messages_dropped, 1);
                 ("max_disk_bytes", &metrics.messages_dropped_disk_budget)
@@ -262,9 +297,9 @@ impl Conn {
                 ("max_disk_bytes", &metrics.publishes_refused_disk_budget)
             }
         } else if qos != QoS::AtMostOnce
-            && !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
-            && metrics.queued.bytes.load(Ordering::Relaxed)
-                >= self.shared.config.max_queued_bytes_total
+            && metrics
+                .queued
+                .at_cap(self.shared.config.max_queued_bytes_total)
         {
             (
                 "max_queued_bytes_total",

@@ -21,7 +21,7 @@ use crate::hash::Set;
 
 use tern_wire::ReasonCode;
 
-use crate::ack_pipeline::AckKind;
+use crate::state::ack_pipeline::AckKind;
 
 /// Capacity an empty set may keep.
 const IDLE_CAPACITY: usize = 64;

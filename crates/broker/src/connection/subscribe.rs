@@ -18,14 +18,14 @@ use tern_wire::{
 use tokio::time::Instant;
 
 use super::{Close, Conn};
-use crate::ack_pipeline::{AckKind, Entry};
 use crate::auth::Who;
-use crate::message::Message;
+use crate::engine::route;
 use crate::metrics::Metrics;
-use crate::outbound::Outgoing;
-use crate::persist::Ticket;
-use crate::router;
-use crate::session::SubRecord;
+use crate::model::SubRecord;
+use crate::model::Ticket;
+use crate::model::message::Message;
+use crate::state::ack_pipeline::{AckKind, Entry};
+use crate::state::outbound::Outgoing;
 
 fn granted(qos: QoS) -> ReasonCode {
     match qos {
@@ -114,7 +114,7 @@ impl Conn {
                 state.subscriptions.insert(raw.as_str().into(), record);
                 self.session.recount_subscriptions(&state);
             }
-            let written = self.shared.store.session_subscribed(
+            let written = self.shared.store.sessions.session_subscribed(
                 &self.session.client_id,
                 raw,
                 *options,
@@ -140,7 +140,7 @@ impl Conn {
         });
         self.push_control_ack(subscribe.packet_id, &suback, ticket);
         // A new member online: messages that waited for its groups go out.
-        crate::session::groups::flush_member(&self.shared, &self.session);
+        crate::engine::groups::flush_member(&self.shared, &self.session);
         let now = Instant::now();
         for (filter, record) in retained_due {
             let messages: Vec<Arc<Message>> = self.shared.retained.read().matching(&filter, now);
@@ -153,7 +153,7 @@ impl Conn {
                     share: None,
                     message,
                 };
-                router::deliver(&self.shared, &self.session, item, now);
+                route::deliver(&self.shared, &self.session, item, now);
             }
         }
         Ok(())
@@ -187,14 +187,12 @@ impl Conn {
             if removed {
                 Metrics::sub(&self.shared.metrics.subscriptions, 1);
                 if matches!(kind, FilterKind::Shared { .. }) {
-                    crate::session::groups::forget_if_orphaned(
-                        &self.shared,
-                        &[raw.as_str().into()],
-                    );
+                    crate::engine::groups::forget_if_orphaned(&self.shared, &[raw.as_str().into()]);
                 }
                 let written = self
                     .shared
                     .store
+                    .sessions
                     .session_unsubscribed(&self.session.client_id, raw);
                 ticket = Ticket::join(ticket, written);
                 reasons.push(ReasonCode::SUCCESS);

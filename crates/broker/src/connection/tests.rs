@@ -36,17 +36,17 @@ async fn idle_connection_state_stays_small() {
     eprintln!(
         "SIZES task={task_bytes} conn={} outflow={} session={} ctl={}",
         std::mem::size_of::<super::Conn>(),
-        std::mem::size_of::<crate::outbound::Outflow<crate::transport::TcpWrite>>(),
-        std::mem::size_of::<crate::session::Session>(),
-        std::mem::size_of::<crate::session::ConnCtl>()
+        std::mem::size_of::<crate::state::outbound::Outflow<crate::transport::TcpWrite>>(),
+        std::mem::size_of::<crate::state::session::Session>(),
+        std::mem::size_of::<crate::state::session::ConnCtl>()
     );
     assert!(
         task_bytes <= IDLE_CONNECTION_FUTURE_MAX_BYTES,
         "{task_bytes}"
     );
-    assert!(std::mem::size_of::<crate::session::ConnCtl>() <= CONN_CTL_MAX_BYTES);
-    assert!(std::mem::size_of::<crate::session::Session>() <= SESSION_MAX_BYTES);
+    assert!(std::mem::size_of::<crate::state::session::ConnCtl>() <= CONN_CTL_MAX_BYTES);
+    assert!(std::mem::size_of::<crate::state::session::Session>() <= SESSION_MAX_BYTES);
     // Both alias maps live in every connection's future; empty they are a pointer.
-    assert!(std::mem::size_of::<crate::topic_alias::InboundAliases>() <= 16);
-    assert!(std::mem::size_of::<crate::topic_alias::OutboundAliases>() <= 16);
+    assert!(std::mem::size_of::<crate::state::topic_alias::InboundAliases>() <= 16);
+    assert!(std::mem::size_of::<crate::state::topic_alias::OutboundAliases>() <= 16);
 }

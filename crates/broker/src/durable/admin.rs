@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use tern_store::{FilterSet, Stream};
 
 use super::{DurableStore, Keep};
-use crate::admin::{ActionError, StreamStats};
-use crate::persist::Ticket;
+use crate::model::Ticket;
+use crate::model::{ActionError, StreamStats};
 
 /// Backups go under `<data dir>/backups/`: on the data directory's file system (sealed blocks
 /// are hard-linked) and writable wherever the data directory is.

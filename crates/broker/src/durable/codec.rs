@@ -9,8 +9,8 @@ use bytes::Bytes;
 use tern_wire::{Properties, Protocol, QoS, RetainHandling, Str, SubscriptionOptions};
 use tokio::time::Instant;
 
-use crate::message::Message;
-use crate::session::SubRecord;
+use crate::model::SubRecord;
+use crate::model::message::Message;
 
 /// Version byte opening every value this module writes.
 pub const FORMAT_VERSION: u8 = 1;

@@ -25,7 +25,7 @@ use tern_store::StoreError;
 
 use super::{DurableStore, codec, io_error};
 use crate::hash::Map;
-use crate::persist::{OutboundSent, StoreRef, Ticket};
+use crate::model::{OutboundSent, StoreRef, Ticket};
 
 /// Where an outbound QoS 2 exchange stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,7 +412,7 @@ impl DurableStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::persist::MessageStore;
+    use crate::model::{ExchangeStore, MessageLog, Recovery, SessionStore};
 
     /// A crash after "PUBREL pending" was written but before the `p` entry's delete: both are
     /// on disk. The exchange resumes as PUBREL pending, and once it completes no stale `p`
@@ -421,7 +421,7 @@ mod tests {
     async fn a_stale_sent_entry_beside_pubrel_pending_is_cleared_at_start() {
         let dir = tempfile::tempdir().unwrap();
         let message = || {
-            crate::message::Message::new(
+            crate::model::message::Message::new(
                 tern_wire::Str::from_static("t"),
                 bytes::Bytes::from_static(b"m"),
                 tern_wire::QoS::ExactlyOnce,

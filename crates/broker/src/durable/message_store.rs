@@ -1,9 +1,9 @@
-//! The [`MessageStore`] seam implemented over the store: each call maps to the records of the
+//! The persistence seam's traits implemented over the store: each call maps to the records of the
 //! module doc's schema (inbound publishes and QoS 2 control records here; sessions, exchanges,
 //! share groups, wills, reclamation in their modules).
 
 use crate::hash::Map;
-use crate::persist::WriterWakes;
+use crate::model::WriterWakes;
 use std::sync::atomic::Ordering;
 
 use tern_store::NewRecord;
@@ -11,7 +11,7 @@ use tern_wire::{Protocol, QoS, SubscriptionOptions};
 
 use super::*;
 
-impl MessageStore for DurableStore {
+impl MessageLog for DurableStore {
     fn append_publish(
         &self,
         client_id: &str,
@@ -127,23 +127,18 @@ impl MessageStore for DurableStore {
         })
     }
 
-    fn outbound_sent(&self, client_id: &str, packet_id: u16, stored: StoreRef) -> OutboundSent {
-        self.record_sent(client_id, packet_id, stored)
+    fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
+        let Some(budget) = self.disk_budget else {
+            return false;
+        };
+        if crate::inject::on(crate::inject::Bug::IgnoreDiskBudget) {
+            return false;
+        }
+        self.disk_used.load(Ordering::Relaxed) >= budget && self.writes(topic, qos).is_some()
     }
+}
 
-    fn outbound_pubrel_pending(
-        &self,
-        client_id: &str,
-        packet_id: u16,
-        stored: Option<StoreRef>,
-    ) -> Option<Ticket> {
-        self.record_pubrel(client_id, packet_id, stored)
-    }
-
-    fn outbound_completed(&self, client_id: &str, packet_id: u16) {
-        self.record_completed(client_id, packet_id);
-    }
-
+impl SessionStore for DurableStore {
     fn session_opened(
         &self,
         client_id: &str,
@@ -245,6 +240,31 @@ impl MessageStore for DurableStore {
         Some(self.put_session(client_id, &record))
     }
 
+    fn state_barrier(&self) -> Option<Ticket> {
+        self.admin_state_barrier()
+    }
+}
+
+impl ExchangeStore for DurableStore {
+    fn outbound_sent(&self, client_id: &str, packet_id: u16, stored: StoreRef) -> OutboundSent {
+        self.record_sent(client_id, packet_id, stored)
+    }
+
+    fn outbound_pubrel_pending(
+        &self,
+        client_id: &str,
+        packet_id: u16,
+        stored: Option<StoreRef>,
+    ) -> Option<Ticket> {
+        self.record_pubrel(client_id, packet_id, stored)
+    }
+
+    fn outbound_completed(&self, client_id: &str, packet_id: u16) {
+        self.record_completed(client_id, packet_id);
+    }
+}
+
+impl RetainedStore for DurableStore {
     fn retained_changed(&self, topic: &str, message: Option<&Message>) -> Option<Ticket> {
         let result = match message {
             Some(m) => self
@@ -260,17 +280,23 @@ impl MessageStore for DurableStore {
             }
         })
     }
+}
 
-    fn recover(&self) -> Recovered {
-        match recover::recover(self) {
-            Ok(r) => r,
-            Err(error) => {
-                tracing::error!(%error, "cannot read the store's state; starting without it");
-                Recovered::default()
-            }
-        }
+impl WillStore for DurableStore {
+    fn will_set(&self, client_id: &str, will: Option<(&Message, u32)>) -> (u64, Option<Ticket>) {
+        self.set_will(client_id, will)
     }
 
+    fn will_delayed(&self, client_id: &str, token: u64) {
+        self.delay_will(client_id, token);
+    }
+
+    fn will_cleared(&self, client_id: &str, token: u64) -> Option<Ticket> {
+        self.clear_will(client_id, token)
+    }
+}
+
+impl CursorStore for DurableStore {
     fn removed_ranges(&self) -> Vec<(u16, std::ops::RangeInclusive<u64>)> {
         let mut out = Vec::new();
         for (index, slot) in self.slots.iter().enumerate() {
@@ -297,42 +323,11 @@ impl MessageStore for DurableStore {
         self.floors()
     }
 
-    fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
-        let Some(budget) = self.disk_budget else {
-            return false;
-        };
-        if crate::inject::on(crate::inject::Bug::IgnoreDiskBudget) {
-            return false;
-        }
-        self.disk_used.load(Ordering::Relaxed) >= budget && self.writes(topic, qos).is_some()
-    }
-
     fn refresh_disk_usage(&self) {
         if self.disk_budget.is_some() {
             self.disk_used
                 .store(self.message_disk_bytes_with_unwritten(), Ordering::Relaxed);
         }
-    }
-
-    fn stream_stats(&self) -> Vec<crate::admin::StreamStats> {
-        self.admin_stream_stats()
-    }
-
-    fn purge_stream(&self, name: &str) -> Result<u64, crate::admin::ActionError> {
-        self.admin_purge(name)
-    }
-
-    fn state_barrier(&self) -> Option<Ticket> {
-        self.admin_state_barrier()
-    }
-
-    fn backup(&self, label: &str) -> Result<std::path::PathBuf, crate::admin::ActionError> {
-        self.admin_backup(label)
-    }
-
-    fn disk_usage(&self) -> Option<(u64, u64)> {
-        let budget = self.disk_budget?;
-        Some((self.disk_used.load(Ordering::Relaxed), budget))
     }
 
     fn reclaim(&self) {
@@ -390,16 +385,35 @@ impl MessageStore for DurableStore {
     fn group_ended(&self, share: &str) {
         self.group_gone(share);
     }
+}
 
-    fn will_set(&self, client_id: &str, will: Option<(&Message, u32)>) -> (u64, Option<Ticket>) {
-        self.set_will(client_id, will)
+impl StoreAdmin for DurableStore {
+    fn stream_stats(&self) -> Vec<crate::model::StreamStats> {
+        self.admin_stream_stats()
     }
 
-    fn will_delayed(&self, client_id: &str, token: u64) {
-        self.delay_will(client_id, token);
+    fn purge_stream(&self, name: &str) -> Result<u64, crate::model::ActionError> {
+        self.admin_purge(name)
     }
 
-    fn will_cleared(&self, client_id: &str, token: u64) -> Option<Ticket> {
-        self.clear_will(client_id, token)
+    fn backup(&self, label: &str) -> Result<std::path::PathBuf, crate::model::ActionError> {
+        self.admin_backup(label)
+    }
+
+    fn disk_usage(&self) -> Option<(u64, u64)> {
+        let budget = self.disk_budget?;
+        Some((self.disk_used.load(Ordering::Relaxed), budget))
+    }
+}
+
+impl Recovery for DurableStore {
+    fn recover(&self) -> Recovered {
+        match recover::recover(self) {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::error!(%error, "cannot read the store's state; starting without it");
+                Recovered::default()
+            }
+        }
     }
 }

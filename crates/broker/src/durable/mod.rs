@@ -1,4 +1,4 @@
-//! [`DurableStore`]: the [`MessageStore`] over `tern-store` (ARCHITECTURE §3–§5).
+//! [`DurableStore`]: the persistence seam ([`crate::model::Persistence`]) over `tern-store` (ARCHITECTURE §3–§5).
 //!
 //! # On-disk schema (one `tern-store` directory, `--data-dir`)
 //! Message streams (configured; a stream `messages` capturing every topic is appended when no
@@ -82,16 +82,18 @@ pub use config::{
 };
 
 use crate::hash::Map;
-use crate::message::Message;
-use crate::persist::{
-    HeldSeqs, MessageStore, OutboundSent, PersistError, Recovered, StoreRef, Ticket,
+use crate::model::SubRecord;
+use crate::model::message::Message;
+use crate::model::{
+    CursorStore, ExchangeStore, HeldSeqs, MessageLog, OutboundSent, PersistError, Recovered,
+    Recovery, RetainedStore, SessionStore, StoreAdmin, StoreRef, Ticket, WillStore,
 };
-use crate::session::SubRecord;
 use codec::SessionRecord;
 
-const RX_PREFIX: &str = "$tern/rx/";
-const REL_PREFIX: &str = "$tern/rel/";
-const RESET_PREFIX: &str = "$tern/reset/";
+use crate::model::topics::{
+    QOS2_RECEIVED_PREFIX as RX_PREFIX, QOS2_RELEASED_PREFIX as REL_PREFIX,
+    SESSION_RESET_PREFIX as RESET_PREFIX,
+};
 /// Records read per `read_from` call while recovering.
 const RECOVERY_READ_RECORDS: usize = 4096;
 const RECOVERY_READ_BYTES: usize = 8 * 1024 * 1024;
@@ -215,7 +217,8 @@ impl DurableStore {
             let mut stream_config = spec.store.clone();
             // Control records are one topic per client: a per-topic limit must not count them,
             // and no limit may remove open state before recovery has found it.
-            stream_config.limits.per_topic_exempt_prefix = Some(b"$tern/".to_vec());
+            stream_config.limits.per_topic_exempt_prefix =
+                Some(crate::model::topics::INTERNAL_PREFIX.as_bytes().to_vec());
             stream_config.start_pinned = true;
             let stream = store.stream(&spec.name, stream_config)?;
             report_damage(&stream);

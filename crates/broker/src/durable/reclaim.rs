@@ -219,7 +219,7 @@ impl DurableStore {
     }
 
     /// A record of open state was added at `at`: limits must not remove it from now on.
-    pub(super) fn pin(&self, at: crate::persist::StoreRef) {
+    pub(super) fn pin(&self, at: crate::model::StoreRef) {
         if crate::inject::on(crate::inject::Bug::RetentionRemovesOpenQos2) {
             return;
         }
@@ -234,7 +234,7 @@ impl DurableStore {
     /// nothing pinned that matters) if a limit removed it before. The pin comes first and
     /// the store settles the question under the lock its writer holds from reading the floor
     /// to removing below it (`Stream::is_removed`), so no removal slips in between.
-    pub(super) fn pin_if_stored(&self, at: crate::persist::StoreRef) -> bool {
+    pub(super) fn pin_if_stored(&self, at: crate::model::StoreRef) -> bool {
         self.pin(at);
         let Some(slot) = self.slots.get(usize::from(at.stream)) else {
             return false;

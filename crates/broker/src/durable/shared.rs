@@ -1,4 +1,4 @@
-//! Share-group queues on disk (MQTT 5 §4.8.2; [`crate::session::groups`] in memory): a group's
+//! Share-group queues on disk (MQTT 5 §4.8.2; [`crate::engine::groups`] in memory): a group's
 //! queue is a cursor plus the group's filter, like a persistent session's.
 //!
 //! - `g` ++ `$share/{group}/{filter}` (key space of `tern.sessions`) → per message stream, the
@@ -33,8 +33,8 @@ use super::codec::{self, SessionRecord};
 use super::exchanges::ClientExchanges;
 use super::recover::read_damage_tolerant;
 use crate::hash::{Map, Set};
-use crate::message::Message;
-use crate::persist::{HeldSeqs, StoreRef, StoredGroup};
+use crate::model::message::Message;
+use crate::model::{HeldSeqs, StoreRef, StoredGroup};
 
 fn is_share(filter: &str) -> bool {
     filter.starts_with(tern_topic::SHARE_PREFIX)
@@ -240,7 +240,7 @@ fn replay(
         loop {
             let batch = read_damage_tolerant(&slot.stream, from, &fs)?;
             for r in batch.records {
-                if r.topic.starts_with(b"$tern/") || r.is_tombstone() {
+                if crate::model::topics::is_internal(&r.topic) || r.is_tombstone() {
                     continue;
                 }
                 let stored = StoreRef {

@@ -32,8 +32,8 @@ use tern_store::StoreError;
 use super::codec::{self, SessionRecord};
 use super::{DurableStore, io_error};
 use crate::hash::Map;
-use crate::message::Message;
-use crate::persist::{StoredWill, Ticket};
+use crate::model::message::Message;
+use crate::model::{StoredWill, Ticket};
 
 const VERSION: u8 = 1;
 const OPEN: u8 = 0;

@@ -1,5 +1,5 @@
 //! `/metrics`: the broker's counters in the Prometheus text format. [`render`] reads the same
-//! [`Metrics`] counters as `$SYS/broker/...` ([`crate::sys`]) plus the store's per-stream
+//! [`Metrics`] counters as `$SYS/broker/...` ([`crate::engine::sys`]) plus the store's per-stream
 //! numbers; [`text`] is the format.
 //!
 //! # Invariants
@@ -13,9 +13,9 @@ use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
-use crate::admin::StreamStats;
-use crate::broker::Shared;
+use crate::engine::Shared;
 use crate::metrics::Metrics;
+use crate::model::StreamStats;
 use crate::transport::ListenerContext;
 use text::{Kind, TextEncoder};
 
@@ -25,10 +25,11 @@ const QOS_LABELS: [&str; 3] = ["0", "1", "2"];
 pub fn render(shared: &Shared, listeners: &[Arc<ListenerContext>]) -> String {
     let mut e = TextEncoder::default();
     clients(&mut e, shared, listeners);
+    closes(&mut e, shared);
     messages(&mut e, &shared.metrics);
     drops(&mut e, &shared.metrics);
     security(&mut e, &shared.metrics);
-    store(&mut e, shared, &shared.store.stream_stats());
+    store(&mut e, shared, &shared.store.admin.stream_stats());
     e.finish()
 }
 
@@ -84,6 +85,33 @@ fn clients(e: &mut TextEncoder, shared: &Shared, listeners: &[Arc<ListenerContex
         Kind::Gauge,
         "Retained messages held.",
         shared.retained.read().len() as u64,
+    );
+}
+
+/// The lingering closes of `connection::linger` (issue 24 item 1).
+fn closes(e: &mut TextEncoder, shared: &Shared) {
+    let m = &shared.metrics;
+    e.family(
+        "close_lingers_total",
+        Kind::Counter,
+        "Closes the broker started (after a DISCONNECT or a refusing CONNACK), by outcome: \
+         lingered (read to the client's end of stream, at most CLOSE_LINGER_MS, so that the \
+         client reads the reason) or over_limit (closed at once: MAX_LINGERING_CLOSES sockets \
+         lingered already; the client may lose the reason to a reset).",
+    );
+    let outcomes = [
+        ("lingered", &m.closes_lingered),
+        ("over_limit", &m.closes_not_lingered),
+    ];
+    for (outcome, counter) in outcomes {
+        let value = Metrics::get(counter);
+        e.sample("close_lingers_total", &[("outcome", outcome)], value);
+    }
+    e.single(
+        "close_lingering",
+        Kind::Gauge,
+        "Sockets lingering now (at most MAX_LINGERING_CLOSES).",
+        shared.lingering.alive() as u64,
     );
 }
 
@@ -183,6 +211,13 @@ fn drops(e: &mut TextEncoder, m: &Metrics) {
         "publishes_refused_total",
         &[("cause", "disk_budget")],
         Metrics::get(&m.publishes_refused_disk_budget),
+    );
+    e.single(
+        "inflight_exposed_retention_total",
+        Kind::Counter,
+        "QoS 1 deliveries in flight to a persistent session whose stored records retention \
+         removed: resent from memory while the broker runs, not after a restart.",
+        Metrics::get(&m.inflight_exposed_retention),
     );
     e.single(
         "slow_subscribers_disconnected_total",
@@ -316,7 +351,7 @@ fn store(e: &mut TextEncoder, shared: &Shared, streams: &[StreamStats]) {
             1.0,
         );
     }
-    if let Some((used, budget)) = shared.store.disk_usage() {
+    if let Some((used, budget)) = shared.store.admin.disk_usage() {
         e.single(
             "store_disk_budget_bytes",
             Kind::Gauge,

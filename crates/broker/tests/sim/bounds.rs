@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use tern_broker::DurableStore;
-use tern_broker::broker::Shared;
+use tern_broker::Shared;
 
 use super::check::matches;
 use super::client::{PubSpec, payload};
@@ -248,7 +248,7 @@ impl Gauges {
                 .collect::<Vec<_>>()
                 .join("; ");
             // The budget's own measure, as the broker last refreshed it.
-            if let Some((used, _)) = shared.store.disk_usage() {
+            if let Some((used, _)) = shared.store.admin.disk_usage() {
                 let _ = write!(seen.message_info, "; the budget's measure {used} B");
             }
             seen.state_streams = disk - messages;

@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod chatty;
 pub mod durable;
 pub mod http;
 pub mod prom;

@@ -8,6 +8,32 @@ use std::time::Duration;
 
 /// Bound on `scripts/pydeps.sh` (a fresh venv plus `pip install`).
 const PYDEPS_TIMEOUT: Duration = Duration::from_secs(420);
+/// Bound on `scripts/debdeps.sh` (an `apt-get update` and install on a fresh machine).
+const DEBDEPS_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// A command for a Debian-packaged tool the tests drive (mosquitto_pub/sub/passwd, chromium):
+/// on a fresh machine `scripts/debdeps.sh` installs what is missing first, once per test
+/// process, so that the README's `cargo test --workspace` needs nothing installed by hand
+/// (issue 24 item 7). Concurrent test processes are serialised by a lock file (apt holds its
+/// own lock and would refuse a second install).
+pub fn tool(program: &str) -> Command {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let script = repo_root().join("scripts/debdeps.sh");
+        let lock = std::env::temp_dir().join("tern-debdeps.lock");
+        let output = run(
+            Command::new("flock").arg(&lock).arg("bash").arg(&script),
+            DEBDEPS_TIMEOUT,
+        );
+        assert!(
+            output.status.success(),
+            "Debian packages the tests need could not be installed by {}:\n{}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    });
+    Command::new(program)
+}
 
 pub fn repo_root() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");

@@ -5,7 +5,8 @@
 //!   exactly once; QoS 1 may repeat). A duplicate of a message its publisher published again
 //!   after sending its PUBREL (paho's bug, see scripts/crash_paho.py) is the client's doing:
 //!   the broker must take that PUBLISH as a new message (MQTT-4.3.3-2 (3.1.1),
-//!   MQTT-4.3.3-10..12 (v5)). Those are reported apart and do not fail the test;
+//!   MQTT-4.3.3-10..12 (v5)). Those are reported apart and do not fail the test, as long as
+//!   there are no more copies than the client published;
 //! - reordered: a first delivery with a lower number than an earlier first delivery from the
 //!   same publisher (one topic per publisher, an Ordered Topic: MQTT-4.6.0-5 / -6), which at a
 //!   subscriber that delivers at PUBREL also catches PUBRELs out of order (MQTT-4.6.0-4).
@@ -74,9 +75,11 @@ pub fn check(record: &Record) -> Report {
                 .collect();
             let mut pair = check_pair(&mine, &published.acked, published.qos);
             if let Some(resent) = record.resent_after_pubrel.get(publisher) {
+                // The client accounts for one copy per re-PUBLISH, no more: a copy beyond
+                // those is the broker's.
                 let (by_client, rest) = std::mem::take(&mut pair.duplicated)
                     .into_iter()
-                    .partition(|(n, _)| resent.contains(n));
+                    .partition(|(n, ds)| resent.get(n).is_some_and(|&t| ds.len() <= 1 + t));
                 pair.duplicated = rest;
                 pair.duplicated_by_client = by_client;
             }
@@ -102,7 +105,7 @@ pub fn check(record: &Record) -> Report {
 fn resent_by_broker(record: &Record) -> BTreeMap<String, Vec<String>> {
     let by_client = |payload: &str| {
         super::parse_payload(payload.as_bytes()).is_some_and(|(publ, n)| {
-            (record.resent_after_pubrel.get(&publ)).is_some_and(|r| r.contains(&n))
+            (record.resent_after_pubrel.get(&publ)).is_some_and(|r| r.contains_key(&n))
         })
     };
     (record.resent_by_broker.iter())
@@ -146,12 +149,76 @@ fn check_pair(deliveries: &[&Delivery], acked: &BTreeSet<u64>, qos: u8) -> Pair 
 
 fn brief(d: &Delivery) -> String {
     format!(
-        "[id {}{}, qos {}, cycle {}]",
+        "[id {}{}, qos {}, cycle {}, {} ms after the restart]",
         d.packet_id,
         if d.dup { " DUP" } else { "" },
         d.qos,
-        d.cycle
+        d.cycle,
+        d.since_restart_ms
     )
+}
+
+/// The shape of a duplicate from its first two copies: DUP flags, same or other packet id,
+/// same broker life or not. Packet ids and times vary; this is what tells causes apart.
+fn shape(first: &Delivery, second: &Delivery) -> String {
+    let flag = |d: &Delivery| if d.dup { "DUP=1" } else { "DUP=0" };
+    let id = if first.packet_id == second.packet_id {
+        "the same id"
+    } else {
+        "a new id"
+    };
+    let life = match second.cycle.saturating_sub(first.cycle) {
+        0 => "in the same broker life".to_string(),
+        n => format!("{n} restart(s) later"),
+    };
+    format!("{} then {} under {id}, {life}", flag(first), flag(second))
+}
+
+/// Per shape: how many, and the range of the gap between the copies and of the second
+/// copy's time after its restart (ms).
+#[derive(Default)]
+struct ShapeStats {
+    count: usize,
+    gap_ms: (u64, u64),
+    second_after_restart_ms: (u64, u64),
+}
+
+fn widen(range: &mut (u64, u64), v: u64, first: bool) {
+    *range = if first {
+        (v, v)
+    } else {
+        (range.0.min(v), range.1.max(v))
+    };
+}
+
+fn shapes(out: &mut String, duplicated: &BTreeMap<u64, Vec<Delivery>>) {
+    let mut stats: BTreeMap<String, ShapeStats> = BTreeMap::new();
+    for ds in duplicated.values() {
+        let (Some(first), Some(second)) = (ds.first(), ds.get(1)) else {
+            continue;
+        };
+        let s = stats.entry(shape(first, second)).or_default();
+        let gap = second.at_ms.saturating_sub(first.at_ms);
+        widen(&mut s.gap_ms, gap, s.count == 0);
+        widen(
+            &mut s.second_after_restart_ms,
+            second.since_restart_ms,
+            s.count == 0,
+        );
+        s.count += 1;
+    }
+    for (shape, s) in stats {
+        let _ = writeln!(
+            out,
+            "    shape: {} x {shape}; second copy {}..{} ms after the first, {}..{} ms after \
+             its restart",
+            s.count,
+            s.gap_ms.0,
+            s.gap_ms.1,
+            s.second_after_restart_ms.0,
+            s.second_after_restart_ms.1
+        );
+    }
 }
 
 /// First and last few of a sorted list of numbers.
@@ -163,8 +230,15 @@ fn numbers(ns: &[u64]) -> String {
 }
 
 fn duplicates(out: &mut String, publ: &str, duplicated: &BTreeMap<u64, Vec<Delivery>>) {
+    shapes(out, duplicated);
     for (n, ds) in duplicated.iter().take(EXAMPLES) {
-        let copies: Vec<String> = ds.iter().map(brief).collect();
+        let first_ms = ds.first().map_or(0, |d| d.at_ms);
+        let copies: Vec<String> = (ds.iter().enumerate())
+            .map(|(i, d)| match i {
+                0 => brief(d),
+                _ => format!("+{} ms {}", d.at_ms.saturating_sub(first_ms), brief(d)),
+            })
+            .collect();
         let _ = writeln!(out, "    {publ}:{n} x{}: {}", ds.len(), copies.join(" "));
     }
 }

@@ -5,13 +5,21 @@
 //! Payloads are `PUBLISHER:N` (N counts up from 0 per publisher, one topic per publisher), so
 //! every delivery names its publisher and place in that publisher's order.
 
+pub mod away;
 pub mod check;
 pub mod paho;
 pub mod raw;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+/// Milliseconds since the first call in this process: the clock of [`Delivery::at_ms`].
+pub fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
 
 /// One message handed to a subscriber's application.
 #[derive(Clone, Debug)]
@@ -24,6 +32,11 @@ pub struct Delivery {
     /// The kill/restart cycle it arrived in (0 = before the first kill). For a paho client,
     /// the cycle its event was read in, which can lag a little.
     pub cycle: u32,
+    /// When it was recorded ([`now_ms`]; for paho, when its event was read).
+    pub at_ms: u64,
+    /// How long after the broker's last (re)start it was recorded: with `cycle`, the shape of
+    /// a duplicate (a resend at reconnect, a replay, the live path long after a restart).
+    pub since_restart_ms: u64,
 }
 
 /// What a publisher was told by the broker.
@@ -48,8 +61,9 @@ pub struct Record {
     /// Publisher → numbers it may publish up to (exclusive), set by the pacer.
     pub limits: BTreeMap<String, u64>,
     /// Publisher → numbers it re-sent as a PUBLISH after sending their PUBREL (a client
-    /// violation of MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5): paho after a failed reconnect).
-    pub resent_after_pubrel: BTreeMap<String, BTreeSet<u64>>,
+    /// violation of MQTT-4.3.3-1 (3.1.1) / MQTT-4.3.3-6 (v5): paho after a failed reconnect),
+    /// with how often: each such PUBLISH is a new message to the broker, one more copy.
+    pub resent_after_pubrel: BTreeMap<String, BTreeMap<u64, usize>>,
     /// Publisher → numbers whose PUBLISH left after a higher number's on the same connection
     /// (a client violation of MQTT-4.6.0-1: paho after a reconnect).
     pub sent_out_of_order: BTreeMap<String, BTreeSet<u64>>,
@@ -62,17 +76,22 @@ pub struct Record {
     pub resent_by_broker: BTreeMap<String, Vec<(String, String)>>,
     /// Client → CONNACKs with Session Present 0 after its first connection (a lost session).
     pub sessions_lost: BTreeMap<String, u32>,
+    /// Subscriber → what its "away" moments left open: (cycle, ms since the restart, QoS 2
+    /// messages it held awaiting PUBREL when it sent DISCONNECT).
+    pub away: BTreeMap<String, Vec<(u32, u64, u64)>>,
     /// Subscribers whose SUBACK arrived.
     pub subscribed: BTreeSet<String>,
     /// Client → lines it reported as errors (paho exceptions, unexpected packets).
     pub errors: BTreeMap<String, Vec<String>>,
 }
 
-/// The shared [`Record`] plus the current cycle number (stamped on each delivery).
+/// The shared [`Record`] plus the current cycle number and the broker's last (re)start
+/// ([`now_ms`]), both stamped on each delivery.
 #[derive(Clone, Default)]
 pub struct Shared {
     record: Arc<Mutex<Record>>,
     cycle: Arc<AtomicU32>,
+    restarted_ms: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -89,9 +108,21 @@ impl Shared {
         self.cycle.load(Ordering::Relaxed)
     }
 
+    /// The broker was (re)started just now.
+    pub fn set_restarted(&self) {
+        self.restarted_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Milliseconds since the broker's last (re)start.
+    pub fn since_restart_ms(&self) -> u64 {
+        now_ms().saturating_sub(self.restarted_ms.load(Ordering::Relaxed))
+    }
+
     /// Records a delivery of `payload` to `subscriber`; an undecodable payload is an error.
     pub fn deliver(&self, subscriber: &str, payload: &[u8], qos: u8, dup: bool, packet_id: u16) {
         let cycle = self.cycle();
+        let at_ms = now_ms();
+        let since_restart_ms = at_ms.saturating_sub(self.restarted_ms.load(Ordering::Relaxed));
         let mut r = self.lock();
         match parse_payload(payload) {
             Some((publisher, n)) => {
@@ -109,6 +140,8 @@ impl Shared {
                         dup,
                         packet_id,
                         cycle,
+                        at_ms,
+                        since_restart_ms,
                     })
             }
             None => r
@@ -138,7 +171,9 @@ impl Shared {
             .resent_after_pubrel
             .entry(publisher.to_string())
             .or_default()
-            .insert(n);
+            .entry(n)
+            .and_modify(|times| *times += 1)
+            .or_insert(1);
     }
 
     pub fn sent_out_of_order(&self, publisher: &str, n: u64) {
@@ -173,6 +208,12 @@ impl Shared {
             .or_default() += 1;
     }
 
+    pub fn went_away(&self, subscriber: &str, held: u64) {
+        let at = (self.cycle(), self.since_restart_ms(), held);
+        let mut r = self.lock();
+        r.away.entry(subscriber.to_string()).or_default().push(at);
+    }
+
     pub fn error(&self, client: &str, what: String) {
         self.lock()
             .errors
@@ -205,24 +246,22 @@ impl Shared {
         self.lock().limits.get(publisher).copied().unwrap_or(0)
     }
 
-    /// Sets every publisher's limit to `lag` numbers beyond what its slowest subscriber has,
-    /// so that no session queue overflows (a dropped message would read as lost); returns
-    /// the limits.
-    pub fn pace(&self, publishers: &[String], subscribers: &[String], lag: u64) -> Vec<u64> {
+    /// Sets every publisher's limit to the least, over `subscribers` (name, lag), of what the
+    /// subscriber has plus its lag, so that no session queue overflows (a dropped message
+    /// would read as lost); returns the limits.
+    pub fn pace(&self, publishers: &[String], subscribers: &[(String, u64)]) -> Vec<u64> {
         let mut r = self.lock();
         let limits: Vec<u64> = publishers
             .iter()
             .map(|publ| {
-                let slowest = subscribers
+                subscribers
                     .iter()
-                    .map(|sub| {
-                        r.distinct
-                            .get(&(sub.clone(), publ.clone()))
-                            .map_or(0, |d| d.len() as u64)
+                    .map(|(sub, lag)| {
+                        let got = r.distinct.get(&(sub.clone(), publ.clone()));
+                        got.map_or(0, |d| d.len() as u64) + lag
                     })
                     .min()
-                    .unwrap_or(0);
-                slowest + lag
+                    .unwrap_or(0)
             })
             .collect();
         for (publ, &limit) in publishers.iter().zip(&limits) {

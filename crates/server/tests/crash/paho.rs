@@ -205,6 +205,7 @@ fn read_events(name: &str, stdout: std::process::ChildStdout, shared: &Shared) {
                 }
                 connected_once = true;
             }
+            Some("away") => shared.went_away(name, int("held").unwrap_or(0)),
             Some("lost") => {}
             _ => shared.error(name, format!("event: {line}")),
         }

@@ -74,12 +74,6 @@ pub(crate) fn write_header(file: &dyn VFile, path: &Path, base: u64) -> Result<(
     res
 }
 
-/// Whether every byte of `raw` from `from` on is zero (true past its end): space reserved
-/// but never written, or written and lost whole.
-pub(crate) fn all_zero(raw: &[u8], from: usize) -> bool {
-    raw.get(from..).is_none_or(|t| t.iter().all(|&b| b == 0))
-}
-
 /// Cuts a sealed block's zero tail (a crash between a roll's trim and its sync leaves the
 /// reserved length): sealed blocks are exactly their records, so their index's length
 /// matches the file on the next open.

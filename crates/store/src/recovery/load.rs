@@ -212,7 +212,7 @@ impl Loader<'_> {
     }
 
     /// A block whose tail may be torn: cut at its damage, if any, and loaded.
-    fn load_with_tail_cut(&mut self, found: Found, raw: &[u8], sc: scan::Scan) -> Result<()> {
+    fn load_with_tail_cut(&mut self, found: Found, raw: &[u8], sc: Scan) -> Result<()> {
         if let Some((off, what)) = &sc.damage {
             self.cut_tail(&found, raw, &sc, *off, what)?;
         }
@@ -245,7 +245,7 @@ impl Loader<'_> {
         &mut self,
         found: &Found,
         raw: &[u8],
-        sc: &scan::Scan,
+        sc: &Scan,
         off: u64,
         what: &str,
     ) -> Result<()> {

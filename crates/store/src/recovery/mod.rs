@@ -22,7 +22,6 @@
 //! - Before a stream is served, its active block and its directory are synced: recovery
 //!   builds only on durable state, whatever the previous process left in the page cache.
 
-use std::collections::HashMap;
 use std::ops::RangeInclusive;
 use std::path::Path;
 use std::sync::Arc;
@@ -31,21 +30,17 @@ use bytes::Bytes;
 
 use crate::config::{StreamConfig, SyncPolicy};
 use crate::error::{Result, StoreError};
-use crate::format::{
-    self, BLOCK_HEADER_LEN, DecodeError, Entry, FLAG_BATCH_MORE, IndexData, KIND_DATA, MAX_SEQ,
-    encode_block_header,
-};
-use crate::state::{Block, Corruption, State, block_file_name, index_file_name};
+use crate::format::{self, BLOCK_HEADER_LEN, IndexData, MAX_SEQ, encode_block_header};
+use crate::scan::{Scan, all_zero, scan};
+use crate::state::{Block, Corruption, State, TRASH_DIR, block_file_name, index_file_name};
 use crate::vfs::{VFile, Vfs, path_in};
 
 mod files;
 mod load;
-mod scan;
 
-use files::{all_zero, trim_sealed};
+use files::trim_sealed;
 pub(crate) use files::{create_block, open_new_block, preallocate, write_header};
 use load::Loader;
-pub(crate) use scan::scan;
 
 /// Longest block file recovery reads: record offsets are u32 (blocks stay far below it, see
 /// `MAX_BLOCK_SIZE_BYTES`), so a longer file is damage, and reading it could exhaust memory.
@@ -192,7 +187,7 @@ pub(crate) fn ensure_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
 /// the directory (say, a broker still running while its data directory was removed and a new
 /// one started on the same path): reads would skip records, and compaction would drop values
 /// it takes for superseded. Nothing is guessed: the stream does not open.
-fn refuse_overlap(path: &Path, sc: &scan::Scan, next_base: Option<u64>) -> Result<()> {
+fn refuse_overlap(path: &Path, sc: &Scan, next_base: Option<u64>) -> Result<()> {
     let (Some(next), Some(last)) = (next_base, sc.ix.entries.last()) else {
         return Ok(());
     };
@@ -268,7 +263,7 @@ fn block_bases(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<u64>> {
         let _ = vfs.remove_file(&path_in(dir, n));
     }
     // Blocks removed before a crash whose data the reaper had not freed yet.
-    let trash = dir.join(crate::writer::TRASH_DIR);
+    let trash = dir.join(TRASH_DIR);
     if let Ok(names) = vfs.list_dir(&trash) {
         for n in names {
             let _ = vfs.remove_file(&trash.join(n));

@@ -70,34 +70,12 @@
 
 mod disk;
 
+/// Defined beside the `Vfs` that carries them to the store (below this module).
+pub use crate::vfs::Bugs;
 pub use disk::{
     FaultAction, MetadataOrder, OpKind, ScriptedFault, SimClock, SimConfig, SimDisk, SimStats,
     SimVfs, SyncErrorModel,
 };
-
-/// Deliberate defects the store can be told to have, to prove that a checker finds them.
-/// They are read from [`Vfs::injected_bugs`](crate::vfs::Vfs::injected_bugs), which only a
-/// [`SimDisk`] (or a test's own `Vfs`) answers with anything but "none"; they exist only in
-/// builds with the `sim` feature and no configuration can reach them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Bugs {
-    /// Complete tickets (publish the durable sequence) before the commit's `fdatasync`.
-    pub ack_before_fsync: bool,
-    /// Seal a block without syncing it first (only matters under `sync = interval`, where a
-    /// commit does not sync by itself).
-    pub skip_sync_on_roll: bool,
-    /// Create a new block file without the directory fsync that makes its name durable.
-    pub skip_dir_sync_on_roll: bool,
-}
-
-impl Bugs {
-    /// No bug: the store as built.
-    pub const NONE: Bugs = Bugs {
-        ack_before_fsync: false,
-        skip_sync_on_roll: false,
-        skip_dir_sync_on_roll: false,
-    };
-}
 
 /// SplitMix64: small, fast, and good enough to drive a simulation. Deterministic from its
 /// seed on every platform.

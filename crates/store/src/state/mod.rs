@@ -40,6 +40,8 @@ pub(crate) use block::Block;
 /// In-memory flag on `Entry::flags`; never written to disk.
 pub(crate) const ENTRY_DELETED: u32 = 1 << 31;
 
+// The names in a stream's directory: block files, their indexes, and `trash/`.
+
 pub(crate) fn block_file_name(base_seq: u64) -> String {
     format!("{base_seq:020}.blk")
 }
@@ -47,6 +49,9 @@ pub(crate) fn block_file_name(base_seq: u64) -> String {
 pub(crate) fn index_file_name(base_seq: u64) -> String {
     format!("{base_seq:020}.idx")
 }
+
+/// Where removed block files wait for the reaper thread to unlink them (recovery empties it).
+pub(crate) const TRASH_DIR: &str = "trash";
 
 /// Stream-wide live count of one topic.
 #[derive(Debug, Default)]
@@ -167,7 +172,7 @@ impl State {
                 b.file
                     .read_exact_at(&mut raw, 0)
                     .map_err(|e| StoreError::io("read block", &b.path, &e))?;
-                let sc = crate::recovery::scan(&Bytes::from(raw), b.base_seq);
+                let sc = crate::scan::scan(&Bytes::from(raw), b.base_seq);
                 if sc.damage.is_some() || sc.ix.entries.len() != b.n_entries {
                     let (first, last) = (
                         b.first_seq().unwrap_or(b.base_seq),

@@ -12,6 +12,22 @@ use std::time::Duration;
 
 use super::*;
 use crate::queue::Queue;
+use crate::shared::SteppedWriter;
+
+/// How `Shared` runs a stepped writer's turns without naming the writer (it sits below).
+impl SteppedWriter for Writer {
+    fn step(&mut self, force_sync: bool) -> bool {
+        Writer::step(self, force_sync)
+    }
+
+    fn next_timer_ns(&self) -> Option<u64> {
+        Writer::next_timer_ns(self)
+    }
+
+    fn close(self: Box<Self>) {
+        Writer::close(*self)
+    }
+}
 
 /// Fails the stream if a turn panics, so no ticket waits forever.
 struct FailOnPanic(Arc<Shared>);
@@ -169,7 +185,7 @@ impl Writer {
             });
         }
         let st = lock(&self.sh.state);
-        if crate::compact::garbage_bytes(&st) > st.live_bytes.max(self.sh.config.block_size_bytes) {
+        if super::compact::garbage_bytes(&st) > st.live_bytes.max(self.sh.config.block_size_bytes) {
             ops.push(Op::Compact {
                 max_blocks: AUTO_COMPACT_BLOCKS,
             });

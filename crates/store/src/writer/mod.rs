@@ -1,5 +1,5 @@
 //! The writer of one stream: group commit, block rolling (limits and removals in `limits`;
-//! how its turns are driven, by a thread or stepped, in `drive`).
+//! how its turns are driven, by a thread or stepped, in `drive`; block rewrites in `compact`).
 //!
 //! Each turn drains everything queued, applies it to the in-memory view under the state
 //! lock, then, without the lock, issues **one** `pwrite` for the new bytes and one
@@ -39,15 +39,16 @@ use crate::error::{Result, StoreError};
 use crate::format::{self, BLOCK_HEADER_LEN, Entry, FLAG_BATCH_MORE, encode_delete};
 use crate::queue::{Op, QueuedOp, Removed, coalesce, ranges_of};
 use crate::shared::{Shared, lock};
-use crate::state::{Block, State, block_file_name};
+use crate::state::{Block, State, TRASH_DIR, block_file_name};
 use crate::vfs::{VFile, path_in};
 
+mod compact;
 mod drive;
 mod io;
 mod limits;
 mod snapshot;
 
-/// Defects the simulator's sensitivity tests ask the store to have (see `crate::sim::Bugs`).
+/// Defects the simulator's sensitivity tests ask the store to have (see `crate::vfs::Bugs`).
 /// Without the `sim` feature every switch is a constant `false`.
 #[derive(Clone, Copy, Default)]
 struct Injected {
@@ -158,8 +159,6 @@ fn duration_ns(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Where removed block files wait for the reaper thread to unlink them.
-pub(crate) const TRASH_DIR: &str = "trash";
 /// Removal batches the reaper may have queued before the writer unlinks inline.
 const MAX_REAPER_BACKLOG: usize = 64;
 
@@ -295,7 +294,7 @@ impl Writer {
         }
         if self.compact_budget > 0 {
             let budget = std::mem::take(&mut self.compact_budget);
-            let res = crate::compact::compact(self, budget).and_then(|()| {
+            let res = compact::compact(self, budget).and_then(|()| {
                 if self.unlink.is_empty() {
                     Ok(())
                 } else {

@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::error::DecodeError;
 use crate::packet::{Packet, PacketType, Protocol};
-use crate::property_table::packet_type_from_u8;
+use crate::packet_type::packet_type_from_u8;
 use crate::varint::{self, Varint};
 use reader::Reader;
 

@@ -13,7 +13,7 @@ use super::{
     DurableStore, RECOVERY_READ_BYTES, RECOVERY_READ_RECORDS, REL_PREFIX, RESET_PREFIX, RX_PREFIX,
 };
 use crate::hash::Map;
-use crate::persist::{Recovered, StoreRef};
+use crate::model::{Recovered, StoreRef};
 
 /// Most damaged blocks one recovery read steps over.
 const MAX_DAMAGED_BLOCKS_PER_READ: usize = 64;
@@ -114,7 +114,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         .map(|s| rx_starts.get(&s.spec.name).copied().unwrap_or(1))
         .collect();
     tracing::debug!(elapsed = ?started.elapsed(), "recovery: session records and cursors read");
-    let control = FilterSet::new(["$tern/#"]);
+    let control = FilterSet::new([crate::model::topics::INTERNAL_FILTER]);
     let mut rx: Map<String, Map<u16, StoreRef>> = Map::default();
     let mut control_read = 0u64;
     for (index, slot) in store.slots.iter().enumerate() {

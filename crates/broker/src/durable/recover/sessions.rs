@@ -21,8 +21,9 @@ use super::super::exchanges::{ClientExchanges, LivePhase};
 use super::super::{DurableStore, RECOVERY_READ_BYTES};
 use super::read_damage_tolerant;
 use crate::hash::{Map, Set};
-use crate::message::Message;
-use crate::persist::{StoreRef, StoredInflight, StoredSession};
+use crate::model::message::Message;
+use crate::model::topics;
+use crate::model::{StoreRef, StoredInflight, StoredSession};
 
 /// Above this many distinct filters the stream read takes every topic and the trie alone
 /// selects (a `FilterSet` matches filter by filter).
@@ -123,7 +124,7 @@ fn replay_all(
     let mut distinct: Set<&str> = Set::default();
     for (index, input) in inputs.iter().enumerate() {
         for (filter, _) in &input.record.subscriptions {
-            if filter.starts_with("$share/") {
+            if topics::is_shared_filter(filter) {
                 continue;
             }
             if trie.subscribe(filter, index as u32, ()).is_ok() {
@@ -155,7 +156,7 @@ fn replay_all(
         loop {
             let batch = read_damage_tolerant(&slot.stream, from, &fs)?;
             for r in batch.records {
-                if r.topic.starts_with(b"$tern/") || r.is_tombstone() {
+                if topics::is_internal(&r.topic) || r.is_tombstone() {
                     continue;
                 }
                 let Ok(topic) = std::str::from_utf8(&r.topic) else {
@@ -315,8 +316,8 @@ fn delivery_qos(record: &SessionRecord, client_id: &str, message: &Message) -> O
         .subscriptions
         .iter()
         .filter(|(filter, sub)| {
-            !filter.starts_with("$share/")
-                && tern_store::topic_matches(filter.as_bytes(), message.topic.as_bytes())
+            !topics::is_shared_filter(filter)
+                && tern_topic::filter_matches(filter, &message.topic)
                 && !(sub.options.no_local && message.publisher.as_deref() == Some(client_id))
         })
         .map(|(_, sub)| message.qos.min(sub.options.qos))

@@ -1,0 +1,200 @@
+//! Sessions by client id: attach a connection (creating, resuming or replacing the session,
+//! taking over a live connection), detach it, end a session.
+//!
+//! # Invariants
+//! - The registry lock is held for the whole of attach and end, so a takeover, an expiry timer
+//!   and a reconnect are serialised per broker.
+//! - A session's subscriptions are removed from the router only by the party that removed the
+//!   same session (pointer-equal) from the registry, so a newer session under the same client
+//!   id never loses its subscriptions.
+
+use std::sync::Arc;
+
+use tern_wire::{ConnAck, Packet, Protocol, ReasonCode};
+
+use crate::engine::Shared;
+use crate::engine::groups;
+use crate::metrics::Metrics;
+use crate::state::outbound::encode_packet;
+use crate::state::session::{ConnCtl, Session};
+
+/// A connection attached to its session.
+pub struct Attached {
+    pub session: Arc<Session>,
+    pub session_present: bool,
+    pub conn_gen: u64,
+    pub ctl: Arc<ConnCtl>,
+    /// The persistent session's record: the CONNACK leaves once it is durable.
+    pub durable: Option<crate::model::Ticket>,
+}
+
+/// What the new connection asks for.
+pub struct AttachRequest<'a> {
+    pub client_id: &'a Arc<str>,
+    /// The connection's username (the ACL's `user` and `%u` for deliveries).
+    pub username: Option<Arc<str>>,
+    pub protocol: Protocol,
+    pub clean_start: bool,
+    pub expiry_interval_s: u32,
+    /// min(client Receive Maximum, max_inflight_messages).
+    pub window: u16,
+    /// Sent first on the new connection, before anything the session holds; its
+    /// `session_present` is filled in here.
+    pub connack: ConnAck,
+}
+
+pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
+    let mut sessions = shared.sessions.map.lock();
+    let existing = sessions.get(request.client_id).cloned();
+    let mut replaced = None;
+    let (session, session_present) = match existing {
+        Some(old) => {
+            let old_conn = old.state.lock().conn.clone();
+            if let Some(conn) = old_conn {
+                // MQTT-3.1.4-3: the existing connection is closed (v5: DISCONNECT 0x8E).
+                conn.kick(ReasonCode::SESSION_TAKEN_OVER);
+            }
+            // A session with expiry 0 ends with its connection (MQTT-3.1.2-23), even when
+            // that connection has not finished closing yet.
+            let ends_with_connection = old.state.lock().expiry_interval_s == 0;
+            if request.clean_start || ends_with_connection {
+                replaced = Some(old);
+                (
+                    Session::new(
+                        request.client_id.clone(),
+                        request.protocol,
+                        request.expiry_interval_s,
+                    ),
+                    false,
+                )
+            } else {
+                (old, true)
+            }
+        }
+        None => (
+            Session::new(
+                request.client_id.clone(),
+                request.protocol,
+                request.expiry_interval_s,
+            ),
+            false,
+        ),
+    };
+    if let Some(old) = replaced {
+        sessions.remove(request.client_id);
+        end_removed(shared, &old);
+    }
+    sessions.insert(request.client_id.clone(), session.clone());
+    let ctl = Arc::new(ConnCtl::default());
+    let conn_gen;
+    {
+        let mut state = session.state.lock();
+        state.conn_gen += 1;
+        conn_gen = state.conn_gen;
+        state.conn = Some(ctl.clone());
+        state.protocol = request.protocol;
+        state.username = request.username;
+        state.expiry_interval_s = request.expiry_interval_s;
+        // A reconnect within the will delay cancels the will (MQTT-3.1.3-9).
+        state.pending_will = None;
+        state.out.count_into(shared.metrics.queued.clone());
+        state.out.attach(request.window);
+        let mut connack = request.connack;
+        connack.session_present = session_present;
+        let mut scratch = bytes::BytesMut::new();
+        if let Some(bytes) =
+            encode_packet(&Packet::ConnAck(connack), request.protocol, &mut scratch)
+        {
+            state.out.push_control_first(bytes);
+        }
+    }
+    session.set_online(true);
+    drop(sessions);
+    let durable = if request.expiry_interval_s > 0 {
+        shared.store.sessions.session_opened(
+            request.client_id,
+            request.protocol,
+            request.expiry_interval_s,
+            !session_present,
+        )
+    } else {
+        None
+    };
+    // Messages that waited for a member of its share groups (behind the CONNACK and what the
+    // session holds).
+    groups::flush_member(shared, &session);
+    Attached {
+        session,
+        session_present,
+        conn_gen,
+        ctl,
+        durable,
+    }
+}
+
+/// The connection `conn_gen` of `session` closed. Ends the session if its expiry is 0,
+/// otherwise arms its expiry timer. Messages it held through share groups go to other online
+/// members, or back to their group ([`groups::redistribute`]).
+pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
+    let expiry_interval_s = {
+        let mut state = session.state.lock();
+        if state.conn_gen != conn_gen || state.ended {
+            return; // taken over: the session belongs to a newer connection
+        }
+        state.conn = None;
+        session.set_online(false);
+        state.out.detach();
+        state.expiry_interval_s
+    };
+    groups::redistribute(shared, session);
+    if expiry_interval_s == 0 {
+        end(shared, session);
+    } else if expiry_interval_s != u32::MAX {
+        // The expiry (as set by CONNECT or DISCONNECT) counts from now, across restarts too.
+        shared
+            .store
+            .sessions
+            .session_closed(&session.client_id, expiry_interval_s);
+        crate::engine::expiry::arm(shared.clone(), session.clone(), conn_gen, expiry_interval_s);
+    }
+}
+
+/// Ends `session` if it is still the registered one for its client id.
+pub fn end(shared: &Arc<Shared>, session: &Arc<Session>) {
+    let mut sessions = shared.sessions.map.lock();
+    let registered = sessions
+        .get(&session.client_id)
+        .is_some_and(|s| Arc::ptr_eq(s, session));
+    if !registered {
+        return;
+    }
+    sessions.remove(&session.client_id);
+    end_removed(shared, session);
+}
+
+/// Ends a session already removed from the registry (registry lock held by the caller).
+fn end_removed(shared: &Arc<Shared>, session: &Arc<Session>) {
+    // `ended` first: a SUBSCRIBE racing with this checks it under the router lock, so either
+    // it sees `ended` and backs off, or its entry is in the trie before we sweep it below.
+    let (will, shares) = {
+        let mut state = session.state.lock();
+        state.ended = true;
+        let shares: Vec<Arc<str>> = state
+            .subscriptions
+            .keys()
+            .filter(|f| f.starts_with(tern_topic::SHARE_PREFIX))
+            .map(|f| Arc::from(&**f))
+            .collect();
+        state.subscriptions.clear();
+        state.out = Default::default();
+        (state.pending_will.take(), shares)
+    };
+    let removed = shared.router.write().remove_session(&session.client_id);
+    Metrics::sub(&shared.metrics.subscriptions, removed as u64);
+    shared.store.sessions.session_ended(&session.client_id);
+    groups::forget_if_orphaned(shared, &shares);
+    // MQTT-3.1.3-9: a delayed will is sent when the session ends, if not sent before.
+    if let Some(will) = will {
+        crate::engine::will::fire(shared, &session.client_id, will.token, will.will);
+    }
+}

@@ -1,0 +1,32 @@
+//! The model layer: the values every layer above passes around, and the persistence seam.
+//! It imports nothing of this crate's but its leaves (`hash`, `config`).
+//!
+//! - [`message`]: [`Message`], a routed application message, encoded once per protocol.
+//! - [`seam`]: the persistence seam, one small trait per concern ([`MessageLog`],
+//!   [`SessionStore`], [`ExchangeStore`], [`RetainedStore`], [`WillStore`], [`CursorStore`],
+//!   [`StoreAdmin`], [`Recovery`]) held together in [`Persistence`], with its written
+//!   contract; [`MemoryStore`] keeps nothing.
+//! - [`ticket`]: [`Ticket`], the completion of one issued write.
+//! - [`recovered`]: what recovery hands back ([`Recovered`]).
+//! - [`stats`]: what the store reports to operators ([`StreamStats`]), and [`ActionError`].
+//! - [`sub_record`]: one subscription as a session keeps it ([`SubRecord`]).
+//! - [`topics`]: the topic spaces the broker reserves (`$SYS`, `$tern/`, `$share/`), named once.
+
+pub mod message;
+pub mod recovered;
+pub mod seam;
+pub mod stats;
+pub mod sub_record;
+pub mod ticket;
+pub mod topics;
+
+pub use message::Message;
+pub use recovered::{Recovered, StoredGroup, StoredInflight, StoredSession, StoredWill};
+pub use seam::{
+    CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, MessageLog, OutboundSent,
+    Persistence, Recovery, RetainedStore, SessionStore, StoreAdmin, StoreRef, WillStore,
+    WriterWakes,
+};
+pub use stats::{ActionError, StreamStats};
+pub use sub_record::SubRecord;
+pub use ticket::{PersistError, Ticket, TicketCompleter};

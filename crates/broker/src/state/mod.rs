@@ -1,0 +1,33 @@
+//! The state layer: sessions and what they hold, with no I/O, no spawning and no broker-wide
+//! state. It imports the model layer and the leaves; the engine above owns every operation
+//! that takes more than one of these locks.
+//!
+//! - [`session`]: [`Session`](session::Session) and its state (subscriptions, QoS 2 received
+//!   set, the outbound queue and in-flight window, expiry, a pending delayed will), and
+//!   [`ConnCtl`](session::ConnCtl), what a connection's task shares with the rest.
+//! - [`outbound`]: a session's ordered delivery queue, in-flight window, release gate and
+//!   batches; and the connection's writer over it ([`outbound::Outflow`]).
+//! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
+//! - [`router`]: the subscription trie and which sessions a message goes to.
+//! - [`retained`]: the retained-message tree.
+//! - [`registry`]: sessions by client id; [`groups`]: share-group queues.
+//! - [`packet_ids`], [`topic_alias`]: per-session identifiers.
+//! - [`keep_alive`]: the table the keep-alive sweeper reads.
+//!
+//! # Invariants
+//! - Lock order: registry → router → retained → share-group queues → one session's state. No
+//!   lock is held across an `await`.
+//! - A session is reachable from the router only while it is in the registry; ending a
+//!   session removes its subscriptions first, then marks it `ended` so that a publisher that
+//!   matched it a moment earlier queues nothing.
+
+pub mod ack_pipeline;
+pub mod groups;
+pub mod keep_alive;
+pub mod outbound;
+pub mod packet_ids;
+pub mod registry;
+pub mod retained;
+pub mod router;
+pub mod session;
+pub mod topic_alias;

@@ -1,0 +1,605 @@
+//! The outbound side of a session: control packets, the ordered delivery queue, the in-flight
+//! window, the release gate of packets that wait for a store write (`gate`), and the
+//! connection's [`Outflow`] that drains them into the socket with vectored writes (`writer`).
+//!
+//! Publishers push [`Outgoing`] items under the session lock and wake the connection's task
+//! ([`crate::state::session::ConnCtl::wake`]); its `Outflow` takes a batch under the same lock
+//! ([`Outbound::fill_batch`], in `batch`), releases it and writes.
+//!
+//! # Invariants
+//! - Control packets and deliveries leave in the order they were queued (a PINGRESP is a
+//!   barrier), except that control packets overtake a head delivery that waits for the
+//!   in-flight window: acks and PUBRELs never wait for the client's acks.
+//! - Deliveries leave in queue order; a QoS>0 delivery that finds the window full stops the
+//!   queue (QoS 0 behind it waits too), so the publisher's order is kept per subscriber.
+//! - `inflight.len() <= window` except right after a reconnect with a smaller window, when
+//!   all in-flight messages are still resent in their original order ([MQTT-4.4.0-1]).
+//! - `queued_bytes` / `queued_reliable` / `queued_reliable_bytes` always equal the sums over
+//!   `queue`; QoS 0 is refused past `outbound_queue_max_*` or while the broker-wide total is
+//!   at `max_queued_bytes_total`, QoS>0 past `max_queued_messages` / `max_queued_bytes` drops
+//!   the oldest QoS>0 (online or offline, also when a restored session is rebuilt).
+//! - After every public method returns, the broker-wide total holds exactly this queue's
+//!   `queued_bytes` for it (`sync_total`; `Drop` takes it back out).
+//! - Packet ids in `inflight` are exactly those held by `packet_ids`: unique by construction
+//!   (allocated, never derived), and a restored session reserves the ids it resends.
+//! - An in-flight entry is `held` exactly while its next packet (first PUBLISH, or PUBREL)
+//!   waits in the gate; held entries are never resent on reconnect (the gate sends them) and
+//!   acks for them are ignored (the client cannot have seen them).
+//!
+//! # Full queues (ARCHITECTURE §2.7)
+//! [`Outbound::push`] never blocks the publisher. Over `outbound_queue_max_bytes` /
+//! `outbound_queue_max_messages`, QoS 0 to an online session is refused (counted in
+//! `messages_dropped_queue_full`); QoS>0 is still queued for the session (bounded by
+//! `max_queued_messages` / `max_queued_bytes`) and delivered as the subscriber catches up.
+//! That QoS>0 branch could hand off to the durable store (for a persistent session the store
+//! holds the message after its cursor), but not as things stand: the cursor is read at
+//! start-up only, and the checkpoint moves it past whatever the session no longer holds
+//! (ARCHITECTURE §6.1). A queue that stays over
+//! the limit for `slow_subscriber_timeout_ms` reports [`PushResult::SlowSubscriber`] and the
+//! router disconnects the subscriber (0x97, `slow_subscribers_disconnected`).
+
+mod batch;
+mod gate;
+mod queues;
+mod writer;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tern_wire::{QoS, ReasonCode};
+use tokio::time::Instant;
+
+use crate::config::BrokerConfig;
+use crate::metrics::QueuedTotals;
+use crate::model::Ticket;
+use crate::model::message::Message;
+use crate::state::packet_ids::PacketIds;
+
+pub use batch::BatchEnv;
+pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
+pub use queues::{LazyQueues, Queues};
+pub use writer::{BatchBufs, OutEnv, Outflow, WriteFailed, WriterState, encode_packet};
+
+/// Packets taken per batch: enough to amortise the syscall (64 → 256 took 1 pub → 1 sub QoS 0
+/// from ~850k to ~1M msg/s), small enough to keep the session lock short (~10 µs).
+pub const MAX_BATCH_PACKETS: usize = 256;
+/// Queue capacity an empty queue may keep; beyond it the memory is returned.
+const IDLE_QUEUE_CAPACITY: usize = 64;
+/// Batch buffer reserved per batch: heads, and small packets written for one subscriber.
+const HEAD_SCRATCH_BYTES: usize = 4096;
+/// Bytes taken per batch: with large payloads the packet count alone would let one batch (which
+/// is written to the end even when the connection is closing) grow to megabytes.
+pub const MAX_BATCH_BYTES: usize = 256 * 1024;
+
+/// One message on its way to one subscriber.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub message: Arc<Message>,
+    /// Already downgraded to the subscription's QoS.
+    pub qos: QoS,
+    pub retain: bool,
+    pub subscription_ids: Vec<u32>,
+    /// `$share/{group}/{filter}` if routed through a share group (for redistribution).
+    pub share: Option<Arc<str>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2).
+    AwaitingAck,
+    /// PUBREC received, PUBREL sent (or to send), waiting for PUBCOMP.
+    PubRelPending,
+}
+
+#[derive(Debug)]
+pub struct Inflight {
+    pub packet_id: u16,
+    pub item: Outgoing,
+    pub phase: Phase,
+    /// Set on reconnect: resend (PUBLISH with DUP=1, or PUBREL).
+    pub needs_send: bool,
+    /// Its next packet waits in the gate for a store write (see the module invariants).
+    pub held: bool,
+}
+
+/// What retention's removal of ranges did to one queue ([`Outbound::drop_removed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Removed {
+    /// Queued deliveries dropped: the queue skips the removed range.
+    pub dropped: usize,
+    /// QoS 1 deliveries in flight whose record went: resent from memory while the broker
+    /// runs, not after a restart.
+    pub inflight_exposed: usize,
+}
+
+/// What happened to a pushed item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushResult {
+    Queued,
+    /// Refused (QoS 0 over the limits, or QoS 0 for an offline session).
+    Dropped,
+    /// QoS 0 refused: every session's queues together hold `max_queued_bytes_total`.
+    DroppedMemoryLimit,
+    /// Queued, but the oldest QoS>0 messages were dropped to make room
+    /// (`max_queued_messages` / `max_queued_bytes`; `dropped_oldest` counts them).
+    QueuedDroppedOldest,
+    /// The queue has been full longer than the slow subscriber timeout.
+    SlowSubscriber,
+}
+
+#[derive(Debug, Default)]
+pub struct Outbound {
+    /// Control packets, queued deliveries, the in-flight window and the gate: allocated while
+    /// they hold something ([`LazyQueues`]).
+    pub queues: LazyQueues,
+    pub queued_bytes: usize,
+    /// QoS>0 messages in `queue`: at most `max_queued_messages`, which config validation keeps
+    /// within u32 (4 bytes beside `window` where 8 would grow every session's block).
+    pub queued_reliable: u32,
+    /// Of `queued_bytes`: the QoS>0 messages' (the measure of `max_queued_bytes`).
+    pub queued_reliable_bytes: usize,
+    /// Inline, not in the queues: its counter keeps ids rotating across idle periods.
+    pub packet_ids: PacketIds,
+    /// min(client Receive Maximum, max_inflight_messages) of the current connection (both
+    /// u16 in the protocol and the config).
+    pub window: u16,
+    /// QoS>0 messages dropped because `max_queued_messages` was reached (for log pacing).
+    pub dropped_oldest: u64,
+    /// Deliveries ever pushed into / removed from `queue` (their difference is its length).
+    pub pushed_total: u64,
+    pub removed_total: u64,
+    /// The broker-wide queued bytes and deliveries this queue counts into
+    /// ([`Outbound::count_into`]).
+    totals: Option<Arc<QueuedTotals>>,
+    /// What this queue's share of `totals.bytes` is (`queued_bytes` as of the last sync).
+    reported: usize,
+    /// This queue's share of `totals.messages` (`queue.len()` as of the last sync).
+    reported_messages: usize,
+}
+
+impl Drop for Outbound {
+    fn drop(&mut self) {
+        if let Some(totals) = &self.totals {
+            totals.bytes.fetch_sub(self.reported, Ordering::Relaxed);
+            totals
+                .messages
+                .fetch_sub(self.reported_messages, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Outbound {
+    /// Counts this queue's bytes (the broker-wide `max_queued_bytes_total` measure) and
+    /// length (the queued deliveries) into `totals` from now on. Set once.
+    pub fn count_into(&mut self, totals: Arc<QueuedTotals>) {
+        if self.totals.is_none() {
+            totals.bytes.fetch_add(self.queued_bytes, Ordering::Relaxed);
+            self.reported = self.queued_bytes;
+            let len = self.queues.queue.len();
+            totals.messages.fetch_add(len, Ordering::Relaxed);
+            self.reported_messages = len;
+            self.totals = Some(totals);
+        }
+    }
+
+    /// Brings the broker-wide totals up to date with `queued_bytes` and the queue's length
+    /// (one atomic operation each, none when nothing changed: the writer calls it once per
+    /// batch).
+    pub(crate) fn sync_total(&mut self) {
+        self.sync_bytes_total();
+        self.sync_messages_total();
+    }
+
+    /// The bytes total alone: a push must keep it exact (it is the `max_queued_bytes_total`
+    /// limit), the message count is only reported.
+    fn sync_bytes_total(&mut self) {
+        if self.reported == self.queued_bytes {
+            return;
+        }
+        if let Some(totals) = &self.totals {
+            if self.queued_bytes > self.reported {
+                totals
+                    .bytes
+                    .fetch_add(self.queued_bytes - self.reported, Ordering::Relaxed);
+            } else {
+                totals
+                    .bytes
+                    .fetch_sub(self.reported - self.queued_bytes, Ordering::Relaxed);
+            }
+        }
+        self.reported = self.queued_bytes;
+    }
+
+    fn sync_messages_total(&mut self) {
+        let len = self.queues.queue.len();
+        if self.reported_messages == len {
+            return;
+        }
+        if let Some(totals) = &self.totals {
+            if len > self.reported_messages {
+                totals
+                    .messages
+                    .fetch_add(len - self.reported_messages, Ordering::Relaxed);
+            } else {
+                totals
+                    .messages
+                    .fetch_sub(self.reported_messages - len, Ordering::Relaxed);
+            }
+        }
+        self.reported_messages = len;
+    }
+
+    /// True while every session's queues together hold `max_queued_bytes_total` or more.
+    fn over_total(&self, config: &BrokerConfig) -> bool {
+        self.totals
+            .as_ref()
+            .is_some_and(|t| t.at_cap(config.max_queued_bytes_total))
+    }
+
+    pub fn push(
+        &mut self,
+        item: Outgoing,
+        online: bool,
+        config: &BrokerConfig,
+        now: Instant,
+    ) -> PushResult {
+        let len = item.message.approx_len();
+        let over = self.queued_bytes + len > config.outbound_queue_max_bytes
+            || self.queues.queue.len() >= config.outbound_queue_max_messages;
+        let mut result = PushResult::Queued;
+        if item.qos == QoS::AtMostOnce {
+            if !online {
+                return PushResult::Dropped;
+            }
+            if self.over_total(config) {
+                return PushResult::DroppedMemoryLimit;
+            }
+            if over {
+                return self.note_full(config, now).unwrap_or(PushResult::Dropped);
+            }
+        } else {
+            // The session's own bounds: drop the oldest QoS>0 messages until this one fits
+            // (a message larger than `max_queued_bytes` is kept alone).
+            while self.queued_reliable > 0
+                && (self.queued_reliable as usize >= config.max_queued_messages
+                    || self.queued_reliable_bytes + len > config.max_queued_bytes)
+            {
+                let Some(index) = self
+                    .queues
+                    .queue
+                    .iter()
+                    .position(|o| o.qos != QoS::AtMostOnce)
+                else {
+                    break;
+                };
+                if let Some(old) = self.queues.remove_queued(index) {
+                    self.account_removed(&old);
+                }
+                result = PushResult::QueuedDroppedOldest;
+                self.dropped_oldest += 1;
+            }
+            if over && online {
+                if let Some(slow) = self.note_full(config, now) {
+                    result = slow;
+                }
+            }
+        }
+        self.queued_bytes += len;
+        if item.qos != QoS::AtMostOnce {
+            self.queued_reliable += 1;
+            self.queued_reliable_bytes += len;
+        }
+        self.pushed_total += 1;
+        self.queues.push_queued(item);
+        self.sync_bytes_total();
+        // The queued-messages gauge of an online session is brought up to date by its
+        // writer's next batch, which this push wakes: no second broker-wide atomic per
+        // delivery on the hot path.
+        if !online {
+            self.sync_messages_total();
+        }
+        result
+    }
+
+    /// Records that the queue is full; `Some(SlowSubscriber)` once it stayed full too long.
+    fn note_full(&mut self, config: &BrokerConfig, now: Instant) -> Option<PushResult> {
+        let since = self.queues.mark_full(now);
+        (now.saturating_duration_since(since) >= config.slow_subscriber_timeout())
+            .then_some(PushResult::SlowSubscriber)
+    }
+
+    fn account_removed(&mut self, item: &Outgoing) {
+        self.removed_total += 1;
+        let len = item.message.approx_len();
+        self.queued_bytes = self.queued_bytes.saturating_sub(len);
+        if item.qos != QoS::AtMostOnce {
+            self.queued_reliable = self.queued_reliable.saturating_sub(1);
+            self.queued_reliable_bytes = self.queued_reliable_bytes.saturating_sub(len);
+        }
+    }
+
+    /// A new connection attached: forget the old connection's control packets, resend every
+    /// in-flight message in order.
+    pub fn attach(&mut self, window: u16) {
+        self.window = window.max(1);
+        let Some(queues) = self.queues.allocated_mut() else {
+            return;
+        };
+        queues.full_since = None;
+        queues.control.clear();
+        for entry in &mut queues.inflight {
+            // A held packet was never sent: the gate sends it once its write is durable.
+            entry.needs_send = !entry.held;
+        }
+    }
+
+    /// The connection went away: QoS 0 is not kept for an offline session.
+    pub fn detach(&mut self) {
+        if let Some(queues) = self.queues.allocated_mut() {
+            queues.control.clear();
+            queues.full_since = None;
+        }
+        for item in self.queues.take_queued() {
+            if item.qos == QoS::AtMostOnce {
+                self.account_removed(&item);
+            } else {
+                self.queues.push_queued(item);
+            }
+        }
+        self.queues
+            .remove_from_gate(|p| matches!(p, HeldPacket::Qos0(_)));
+        self.queues.release_if_empty();
+        self.sync_total();
+    }
+
+    /// Takes every queued message and every QoS 1 message in flight that was routed via a
+    /// share group, for another member or the group (`session::groups`). QoS 2 in flight stays:
+    /// its delivery is completed to this member when it reconnects [MQTT-4.8.2-4].
+    pub fn take_shared(&mut self) -> Vec<Outgoing> {
+        let mut taken = Vec::new();
+        for item in self.queues.take_queued() {
+            if item.share.is_some() {
+                self.account_removed(&item);
+                taken.push(item);
+            } else {
+                self.queues.push_queued(item);
+            }
+        }
+        let inflight = self.queues.take_inflight();
+        let mut unsent = Vec::new();
+        for entry in inflight {
+            if entry.item.share.is_some()
+                && entry.phase == Phase::AwaitingAck
+                && entry.item.qos == QoS::AtLeastOnce
+            {
+                self.packet_ids.release(entry.packet_id);
+                if entry.held {
+                    unsent.push(entry.packet_id);
+                }
+                taken.push(entry.item);
+            } else {
+                self.queues.push_inflight(entry);
+            }
+        }
+        taken.extend(self.queues.remove_from_gate(|p| match p {
+            HeldPacket::Publish { packet_id } => unsent.contains(packet_id),
+            HeldPacket::Qos0(item) => item.share.is_some(),
+            HeldPacket::PubRel { .. } => false,
+        }));
+        self.queues.release_if_empty();
+        self.sync_total();
+        taken
+    }
+
+    /// Removes and returns the first queued delivery.
+    pub fn pop_front(&mut self) -> Option<Outgoing> {
+        let item = self.queues.pop_queued()?;
+        self.account_removed(&item);
+        Some(item)
+    }
+
+    /// PUBACK from the subscriber. `None` for an unknown id (ignored, as the spec allows).
+    pub fn on_puback(&mut self, packet_id: u16) -> Option<Inflight> {
+        self.remove_inflight(packet_id, |e| {
+            e.phase == Phase::AwaitingAck && e.item.qos == QoS::AtLeastOnce
+        })
+    }
+
+    /// Queues a PUBREL behind the ones before it; it leaves once `ticket` (the durable "PUBREL
+    /// pending", if one was written) completes. PUBRELs leave in PUBREC order [MQTT-4.6.0-3].
+    pub fn hold_pubrel(&mut self, packet_id: u16, reason: ReasonCode, ticket: Option<Ticket>) {
+        if let Some(entry) = self
+            .queues
+            .inflight_mut()
+            .find(|e| e.packet_id == packet_id)
+        {
+            entry.held = true;
+        }
+        self.queues
+            .push_gate(ticket, HeldPacket::PubRel { packet_id, reason });
+    }
+
+    /// Ready when the oldest write the gate waits for completed (the writer then runs a batch).
+    pub fn poll_gate(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.queues.poll_gate(cx)
+    }
+
+    /// True while packets wait in the gate (or its failure is pending).
+    pub fn gate_holds_packets(&self) -> bool {
+        !self.queues.gate.is_empty()
+    }
+
+    /// True once a store write the gate waited for failed (the connection must close).
+    pub fn gate_failed(&self) -> bool {
+        self.queues.gate.failed()
+    }
+
+    /// PUBREC from the subscriber: true if the id was awaiting it (or already PUBREL pending:
+    /// a duplicate PUBREC is answered with PUBREL again).
+    pub fn on_pubrec(&mut self, packet_id: u16, accepted: bool) -> bool {
+        let Some(index) =
+            self.queues.inflight.iter().position(|e| {
+                e.packet_id == packet_id && e.item.qos == QoS::ExactlyOnce && !e.held
+            })
+        else {
+            return false;
+        };
+        if !accepted {
+            // v5 PUBREC with a failure reason ends the exchange ([MQTT-4.3.3-4] note).
+            if let Some(entry) = self.queues.remove_inflight(index) {
+                self.packet_ids.release(entry.packet_id);
+            }
+            return true;
+        }
+        if let Some(entry) = self.queues.inflight_mut().nth(index) {
+            entry.phase = Phase::PubRelPending;
+            entry.needs_send = false;
+        }
+        true
+    }
+
+    /// The store position of the in-flight message `packet_id`, if it was stored.
+    pub fn stored_ref(&self, packet_id: u16) -> Option<crate::model::StoreRef> {
+        self.queues
+            .inflight
+            .iter()
+            .find(|e| e.packet_id == packet_id)
+            .and_then(|e| e.item.message.store_ref())
+    }
+
+    /// Drops queued (not in-flight) stored messages whose position retention removed from the
+    /// store: the session skips ahead over the removed range once. In-flight messages stay
+    /// (they are resent from memory, MQTT-4.4.0-1); the QoS 1 ones among them are counted as
+    /// exposed: no record pins them (a QoS 2 exchange's does), so a restart before their
+    /// PUBACK cannot resend them (ARCHITECTURE §5, "Retention").
+    pub fn drop_removed(&mut self, removed: &[(u16, std::ops::RangeInclusive<u64>)]) -> Removed {
+        let gone = |o: &Outgoing| {
+            o.message.store_ref().is_some_and(|r| {
+                removed
+                    .iter()
+                    .any(|(stream, range)| *stream == r.stream && range.contains(&r.seq))
+            })
+        };
+        let inflight_exposed = self
+            .queues
+            .inflight
+            .iter()
+            .filter(|e| e.item.qos == QoS::AtLeastOnce && gone(&e.item))
+            .count();
+        Removed {
+            dropped: self.drop_queued_where(gone),
+            inflight_exposed,
+        }
+    }
+
+    /// Drops the queued (not in-flight) deliveries `drop` picks, keeping the others in order
+    /// and the sums exact. Returns how many went.
+    pub fn drop_queued_where(&mut self, mut drop: impl FnMut(&Outgoing) -> bool) -> usize {
+        if !self.queues.queue.iter().any(&mut drop) {
+            return 0;
+        }
+        let mut dropped = 0;
+        for item in self.queues.take_queued() {
+            if drop(&item) {
+                self.account_removed(&item);
+                dropped += 1;
+            } else {
+                self.queues.push_queued(item);
+            }
+        }
+        self.queues.release_if_empty();
+        self.sync_total();
+        dropped
+    }
+
+    /// Appends the store positions of every stored message this session still holds (in
+    /// flight or queued) to `out`, for its durable cursor.
+    pub fn held(&self, out: &mut crate::model::HeldSeqs) {
+        let refs = self
+            .queues
+            .inflight
+            .iter()
+            .map(|e| &e.item)
+            .chain(self.queues.gate.qos0_items())
+            .chain(self.queues.queue.iter())
+            .filter_map(|o| o.message.store_ref());
+        out.extend(refs.map(|r| (r.stream, r.seq)));
+    }
+
+    /// Like [`Outbound::held`], for the messages routed via the share group `share` only.
+    pub fn held_share(&self, share: &str, out: &mut crate::model::HeldSeqs) {
+        let refs = self
+            .queues
+            .inflight
+            .iter()
+            .map(|e| &e.item)
+            .chain(self.queues.gate.qos0_items())
+            .chain(self.queues.queue.iter())
+            .filter(|o| o.share.as_deref() == Some(share))
+            .filter_map(|o| o.message.store_ref());
+        out.extend(refs.map(|r| (r.stream, r.seq)));
+    }
+
+    pub fn on_pubcomp(&mut self, packet_id: u16) -> Option<Inflight> {
+        self.remove_inflight(packet_id, |e| e.phase == Phase::PubRelPending)
+    }
+
+    fn remove_inflight(
+        &mut self,
+        packet_id: u16,
+        accept: impl Fn(&Inflight) -> bool,
+    ) -> Option<Inflight> {
+        let index = self
+            .queues
+            .inflight
+            .iter()
+            .position(|e| e.packet_id == packet_id && !e.held && accept(e))?;
+        let entry = self.queues.remove_inflight(index)?;
+        self.packet_ids.release(packet_id);
+        Some(entry)
+    }
+
+    /// Queues a control packet (ack, SUBACK, PINGRESP, PUBREL) behind every delivery already
+    /// queued: a PINGRESP then works as a barrier for what was routed before the PINGREQ.
+    pub fn push_control(&mut self, packet: Bytes) {
+        self.queues.push_control(self.pushed_total, packet);
+    }
+
+    /// Queues a control packet ahead of everything (CONNACK).
+    pub fn push_control_first(&mut self, packet: Bytes) {
+        self.queues.push_control_first(packet);
+    }
+}
+
+/// A queued copy of a stored QoS 2 message at `seq` of stream 0, delivered at `qos` (tests).
+#[cfg(test)]
+pub(crate) fn stored_item(payload: &'static [u8], qos: QoS, seq: u64) -> Outgoing {
+    let message = crate::model::message::Message::new(
+        tern_wire::Str::from_static("t"),
+        bytes::Bytes::from_static(payload),
+        QoS::ExactlyOnce,
+        false,
+        tern_wire::Properties::default(),
+        None,
+        Instant::now(),
+    );
+    let _ = message
+        .stored
+        .set(crate::model::StoreRef { stream: 0, seq });
+    Outgoing {
+        message: Arc::new(message),
+        qos,
+        retain: false,
+        subscription_ids: Vec::new(),
+        share: None,
+    }
+}
+
+#[cfg(test)]
+mod gate_tests;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod totals_tests;
