@@ -33,3 +33,19 @@ fn assert_pass(seeds: &[u64]) {
 fn an_unread_refusal_exempts_its_number_from_the_order_rule() {
     assert_pass(&[676]);
 }
+
+/// Finding 16, seeds 640 and 757 (the simulator's broker closed without production's
+/// linger): a 3.1.1 QoS 1 publisher with a window of 128 or 256 KiB-sized messages, refused
+/// at the disk budget (3.1.1: the connection closes), is blocked writing the rest of its
+/// window (turmoil's TCP carries 64 unread writes, then a write waits) while the closing
+/// connection, which no longer reads, sends the PUBACKs of what it accepted before the
+/// refusal (finding 13's acks). The client's write timed out after 1 s and it dropped the
+/// connection with those acks unread, so it resent the same window on every connection:
+/// 640 made one message of progress a second and did not finish in 60 s; 757 made none
+/// (the liveness rule at the disk budget). A listener's connection lingers after such a
+/// close (reads and discards until the client's end, issue 24 item 1): the client's writes
+/// complete and it reads the acks. The simulator's connections now close the same way.
+#[test]
+fn a_refused_3_1_1_publisher_blocked_in_a_write_reads_its_acks() {
+    assert_pass(&[640, 757]);
+}

@@ -87,7 +87,7 @@ fn broker_software(
                 let stop = stop.clone();
                 tokio::spawn(async move {
                     let transport = StreamTransport::new(stream);
-                    broker.run_connection(transport, info, stop).await;
+                    broker.run_socket_connection(transport, info, stop).await;
                 });
             }
         })
