@@ -168,7 +168,7 @@ impl Broker {
     /// Starts what runs beside the connections: the `$SYS` publisher (until `stop` turns
     /// true), session expiry and the wills recovered from the store, and the checkpointer.
     /// [`Broker::serve_listeners`] calls it; a caller that accepts connections itself (the
-    /// simulator, through [`Broker::run_connection`]) calls it once before the first one.
+    /// simulator, through [`Broker::run_socket_connection`]) calls it once before the first one.
     /// Dropping the result stops the `$SYS` publisher and the checkpointer.
     pub fn start_background(&self, stop: watch::Receiver<bool>) -> Background {
         let sys = tokio::spawn(crate::engine::sys::run(self.shared.clone(), stop));
