@@ -267,10 +267,20 @@ impl Conn {
                     .messages
                     .qos2_released(&self.session.client_id, ack.packet_id),
             )
-        } else if self.protocol.is_v5() {
-            (ReasonCode::PACKET_IDENTIFIER_NOT_FOUND, None)
         } else {
-            (ReasonCode::SUCCESS, None)
+            // Not in the set: maybe the retry of a PUBREL whose record is still being
+            // written, or failed; the PUBCOMP waits for it (`qos2_release_retry`).
+            let reason = if self.protocol.is_v5() {
+                ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+            } else {
+                ReasonCode::SUCCESS
+            };
+            let wait = self
+                .shared
+                .store
+                .messages
+                .qos2_release_retry(&self.session.client_id, ack.packet_id);
+            (reason, wait)
         };
         self.push_entry(Entry {
             packet_id: ack.packet_id,

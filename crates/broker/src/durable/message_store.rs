@@ -127,6 +127,21 @@ impl MessageLog for DurableStore {
         })
     }
 
+    fn qos2_release_retry(&self, _client_id: &str, _packet_id: u16) -> Option<Ticket> {
+        // The first PUBREL's `rel` record went to the stream of its `rx` record, which is no
+        // longer known: wait for every message stream up to what it has appended (the
+        // record was appended before this PUBREL was read: on this connection, or on one
+        // whose close this connection's handshake waited for). A stream that failed fails
+        // the ticket, and the PUBCOMP is not sent. Rare (a PUBREL resent after a reconnect),
+        // and usually nothing is pending.
+        self.slots.iter().fold(None, |ticket, slot| {
+            let last = slot.stream.next_seq().saturating_sub(1);
+            let pending = last > 0 && slot.stream.durable_seq() < last;
+            let wait = pending.then(|| Ticket::from_store(slot.stream.ticket_for(last)));
+            Ticket::join(ticket, wait)
+        })
+    }
+
     fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
         let Some(budget) = self.disk_budget else {
             return false;

@@ -49,3 +49,33 @@ fn an_unread_refusal_exempts_its_number_from_the_order_rule() {
 fn a_refused_3_1_1_publisher_blocked_in_a_write_reads_its_acks() {
     assert_pass(&[640, 757]);
 }
+
+/// Issue 24 item 6's stalls at the disk budget with the retention floor on the oldest record
+/// (the 8 stalls of 2,000 seeds after finding 16's fixes; 428 and 494 named in the issue),
+/// each seed with an EIO on the message stream: a 3.1.1 QoS 2 publisher's PUBREL removed
+/// its id from the received set and appended the `$tern/rel` record; the EIO failed that
+/// write, and the publisher's PUBREL on its next connection, finding the id gone, got its
+/// PUBCOMP at once. The power loss that follows an EIO lost the `rel` record, so recovery
+/// restored the exchange as open: its `rx` record pinned the retention floor for the rest of
+/// the run (the publishers stalled at the budget), and a new message under that packet id
+/// would have been taken as a retry and never delivered. A PUBREL for an id no longer in
+/// the received set now waits for what the store appended before it (the first PUBREL's
+/// `rel` included): a failed write closes the connection without a PUBCOMP.
+#[test]
+fn a_pubrel_retry_waits_for_the_first_pubrels_record() {
+    let seeds = [428, 494, 674, 832, 1001, 1416, 1637, 1998];
+    if std::env::var("TERN_SIM_SEED").is_ok() || std::env::var("TERN_SIM_INJECT").is_ok() {
+        return;
+    }
+    let _turn = crate::take_turn(false);
+    let injected = bugs(None).expect("no bug");
+    for seed in seeds {
+        let out = run_seed(seed, injected, false, false);
+        let stalled = out.log.contains("publishers stalled at a bound");
+        assert!(
+            out.violations.is_empty() && !stalled,
+            "seed {seed}: stalled at a bound {stalled}, {:?}",
+            out.violations
+        );
+    }
+}
