@@ -260,13 +260,21 @@ impl Conn {
         // any other PUBREL takes pipeline room of its own.
         let counted = known && self.inflight.is_counted(ack.packet_id);
         let (reason, ticket) = if known {
-            (
-                ReasonCode::SUCCESS,
-                self.shared
-                    .store
-                    .messages
-                    .qos2_released(&self.session.client_id, ack.packet_id),
-            )
+            let ticket = self
+                .shared
+                .store
+                .messages
+                .qos2_released(&self.session.client_id, ack.packet_id);
+            if ticket
+                .as_ref()
+                .is_some_and(crate::model::Ticket::is_refused)
+            {
+                // Nothing records the release (the stream failed): the exchange stays open,
+                // and the client's retry must find it so (docs/simulation.md, finding 17).
+                let mut state = self.session.state.lock();
+                state.qos2_received.insert(ack.packet_id);
+            }
+            (ReasonCode::SUCCESS, ticket)
         } else {
             // Not in the set: maybe the retry of a PUBREL whose record is still being
             // written, or failed; the PUBCOMP waits for it (`qos2_release_retry`).
