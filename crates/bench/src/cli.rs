@@ -161,6 +161,11 @@ pub struct ConnsArgs {
     /// Keep alive announced in CONNECT (long enough that no ping is due during the hold).
     #[arg(long, default_value_t = 600)]
     pub keep_alive_s: u16,
+    /// The run's tag in the client ids (default: random per run). With `--persistent`, a
+    /// second run with the same tag reconnects to the sessions the first one left: a
+    /// reconnect storm of persistent sessions.
+    #[arg(long)]
+    pub tag: Option<String>,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -39,7 +39,7 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
     }
     let addr = resolve(common).await?;
     let protocol = common.protocol.wire();
-    let tag = run_tag();
+    let tag = args.tag.clone().unwrap_or_else(run_tag);
     let rss_before = common
         .broker_pid
         .and_then(|pid| rss_bytes(Target::Pid(pid)));

@@ -107,6 +107,20 @@ impl Metrics {
         counter.fetch_add(value, Ordering::Relaxed);
     }
 
+    /// `n` QoS>0 deliveries dropped, oldest first, at `max_queued_messages` /
+    /// `max_queued_bytes` (a session's queue, a share group's, or a session restored at
+    /// start-up): the one count of the rule.
+    pub fn dropped_at_queue_limit(&self, n: u64) {
+        Metrics::add(&self.messages_dropped, n);
+        Metrics::add(&self.messages_dropped_queue_limit, n);
+    }
+
+    /// `n` queued deliveries whose stored records a retention limit removed.
+    pub fn dropped_by_retention(&self, n: u64) {
+        Metrics::add(&self.messages_dropped, n);
+        Metrics::add(&self.messages_dropped_retention, n);
+    }
+
     /// Adds and returns the new value.
     pub fn add_get(counter: &AtomicU64, value: u64) -> u64 {
         counter.fetch_add(value, Ordering::Relaxed) + value

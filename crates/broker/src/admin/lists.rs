@@ -91,7 +91,7 @@ impl Broker {
                 keep_alive_s: info.map_or(0, |i| i.keep_alive_s),
                 inflight: state.out.queues.inflight.len(),
                 queued: state.out.queues.queue.len(),
-                connected_since: info.map(|i| i.connected_at),
+                connected_since: info.map(|i| i.connected_at()),
             });
         }
         page(items, |c| c.client_id.as_str(), after, limit)

@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use tern_wire::{Disconnect, Packet, Properties, ReasonCode, Str, encoded_len};
 
+use super::outflow::Outflow;
 use super::{Close, Conn};
 use crate::engine::Shared;
 use crate::engine::registry;
 use crate::engine::will;
 use crate::metrics::Metrics;
-use crate::state::outbound::{Outflow, encode_packet};
+use crate::state::outbound::encode_packet;
 use crate::transport::TransportWrite;
 
 /// How long the last writes get when there is no DISCONNECT to send.
@@ -231,8 +232,7 @@ impl Conn {
         for item in released {
             if let crate::state::ack_pipeline::Released::Deliver(message) = item {
                 // Retained records were applied by the pipeline's release hook.
-                crate::engine::route::route(&self.shared, message.clone());
-                self.shared.store.messages.message_released(&message);
+                crate::engine::route::route_released(&self.shared, message);
             }
         }
         // What never became durable is not delivered; the store must not wait for it either

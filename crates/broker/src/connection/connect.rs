@@ -374,28 +374,118 @@ async fn accept<W: TransportWrite>(
     reader: &mut W::Io,
     client: Client,
 ) -> Result<Accepted<W>, Refused> {
-    let config = &shared.config;
     let protocol = connect.protocol;
-    let v5 = protocol.is_v5();
-    if let Err(reason) = check(shared, &connect) {
-        if reason == ReasonCode::MALFORMED_PACKET && !v5 {
-            // 3.1.1 has no return code for a malformed CONNECT: closed without a CONNACK.
+    let (username, slot) = match admit(shared, &connect, &client).await {
+        Ok(admitted) => admitted,
+        Err(Some(reason)) => {
+            return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
+        }
+        // 3.1.1 has no return code for a malformed CONNECT: closed without a CONNACK.
+        Err(None) => {
             return Err(match writer.shutdown(reader).await {
                 Ok(()) => Refused::Answered,
                 Err(_) => Refused::Dropped,
             });
         }
-        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
+    };
+    let terms = negotiate(shared, &connect);
+    // Before the read slot takes its ticket: no ticket may be held across this wait.
+    super::close::await_predecessor(shared, &terms.client_id).await;
+    // Before the CONNACK is queued: what the client sends once it has it is ordered from here.
+    let read_slot = ReadSlot::new(shared.read_order.clone());
+    let attached = registry::attach(
+        shared,
+        AttachRequest {
+            client_id: &terms.client_id,
+            username: username.clone(),
+            protocol,
+            clean_start: connect.clean_start,
+            expiry_interval_s: terms.expiry_interval_s,
+            window: terms.window,
+            connack: ConnAck {
+                session_present: false,
+                reason: ReasonCode::SUCCESS,
+                properties: terms.properties,
+            },
+        },
+    );
+    let will = connect.will.map(crate::engine::will::keep);
+    // Replaces (or, without a will, deletes) the stored will of an earlier connection.
+    let (will_token, will_written) =
+        crate::engine::will::record(shared, &terms.client_id, will.as_deref());
+    // The CONNACK (queued first) leaves once the session's and the will's records are durable
+    // (`connection::outflow::Outflow`), as a SUBACK waits for its subscription's.
+    let connack_after = Ticket::join(attached.durable, will_written);
+    attached.ctl.set_info(ConnInfo {
+        peer: client.peer,
+        keep_alive_s: terms.keep_alive_s,
+        connected_at_unix_ms: ConnInfo::unix_ms(std::time::SystemTime::now()),
+        credentials: checked_credentials(
+            shared,
+            &client,
+            username.as_ref(),
+            connect.password.as_ref(),
+        ),
+    });
+    // At most 65,535 s × 1.5: fits a u32 of milliseconds.
+    let keep_alive_ms = u32::from(terms.keep_alive_s) * 1500;
+    let keep_alive = shared.keep_alive.watch(&attached.ctl, keep_alive_ms);
+    let v5 = protocol.is_v5();
+    let conn = Conn {
+        shared: shared.clone(),
+        session: attached.session,
+        ctl: attached.ctl,
+        conn_gen: attached.conn_gen,
+        username,
+        acl: AclView::default(),
+        protocol,
+        keep_alive_s: terms.keep_alive_s,
+        will,
+        will_token,
+        aliases: InboundAliases::new(if v5 {
+            shared.config.topic_alias_maximum
+        } else {
+            0
+        }),
+        read_slot,
+        inflight: Default::default(),
+        connect_expiry_zero: terms.requested_expiry_s == 0,
+        client_max_packet_size_bytes: terms.client_max_packet_size,
+        now: Instant::now(),
+        _slot: slot,
+        _keep_alive: keep_alive,
+    };
+    let writer_state = WriterState::new(
+        protocol,
+        terms.client_max_packet_size,
+        terms.client_alias_maximum,
+    );
+    Ok((conn, (writer, writer_state, connack_after)))
+}
+
+/// The CONNECT's admission: its fields, the connect rate, its credentials, a connection place
+/// (`max_connections`) and a session place (`max_sessions`). `Err(Some(reason))` is answered
+/// with a refusing CONNACK, `Err(None)` (a malformed 3.1.1 CONNECT) closes without one.
+async fn admit(
+    shared: &Arc<Shared>,
+    connect: &Connect,
+    client: &Client,
+) -> Result<(Option<Arc<str>>, ConnectionSlot), Option<ReasonCode>> {
+    let config = &shared.config;
+    if let Err(reason) = check(shared, connect) {
+        if reason == ReasonCode::MALFORMED_PACKET && !connect.protocol.is_v5() {
+            return Err(None);
+        }
+        return Err(Some(reason));
     }
     if !admit_rate(shared, client.peer.ip(), &connect.client_id) {
         // 0x9F Connection rate exceeded; 3.1.1: return code 3, Server unavailable.
-        let reason = ReasonCode::CONNECTION_RATE_EXCEEDED;
-        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
+        return Err(Some(ReasonCode::CONNECTION_RATE_EXCEEDED));
     }
     let username: Option<Arc<str>> = connect.username.as_deref().map(Arc::from);
-    if let Err(reason) = authorize(shared, &connect, username.as_deref(), &client).await {
-        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
-    }
+    authorize(shared, connect, username.as_deref(), client)
+        .await
+        .map_err(Some)?;
     let Some(slot) = ConnectionSlot::take(shared, client.listener.clone(), &connect.client_id)
     else {
         let refused = Metrics::add_get(&shared.metrics.connections_refused, 1);
@@ -409,17 +499,35 @@ async fn accept<W: TransportWrite>(
         }
         // 0x97 Quota exceeded (an administrative limit; 0x9F names a connection *rate*);
         // 3.1.1 gets return code 3, Server unavailable.
-        let reason = ReasonCode::QUOTA_EXCEEDED;
-        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
+        return Err(Some(ReasonCode::QUOTA_EXCEEDED));
     };
     if shared
         .sessions
         .is_full_for(&connect.client_id, config.max_sessions)
     {
         tracing::warn!(limit = config.max_sessions, "session limit reached");
-        let reason = ReasonCode::SERVER_BUSY;
-        return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
+        return Err(Some(ReasonCode::SERVER_BUSY));
     }
+    Ok((username, slot))
+}
+
+/// What the broker and the client agree on at CONNECT, and the CONNACK properties that say so.
+struct Terms {
+    properties: Properties,
+    client_id: Arc<str>,
+    keep_alive_s: u16,
+    requested_expiry_s: u32,
+    expiry_interval_s: u32,
+    window: u16,
+    client_max_packet_size: u32,
+    client_alias_maximum: u16,
+}
+
+/// The client id (assigned when empty), keep alive, session expiry and flow limits of an
+/// admitted CONNECT, within the broker's limits.
+fn negotiate(shared: &Shared, connect: &Connect) -> Terms {
+    let config = &shared.config;
+    let v5 = connect.protocol.is_v5();
     let mut properties = Properties::default();
     let client_id: Arc<str> = if connect.client_id.is_empty() {
         let id = assigned_client_id(shared);
@@ -430,7 +538,6 @@ async fn accept<W: TransportWrite>(
     } else {
         connect.client_id.as_str().into()
     };
-
     // Keep alive: a v5 client asking for more than the maximum, or for none, is told the
     // maximum (MQTT-3.2.2-21: it must then use the Server Keep Alive).
     let mut keep_alive_s = connect.keep_alive_s;
@@ -438,9 +545,6 @@ async fn accept<W: TransportWrite>(
         keep_alive_s = config.max_keep_alive_s;
         properties.server_keep_alive_s = Some(keep_alive_s);
     }
-    // At most 65,535 s × 1.5: fits a u32 of milliseconds.
-    let keep_alive_ms = u32::from(keep_alive_s) * 1500;
-
     let requested_expiry_s = if v5 {
         connect.properties.session_expiry_interval_s.unwrap_or(0)
     } else if connect.clean_start {
@@ -452,23 +556,18 @@ async fn accept<W: TransportWrite>(
     if v5 && expiry_interval_s != requested_expiry_s {
         properties.session_expiry_interval_s = Some(expiry_interval_s);
     }
-
     let client_receive_maximum = connect
         .properties
         .receive_maximum
         .unwrap_or(DEFAULT_CLIENT_RECEIVE_MAXIMUM);
-    let window = client_receive_maximum.min(config.max_inflight_messages);
-    let client_max_packet_size = if v5 {
-        connect.properties.maximum_packet_size.unwrap_or(u32::MAX)
+    let (client_max_packet_size, client_alias_maximum) = if v5 {
+        (
+            connect.properties.maximum_packet_size.unwrap_or(u32::MAX),
+            connect.properties.topic_alias_maximum.unwrap_or(0),
+        )
     } else {
-        u32::MAX
+        (u32::MAX, 0)
     };
-    let client_alias_maximum = if v5 {
-        connect.properties.topic_alias_maximum.unwrap_or(0)
-    } else {
-        0
-    };
-
     if v5 {
         properties.receive_maximum = Some(config.receive_maximum);
         properties.topic_alias_maximum =
@@ -479,66 +578,14 @@ async fn accept<W: TransportWrite>(
         properties.subscription_identifier_available = Some(1);
         properties.shared_subscription_available = Some(1);
     }
-
-    // Before the read slot takes its ticket: no ticket may be held across this wait.
-    super::close::await_predecessor(shared, &client_id).await;
-    // Before the CONNACK is queued: what the client sends once it has it is ordered from here.
-    let read_slot = ReadSlot::new(shared.read_order.clone());
-    let attached = registry::attach(
-        shared,
-        AttachRequest {
-            client_id: &client_id,
-            username: username.clone(),
-            protocol,
-            clean_start: connect.clean_start,
-            expiry_interval_s,
-            window,
-            connack: ConnAck {
-                session_present: false,
-                reason: ReasonCode::SUCCESS,
-                properties,
-            },
-        },
-    );
-    let will = connect.will.map(crate::engine::will::keep);
-    // Replaces (or, without a will, deletes) the stored will of an earlier connection.
-    let (will_token, will_written) =
-        crate::engine::will::record(shared, &client_id, will.as_deref());
-    // The CONNACK (queued first) leaves once the session's and the will's records are durable
-    // (`outbound::Outflow`), as a SUBACK waits for its subscription's.
-    let connack_after = Ticket::join(attached.durable, will_written);
-    attached.ctl.set_info(ConnInfo {
-        peer: client.peer,
+    Terms {
+        properties,
+        client_id,
         keep_alive_s,
-        connected_at: std::time::SystemTime::now(),
-        credentials: checked_credentials(
-            shared,
-            &client,
-            username.as_ref(),
-            connect.password.as_ref(),
-        ),
-    });
-    let keep_alive = shared.keep_alive.watch(&attached.ctl, keep_alive_ms);
-    let conn = Conn {
-        shared: shared.clone(),
-        session: attached.session,
-        ctl: attached.ctl,
-        conn_gen: attached.conn_gen,
-        username,
-        acl: AclView::default(),
-        protocol,
-        keep_alive_s,
-        will,
-        will_token,
-        aliases: InboundAliases::new(if v5 { config.topic_alias_maximum } else { 0 }),
-        read_slot,
-        inflight: Default::default(),
-        connect_expiry_zero: requested_expiry_s == 0,
-        client_max_packet_size_bytes: client_max_packet_size,
-        now: Instant::now(),
-        _slot: slot,
-        _keep_alive: keep_alive,
-    };
-    let writer_state = WriterState::new(protocol, client_max_packet_size, client_alias_maximum);
-    Ok((conn, (writer, writer_state, connack_after)))
+        requested_expiry_s,
+        expiry_interval_s,
+        window: client_receive_maximum.min(config.max_inflight_messages),
+        client_max_packet_size,
+        client_alias_maximum,
+    }
 }

@@ -11,10 +11,10 @@ use bytes::BytesMut;
 use tern_wire::{DecodeError, ReasonCode, decode};
 use tokio::time::Instant;
 
+use super::outflow::{OutEnv, Outflow, WriteFailed};
 use super::read::{poll_ordered, settle, try_read_chunk};
 use super::{Close, Conn, Event, Live, MAX_CONTROL_BACKLOG};
 use crate::metrics::Metrics;
-use crate::state::outbound::{OutEnv, Outflow, WriteFailed};
 use crate::transport::{TransportRead, TransportWrite};
 
 /// The DISCONNECT reason for a packet that failed to decode.

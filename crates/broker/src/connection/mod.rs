@@ -2,7 +2,7 @@
 //! (`event_loop`) that decodes packets and dispatches them (`publish`, `acks`, `subscribe`),
 //! then the close
 //! (`close`): final DISCONNECT, will, session detach. The same task writes: between reads it
-//! drives the connection's [`crate::state::outbound::Outflow`], so an idle connection is one task.
+//! drives the connection's [`outflow::Outflow`], so an idle connection is one task.
 //!
 //! # Invariants
 //! - The read buffer is allocated only when data arrives, sized to it, and released whenever
@@ -31,6 +31,7 @@ mod connect;
 mod event_loop;
 mod inflight;
 mod linger;
+pub(crate) mod outflow;
 mod peek;
 mod publish;
 mod quota;
@@ -51,10 +52,11 @@ use crate::engine::Shared;
 use crate::metrics::Metrics;
 use crate::read_order::ReadSlot;
 use crate::state::ack_pipeline::{AckKind, Released};
-use crate::state::outbound::{Outflow, WriteFailed, encode_packet};
+use crate::state::outbound::encode_packet;
 use crate::state::session::{ConnCtl, Session};
 use crate::state::topic_alias::InboundAliases;
 use crate::transport::{ConnectionInfo, Transport, TransportRead, TransportWrite};
+use outflow::{Outflow, WriteFailed};
 
 /// Control packets (acks, SUBACK, PINGRESP) waiting to be written beyond which the connection
 /// stops reading: a client that sends without reading cannot grow the queue without bound.
@@ -423,8 +425,7 @@ impl Conn {
             if let Released::Deliver(message) = item {
                 // Its retained record was applied when the pipeline released it (the
                 // pipeline's release hook, `retained::release_hook`).
-                crate::engine::route::route(&self.shared, message.clone());
-                self.shared.store.messages.message_released(&message);
+                crate::engine::route::route_released(&self.shared, message);
             }
         }
         inflight.released = released;

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use super::{Close, Conn};
 use crate::auth::Who;
+use crate::engine::registry::{self, Subscribed};
 use crate::engine::route;
 use crate::metrics::Metrics;
 use crate::model::SubRecord;
@@ -37,7 +38,6 @@ fn granted(qos: QoS) -> ReasonCode {
 
 impl Conn {
     pub(super) fn on_subscribe(&mut self, subscribe: Subscribe) -> Result<(), Close> {
-        let v5 = self.protocol.is_v5();
         let subscription_id = subscribe
             .properties
             .subscription_identifiers
@@ -49,87 +49,19 @@ impl Conn {
         // (filter, record) whose retained messages are due (Retain Handling 0, or 1 when new).
         let mut retained_due = Vec::new();
         for (raw, options) in &subscribe.filters {
-            if let Err(close) = self.check_strict(raw, ReasonCode::TOPIC_FILTER_INVALID) {
-                if close == Close::Protocol(ReasonCode::TOPIC_FILTER_INVALID) {
-                    reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
-                    continue;
-                }
-                return Err(close);
-            }
-            let Ok(kind) = tern_topic::classify_filter(raw) else {
-                reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
-                continue;
-            };
-            let shared_sub = matches!(kind, FilterKind::Shared { .. });
-            if shared_sub && options.no_local && v5 {
-                // MQTT-3.8.3-4: No Local on a shared subscription is a protocol error.
-                return Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR));
-            }
-            if !self.may_subscribe(kind) {
-                // 3.1.1: 0x80 Failure (MQTT-3.9.3); v5: 0x87 Not authorized.
-                reasons.push(if v5 {
-                    ReasonCode::NOT_AUTHORIZED
-                } else {
-                    ReasonCode::UNSPECIFIED_ERROR
-                });
-                continue;
-            }
             let record = SubRecord {
                 options: *options,
                 subscription_id,
             };
-            let (existed, full) = {
-                let state = self.session.state.lock();
-                let existed = state.subscriptions.contains_key(raw.as_str());
-                let full =
-                    state.subscriptions.len() >= self.shared.config.max_subscriptions_per_session;
-                (existed, full)
-            };
-            if !existed && full {
-                reasons.push(ReasonCode::QUOTA_EXCEEDED);
-                continue;
-            }
-            let result = {
-                let mut router = self.shared.router.write();
-                if self.session.state.lock().ended {
-                    // Replaced by a clean-start takeover: this connection is on its way out.
-                    return Err(Close::Kicked(ReasonCode::SESSION_TAKEN_OVER));
-                }
-                router.subscribe(kind, &self.session, record)
-            };
-            match result {
-                Ok(replaced) => {
-                    if !replaced {
-                        Metrics::add(&self.shared.metrics.subscriptions, 1);
+            match self.subscribe_one(raw, record)? {
+                Ok((written, due)) => {
+                    ticket = Ticket::join(ticket, written);
+                    reasons.push(granted(options.qos));
+                    if due {
+                        retained_due.push((raw.clone(), record));
                     }
                 }
-                Err(error) => {
-                    tracing::debug!(%error, filter = %raw, "subscription refused");
-                    reasons.push(ReasonCode::TOPIC_FILTER_INVALID);
-                    continue;
-                }
-            }
-            {
-                let mut state = self.session.state.lock();
-                state.subscriptions.insert(raw.as_str().into(), record);
-                self.session.recount_subscriptions(&state);
-            }
-            let written = self.shared.store.sessions.session_subscribed(
-                &self.session.client_id,
-                raw,
-                *options,
-                subscription_id,
-            );
-            ticket = Ticket::join(ticket, written);
-            reasons.push(granted(options.qos));
-            let due = match options.retain_handling {
-                RetainHandling::SendAtSubscribe => true,
-                RetainHandling::SendIfNew => !existed,
-                RetainHandling::DoNotSend => false,
-            };
-            // Retained messages are not sent for shared subscriptions (MQTT 5 §4.8.2).
-            if due && !shared_sub {
-                retained_due.push((raw.clone(), record));
+                Err(refused) => reasons.push(refused),
             }
         }
         // SUBACK is queued before the retained messages it triggers when it need not wait.
@@ -141,11 +73,81 @@ impl Conn {
         self.push_control_ack(subscribe.packet_id, &suback, ticket);
         // A new member online: messages that waited for its groups go out.
         crate::engine::groups::flush_member(&self.shared, &self.session);
+        self.send_retained(retained_due);
+        Ok(())
+    }
+
+    /// One filter of a SUBSCRIBE: `Ok(Ok((write, retained due)))` when granted, `Ok(Err(reason))`
+    /// for a refusal in the SUBACK, `Err` for one that closes the connection.
+    fn subscribe_one(
+        &mut self,
+        raw: &tern_wire::Str,
+        record: SubRecord,
+    ) -> Result<Result<(Option<Ticket>, bool), ReasonCode>, Close> {
+        let v5 = self.protocol.is_v5();
+        let options = record.options;
+        if let Err(close) = self.check_strict(raw, ReasonCode::TOPIC_FILTER_INVALID) {
+            if close == Close::Protocol(ReasonCode::TOPIC_FILTER_INVALID) {
+                return Ok(Err(ReasonCode::TOPIC_FILTER_INVALID));
+            }
+            return Err(close);
+        }
+        let Ok(kind) = tern_topic::classify_filter(raw) else {
+            return Ok(Err(ReasonCode::TOPIC_FILTER_INVALID));
+        };
+        let shared_sub = matches!(kind, FilterKind::Shared { .. });
+        if shared_sub && options.no_local && v5 {
+            // MQTT-3.8.3-4: No Local on a shared subscription is a protocol error.
+            return Err(Close::Protocol(ReasonCode::PROTOCOL_ERROR));
+        }
+        if !self.may_subscribe(kind) {
+            // 3.1.1: 0x80 Failure (MQTT-3.9.3); v5: 0x87 Not authorized.
+            return Ok(Err(if v5 {
+                ReasonCode::NOT_AUTHORIZED
+            } else {
+                ReasonCode::UNSPECIFIED_ERROR
+            }));
+        }
+        let (existed, full) = {
+            let state = self.session.state.lock();
+            let existed = state.subscriptions.contains_key(raw.as_str());
+            let full =
+                state.subscriptions.len() >= self.shared.config.max_subscriptions_per_session;
+            (existed, full)
+        };
+        if !existed && full {
+            return Ok(Err(ReasonCode::QUOTA_EXCEEDED));
+        }
+        match registry::subscribe(&self.shared, &self.session, kind, raw, record) {
+            Subscribed::New | Subscribed::Replaced => {}
+            // Replaced by a clean-start takeover: this connection is on its way out.
+            Subscribed::Ended => return Err(Close::Kicked(ReasonCode::SESSION_TAKEN_OVER)),
+            Subscribed::Refused(error) => {
+                tracing::debug!(%error, filter = %raw, "subscription refused");
+                return Ok(Err(ReasonCode::TOPIC_FILTER_INVALID));
+            }
+        }
+        let written = self.shared.store.sessions.session_subscribed(
+            &self.session.client_id,
+            raw,
+            options,
+            record.subscription_id,
+        );
+        let due = match options.retain_handling {
+            RetainHandling::SendAtSubscribe => true,
+            RetainHandling::SendIfNew => !existed,
+            RetainHandling::DoNotSend => false,
+        };
+        // Retained messages are not sent for shared subscriptions (MQTT 5 §4.8.2).
+        Ok(Ok((written, due && !shared_sub)))
+    }
+
+    /// The retained messages due to new subscriptions, with RETAIN=1 (MQTT-3.3.1-8).
+    fn send_retained(&self, retained_due: Vec<(tern_wire::Str, SubRecord)>) {
         let now = Instant::now();
         for (filter, record) in retained_due {
             let messages: Vec<Arc<Message>> = self.shared.retained.read().matching(&filter, now);
             for message in messages {
-                // MQTT-3.3.1-8: retained messages sent on subscribe carry RETAIN=1.
                 let item = Outgoing {
                     qos: message.qos.min(record.options.qos),
                     retain: true,
@@ -156,7 +158,6 @@ impl Conn {
                 route::deliver(&self.shared, &self.session, item, now);
             }
         }
-        Ok(())
     }
 
     pub(super) fn on_unsubscribe(&mut self, unsubscribe: Unsubscribe) -> Result<(), Close> {

@@ -36,7 +36,7 @@ async fn idle_connection_state_stays_small() {
     eprintln!(
         "SIZES task={task_bytes} conn={} outflow={} session={} ctl={}",
         std::mem::size_of::<super::Conn>(),
-        std::mem::size_of::<crate::state::outbound::Outflow<crate::transport::TcpWrite>>(),
+        std::mem::size_of::<super::outflow::Outflow<crate::transport::TcpWrite>>(),
         std::mem::size_of::<crate::state::session::Session>(),
         std::mem::size_of::<crate::state::session::ConnCtl>()
     );

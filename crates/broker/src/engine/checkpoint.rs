@@ -267,8 +267,7 @@ fn note_retention_drops(shared: &Shared, kind: &str, who: &str, dropped: usize) 
     if dropped == 0 {
         return;
     }
-    Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
-    Metrics::add(&shared.metrics.messages_dropped_retention, dropped as u64);
+    shared.metrics.dropped_by_retention(dropped as u64);
     if kind == "session" {
         tracing::info!(
             client_id = who,

@@ -44,8 +44,7 @@ fn push(shared: &Shared, queue: &mut Outbound, share: &str, item: Outgoing, now:
         PushResult::QueuedDroppedOldest => {
             // Counted as a session's queue counts them (`router`): one push may drop several.
             let dropped_now = queue.dropped_oldest - dropped_before;
-            Metrics::add(&shared.metrics.messages_dropped, dropped_now);
-            Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped_now);
+            shared.metrics.dropped_at_queue_limit(dropped_now);
             if queue.dropped_oldest.is_power_of_two() {
                 tracing::warn!(
                     share,

@@ -198,3 +198,51 @@ fn end_removed(shared: &Arc<Shared>, session: &Arc<Session>) {
         crate::engine::will::fire(shared, &session.client_id, will.token, will.will);
     }
 }
+
+/// What [`subscribe`] did.
+#[derive(Debug)]
+pub enum Subscribed {
+    /// A new subscription of the session.
+    New,
+    /// It replaced the session's subscription to the same filter.
+    Replaced,
+    /// The session ended meanwhile (a clean-start takeover replaced it): nothing was done.
+    Ended,
+    /// The trie refused it (a limit).
+    Refused(tern_topic::SubscribeError),
+}
+
+/// Routes `session`'s subscription to `filter` and records it in the session's table: the
+/// one bookkeeping of a subscription, for a SUBSCRIBE and for a session restored at start-up
+/// (the subscriptions gauge, the table, the per-session count). The router's lock is taken
+/// first (the lock order), and an ended session is never routed to again.
+pub fn subscribe(
+    shared: &Shared,
+    session: &Arc<Session>,
+    kind: tern_topic::FilterKind<'_>,
+    filter: &str,
+    record: crate::model::SubRecord,
+) -> Subscribed {
+    let result = {
+        let mut router = shared.router.write();
+        if session.state.lock().ended {
+            return Subscribed::Ended;
+        }
+        router.subscribe(kind, session, record)
+    };
+    let replaced = match result {
+        Ok(replaced) => replaced,
+        Err(error) => return Subscribed::Refused(error),
+    };
+    if !replaced {
+        Metrics::add(&shared.metrics.subscriptions, 1);
+    }
+    let mut state = session.state.lock();
+    state.subscriptions.insert(filter.into(), record);
+    session.recount_subscriptions(&state);
+    if replaced {
+        Subscribed::Replaced
+    } else {
+        Subscribed::New
+    }
+}

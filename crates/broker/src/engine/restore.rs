@@ -9,7 +9,7 @@ use tern_wire::QoS;
 use tokio::time::Instant;
 
 use crate::engine::Shared;
-use crate::metrics::Metrics;
+use crate::engine::registry::{Subscribed, subscribe};
 use crate::model::SubRecord;
 use crate::model::{Recovered, StoredSession};
 use crate::state::outbound::{Inflight, Outgoing, Phase};
@@ -35,24 +35,18 @@ pub fn restore(shared: &Shared, recovered: Recovered) {
 fn restore_session(shared: &Shared, stored: StoredSession) {
     let client_id: Arc<str> = stored.client_id.as_str().into();
     let session = Session::new(client_id.clone(), stored.protocol, stored.expiry_interval_s);
-    {
-        let mut router = shared.router.write();
-        let mut state = session.state.lock();
-        for (filter, options, subscription_id) in stored.subscriptions {
-            let Ok(kind) = tern_topic::classify_filter(&filter) else {
-                tracing::warn!(%client_id, %filter, "stored subscription has an invalid filter; skipped");
-                continue;
-            };
-            let record = SubRecord {
-                options,
-                subscription_id,
-            };
-            if router.subscribe(kind, &session, record).is_ok() {
-                Metrics::add(&shared.metrics.subscriptions, 1);
-                state.subscriptions.insert(filter.into(), record);
-            }
+    for (filter, options, subscription_id) in stored.subscriptions {
+        let Ok(kind) = tern_topic::classify_filter(&filter) else {
+            tracing::warn!(%client_id, %filter, "stored subscription has an invalid filter; skipped");
+            continue;
+        };
+        let record = SubRecord {
+            options,
+            subscription_id,
+        };
+        if let Subscribed::Refused(error) = subscribe(shared, &session, kind, &filter, record) {
+            tracing::warn!(%client_id, %filter, %error, "stored subscription refused; skipped");
         }
-        session.recount_subscriptions(&state);
     }
     let now = Instant::now();
     let mut state = session.state.lock();
@@ -98,8 +92,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
     let dropped = state.out.dropped_oldest + stored.dropped_queue_limit;
     drop(state);
     if dropped > 0 {
-        Metrics::add(&shared.metrics.messages_dropped, dropped);
-        Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped);
+        shared.metrics.dropped_at_queue_limit(dropped);
         tracing::warn!(
             %client_id,
             dropped,

@@ -55,6 +55,22 @@ pub fn route(shared: &Shared, message: Arc<Message>) {
     }
 }
 
+/// Routes a message that a publisher's pipeline released (or a will), then tells the store it
+/// left the pipeline, so that cursors may pass its position: routed first, so a checkpoint
+/// that finds it released also finds it in the queues it went to (the cursor invariant of
+/// `durable`). The one sequence of every released message.
+pub fn route_released(shared: &Shared, message: Arc<Message>) {
+    route(shared, message.clone());
+    shared.store.messages.message_released(&message);
+}
+
+/// [`publish`] for a message the store wrote (a will): retained, routed, then released as
+/// [`route_released`] does.
+pub fn publish_released(shared: &Shared, message: Arc<Message>) {
+    publish(shared, message.clone());
+    shared.store.messages.message_released(&message);
+}
+
 /// Pushes one delivery into a session's queue and wakes its writer.
 pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
     // `None` (no ACL file) costs one atomic load.
@@ -143,8 +159,7 @@ fn deliver_with(
         }
     }
     if dropped_now > 0 {
-        Metrics::add(&shared.metrics.messages_dropped, dropped_now);
-        Metrics::add(&shared.metrics.messages_dropped_queue_limit, dropped_now);
+        shared.metrics.dropped_at_queue_limit(dropped_now);
         note_dropped_oldest(session, dropped_oldest, dropped_now);
     }
 }
@@ -166,38 +181,10 @@ pub fn note_dropped_oldest(session: &Session, total: u64, added: u64) {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
     use tern_topic::FilterKind;
-    use tern_wire::{Properties, Protocol, Str, SubscriptionOptions};
 
     use super::*;
-    use crate::model::SubRecord;
-
-    fn session(id: &str) -> Arc<Session> {
-        Session::new(id.into(), Protocol::V5, 0)
-    }
-
-    fn record(qos: QoS, id: Option<u32>) -> SubRecord {
-        SubRecord {
-            options: SubscriptionOptions {
-                qos,
-                ..SubscriptionOptions::default()
-            },
-            subscription_id: id,
-        }
-    }
-
-    fn message(topic: &'static str, qos: QoS, publisher: Option<&str>) -> Arc<Message> {
-        Arc::new(Message::new(
-            Str::from_static(topic),
-            Bytes::from_static(b"p"),
-            qos,
-            true,
-            Properties::default(),
-            publisher.map(Into::into),
-            Instant::now(),
-        ))
-    }
+    use crate::state::router::tests::{message, record, session};
 
     /// A message to several sessions is marked fan-out before it is queued (its deliveries
     /// share one encoding, ARCHITECTURE §2 "Encode once"); one to a single session is not.

@@ -166,8 +166,7 @@ async fn wait_stored(ticket: &mut crate::model::Ticket, client_id: &str) {
 }
 
 fn publish(shared: &Shared, message: Arc<Message>) {
-    route::publish(shared, message.clone());
-    shared.store.messages.message_released(&message);
+    route::publish_released(shared, message);
 }
 
 /// Fires or re-arms the wills recovered from the store (called from `serve`, where a runtime

@@ -6,7 +6,7 @@
 //!   set, the outbound queue and in-flight window, expiry, a pending delayed will), and
 //!   [`ConnCtl`](session::ConnCtl), what a connection's task shares with the rest.
 //! - [`outbound`]: a session's ordered delivery queue, in-flight window, release gate and
-//!   batches; and the connection's writer over it ([`outbound::Outflow`]).
+//!   batches (the socket writer over them is the driver's, `connection::outflow`).
 //! - [`ack_pipeline`]: ordered inbound acks and deliveries gated on store tickets.
 //! - [`router`]: the subscription trie and which sessions a message goes to.
 //! - [`retained`]: the retained-message tree.

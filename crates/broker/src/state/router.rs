@@ -187,17 +187,17 @@ fn merge_per_session(out: &mut Targets, first: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use bytes::Bytes;
     use tern_wire::{Properties, Protocol, QoS, Str};
     use tokio::time::Instant;
 
-    fn session(id: &str) -> Arc<Session> {
+    pub(crate) fn session(id: &str) -> Arc<Session> {
         Session::new(id.into(), Protocol::V5, 0)
     }
 
-    fn record(qos: QoS, id: Option<u32>) -> SubRecord {
+    pub(crate) fn record(qos: QoS, id: Option<u32>) -> SubRecord {
         SubRecord {
             options: SubscriptionOptions {
                 qos,
@@ -207,7 +207,7 @@ mod tests {
         }
     }
 
-    fn message(topic: &'static str, qos: QoS, publisher: Option<&str>) -> Arc<Message> {
+    pub(crate) fn message(topic: &'static str, qos: QoS, publisher: Option<&str>) -> Arc<Message> {
         Arc::new(Message::new(
             Str::from_static(topic),
             Bytes::from_static(b"p"),

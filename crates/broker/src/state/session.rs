@@ -50,7 +50,10 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// The keep alive in force (the Server Keep Alive if we set one), 0 for none.
     pub keep_alive_s: u16,
-    pub connected_at: SystemTime,
+    /// When the connection was accepted, in milliseconds since the Unix epoch (8 bytes where a
+    /// `SystemTime` takes 16: the credentials below fit in what this saves, and every
+    /// connection's control block keeps its size, `idle_connection_state_stays_small`).
+    pub connected_at_unix_ms: u64,
     /// The credentials a password file accepted, kept so that a reload of the file checks
     /// them again (`engine::reload`); `None` for every other client.
     pub credentials: Option<Arc<Credentials>>,
@@ -85,6 +88,19 @@ impl std::fmt::Debug for Credentials {
         f.debug_struct("Credentials")
             .field("username", &self.username)
             .finish_non_exhaustive()
+    }
+}
+
+impl ConnInfo {
+    /// When the connection was accepted.
+    pub fn connected_at(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(self.connected_at_unix_ms)
+    }
+
+    /// Milliseconds since the Unix epoch of `at` (0 before it).
+    pub fn unix_ms(at: SystemTime) -> u64 {
+        at.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 }
 

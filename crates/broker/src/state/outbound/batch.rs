@@ -185,8 +185,7 @@ impl Outbound {
                         // Retention removed it while queued: dropped before any PUBLISH
                         // (the checkpoint would have dropped it from the queue next).
                         self.packet_ids.release(packet_id);
-                        Metrics::add(&env.metrics.messages_dropped, 1);
-                        Metrics::add(&env.metrics.messages_dropped_retention, 1);
+                        env.metrics.dropped_by_retention(1);
                         return Front::Taken;
                     }
                 }

@@ -1,6 +1,7 @@
 //! The outbound side of a session: control packets, the ordered delivery queue, the in-flight
 //! window, the release gate of packets that wait for a store write (`gate`), and the
-//! connection's [`Outflow`] that drains them into the socket with vectored writes (`writer`).
+//! connection's `Outflow` (`connection::outflow`) that drains them into the socket with vectored
+//! writes; `writer` keeps the per-connection encoder state.
 //!
 //! Publishers push [`Outgoing`] items under the session lock and wake the connection's task
 //! ([`crate::state::session::ConnCtl::wake`]); its `Outflow` takes a batch under the same lock
@@ -60,7 +61,7 @@ use crate::state::packet_ids::PacketIds;
 pub use batch::BatchEnv;
 pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
 pub use queues::{LazyQueues, Queues};
-pub use writer::{BatchBufs, OutEnv, Outflow, WriteFailed, WriterState, encode_packet};
+pub use writer::{BatchBufs, WriterState, encode_packet};
 
 /// Packets taken per batch: enough to amortise the syscall (64 → 256 took 1 pub → 1 sub QoS 0
 /// from ~850k to ~1M msg/s), small enough to keep the session lock short (~10 µs).
@@ -517,19 +518,17 @@ impl Outbound {
     /// Appends the store positions of every stored message this session still holds (in
     /// flight or queued) to `out`, for its durable cursor.
     pub fn held(&self, out: &mut crate::model::HeldSeqs) {
-        let refs = self
-            .queues
-            .inflight
-            .iter()
-            .map(|e| &e.item)
-            .chain(self.queues.gate.qos0_items())
-            .chain(self.queues.queue.iter())
-            .filter_map(|o| o.message.store_ref());
-        out.extend(refs.map(|r| (r.stream, r.seq)));
+        self.held_where(out, |_| true);
     }
 
     /// Like [`Outbound::held`], for the messages routed via the share group `share` only.
     pub fn held_share(&self, share: &str, out: &mut crate::model::HeldSeqs) {
+        self.held_where(out, |o| o.share.as_deref() == Some(share));
+    }
+
+    /// What [`Outbound::held`] lists, of the deliveries `pick` takes: in flight, held in the
+    /// gate (QoS 0) and queued.
+    fn held_where(&self, out: &mut crate::model::HeldSeqs, pick: impl Fn(&Outgoing) -> bool) {
         let refs = self
             .queues
             .inflight
@@ -537,7 +536,7 @@ impl Outbound {
             .map(|e| &e.item)
             .chain(self.queues.gate.qos0_items())
             .chain(self.queues.queue.iter())
-            .filter(|o| o.share.as_deref() == Some(share))
+            .filter(|o| pick(o))
             .filter_map(|o| o.message.store_ref());
         out.extend(refs.map(|r| (r.stream, r.seq)));
     }
