@@ -168,7 +168,7 @@ impl Broker {
     /// Starts what runs beside the connections: the `$SYS` publisher (until `stop` turns
     /// true), session expiry and the wills recovered from the store, and the checkpointer.
     /// [`Broker::serve_listeners`] calls it; a caller that accepts connections itself (the
-    /// simulator, through [`Broker::run_connection`]) calls it once before the first one.
+    /// simulator, through [`Broker::run_socket_connection`]) calls it once before the first one.
     /// Dropping the result stops the `$SYS` publisher and the checkpointer.
     pub fn start_background(&self, stop: watch::Receiver<bool>) -> Background {
         let sys = tokio::spawn(crate::engine::sys::run(self.shared.clone(), stop));
@@ -181,15 +181,32 @@ impl Broker {
     }
 
     /// Serves one connection on any transport to its end, outside of a listener: the
-    /// in-memory [`crate::transport::duplex`] of tests and the simulator. `stop` turning true
-    /// closes it as a shutdown does.
+    /// in-memory [`crate::transport::duplex`] of tests. `stop` turning true closes it as a
+    /// shutdown does. A close the broker starts does not linger (no socket to reset).
     pub async fn run_connection<T: Transport>(
         &self,
         transport: T,
         info: ConnectionInfo,
         stop: watch::Receiver<bool>,
     ) {
-        crate::connection::run_until_stopped(self.shared.clone(), transport, info, stop).await;
+        let lingers = crate::connection::Lingers::No;
+        crate::connection::run_until_stopped(self.shared.clone(), transport, info, stop, lingers)
+            .await;
+    }
+
+    /// [`Broker::run_connection`] for a socket the caller accepted (the simulator's TCP): a
+    /// close the broker starts lingers as a listener's connection does (`connection::linger`),
+    /// so that a client still writing, blocked on a full socket, gets to read the reason and
+    /// the acks sent before it (docs/simulation.md, finding 16: seeds 640 and 757).
+    pub async fn run_socket_connection<T: Transport>(
+        &self,
+        transport: T,
+        info: ConnectionInfo,
+        stop: watch::Receiver<bool>,
+    ) {
+        let lingers = crate::connection::Lingers::Yes;
+        crate::connection::run_until_stopped(self.shared.clone(), transport, info, stop, lingers)
+            .await;
     }
 
     /// Starts the task of one accepted socket, counted by `live`, unless its listener is full.

@@ -24,6 +24,7 @@ mod sim {
     pub mod client;
     pub mod eio;
     pub mod exchanges;
+    pub mod findings;
     pub mod offline;
     pub mod plan;
     pub mod probes;

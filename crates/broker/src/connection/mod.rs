@@ -181,33 +181,39 @@ pub fn run<T: Transport, H: Send + 'static>(
 }
 
 /// [`run`], closed as a shutdown does once `stop` turns true: outside a listener (tests, sim).
+/// `lingers`: whether a close the broker started lingers as a listener's does (the simulator's
+/// TCP, whose writes wait once the peer stops reading) or not (in-memory transports).
 pub(crate) async fn run_until_stopped<T: Transport>(
     shared: Arc<Shared>,
     transport: T,
     info: ConnectionInfo,
     mut stop: watch::Receiver<bool>,
+    lingers: Lingers,
 ) {
-    // No linger: the in-memory transports of tests and the simulator have no reset to avoid.
-    let mut live = Box::pin(establish(
-        shared,
-        transport,
-        info,
-        stop.clone(),
-        Lingers::No,
-    ))
-    .await;
-    let Some(live) = &mut live else {
+    let mut live = Box::pin(establish(shared, transport, info, stop.clone(), lingers)).await;
+    let Some(serving_live) = &mut live else {
         return;
     };
-    let ctl = live.conn.ctl.clone();
-    let serving = live.serve();
-    tokio::pin!(serving);
-    tokio::select! {
-        biased;
-        _ = &mut serving => return,
-        _ = stop.wait_for(|stopped| *stopped) => ctl.shut_down(),
+    let linger = {
+        let ctl = serving_live.conn.ctl.clone();
+        let serving = serving_live.serve();
+        tokio::pin!(serving);
+        let closed = tokio::select! {
+            biased;
+            closed = &mut serving => Some(closed),
+            _ = stop.wait_for(|stopped| *stopped) => None,
+        };
+        match closed {
+            Some(linger) => linger,
+            None => {
+                ctl.shut_down();
+                serving.await
+            }
+        }
+    };
+    if let Some(live) = live.take() {
+        live.end(linger && lingers == Lingers::Yes);
     }
-    serving.await;
 }
 
 /// What a connection lives on after its handshake.
@@ -225,10 +231,11 @@ const UNKNOWN_PEER: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::So
     0,
 ));
 
-/// Whether a socket whose close the broker started lingers (`linger`): a real socket does,
-/// the in-memory transports of tests and the simulator do not.
+/// Whether a socket whose close the broker started lingers (`linger`): a real socket does, and
+/// so does the simulator's TCP (turmoil's: a write waits once 64 are unread, as a real one
+/// waits on a full buffer); the in-memory transports of tests do not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lingers {
+pub(crate) enum Lingers {
     Yes,
     No,
 }
@@ -273,9 +280,9 @@ async fn establish<T: Transport>(
 impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
     /// The connection's life: the read loop (which also writes), then the close. By reference:
     /// a value moved into an async fn keeps its room in the caller's future and the callee's.
-    async fn serve(&mut self) {
+    async fn serve(&mut self) -> bool {
         let reason = self.read_loop().await;
-        self.close(reason).await;
+        self.close(reason).await
     }
 
     /// After the read loop: logs why, then the close path. (`Drop for Conn` covers an abort:

@@ -260,17 +260,35 @@ impl Conn {
         // any other PUBREL takes pipeline room of its own.
         let counted = known && self.inflight.is_counted(ack.packet_id);
         let (reason, ticket) = if known {
-            (
-                ReasonCode::SUCCESS,
-                self.shared
-                    .store
-                    .messages
-                    .qos2_released(&self.session.client_id, ack.packet_id),
-            )
-        } else if self.protocol.is_v5() {
-            (ReasonCode::PACKET_IDENTIFIER_NOT_FOUND, None)
+            let ticket = self
+                .shared
+                .store
+                .messages
+                .qos2_released(&self.session.client_id, ack.packet_id);
+            if ticket
+                .as_ref()
+                .is_some_and(crate::model::Ticket::is_refused)
+            {
+                // Nothing records the release (the stream failed): the exchange stays open,
+                // and the client's retry must find it so (docs/simulation.md, finding 17).
+                let mut state = self.session.state.lock();
+                state.qos2_received.insert(ack.packet_id);
+            }
+            (ReasonCode::SUCCESS, ticket)
         } else {
-            (ReasonCode::SUCCESS, None)
+            // Not in the set: maybe the retry of a PUBREL whose record is still being
+            // written, or failed; the PUBCOMP waits for it (`qos2_release_retry`).
+            let reason = if self.protocol.is_v5() {
+                ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+            } else {
+                ReasonCode::SUCCESS
+            };
+            let wait = self
+                .shared
+                .store
+                .messages
+                .qos2_release_retry(&self.session.client_id, ack.packet_id);
+            (reason, wait)
         };
         self.push_entry(Entry {
             packet_id: ack.packet_id,

@@ -120,11 +120,40 @@ impl MessageLog for DurableStore {
         let result = slot
             .stream
             .append(topic.as_bytes(), &[], &rx_ref.seq.to_be_bytes());
+        if result.is_err() {
+            // Refused at once (a failed stream): nothing records the release, so the exchange
+            // stays open here as it does on disk, and a retry is handled as a first PUBREL
+            // again (`Conn::on_pubrel` puts the id back in the received set; finding 17).
+            rx.entry(client_id.to_string())
+                .or_default()
+                .insert(packet_id, rx_ref);
+        }
         drop(rx);
         Some(match result {
-            Ok(ticket) => Ticket::from_store(ticket),
+            Ok(ticket) => {
+                let rel = (rx_ref.stream, ticket.seq());
+                let mut releasing = self.releasing.lock();
+                self.prune_releasing(&mut releasing);
+                releasing.insert(rel, (client_fingerprint(client_id), packet_id));
+                Ticket::from_store(ticket)
+            }
             Err(error) => Ticket::failed(io_error(error)),
         })
+    }
+
+    fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        // The id left the received set when its first PUBREL appended the `rel` record (on
+        // this connection, or on one whose close this connection's handshake waited for):
+        // if that record is not durable yet, or failed, the PUBCOMP waits for it (a failed
+        // one fails the ticket: no PUBCOMP, the client resends the PUBREL to the next boot).
+        let who = (client_fingerprint(client_id), packet_id);
+        let mut releasing = self.releasing.lock();
+        self.prune_releasing(&mut releasing);
+        let (&(stream, seq), _) = releasing.iter().rev().find(|(_, entry)| **entry == who)?;
+        let slot = self.slots.get(usize::from(stream))?;
+        // Its own ticket: one waiter per seq besides the first PUBREL's, which is gone or on
+        // this same connection (the store keeps one waker per seq).
+        Some(Ticket::from_store(slot.stream.ticket_for(seq)))
     }
 
     fn disk_budget_reached(&self, topic: &str, qos: QoS) -> bool {
@@ -416,4 +445,31 @@ impl Recovery for DurableStore {
             }
         }
     }
+}
+
+impl DurableStore {
+    /// Forgets the `rel` records now durable: no retry needs to wait for them. Each stream's
+    /// entries are in seq order, so this removes from the front: amortized O(log n) per entry.
+    fn prune_releasing(&self, releasing: &mut std::collections::BTreeMap<(u16, u64), (u64, u16)>) {
+        for (index, slot) in self.slots.iter().enumerate() {
+            let stream = index as u16;
+            let durable = slot.stream.durable_seq();
+            while let Some((&(s, seq), _)) = releasing.range((stream, 0)..).next() {
+                if s != stream || seq > durable {
+                    break;
+                }
+                releasing.remove(&(s, seq));
+            }
+        }
+    }
+}
+
+/// A fingerprint of a client id for [`DurableStore`]'s `releasing` map (a collision only
+/// makes a PUBREL retry wait for another client's record). `DefaultHasher::new()` has fixed
+/// keys: the same in every run, as the simulator wants.
+fn client_fingerprint(client_id: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    client_id.hash(&mut h);
+    h.finish()
 }

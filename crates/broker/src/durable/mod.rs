@@ -129,6 +129,11 @@ pub struct DurableStore {
     mirror: Mutex<Map<String, SessionRecord>>,
     /// Inbound QoS 2: client → packet id → its rx record.
     rx: Mutex<Map<String, Map<u16, StoreRef>>>,
+    /// `$tern/rel` records appended and not durable yet, by (stream, seq): a fingerprint of
+    /// the client id and the packet id, so that a PUBREL retry waits for its first PUBREL's
+    /// record (`qos2_release_retry`, docs/simulation.md finding 17). Pruned below each
+    /// stream's durable mark as records are released.
+    releasing: Mutex<std::collections::BTreeMap<(u16, u64), (u64, u16)>>,
     /// Outbound QoS 2 exchanges of persistent sessions, as written.
     exchanges: Mutex<Map<String, ClientExchanges>>,
     /// Cursors as last written, per client.
@@ -279,6 +284,7 @@ impl DurableStore {
             slots,
             mirror: Mutex::new(Map::default()),
             rx: Mutex::new(Map::default()),
+            releasing: Mutex::new(std::collections::BTreeMap::new()),
             exchanges: Mutex::new(Map::default()),
             written_cursors: Mutex::new(Map::default()),
             group_cursors: Mutex::new(Map::default()),

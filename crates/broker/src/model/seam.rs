@@ -98,6 +98,16 @@ pub trait MessageLog: Send + Sync + 'static {
     fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket>;
     /// PUBREL from the client: "(session, pi) released". PUBCOMP leaves once durable.
     fn qos2_released(&self, client_id: &str, packet_id: u16) -> Option<Ticket>;
+    /// A PUBREL on a packet id no longer in the session's received set: perhaps a retry
+    /// whose first PUBREL's "released" record is not durable yet, or failed (the id left the
+    /// set when that record was appended). Its PUBCOMP waits for every record appended so
+    /// far: a PUBCOMP before it, with the record then lost, let recovery restore the exchange
+    /// as open (docs/simulation.md, finding 17). A store that writes no such record has
+    /// nothing to wait for.
+    fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        let _ = (client_id, packet_id);
+        None
+    }
     /// The message left the publisher's pipeline (routed, or given up): a cursor may pass it.
     fn message_released(&self, message: &Message);
     /// Until the guard drops, the appends of [`MessageLog::append_publish`] leave the store's

@@ -104,6 +104,8 @@ struct Seen {
     /// Refusals (both bounds, this boot) as last sampled, and samples since that changed.
     boot_refused: u64,
     samples_since_refusal: u64,
+    /// Refusals (both bounds) of the boots before this one ([`Gauges::refusals`]).
+    refused_before_boot: u64,
     refused_disk: u64,
     boot_refused_disk: u64,
     /// Samples since the disk budget last refused a PUBLISH (this boot's count changed).
@@ -137,10 +139,24 @@ impl Gauges {
         seen.refused_memory += std::mem::take(&mut seen.boot_refused_memory);
         seen.refused_disk += std::mem::take(&mut seen.boot_refused_disk);
         seen.dropped_queue_limit += std::mem::take(&mut seen.boot_dropped_queue_limit);
-        seen.boot_refused = 0;
+        seen.refused_before_boot += std::mem::take(&mut seen.boot_refused);
         seen.boots += 1;
         seen.boot_samples = 0;
         seen.boot_requeued = 0;
+    }
+
+    /// PUBLISHes refused for either bound so far, over every boot, read live (not as last
+    /// sampled: a publisher asks between two samples, `client.rs`). Never decreases: a boot's
+    /// count is folded in at the next boot as last sampled, after the step that ended it.
+    pub fn refusals(&self) -> u64 {
+        let live = self.boot.lock().shared.upgrade().map(|shared| {
+            let m = &shared.metrics;
+            m.publishes_refused_memory_limit.load(Ordering::Relaxed)
+                + m.publishes_refused_disk_budget.load(Ordering::Relaxed)
+        });
+        let seen = self.seen.lock();
+        let boot = live.unwrap_or(seen.boot_refused);
+        seen.refused_before_boot + boot.max(seen.boot_refused)
     }
 
     /// Reads the gauges of the running boot (none while the broker is down); `acks`: the
@@ -215,17 +231,26 @@ impl Gauges {
                 .map(|s| {
                     let i = s.info();
                     format!(
-                        "{} records of {} B, seqs {:?}..={:?}, blocks {} B, retention floor {}",
+                        "{} records of {} B, seqs {:?}..={:?}, blocks {} B, unwritten {} B, \
+                         written seq {}, durable seq {}, failed {}, retention floor {}",
                         i.msgs,
                         i.bytes,
                         i.first_seq,
                         i.last_seq,
                         i.disk_bytes,
+                        i.unwritten_bytes,
+                        i.written_seq,
+                        i.durable_seq,
+                        i.failed,
                         s.retention_floor()
                     )
                 })
                 .collect::<Vec<_>>()
                 .join("; ");
+            // The budget's own measure, as the broker last refreshed it.
+            if let Some((used, _)) = shared.store.admin.disk_usage() {
+                let _ = write!(seen.message_info, "; the budget's measure {used} B");
+            }
             seen.state_streams = disk - messages;
         }
     }

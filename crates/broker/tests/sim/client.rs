@@ -55,6 +55,9 @@ pub struct Net {
     events: Mutex<u64>,
     /// A counter that orders events across clients (`clean.rs`): the run is one thread.
     stamps: AtomicU64,
+    /// The broker's PUBLISH refusals at its bounds so far, over every boot (the seed runner's
+    /// gauges, `bounds.rs`; none on the probes' runner): see [`PubState::refused`].
+    pub refusals: Mutex<Option<Box<dyn Fn() -> u64 + Send>>>,
 }
 
 impl Net {
@@ -68,7 +71,13 @@ impl Net {
             linger,
             events: Mutex::new(0),
             stamps: AtomicU64::new(0),
+            refusals: Mutex::new(None),
         }
+    }
+
+    /// PUBLISHes the broker refused at its bounds so far (0 without gauges).
+    fn refusals(&self) -> u64 {
+        self.refusals.lock().as_ref().map_or(0, |f| f())
     }
 
     /// Whether the broker at the advertised address still has its disk.
@@ -325,8 +334,13 @@ pub struct PubState {
     pub acked: BTreeSet<u64>,
     /// Numbers the broker may have refused (a PUBACK or PUBREC with a reason code of 0x80 or
     /// more: a failed write, a broker limit; and what was in flight behind it): resent on a
-    /// later connection, so perhaps published after later numbers.
+    /// later connection, so perhaps published after later numbers. Also what was in flight
+    /// unacknowledged when a connection ended while the broker refused PUBLISHes at a bound
+    /// (its refusal may sit unread in the socket the client dropped, or come after the
+    /// drop, while later numbers of the same window were accepted: seed 676, finding 16).
     pub refused: BTreeSet<u64>,
+    /// [`Net::refusals`] when the current connection was made.
+    refusals_at_connect: u64,
     /// Number → (connection, broker boot) its PUBACK / PUBREC came on.
     pub acked_on: BTreeMap<u64, (u64, u64)>,
     /// Connection → the broker boot it was made to.
@@ -335,6 +349,11 @@ pub struct PubState {
     /// Reconnects answered with Session Present = 0 (noted, not a violation: the CONNACK
     /// does not wait for the session record).
     pub sessions_lost: u64,
+    /// What the publisher sent and got, per connection (printed for a failing seed with
+    /// `TERN_SIM_TRACE`): `c3:boot1` a connection, `P12/5d` PUBLISH of number 12 under
+    /// id 5 (DUP), `R5` PUBREL, `a5` PUBACK / PUBREC, `x5:0x97` a refusal, `C5` PUBCOMP,
+    /// `D5` the packet the connection was dropped at, unread.
+    pub trace: Vec<String>,
 }
 
 impl PubState {
@@ -355,6 +374,21 @@ impl PubState {
         self.refused.extend(unacked);
     }
 
+    /// A new connection: if the broker refused any PUBLISH at a bound since the last one was
+    /// made, what is still unacknowledged in flight may have been refused there unseen.
+    fn connected(&mut self, refusals: u64) {
+        if refusals > self.refusals_at_connect {
+            self.note_refused();
+        }
+        self.refusals_at_connect = refusals;
+    }
+
+    fn note(&mut self, entry: String) {
+        let at = turmoil::sim_elapsed().unwrap_or_default().as_micros();
+        let entry = format!("c{}:{entry}@{at}", self.connections);
+        self.trace.push(entry);
+    }
+
     fn allocate(&mut self) -> u16 {
         loop {
             self.next_packet_id = self.next_packet_id.wrapping_add(1);
@@ -362,6 +396,24 @@ impl PubState {
                 return self.next_packet_id;
             }
         }
+    }
+}
+
+/// A publisher's packet as its trace shows it (see [`PubState::trace`]).
+fn describe(packet: &Packet) -> String {
+    match packet {
+        Packet::Publish(p) => {
+            let n = parse(&p.payload).map_or(u64::MAX, |m| m.1);
+            let dup = if p.dup { "d" } else { "" };
+            format!("P{n}/{}{dup}", p.packet_id)
+        }
+        Packet::PubRel(a) => format!("R{}", a.packet_id),
+        Packet::PubAck(a) | Packet::PubRec(a) if a.reason.is_success() => {
+            format!("a{}", a.packet_id)
+        }
+        Packet::PubAck(a) | Packet::PubRec(a) => format!("x{}:{:#04x}", a.packet_id, a.reason.0),
+        Packet::PubComp(a) => format!("C{}", a.packet_id),
+        other => format!("{:?}", std::mem::discriminant(other)),
     }
 }
 
@@ -391,8 +443,10 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
         // PUBREL once its PUBREC came).
         let resend: Vec<Packet> = {
             let mut st = state.lock();
+            st.connected(net.refusals());
             st.connections += 1;
             st.boots.push(c.boot);
+            st.note(format!("boot{}", c.boot));
             if st.connections > 1 && !c.session_present {
                 st.sessions_lost += 1;
             }
@@ -408,6 +462,7 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                 .collect()
         };
         for p in resend {
+            state.lock().note(describe(&p));
             if !c.send(&p).await {
                 continue 'connection;
             }
@@ -428,7 +483,9 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                     st.next += 1;
                     st.inflight.insert(number, (pi, false));
                     st.by_packet_id.insert(pi, number);
-                    v.push(publish_packet(&spec, number, pi, false));
+                    let p = publish_packet(&spec, number, pi, false);
+                    st.note(describe(&p));
+                    v.push(p);
                 }
                 v
             };
@@ -445,8 +502,10 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
             received_here += 1;
             if spec.drop_after.is_some_and(|k| received_here >= k) {
                 // Dropped at a packet boundary: this packet is never read.
+                state.lock().note(format!("D{}", describe(&packet)));
                 continue 'connection;
             }
+            state.lock().note(describe(&packet));
             stall(spec.stall, received_here).await;
             let reply = {
                 let mut st = state.lock();
@@ -513,6 +572,7 @@ pub async fn run_publisher(spec: PubSpec, state: Arc<Mutex<PubState>>, net: Arc<
                 continue 'connection;
             };
             if let Some(p) = reply {
+                state.lock().note(describe(&p));
                 if !c.send(&p).await {
                     continue 'connection;
                 }

@@ -87,7 +87,7 @@ fn broker_software(
                 let stop = stop.clone();
                 tokio::spawn(async move {
                     let transport = StreamTransport::new(stream);
-                    broker.run_connection(transport, info, stop).await;
+                    broker.run_socket_connection(transport, info, stop).await;
                 });
             }
         })
@@ -283,6 +283,8 @@ impl SeedRun {
             &disk,
             linger,
         ));
+        let counter = gauges.clone();
+        *net.refusals.lock() = Some(Box::new(move || counter.refusals()));
         let mut sim = turmoil::Builder::new()
             .rng_seed(seed)
             .tick_duration(TICK)
@@ -512,6 +514,7 @@ impl SeedRun {
             t.check(plan.max_msgs.is_some(), &mut violations);
             let _ = writeln!(log, "{}", t.summary());
         }
+        let traces = std::env::var_os("TERN_SIM_TRACE").is_some();
         for (p, st) in &clients.pubs {
             let st = st.lock();
             let _ = writeln!(
@@ -521,11 +524,19 @@ impl SeedRun {
                 st.boots,
                 st.sessions_lost
             );
+            if traces {
+                let _ = writeln!(log, "{}: {}", p.client_id(), st.trace.join(" "));
+            }
         }
         for (s, st) in &clients.subs {
             let st = st.lock();
             let reused = !st.open_ids.violations.is_empty();
-            if s.share.is_some() || s.offline.is_some() || !st.received.is_empty() || reused {
+            if traces
+                || s.share.is_some()
+                || s.offline.is_some()
+                || !st.received.is_empty()
+                || reused
+            {
                 let _ = writeln!(log, "{}: {}", s.client_id(), st.trace.join(" "));
             }
         }

@@ -131,7 +131,8 @@ impl SubState {
     fn connected(&mut self, boot: u64, session_present: bool) -> bool {
         self.connections += 1;
         self.boot = boot;
-        let entry = format!("c{}:boot{boot}", self.connections);
+        let at = turmoil::sim_elapsed().unwrap_or_default();
+        let entry = format!("c{}:boot{boot}@{}us", self.connections, at.as_micros());
         self.trace.push(entry);
         if !session_present {
             // A new session: the broker may use any packet id again.
@@ -168,8 +169,13 @@ impl SubState {
         });
         let dup = if p.dup { "d" } else { "" };
         let entry = format!(
-            "c{}:P{}q{}{dup}={}/{}",
-            incoming.connection, p.packet_id, incoming.qos, m.0, m.1
+            "c{}:P{}q{}{dup}={}/{}@{}",
+            incoming.connection,
+            p.packet_id,
+            incoming.qos,
+            m.0,
+            m.1,
+            incoming.at.as_micros()
         );
         self.trace.push(entry);
         if p.qos != QoS::AtMostOnce {
