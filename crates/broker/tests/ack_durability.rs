@@ -73,6 +73,9 @@ impl HandStore {
 }
 
 impl MessageLog for HandStore {
+    fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        MemoryStore.qos2_release_retry(client_id, packet_id)
+    }
     fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
         if m.topic.starts_with("w/") {
             return self.hold(Write::Publish(m.topic.to_string()));

@@ -37,6 +37,9 @@ impl SlowStore {
 }
 
 impl MessageLog for SlowStore {
+    fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        MemoryStore.qos2_release_retry(client_id, packet_id)
+    }
     fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
         // Durability `default`: QoS 0 is not written.
         if m.qos == QoS::AtMostOnce {
@@ -134,6 +137,9 @@ struct ScriptedStore {
 }
 
 impl MessageLog for ScriptedStore {
+    fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
+        MemoryStore.qos2_release_retry(client_id, packet_id)
+    }
     fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
         if m.qos == QoS::AtMostOnce {
             return None;

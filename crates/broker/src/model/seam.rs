@@ -104,10 +104,7 @@ pub trait MessageLog: Send + Sync + 'static {
     /// far: a PUBCOMP before it, with the record then lost, let recovery restore the exchange
     /// as open (docs/simulation.md, finding 17). A store that writes no such record has
     /// nothing to wait for.
-    fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
-        let _ = (client_id, packet_id);
-        None
-    }
+    fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket>;
     /// The message left the publisher's pipeline (routed, or given up): a cursor may pass it.
     fn message_released(&self, message: &Message);
     /// Until the guard drops, the appends of [`MessageLog::append_publish`] leave the store's
@@ -324,6 +321,9 @@ impl MessageLog for MemoryStore {
         None
     }
     fn qos2_released(&self, _: &str, _: u16) -> Option<Ticket> {
+        None
+    }
+    fn qos2_release_retry(&self, _: &str, _: u16) -> Option<Ticket> {
         None
     }
     fn message_released(&self, _: &Message) {}
