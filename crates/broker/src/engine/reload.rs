@@ -85,7 +85,6 @@ async fn recheck_credentials(shared: &Shared, sessions: &[Arc<Session>]) -> usiz
             .await;
         if verdict != Verdict::Allowed && ctl.kick(ReasonCode::NOT_AUTHORIZED) {
             kicked += 1;
-            Metrics::add(&shared.metrics.auth_failures, 1);
             tracing::warn!(
                 username = &*credentials.username,
                 "credentials refused by the reloaded password file; client disconnected"
