@@ -248,7 +248,7 @@ fn drop_removed_everywhere(shared: &Shared, removed: &[(u16, std::ops::RangeIncl
             let mut state = session.state.lock();
             (state.out.drop_removed(removed), state.expiry_interval_s > 0)
         };
-        note_retention_drops(shared, "session", &session.client_id, effect.dropped);
+        note_retention_drops(shared, Queue::Session(&session.client_id), effect.dropped);
         if persistent && effect.inflight_exposed > 0 {
             let n = effect.inflight_exposed as u64;
             Metrics::add(&shared.metrics.inflight_exposed_retention, n);
@@ -257,29 +257,36 @@ fn drop_removed_everywhere(shared: &Shared, removed: &[(u16, std::ops::RangeIncl
     }
     for (share, queue) in shared.groups.map.lock().iter_mut() {
         let effect = queue.drop_removed(removed);
-        note_retention_drops(shared, "share group", share, effect.dropped);
+        note_retention_drops(shared, Queue::ShareGroup(share), effect.dropped);
     }
 }
 
-/// Counts and logs `dropped` queued copies that retention removed from a session's queue, or
-/// from a share group's (`share` is its `$share/...` name).
-fn note_retention_drops(shared: &Shared, kind: &str, who: &str, dropped: usize) {
+/// Whose queue retention dropped copies from.
+#[derive(Clone, Copy)]
+enum Queue<'a> {
+    /// A session's, by client id.
+    Session(&'a str),
+    /// A share group's, by `$share/{group}/{filter}`.
+    ShareGroup(&'a str),
+}
+
+/// Counts and logs `dropped` queued copies that retention removed from `queue`.
+fn note_retention_drops(shared: &Shared, queue: Queue<'_>, dropped: usize) {
     if dropped == 0 {
         return;
     }
     shared.metrics.dropped_by_retention(dropped as u64);
-    if kind == "session" {
-        tracing::info!(
-            client_id = who,
+    match queue {
+        Queue::Session(client_id) => tracing::info!(
+            client_id,
             dropped,
             "retention removed queued messages; session skips ahead"
-        );
-    } else {
-        tracing::info!(
-            share = who,
+        ),
+        Queue::ShareGroup(share) => tracing::info!(
+            share,
             dropped,
             "retention removed queued messages; share group skips ahead"
-        );
+        ),
     }
 }
 
