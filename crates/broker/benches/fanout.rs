@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tern_broker::engine::route;
-use tern_broker::model::SubRecord;
-use tern_broker::model::message::Message;
-use tern_broker::state::outbound::WriterState;
-use tern_broker::state::session::{ConnCtl, Session};
+use tern_broker::__internal::WriterState;
+use tern_broker::__internal::route;
+use tern_broker::__internal::{ConnCtl, Session};
+use tern_broker::Message;
+use tern_broker::SubRecord;
 use tern_broker::{Broker, BrokerConfig};
 use tern_topic::FilterKind;
 use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
@@ -73,7 +73,7 @@ fn fanout(c: &mut Criterion) {
                 BenchmarkId::new(format!("qos{}", qos as u8), subscribers),
                 &subscribers,
                 |b, _| {
-                    let mut bufs = tern_broker::state::outbound::BatchBufs::default();
+                    let mut bufs = tern_broker::__internal::BatchBufs::default();
                     b.iter(|| {
                         let message = Arc::new(Message::new(
                             Str::from_static("bench/1/t"),
@@ -87,7 +87,7 @@ fn fanout(c: &mut Criterion) {
                         route::publish(&shared, message);
                         for (session, writer) in &mut s.sessions {
                             let mut state = session.state.lock();
-                            let env = tern_broker::state::outbound::BatchEnv {
+                            let env = tern_broker::__internal::BatchEnv {
                                 config: &shared.config,
                                 metrics: &shared.metrics,
                                 store: &*shared.store.exchanges,

@@ -17,6 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::auth::AuthRules;
 use crate::config::{BrokerConfig, ConfigError};
 use crate::engine::Shared;
 use crate::engine::live_tasks::{LiveTask, LiveTasks};
@@ -78,8 +79,36 @@ impl Broker {
         Ok(broker)
     }
 
+    /// The broker-wide state: crate-private, and public only to this workspace's tests and
+    /// benches (the `__internal` feature).
+    #[cfg(not(feature = "__internal"))]
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The broker-wide state, for this workspace's tests and benches (`__internal`).
+    #[cfg(feature = "__internal")]
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// The limits the broker was built with.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.shared.config
+    }
+
+    /// Puts new passwords and ACL in force at once (start-up, SIGHUP): every CONNECT and
+    /// every check from now on uses them. After a reload, run [`Broker::after_auth_reload`].
+    pub fn replace_auth(&self, rules: AuthRules) {
+        self.shared.auth.replace(rules);
+    }
+
+    /// Applies the rules [`Broker::replace_auth`] put in force to what the old ones let in:
+    /// queued deliveries the session may no longer read are dropped, connected clients whose
+    /// credentials no longer pass are disconnected ([`crate::engine::reload`]). Resolves to
+    /// (deliveries dropped, clients disconnected).
+    pub fn after_auth_reload(&self) -> impl Future<Output = (usize, usize)> + Send + 'static {
+        crate::engine::reload::after_auth_reload(self.shared.clone())
     }
 
     /// Marks the broker ready (`/readyz`) before [`Broker::serve_listeners`] runs: recovery is

@@ -24,36 +24,68 @@
 //! 7. **Assembly** ([`broker`]: [`Broker`], the accept loop and shutdown; [`admin`]: lists
 //!    and actions for operators; [`exposition`]: `/metrics` in the Prometheus text format).
 
-pub mod admin;
-pub mod auth;
-pub mod broker;
-pub mod config;
-pub mod connect_rate;
-pub mod connection;
-pub mod durable;
-pub mod engine;
-pub mod exposition;
-pub mod fuzz;
-pub mod hash;
-#[doc(hidden)]
-pub mod inject;
-pub mod metrics;
-pub mod model;
-pub mod read_order;
-pub mod state;
-pub mod transport;
+mod admin;
+mod auth;
+mod broker;
+mod config;
+mod connect_rate;
+mod connection;
+mod durable;
+mod engine;
+mod exposition;
+mod fuzz;
+mod hash;
+mod inject;
+mod metrics;
+mod model;
+mod read_order;
+mod state;
+mod transport;
 
-pub use auth::{Auth, AuthRules};
+// The public API: what the `tern` binary and the tests build a broker from. Everything else is
+// crate-private (ARCHITECTURE §1.1, "Visibility").
+pub use admin::{
+    ClientInfo, MAX_PAGE_LIMIT, Page, RetainedInfo, SessionInfo, SubscriptionInfo, page, page_limit,
+};
+pub use auth::{Access, Acl, AclError, AuthRules, PasswdError, PasswordFile, Who, hash_argon2id};
 pub use broker::{Background, Broker};
 pub use config::{BrokerConfig, ConfigError};
 pub use durable::{
     DiskBudgetError, Durability, DurableConfig, DurableStore, Keep, MIN_DISK_BUDGET_BYTES,
     SessionLimits, StreamSpec,
 };
-pub use engine::Shared;
 pub use model::{
-    CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, MessageLog, OutboundSent,
-    PersistError, Persistence, Recovered, Recovery, RetainedStore, SessionStore, StoreAdmin,
-    StoreRef, StoredInflight, StoredSession, Ticket, TicketCompleter, WillStore, WriterWakes,
+    ActionError, CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, Message, MessageLog,
+    OutboundSent, PersistError, Persistence, Recovered, Recovery, RetainedStore, SessionStore,
+    StoreAdmin, StoreRef, StoredGroup, StoredInflight, StoredSession, StoredWill, StreamStats,
+    SubRecord, Ticket, TicketCompleter, WillStore, WriterWakes,
 };
 pub use tern_store::{Limits, StreamConfig, SyncPolicy};
+pub use transport::{
+    ByteStream, ConnectionInfo, Listener, ListenerContext, StreamRead, StreamTransport,
+    StreamWrite, Transport, TransportKind, TransportRead, TransportWrite, Upgrade, UpgradeFuture,
+    Upgraded, duplex,
+};
+
+/// Internals for this workspace's own tests, benchmarks and fuzz targets (the simulator, the
+/// allocation and fan-out benches, the fuzz corpus), the way fjall's `__internal_whitebox` does:
+/// behind the `__internal` feature, which only dev-dependencies turn on, never the `tern`
+/// binary. Nothing here is API; it changes with the code it exposes.
+#[cfg(feature = "__internal")]
+#[doc(hidden)]
+pub mod __internal {
+    pub use crate::engine::{Shared, route};
+    pub use crate::fuzz::{Outcome, RunError, run_connection};
+    pub use crate::hash::fix_keys;
+    pub use crate::metrics::Metrics;
+    pub use crate::state::outbound::{BatchBufs, BatchEnv, Outbound, WriterState};
+    pub use crate::state::router::{Router, Targets};
+    pub use crate::state::session::{ConnCtl, Session};
+
+    /// Known bugs the simulator switches on (`inject` feature, [`crate::inject`]).
+    pub mod inject {
+        pub use crate::inject::Bug;
+        #[cfg(feature = "inject")]
+        pub use crate::inject::set;
+    }
+}

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::*;
 use parking_lot::Mutex;
-use tern_broker::model::message::Message;
+use tern_broker::Message;
 use tern_broker::{
     Broker, MemoryStore, MessageLog, PersistError, Persistence, RetainedStore, SessionStore,
     Ticket, TicketCompleter, WriterWakes,
@@ -393,7 +393,7 @@ mod durable {
     use std::time::Duration;
 
     use bytes::Bytes;
-    use tern_broker::model::message::Message;
+    use tern_broker::Message;
     use tern_broker::{
         DurableConfig, DurableStore, MessageLog, RetainedStore, SessionStore, StreamSpec,
         SyncPolicy, Ticket,

@@ -11,12 +11,12 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tern_broker::metrics::Metrics;
-use tern_broker::model::SubRecord;
-use tern_broker::model::message::Message;
-use tern_broker::state::outbound::{BatchBufs, BatchEnv, Outbound, WriterState};
-use tern_broker::state::router::{Router, Targets};
-use tern_broker::state::session::Session;
+use tern_broker::__internal::Metrics;
+use tern_broker::__internal::Session;
+use tern_broker::__internal::{BatchBufs, BatchEnv, Outbound, WriterState};
+use tern_broker::__internal::{Router, Targets};
+use tern_broker::Message;
+use tern_broker::SubRecord;
 use tern_broker::{BrokerConfig, MemoryStore};
 use tern_topic::FilterKind;
 use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tern_broker::model::message::Message;
+use tern_broker::Message;
 use tern_broker::{
     CursorStore, DurableConfig, DurableStore, ExchangeStore, MessageLog, Recovery, RetainedStore,
     SessionStore,

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tern_broker::model::message::Message;
+use tern_broker::Message;
 use tern_wire::{Properties, PropertyValues, Protocol, QoS, Str, publish_templates_built};
 use tokio::time::Instant;
 

@@ -1,6 +1,6 @@
 //! Replays every file of the committed whole-connection fuzz corpus (`fuzz/corpus/connection`,
 //! made by `fuzz/make_corpus.py`, plus whatever `cargo fuzz run connection` found and was
-//! committed) through `tern_broker::fuzz::run_connection`: no panic in any broker task, no
+//! committed) through `tern_broker::__internal::run_connection`: no panic in any broker task, no
 //! hang, a bounded reply, the broker still serving afterwards.
 
 use std::path::PathBuf;
@@ -31,7 +31,7 @@ fn connection_corpus_replays_cleanly() {
     let mut replies = 0;
     for path in &files {
         let input = std::fs::read(path).expect("read");
-        match runtime.block_on(tern_broker::fuzz::run_connection(&input)) {
+        match runtime.block_on(tern_broker::__internal::run_connection(&input)) {
             Ok(outcome) => replies += usize::from(outcome.reply_bytes > 0),
             Err(error) => panic!("{}: {error}", path.display()),
         }

@@ -1,12 +1,12 @@
-//! A whole MQTT session over the in-memory transport (`tern_broker::transport::duplex`): no
+//! A whole MQTT session over the in-memory transport (`tern_broker::duplex`): no
 //! socket, the path the simulator (issue 12) will use.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tern_broker::transport::{ConnectionInfo, ListenerContext, TransportKind, duplex};
 use tern_broker::{Broker, BrokerConfig};
+use tern_broker::{ConnectionInfo, ListenerContext, TransportKind, duplex};
 use tern_wire::{
     Ack, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str, Subscribe,
     SubscriptionOptions, decode, encode,

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::*;
-use tern_broker::model::message::Message;
-use tern_broker::model::{Recovered, StoredInflight, StoredSession};
+use tern_broker::Message;
 use tern_broker::{Broker, Persistence, Recovery};
+use tern_broker::{Recovered, StoredInflight, StoredSession};
 use tern_wire::{Packet, Properties, Protocol, QoS, ReasonCode, Str, SubscriptionOptions};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -185,7 +185,7 @@ async fn restored_queue_keeps_the_newest_within_max_queued_bytes() {
     assert_eq!(kept, vec![b"3".to_vec(), b"4".to_vec(), b"5".to_vec()]);
     let m = &shared.metrics;
     assert_eq!(
-        tern_broker::metrics::Metrics::get(&m.messages_dropped_queue_limit),
+        tern_broker::__internal::Metrics::get(&m.messages_dropped_queue_limit),
         4
     );
     assert_eq!(

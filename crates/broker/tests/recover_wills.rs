@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use tern_broker::model::message::Message;
-use tern_broker::model::{Recovered, StoredSession, StoredWill};
+use tern_broker::Message;
 use tern_broker::{Broker, Persistence, Recovery};
+use tern_broker::{Recovered, StoredSession, StoredWill};
 use tern_wire::{Properties, Protocol, QoS, Str, SubscriptionOptions};
 use tokio::net::TcpListener;
 use tokio::time::Instant;

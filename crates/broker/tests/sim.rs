@@ -59,7 +59,7 @@ pub(crate) fn env_flag(name: &str) -> bool {
 /// The broker's injected bugs are process-wide: a run that injects one runs alone in this
 /// binary (`exclusive`); every other run (the probes, seeds without a broker bug: a store
 /// bug lives on its own disk) may run beside the others. Taking it also fixes the broker's
-/// hash keys (`tern_broker::hash`) before the first map is made: the same iteration orders
+/// hash keys (`tern_broker::__internal::fix_keys`) before the first map is made: the same iteration orders
 /// in every run.
 enum Turn {
     Shared {
@@ -73,7 +73,7 @@ enum Turn {
 fn take_turn(exclusive: bool) -> Turn {
     static TURNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
     assert!(
-        tern_broker::hash::fix_keys(SIM_HASH_KEYS.0, SIM_HASH_KEYS.1),
+        tern_broker::__internal::fix_keys(SIM_HASH_KEYS.0, SIM_HASH_KEYS.1),
         "the broker's hash keys were drawn before the simulator fixed them"
     );
     if exclusive {
@@ -129,7 +129,7 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
     let jobs = env_u64("TERN_SIM_JOBS").unwrap_or(cores).max(1) as usize;
     // The broker's injected bug is process-wide: set once for every seed of this run.
-    tern_broker::inject::set(injected.broker);
+    tern_broker::__internal::inject::set(injected.broker);
     let next = AtomicUsize::new(0);
     let stop_above = AtomicU64::new(u64::MAX);
     let failed = Mutex::new(Vec::new());
@@ -154,7 +154,7 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
             });
         }
     });
-    tern_broker::inject::set(None);
+    tern_broker::__internal::inject::set(None);
     let failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
     (
         failed.len(),
@@ -457,7 +457,7 @@ fn a_seed_replays_identically() {
         return; // A replay or a scripted run: sim_seeds does the work.
     }
     let _turn = take_turn(false);
-    tern_broker::inject::set(None);
+    tern_broker::__internal::inject::set(None);
     let seeds = seeds_with_each_fault();
     assert!(seeds.len() >= 4, "seeds with each fault: {seeds:?}");
     for seed in seeds {
@@ -484,16 +484,16 @@ fn a_failing_seed_replays_its_violations() {
     }
     let _turn = take_turn(false);
     let injected = bugs(Some("ack-before-fsync")).expect("known bug");
-    tern_broker::inject::set(injected.broker);
+    tern_broker::__internal::inject::set(injected.broker);
     let failing = (0..50)
         .map(|seed| (seed, run_seed(seed, injected, false, false)))
         .find(|(_, out)| !out.violations.is_empty());
     let Some((seed, first)) = failing else {
-        tern_broker::inject::set(None);
+        tern_broker::__internal::inject::set(None);
         panic!("ack-before-fsync not found in 50 seeds");
     };
     let again = run_seed(seed, injected, false, false);
-    tern_broker::inject::set(None);
+    tern_broker::__internal::inject::set(None);
     assert_eq!(first.violations, again.violations, "seed {seed}");
     assert_eq!(first.digest, again.digest, "seed {seed}");
 }
@@ -555,9 +555,9 @@ fn the_packet_id_rule_finds_replay_ignores_inflight() {
     }
     let _turn = take_turn(true);
     let injected = bugs(Some("replay-ignores-inflight")).expect("known bug");
-    tern_broker::inject::set(injected.broker);
+    tern_broker::__internal::inject::set(injected.broker);
     let out = run_seed(6, injected, false, false);
-    tern_broker::inject::set(None);
+    tern_broker::__internal::inject::set(None);
     let rule = "a second QoS 2 exchange for a message with one open";
     assert!(
         out.violations.iter().any(|v| v.contains(rule)),

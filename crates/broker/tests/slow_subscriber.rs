@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use common::*;
-use tern_broker::metrics::Metrics;
+use tern_broker::__internal::Metrics;
 use tern_wire::{Packet, Protocol, ReasonCode, decode, encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};

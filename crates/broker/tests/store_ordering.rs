@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use tern_broker::model::message::Message;
+use tern_broker::Message;
 use tern_broker::{
     Broker, ExchangeStore, MemoryStore, MessageLog, OutboundSent, PersistError, Persistence,
     StoreRef, Ticket, WriterWakes,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use tern_broker::auth::{Acl, AuthRules, PasswordFile};
+use tern_broker::{Acl, AuthRules, PasswordFile};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an [auth] table")]

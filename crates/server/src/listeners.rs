@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use serde::Deserialize;
-use tern_broker::transport::{
+use tern_broker::{
     Listener, ListenerContext, StreamTransport, TransportKind, Upgrade, UpgradeFuture, Upgraded,
 };
 use tokio::net::{TcpListener, TcpStream};

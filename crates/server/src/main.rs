@@ -228,14 +228,14 @@ fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
         };
         let store = Arc::new(open_store(data_dir, &file)?);
         let broker = Broker::with_store(file.broker, store).context("invalid limits")?;
-        broker.shared().auth.replace(rules);
+        broker.replace_auth(rules);
         let shutdown = signals::install().context("cannot install signal handlers")?;
         signals::on_hangup(vec![
             auth_reload(&broker, file.auth.clone(), allow_anonymous),
             cert_reload(listeners::CertReloader::new(&prepared)),
         ])
         .context("cannot install the SIGHUP handler")?;
-        let max_packet_size = broker.shared().config.max_packet_size_bytes;
+        let max_packet_size = broker.config().max_packet_size_bytes;
         let listeners = listeners::bind(prepared, max_packet_size).await?;
         if let Some(http) = &http {
             // The connections gauge has one sample per listener.
@@ -286,7 +286,7 @@ fn auth_reload(
     auth: auth_config::AuthConfig,
     allow_anonymous: bool,
 ) -> signals::Reload {
-    let shared = broker.shared().clone();
+    let broker = broker.clone();
     // The reload runs on the blocking pool; what follows it (checking queued messages and the
     // connected clients' passwords again) is async work for the runtime.
     let runtime = tokio::runtime::Handle::current();
@@ -294,10 +294,8 @@ fn auth_reload(
         name: "password_file and acl_file",
         apply: Box::new(move || {
             let rules = auth_config::load_rules(&auth, allow_anonymous)?;
-            shared.auth.replace(rules);
-            runtime.spawn(tern_broker::engine::reload::after_auth_reload(
-                shared.clone(),
-            ));
+            broker.replace_auth(rules);
+            runtime.spawn(broker.after_auth_reload());
             Ok(())
         }),
     }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use tern_broker::auth::PasswordFile;
+use tern_broker::PasswordFile;
 
 #[derive(Debug, Args)]
 pub struct PasswdArgs {

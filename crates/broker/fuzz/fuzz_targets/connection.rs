@@ -1,4 +1,4 @@
-//! Arbitrary bytes through a whole broker connection (`tern_broker::fuzz::run_connection`):
+//! Arbitrary bytes through a whole broker connection (`tern_broker::__internal::run_connection`):
 //! no panic (libFuzzer aborts on one, in any thread), no hang, a bounded reply, the broker
 //! still serving afterwards.
 #![no_main]
@@ -19,7 +19,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 fuzz_target!(|data: &[u8]| {
-    if let Err(error) = runtime().block_on(tern_broker::fuzz::run_connection(data)) {
+    if let Err(error) = runtime().block_on(tern_broker::__internal::run_connection(data)) {
         panic!("{error}");
     }
 });

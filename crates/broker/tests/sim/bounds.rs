@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
+use tern_broker::__internal::Shared;
 use tern_broker::DurableStore;
-use tern_broker::Shared;
 
 use super::check::matches;
 use super::client::{PubSpec, payload};
@@ -385,7 +385,7 @@ fn samples_since_change(samples: &mut u64, last: &mut u64, now: u64) {
     *last = now;
 }
 
-fn queue_limit_drops(m: &tern_broker::metrics::Metrics) -> u64 {
+fn queue_limit_drops(m: &tern_broker::__internal::Metrics) -> u64 {
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     let named = load(&m.messages_dropped_expired)
         + load(&m.messages_dropped_retention)

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use tern_broker::transport::ByteStream;
+use tern_broker::ByteStream;
 use tern_store::sim::SimDisk;
 use tern_wire::{Ack, Connect, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Str};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use tern_broker::__internal::inject::Bug as InjectBug;
 use tern_broker::SyncPolicy;
-use tern_broker::inject::Bug as InjectBug;
 use tern_store::sim::{Bugs, MetadataOrder, OpKind, SimRng};
 use tern_wire::Protocol;
 
@@ -56,7 +56,7 @@ pub const BUGS: [(&str, &str); 10] = [
 ];
 
 /// The bugs to inject: into the store (the sim disk's `Bugs`) or into the broker
-/// (`tern_broker::inject`, process-wide: seeds run one at a time).
+/// (`tern_broker::__internal::inject`, process-wide: seeds run one at a time).
 #[derive(Debug, Clone, Copy)]
 pub struct Injected {
     pub store: Bugs,

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tern_broker::transport::{ConnectionInfo, ListenerContext, StreamTransport, TransportKind};
 use tern_broker::{Broker, BrokerConfig, DurableConfig, DurableStore, StreamSpec};
+use tern_broker::{ConnectionInfo, ListenerContext, StreamTransport, TransportKind};
 use tern_store::sim::{FaultAction, ScriptedFault, SimConfig, SimDisk};
 
 use super::bounds::Gauges;

@@ -14,7 +14,7 @@ use axum::routing::{delete, get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tern_broker::Broker;
-use tern_broker::admin::{ActionError, Page, StreamStats, page, page_limit};
+use tern_broker::{ActionError, Page, StreamStats, page, page_limit};
 
 use super::{ApiError, HttpState};
 

@@ -26,7 +26,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use tern_broker::Broker;
-use tern_broker::transport::ListenerContext;
+use tern_broker::ListenerContext;
 use tokio::net::TcpListener;
 
 pub use config::{HttpSection, HttpSettings};
