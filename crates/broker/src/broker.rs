@@ -26,7 +26,7 @@ use crate::model::{FullStore, Persistence};
 use crate::transport::{ConnectionInfo, Listener, ListenerContext, Transport, poll_accept_any};
 
 /// How long shutdown waits for connections to send their DISCONNECT and close.
-pub const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 3_000;
+pub(crate) const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 3_000;
 /// Pause after a failed accept (e.g. out of file descriptors) before trying again.
 const ACCEPT_ERROR_BACKOFF_MS: u64 = 100;
 

@@ -110,9 +110,9 @@ pub struct ConfigError {
 }
 
 /// Smallest packet size limit that still admits a CONNECT with a short client id.
-pub const MIN_PACKET_SIZE_BYTES: u32 = 64;
+pub(crate) const MIN_PACKET_SIZE_BYTES: u32 = 64;
 /// MQTT's own ceiling on a packet (remaining length max + 5 bytes of fixed header).
-pub const MAX_PACKET_SIZE_BYTES: u32 = 268_435_460;
+pub(crate) const MAX_PACKET_SIZE_BYTES: u32 = 268_435_460;
 
 impl BrokerConfig {
     /// Checks every limit, naming the first bad one.

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 /// Source addresses tracked at most.
-pub const MAX_TRACKED_ADDRESSES: usize = 65_536;
+pub(crate) const MAX_TRACKED_ADDRESSES: usize = 65_536;
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {

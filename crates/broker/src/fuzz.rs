@@ -28,10 +28,10 @@ use crate::auth::{Acl, AuthRules};
 use crate::{Broker, BrokerConfig};
 
 /// A run that takes longer than this is a hang.
-pub const RUN_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const RUN_TIMEOUT_MS: u64 = 10_000;
 /// Bytes the broker may send back to one input (inputs are at most a few KiB; acks and
 /// deliveries of them stay far below this).
-pub const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
 
 /// The fuzzed connection gets EOF once the broker sent nothing for this long after the input
 /// was written (so that its answers are read, and the writer's paths run, before it closes).

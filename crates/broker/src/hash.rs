@@ -58,9 +58,9 @@ impl BuildHasher for Seeded {
 }
 
 /// A map whose iteration order is the same in every run with the same keys and history.
-pub type Map<K, V> = HashMap<K, V, Seeded>;
+pub(crate) type Map<K, V> = HashMap<K, V, Seeded>;
 /// A set whose iteration order is the same in every run with the same keys and history.
-pub type Set<K> = HashSet<K, Seeded>;
+pub(crate) type Set<K> = HashSet<K, Seeded>;
 
 #[cfg(test)]
 mod tests {

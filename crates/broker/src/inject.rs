@@ -38,7 +38,7 @@ static ACTIVE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(
 /// Whether `bug` is injected.
 #[doc(hidden)]
 #[inline(always)]
-pub fn on(bug: Bug) -> bool {
+pub(crate) fn on(bug: Bug) -> bool {
     #[cfg(feature = "inject")]
     {
         ACTIVE.load(std::sync::atomic::Ordering::Relaxed) & bug as u32 != 0
@@ -64,7 +64,7 @@ pub fn set(bug: Option<Bug>) {
 /// interleaving is not either).
 #[doc(hidden)]
 #[cfg(feature = "inject")]
-pub fn random() -> u64 {
+pub(crate) fn random() -> u64 {
     static STATE: std::sync::atomic::AtomicU64 =
         std::sync::atomic::AtomicU64::new(0x9e37_79b9_7f4a_7c15);
     let mut x = STATE.fetch_add(0x9e37_79b9_7f4a_7c15, std::sync::atomic::Ordering::Relaxed);

@@ -24,6 +24,8 @@
 //! 7. **Assembly** ([`broker`]: [`Broker`], the accept loop and shutdown; [`admin`]: lists
 //!    and actions for operators; [`exposition`]: `/metrics` in the Prometheus text format).
 
+#![warn(unreachable_pub)]
+
 mod admin;
 mod auth;
 mod broker;

@@ -63,7 +63,7 @@ pub struct RetainedInfo {
     pub qos: u8,
 }
 
-pub fn protocol_name(protocol: Protocol) -> &'static str {
+pub(crate) fn protocol_name(protocol: Protocol) -> &'static str {
     match protocol {
         Protocol::V3_1 => "3.1",
         Protocol::V3_1_1 => "3.1.1",

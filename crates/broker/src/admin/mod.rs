@@ -13,7 +13,7 @@
 //!   and `after` is the last key of the previous page: paging never skips an entry that
 //!   existed through the whole walk.
 
-pub mod lists;
+pub(crate) mod lists;
 
 use std::sync::Arc;
 
@@ -24,7 +24,7 @@ use crate::engine::registry;
 use crate::model::Ticket;
 use crate::transport::ListenerContext;
 
-pub use crate::model::{ActionError, StreamStats};
+use crate::model::{ActionError, StreamStats};
 pub use lists::{ClientInfo, RetainedInfo, SessionInfo, SubscriptionInfo};
 
 /// Largest page a list returns, whatever `limit` asks for.

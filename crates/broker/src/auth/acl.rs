@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 
 /// Largest ACL file read.
-pub const MAX_ACL_FILE_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_ACL_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
 const READ: u8 = 1;
 const WRITE: u8 = 2;

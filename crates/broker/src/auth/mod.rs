@@ -14,8 +14,8 @@
 //!   a keyed hash of (generation, user, password) with a per-process random key: the cache
 //!   holds no password, and a reload empties it.
 
-pub mod acl;
-pub mod passwd;
+pub(crate) mod acl;
+pub(crate) mod passwd;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,9 +46,9 @@ pub(crate) fn read_rules_file(path: &std::path::Path, max_bytes: u64) -> std::io
 
 /// Password verifications (argon2id, PBKDF2) running at once, at most (and at most half the
 /// cores); more CONNECTs wait their turn.
-pub const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 4;
+pub(crate) const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 4;
 /// Remembered (user, password) verdicts; the cache is emptied when full and at every reload.
-pub const PASSWORD_CACHE_MAX_ENTRIES: usize = 1024;
+pub(crate) const PASSWORD_CACHE_MAX_ENTRIES: usize = 1024;
 
 /// What the broker enforces.
 #[derive(Debug, Clone)]

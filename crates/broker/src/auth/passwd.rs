@@ -27,7 +27,7 @@ const MOSQ_HASH_BYTES: usize = 64;
 /// Salt of the argon2id hashes we write.
 const ARGON2_SALT_BYTES: usize = 16;
 /// Largest password file read (a file this large is a mistake, not a user list).
-pub const MAX_PASSWORD_FILE_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_PASSWORD_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PasswdError {

@@ -30,12 +30,12 @@ use crate::transport::TransportRead;
 
 /// How long a socket whose close the broker started reads and discards what the client still
 /// sends before it is closed: the client has that long to read the reason and end its side.
-pub const CLOSE_LINGER_MS: u64 = 2_000;
+pub(crate) const CLOSE_LINGER_MS: u64 = 2_000;
 
 /// Sockets lingering at once, at most; more are closed at once (and may lose their reason to a
 /// reset, as before the linger). Each holds a task of a few hundred bytes and a file
 /// descriptor for at most [`CLOSE_LINGER_MS`].
-pub const MAX_LINGERING_CLOSES: usize = 1_024;
+pub(crate) const MAX_LINGERING_CLOSES: usize = 1_024;
 
 /// Bytes read and thrown away per read while lingering (a stack buffer, not kept).
 const DISCARD_CHUNK_BYTES: usize = 4 * 1024;

@@ -153,7 +153,7 @@ enum Event {
 /// registry (`Registry::shut_down_connections`), at no cost to an idle connection's future.
 /// `held` lives as long as the connection (the accept loop's count of live tasks): a future
 /// wrapped around this one would keep the arguments' room beside it.
-pub fn run<T: Transport, H: Send + 'static>(
+pub(crate) fn run<T: Transport, H: Send + 'static>(
     shared: Arc<Shared>,
     transport: T,
     info: ConnectionInfo,

@@ -20,7 +20,7 @@ use crate::transport::TransportWrite;
 /// Nothing is written before `connack_after` (the session's and the will's records) is durable:
 /// the CONNACK is the first packet queued; if that write failed, the connection closes without
 /// it.
-pub struct Outflow<W> {
+pub(crate) struct Outflow<W> {
     socket: W,
     writer: WriterState,
     /// The batch being built and written, boxed while a batch is in progress.
@@ -43,21 +43,21 @@ pub struct Outflow<W> {
 
 /// The connection cannot write any more (logged where it happened).
 #[derive(Debug)]
-pub struct WriteFailed;
+pub(crate) struct WriteFailed;
 
 /// What a step needs of the broker and of the session the connection belongs to: narrow
 /// handles, not the broker-wide state.
-pub struct OutEnv<'a> {
-    pub config: &'a crate::config::BrokerConfig,
-    pub metrics: &'a Metrics,
+pub(crate) struct OutEnv<'a> {
+    pub(crate) config: &'a crate::config::BrokerConfig,
+    pub(crate) metrics: &'a Metrics,
     /// Records outbound QoS 2 exchanges (ARCHITECTURE §3).
-    pub store: &'a dyn crate::model::ExchangeStore,
-    pub session: &'a Session,
-    pub conn_gen: u64,
+    pub(crate) store: &'a dyn crate::model::ExchangeStore,
+    pub(crate) session: &'a Session,
+    pub(crate) conn_gen: u64,
 }
 
 impl<W: TransportWrite> Outflow<W> {
-    pub fn new(socket: W, writer: WriterState, connack_after: Option<Ticket>) -> Self {
+    pub(crate) fn new(socket: W, writer: WriterState, connack_after: Option<Ticket>) -> Self {
         Outflow {
             socket,
             writer,
@@ -72,14 +72,14 @@ impl<W: TransportWrite> Outflow<W> {
     }
 
     /// Something was queued for the connection (its `ConnCtl::wake`): take a batch next.
-    pub fn wake(&mut self) {
+    pub(crate) fn wake(&mut self) {
         self.want_batch = true;
     }
 
     /// One step: takes a batch if there is reason to, and writes it. `Ready(Ok)` once a batch
     /// was written completely (call again for the next), `Pending` while waiting for the
     /// socket, a wake, the gate's store write or the CONNACK's.
-    pub fn poll_step(
+    pub(crate) fn poll_step(
         &mut self,
         cx: &mut Context<'_>,
         env: &OutEnv<'_>,
@@ -166,7 +166,7 @@ impl<W: TransportWrite> Outflow<W> {
     /// detached), writes `final_packet` (our DISCONNECT) and shuts the socket. Nothing leaves
     /// before the CONNACK's records are durable. The caller bounds it in time. True if all was
     /// written and the writing side shut down.
-    pub async fn close(
+    pub(crate) async fn close(
         &mut self,
         io: &mut W::Io,
         metrics: &Metrics,

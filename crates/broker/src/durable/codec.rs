@@ -13,7 +13,7 @@ use crate::model::SubRecord;
 use crate::model::message::Message;
 
 /// Version byte opening every value this module writes.
-pub const FORMAT_VERSION: u8 = 1;
+pub(crate) const FORMAT_VERSION: u8 = 1;
 
 const TAG_PAYLOAD_FORMAT: u8 = 1;
 const TAG_EXPIRY: u8 = 2;
@@ -29,7 +29,7 @@ const NO_PUBLISHER: u16 = u16::MAX;
 const META_INLINE_BYTES: usize = 128;
 
 /// A message's encoded metadata ([`encode_meta`]).
-pub type Meta = smallvec::SmallVec<[u8; META_INLINE_BYTES]>;
+pub(crate) type Meta = smallvec::SmallVec<[u8; META_INLINE_BYTES]>;
 
 /// Where encoded fields go: a record's [`Meta`], or a `Vec` for the other values.
 trait Sink {
@@ -58,7 +58,7 @@ fn put_bytes(out: &mut impl Sink, b: &[u8]) {
 
 /// The message's metadata (the record's `properties` field): version, QoS and retain flag,
 /// publisher client id, then tagged MQTT 5 properties.
-pub fn encode_meta(m: &Message, out: &mut Meta) {
+pub(crate) fn encode_meta(m: &Message, out: &mut Meta) {
     out.push(FORMAT_VERSION);
     out.push(m.qos as u8 | (u8::from(m.retain) << 2));
     match &m.publisher {
@@ -93,18 +93,18 @@ pub fn encode_meta(m: &Message, out: &mut Meta) {
 }
 
 /// A bounds-checked reader.
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    pub fn new(buf: &'a [u8]) -> Self {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
         Reader { buf }
     }
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
-    pub fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if self.buf.len() < n {
             return None;
         }
@@ -112,27 +112,27 @@ impl<'a> Reader<'a> {
         self.buf = rest;
         Some(head)
     }
-    pub fn u8(&mut self) -> Option<u8> {
+    pub(crate) fn u8(&mut self) -> Option<u8> {
         self.take(1).map(|b| b[0])
     }
-    pub fn u16(&mut self) -> Option<u16> {
+    pub(crate) fn u16(&mut self) -> Option<u16> {
         self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
     }
-    pub fn u32(&mut self) -> Option<u32> {
+    pub(crate) fn u32(&mut self) -> Option<u32> {
         self.take(4)
             .and_then(|b| b.try_into().ok())
             .map(u32::from_be_bytes)
     }
-    pub fn u64(&mut self) -> Option<u64> {
+    pub(crate) fn u64(&mut self) -> Option<u64> {
         self.take(8)
             .and_then(|b| b.try_into().ok())
             .map(u64::from_be_bytes)
     }
-    pub fn bytes(&mut self) -> Option<&'a [u8]> {
+    pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
         let len = self.u16()?;
         self.take(usize::from(len))
     }
-    pub fn str(&mut self) -> Option<&'a str> {
+    pub(crate) fn str(&mut self) -> Option<&'a str> {
         std::str::from_utf8(self.bytes()?).ok()
     }
 }
@@ -142,7 +142,7 @@ fn owned_str(s: &str) -> Option<Str> {
 }
 
 /// Rebuilds a message from a record. `age` is how long ago it was stored (for expiry).
-pub fn decode_message(topic: &[u8], meta: &[u8], payload: Bytes, age: Duration) -> Option<Message> {
+pub(crate) fn decode_message(topic: &[u8], meta: &[u8], payload: Bytes, age: Duration) -> Option<Message> {
     let topic = owned_str(std::str::from_utf8(topic).ok()?)?;
     let mut r = Reader::new(meta);
     if r.u8()? != FORMAT_VERSION {
@@ -185,7 +185,7 @@ pub fn decode_message(topic: &[u8], meta: &[u8], payload: Bytes, age: Duration) 
 }
 
 /// A retained message as one value: meta length, meta, payload.
-pub fn encode_retained(m: &Message) -> Vec<u8> {
+pub(crate) fn encode_retained(m: &Message) -> Vec<u8> {
     let mut meta = Meta::new();
     encode_meta(m, &mut meta);
     let mut out = Vec::with_capacity(4 + meta.len() + m.payload.len());
@@ -195,7 +195,7 @@ pub fn encode_retained(m: &Message) -> Vec<u8> {
     out
 }
 
-pub fn decode_retained(topic: &[u8], value: &Bytes) -> Option<Message> {
+pub(crate) fn decode_retained(topic: &[u8], value: &Bytes) -> Option<Message> {
     let mut r = Reader::new(value);
     let meta_len = r.u32()? as usize;
     let meta = r.take(meta_len)?;
@@ -206,16 +206,16 @@ pub fn decode_retained(topic: &[u8], value: &Bytes) -> Option<Message> {
 
 /// A persistent session: protocol, expiry, subscriptions.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct SessionRecord {
-    pub protocol_level: u8,
-    pub expiry_interval_s: u32,
+pub(crate) struct SessionRecord {
+    pub(crate) protocol_level: u8,
+    pub(crate) expiry_interval_s: u32,
     /// Unix time (s) the session lost its connection; 0 while connected (or never closed
     /// cleanly: a crash). Its expiry runs from then.
-    pub closed_at_unix_s: u64,
+    pub(crate) closed_at_unix_s: u64,
     /// Identifies this life of the session (set when it starts afresh): rx records carry it,
     /// so those of an earlier session under the same client id never count.
-    pub incarnation: u64,
-    pub subscriptions: Vec<(String, SubRecord)>,
+    pub(crate) incarnation: u64,
+    pub(crate) subscriptions: Vec<(String, SubRecord)>,
 }
 
 fn options_byte(o: &SubscriptionOptions) -> u8 {
@@ -240,7 +240,7 @@ fn options_from(b: u8) -> Option<SubscriptionOptions> {
 }
 
 impl SessionRecord {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = vec![FORMAT_VERSION, self.protocol_level];
         out.extend_from_slice(&self.expiry_interval_s.to_be_bytes());
         out.extend_from_slice(&self.closed_at_unix_s.to_be_bytes());
@@ -253,7 +253,7 @@ impl SessionRecord {
         out
     }
 
-    pub fn decode(value: &[u8]) -> Option<SessionRecord> {
+    pub(crate) fn decode(value: &[u8]) -> Option<SessionRecord> {
         let mut r = Reader::new(value);
         if r.u8()? != FORMAT_VERSION {
             return None;
@@ -284,7 +284,7 @@ impl SessionRecord {
         })
     }
 
-    pub fn protocol(&self) -> Protocol {
+    pub(crate) fn protocol(&self) -> Protocol {
         match self.protocol_level {
             5 => Protocol::V5,
             3 => Protocol::V3_1,
@@ -294,7 +294,7 @@ impl SessionRecord {
 }
 
 /// A (stream name, sequence) list: cursors, and the position of a PUBREL-pending message.
-pub fn encode_positions(positions: &[(&str, u64)]) -> Vec<u8> {
+pub(crate) fn encode_positions(positions: &[(&str, u64)]) -> Vec<u8> {
     let mut out = vec![FORMAT_VERSION];
     for (name, seq) in positions {
         put_bytes(&mut out, name.as_bytes());
@@ -303,7 +303,7 @@ pub fn encode_positions(positions: &[(&str, u64)]) -> Vec<u8> {
     out
 }
 
-pub fn decode_positions(value: &[u8]) -> Option<Vec<(String, u64)>> {
+pub(crate) fn decode_positions(value: &[u8]) -> Option<Vec<(String, u64)>> {
     let mut r = Reader::new(value);
     if r.u8()? != FORMAT_VERSION {
         return None;

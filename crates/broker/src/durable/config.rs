@@ -76,9 +76,9 @@ pub struct StreamSpec {
 
 /// Name of the default stream: the only stream when none is configured, appended after the
 /// configured ones when none of them captures every topic.
-pub const DEFAULT_STREAM_NAME: &str = "messages";
+pub(crate) const DEFAULT_STREAM_NAME: &str = "messages";
 /// Prefix of the store's own state streams; not available to configured streams.
-pub const STATE_STREAM_PREFIX: &str = "tern.";
+pub(crate) const STATE_STREAM_PREFIX: &str = "tern.";
 
 impl StreamSpec {
     /// The default stream: every topic, sync `always`, durability `default`.

@@ -38,21 +38,21 @@ pub(super) enum LivePhase {
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Live {
-    pub stored: Option<StoreRef>,
-    pub phase: LivePhase,
+    pub(crate) stored: Option<StoreRef>,
+    pub(crate) phase: LivePhase,
 }
 
 /// One persistent session's outbound QoS 2 state.
 #[derive(Debug, Default)]
 pub(super) struct ClientExchanges {
-    pub live: Map<u16, Live>,
+    pub(crate) live: Map<u16, Live>,
     /// Completed messages still above the session's cursor.
-    pub done: BTreeSet<StoreRef>,
+    pub(crate) done: BTreeSet<StoreRef>,
 }
 
 impl ClientExchanges {
     /// Positions the session must not replay as new PUBLISHes.
-    pub fn excluded(&self) -> impl Iterator<Item = StoreRef> + '_ {
+    pub(crate) fn excluded(&self) -> impl Iterator<Item = StoreRef> + '_ {
         self.live
             .values()
             .filter_map(|l| l.stored)

@@ -55,8 +55,8 @@
 //!   sequence that a concurrent checkpoint could pass.
 
 mod admin;
-pub mod codec;
-pub mod config;
+pub(crate) mod codec;
+pub(crate) mod config;
 mod exchanges;
 mod keyspace;
 mod message_store;
@@ -77,7 +77,7 @@ use keyspace::Keyspace;
 use tern_wire::QoS;
 
 pub use config::{
-    DEFAULT_STREAM_NAME, DiskBudgetError, Durability, DurableConfig, Keep, MIN_DISK_BUDGET_BYTES,
+    DiskBudgetError, Durability, DurableConfig, Keep, MIN_DISK_BUDGET_BYTES,
     SessionLimits, StreamSpec,
 };
 

@@ -40,7 +40,7 @@ use super::{DurableStore, Keep};
 use crate::durable::config::Durability;
 
 /// How often the floors are computed (each is applied at the next computation).
-pub const RECLAIM_INTERVAL_MS: u64 = 250;
+pub(crate) const RECLAIM_INTERVAL_MS: u64 = 250;
 
 /// Floors computed at one pass, applied at a later one once what they rest on is durable.
 #[derive(Debug, Clone)]

@@ -43,10 +43,10 @@ const CLOSED: u8 = 1;
 /// (s, u32 BE), topic length (u16 BE), topic, then [`codec::encode_retained`] of the message.
 #[derive(Debug)]
 pub(super) struct WillRecord {
-    pub open: bool,
-    pub closed_at_ms: u64,
-    pub delay_s: u32,
-    pub message: Message,
+    pub(crate) open: bool,
+    pub(crate) closed_at_ms: u64,
+    pub(crate) delay_s: u32,
+    pub(crate) message: Message,
 }
 
 const HEADER: usize = 1 + 1 + 8 + 4;

@@ -20,7 +20,7 @@ use crate::state::session::Session;
 /// How often the checkpointer runs. Sessions whose queues changed at their last visit are
 /// visited every pass: shorter means fewer QoS 1 redeliveries after a crash; each write is a
 /// few bytes in a group commit.
-pub const CHECKPOINT_INTERVAL_MS: u64 = 25;
+pub(crate) const CHECKPOINT_INTERVAL_MS: u64 = 25;
 /// Every persistent session is visited at least this often, a slice of them per pass; one
 /// found changed is then visited every pass until it stays unchanged. Idle sessions are the
 /// common case (thousands of devices that hold nothing): visiting all of them every pass
@@ -28,14 +28,14 @@ pub const CHECKPOINT_INTERVAL_MS: u64 = 25;
 /// a cursor up to this much behind for a session that just became busy or holds nothing
 /// while the floors move: a longer scan at recovery, reclamation held back by as much, and
 /// possibly more QoS 1 redeliveries after a crash; never a message lost (cursors only trail).
-pub const SWEEP_INTERVAL_MS: u64 = 1000;
+pub(crate) const SWEEP_INTERVAL_MS: u64 = 1000;
 /// Most cursor writes per pass (the rest continue next pass): bounds the write rate with
 /// many busy persistent sessions (here 40,000 per second).
-pub const MAX_CURSOR_WRITES_PER_PASS: usize = 1000;
+pub(crate) const MAX_CURSOR_WRITES_PER_PASS: usize = 1000;
 /// A session holding more messages than this is scanned at most every
 /// [`LARGE_QUEUE_SCAN_INTERVAL_MS`]: listing what it holds costs one step per message.
-pub const LARGE_QUEUE_MESSAGES: usize = 8192;
-pub const LARGE_QUEUE_SCAN_INTERVAL_MS: u64 = 1000;
+pub(crate) const LARGE_QUEUE_MESSAGES: usize = 8192;
+pub(crate) const LARGE_QUEUE_SCAN_INTERVAL_MS: u64 = 1000;
 
 /// What a session looked like at its last scan.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,7 @@ struct Seen {
 ///   write cap defers it), and `clients` is refreshed from the store when the sweep wraps, so a
 ///   new persistent session is first visited within two sweeps.
 #[derive(Default)]
-pub struct Checkpointer {
+pub(crate) struct Checkpointer {
     /// Each visited session's state at its last visit, when that was, and the last pass that
     /// put it in `active`.
     seen: Map<Arc<str>, (Seen, Instant, u64)>,
@@ -66,7 +66,7 @@ pub struct Checkpointer {
 }
 
 /// Writes the cursors of persistent sessions every [`CHECKPOINT_INTERVAL_MS`] until aborted.
-pub async fn run_checkpoints(shared: Arc<Shared>) {
+pub(crate) async fn run_checkpoints(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_millis(CHECKPOINT_INTERVAL_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut checkpointer = Checkpointer::default();
@@ -79,13 +79,13 @@ pub async fn run_checkpoints(shared: Arc<Shared>) {
 }
 
 /// One complete pass (at shutdown): every persistent session, no skipping.
-pub fn checkpoint_once(shared: &Shared) -> bool {
+pub(crate) fn checkpoint_once(shared: &Shared) -> bool {
     Checkpointer::default().pass_with(shared, usize::MAX)
 }
 
 impl Checkpointer {
     /// One pass over the persistent sessions. False if the store keeps nothing.
-    pub fn pass(&mut self, shared: &Shared) -> bool {
+    pub(crate) fn pass(&mut self, shared: &Shared) -> bool {
         self.pass_with(shared, MAX_CURSOR_WRITES_PER_PASS)
     }
 

@@ -11,7 +11,7 @@ use crate::model::message::Message;
 use crate::state::session::{PendingWill, Session};
 
 /// Ends `session` after `expiry_interval_s` unless a connection re-attached meanwhile.
-pub fn arm(shared: Arc<Shared>, session: Arc<Session>, conn_gen: u64, expiry_interval_s: u32) {
+pub(crate) fn arm(shared: Arc<Shared>, session: Arc<Session>, conn_gen: u64, expiry_interval_s: u32) {
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(u64::from(expiry_interval_s))).await;
         let still_abandoned = {
@@ -28,7 +28,7 @@ pub fn arm(shared: Arc<Shared>, session: Arc<Session>, conn_gen: u64, expiry_int
 /// Publishes `will` (named `token` in the store) after `delay` unless the session resumed
 /// (which clears the pending will) or ended (which publishes it then). Arms nothing and
 /// returns false if connection `conn_gen` no longer owns the session.
-pub fn arm_will(
+pub(crate) fn arm_will(
     shared: Arc<Shared>,
     session: Arc<Session>,
     conn_gen: u64,

@@ -72,7 +72,7 @@ fn group_queue<'a>(
 }
 
 /// Queues `item` for the group `share` (no member was online when it was routed).
-pub fn enqueue(shared: &Shared, share: &Arc<str>, item: Outgoing, now: Instant) {
+pub(crate) fn enqueue(shared: &Shared, share: &Arc<str>, item: Outgoing, now: Instant) {
     if item.qos == QoS::AtMostOnce {
         Metrics::add(&shared.metrics.messages_dropped, 1);
         return;
@@ -104,7 +104,7 @@ fn for_member(mut item: Outgoing, value: &SubValue) -> Outgoing {
 }
 
 /// Hands the group's waiting messages to its online members, round robin.
-pub fn flush(shared: &Shared, share: &str) {
+pub(crate) fn flush(shared: &Shared, share: &str) {
     let router = shared.router.read();
     let Some(group) = router.share_group(share) else {
         return;
@@ -129,7 +129,7 @@ pub fn flush(shared: &Shared, share: &str) {
 }
 
 /// Flushes every group `session` is a member of (it just came online).
-pub fn flush_member(shared: &Shared, session: &Session) {
+pub(crate) fn flush_member(shared: &Shared, session: &Session) {
     let shares: Vec<Arc<str>> = session
         .state
         .lock()
@@ -145,7 +145,7 @@ pub fn flush_member(shared: &Shared, session: &Session) {
 
 /// `from` lost its connection: its queued share-group messages and its QoS 1 ones in flight
 /// go to another online member of their group, or back to the group's queue.
-pub fn redistribute(shared: &Shared, from: &Arc<Session>) {
+pub(crate) fn redistribute(shared: &Shared, from: &Arc<Session>) {
     let router = shared.router.read();
     let mut groups = shared.groups.map.lock();
     let items = from.state.lock().out.take_shared();
@@ -178,7 +178,7 @@ pub fn redistribute(shared: &Shared, from: &Arc<Session>) {
 
 /// Drops the queue of each group in `shares` that has no member any more (its last member's
 /// session ended or unsubscribed), and tells the store.
-pub fn forget_if_orphaned(shared: &Shared, shares: &[Arc<str>]) {
+pub(crate) fn forget_if_orphaned(shared: &Shared, shares: &[Arc<str>]) {
     for share in shares {
         let orphaned = shared.router.read().share_group(share).is_none();
         if !orphaned {
@@ -205,7 +205,7 @@ pub fn forget_if_orphaned(shared: &Shared, shares: &[Arc<str>]) {
 /// What the group `share` holds of the stored messages: its queue and what each member holds
 /// of the group's messages (queued, in flight). Listed under the groups lock (see the module
 /// invariants).
-pub fn held(shared: &Shared, share: &str, out: &mut HeldSeqs) {
+pub(crate) fn held(shared: &Shared, share: &str, out: &mut HeldSeqs) {
     let router = shared.router.read();
     let groups = shared.groups.map.lock();
     if let Some(queue) = groups.get(share) {
@@ -219,7 +219,7 @@ pub fn held(shared: &Shared, share: &str, out: &mut HeldSeqs) {
 }
 
 /// Restores a group queue replayed from the store at start-up.
-pub fn restore(shared: &Shared, share: &str, messages: Vec<crate::model::message::Message>) {
+pub(crate) fn restore(shared: &Shared, share: &str, messages: Vec<crate::model::message::Message>) {
     let share: Arc<str> = share.into();
     let now = Instant::now();
     let mut groups = shared.groups.map.lock();

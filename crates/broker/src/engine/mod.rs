@@ -16,17 +16,17 @@
 //! - [`live_tasks`]: counting live tasks (connections, lingering sockets).
 //! - [`sys`]: the `$SYS/broker/...` topics.
 
-pub mod checkpoint;
-pub mod expiry;
-pub mod groups;
-pub mod live_tasks;
-pub mod registry;
-pub mod reload;
-pub mod restore;
-pub mod retain;
+pub(crate) mod checkpoint;
+pub(crate) mod expiry;
+pub(crate) mod groups;
+pub(crate) mod live_tasks;
+pub(crate) mod registry;
+pub(crate) mod reload;
+pub(crate) mod restore;
+pub(crate) mod retain;
 pub mod route;
-pub mod shared;
-pub mod sys;
-pub mod will;
+pub(crate) mod shared;
+pub(crate) mod sys;
+pub(crate) mod will;
 
 pub use shared::Shared;

@@ -19,31 +19,31 @@ use crate::state::outbound::encode_packet;
 use crate::state::session::{ConnCtl, Session};
 
 /// A connection attached to its session.
-pub struct Attached {
-    pub session: Arc<Session>,
-    pub session_present: bool,
-    pub conn_gen: u64,
-    pub ctl: Arc<ConnCtl>,
+pub(crate) struct Attached {
+    pub(crate) session: Arc<Session>,
+    pub(crate) session_present: bool,
+    pub(crate) conn_gen: u64,
+    pub(crate) ctl: Arc<ConnCtl>,
     /// The persistent session's record: the CONNACK leaves once it is durable.
-    pub durable: Option<crate::model::Ticket>,
+    pub(crate) durable: Option<crate::model::Ticket>,
 }
 
 /// What the new connection asks for.
-pub struct AttachRequest<'a> {
-    pub client_id: &'a Arc<str>,
+pub(crate) struct AttachRequest<'a> {
+    pub(crate) client_id: &'a Arc<str>,
     /// The connection's username (the ACL's `user` and `%u` for deliveries).
-    pub username: Option<Arc<str>>,
-    pub protocol: Protocol,
-    pub clean_start: bool,
-    pub expiry_interval_s: u32,
+    pub(crate) username: Option<Arc<str>>,
+    pub(crate) protocol: Protocol,
+    pub(crate) clean_start: bool,
+    pub(crate) expiry_interval_s: u32,
     /// min(client Receive Maximum, max_inflight_messages).
-    pub window: u16,
+    pub(crate) window: u16,
     /// Sent first on the new connection, before anything the session holds; its
     /// `session_present` is filled in here.
-    pub connack: ConnAck,
+    pub(crate) connack: ConnAck,
 }
 
-pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
+pub(crate) fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
     let mut sessions = shared.sessions.map.lock();
     let existing = sessions.get(request.client_id).cloned();
     let mut replaced = None;
@@ -135,7 +135,7 @@ pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
 /// The connection `conn_gen` of `session` closed. Ends the session if its expiry is 0,
 /// otherwise arms its expiry timer. Messages it held through share groups go to other online
 /// members, or back to their group ([`groups::redistribute`]).
-pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
+pub(crate) fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
     let expiry_interval_s = {
         let mut state = session.state.lock();
         if state.conn_gen != conn_gen || state.ended {
@@ -160,7 +160,7 @@ pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
 }
 
 /// Ends `session` if it is still the registered one for its client id.
-pub fn end(shared: &Arc<Shared>, session: &Arc<Session>) {
+pub(crate) fn end(shared: &Arc<Shared>, session: &Arc<Session>) {
     let mut sessions = shared.sessions.map.lock();
     let registered = sessions
         .get(&session.client_id)
@@ -201,7 +201,7 @@ fn end_removed(shared: &Arc<Shared>, session: &Arc<Session>) {
 
 /// What [`subscribe`] did.
 #[derive(Debug)]
-pub enum Subscribed {
+pub(crate) enum Subscribed {
     /// A new subscription of the session.
     New,
     /// It replaced the session's subscription to the same filter.
@@ -216,7 +216,7 @@ pub enum Subscribed {
 /// one bookkeeping of a subscription, for a SUBSCRIBE and for a session restored at start-up
 /// (the subscriptions gauge, the table, the per-session count). The router's lock is taken
 /// first (the lock order), and an ended session is never routed to again.
-pub fn subscribe(
+pub(crate) fn subscribe(
     shared: &Shared,
     session: &Arc<Session>,
     kind: tern_topic::FilterKind<'_>,

@@ -20,7 +20,7 @@ use crate::state::session::{ConnCtl, Credentials, Session};
 
 /// Applies the reloaded rules to queued deliveries and connected clients. Returns how many
 /// deliveries were dropped and how many clients were disconnected.
-pub async fn after_auth_reload(shared: Arc<Shared>) -> (usize, usize) {
+pub(crate) async fn after_auth_reload(shared: Arc<Shared>) -> (usize, usize) {
     let sessions: Vec<Arc<Session>> = shared.sessions.map.lock().values().cloned().collect();
     let dropped = drop_unreadable_queued(&shared, &sessions);
     let kicked = recheck_credentials(&shared, &sessions).await;

@@ -15,7 +15,7 @@ use crate::model::{Recovered, StoredSession};
 use crate::state::outbound::{Inflight, Outgoing, Phase};
 use crate::state::session::Session;
 
-pub fn restore(shared: &Shared, recovered: Recovered) {
+pub(crate) fn restore(shared: &Shared, recovered: Recovered) {
     for message in recovered.retained {
         shared
             .retained
@@ -104,7 +104,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
 
 /// Arms the expiry timer of every restored (offline) session with a finite expiry. Called from
 /// `serve`, where a runtime exists.
-pub fn arm_expiry(shared: &Arc<Shared>) {
+pub(crate) fn arm_expiry(shared: &Arc<Shared>) {
     let sessions: Vec<Arc<Session>> = shared.sessions.map.lock().values().cloned().collect();
     for session in sessions {
         let (offline, conn_gen, expiry_s) = {

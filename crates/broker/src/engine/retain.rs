@@ -13,7 +13,7 @@ use crate::state::ack_pipeline::ReleaseHook;
 /// The write is issued under the tree's lock, so the store records retained changes in the
 /// order they were applied in memory: per publisher that is its packet order (its ack
 /// pipeline releases messages in order), and after a restart the last applied one wins.
-pub fn update(shared: &Shared, message: &Arc<Message>) -> Option<Ticket> {
+pub(crate) fn update(shared: &Shared, message: &Arc<Message>) -> Option<Ticket> {
     let mut retained = shared.retained.write();
     if !retained.set(message, shared.config.max_retained_messages) {
         drop(retained);
@@ -29,7 +29,7 @@ pub fn update(shared: &Shared, message: &Arc<Message>) -> Option<Ticket> {
 /// releases it, and its PUBACK / PUBREC waits for the retained record as well as for the
 /// message's own write. Holds the broker weakly (the broker holds the hook); a connection holds
 /// the broker, so the upgrade succeeds while any pipeline can call this.
-pub fn release_hook(shared: Weak<Shared>) -> ReleaseHook<Arc<Message>> {
+pub(crate) fn release_hook(shared: Weak<Shared>) -> ReleaseHook<Arc<Message>> {
     Arc::new(move |message: &Arc<Message>| {
         if !message.retain {
             return None;

@@ -15,7 +15,7 @@ use crate::engine::route;
 use crate::metrics::Metrics;
 use crate::model::message::Message;
 
-pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let interval_s = shared.config.sys_interval_s;
     if interval_s == 0 {
         return;
@@ -33,7 +33,7 @@ pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
 }
 
 /// The current `(topic, value)` pairs.
-pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
+pub(crate) fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
     let m = &shared.metrics;
     let uptime_s = Instant::now()
         .saturating_duration_since(shared.started_at)
@@ -133,7 +133,7 @@ pub fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
     values
 }
 
-pub fn publish_all(shared: &Shared) {
+pub(crate) fn publish_all(shared: &Shared) {
     let now = Instant::now();
     shared.retained.write().purge_expired(now);
     for (topic, value) in snapshot(shared) {

@@ -26,7 +26,7 @@ use crate::state::session::Session;
 
 /// The will as the connection keeps it until it closes: boxed (a `Will` is large and most
 /// connections never use theirs) and copied out of the read buffer it was decoded from.
-pub fn keep(will: Will) -> Box<Will> {
+pub(crate) fn keep(will: Will) -> Box<Will> {
     Box::new(Will {
         topic: copy_str(&will.topic),
         payload: Bytes::copy_from_slice(&will.payload),
@@ -37,7 +37,7 @@ pub fn keep(will: Will) -> Box<Will> {
 }
 
 /// The message a will turns into (the Will Delay Interval is not a PUBLISH property).
-pub fn to_message(will: &Will, now: Instant) -> Arc<Message> {
+pub(crate) fn to_message(will: &Will, now: Instant) -> Arc<Message> {
     let mut properties = will.properties.clone();
     properties.will_delay_interval_s = None;
     Arc::new(Message::new(
@@ -53,7 +53,7 @@ pub fn to_message(will: &Will, now: Instant) -> Arc<Message> {
 
 /// CONNECT: records the new connection's will (or that it has none) in the store; the token
 /// names it in later calls; the CONNACK waits for the ticket.
-pub fn record(
+pub(crate) fn record(
     shared: &Shared,
     client_id: &str,
     will: Option<&Will>,
@@ -67,12 +67,12 @@ pub fn record(
 }
 
 /// The will `token` of `client_id` will not be sent (clean DISCONNECT, shutdown).
-pub fn cancel(shared: &Shared, client_id: &str, token: u64) {
+pub(crate) fn cancel(shared: &Shared, client_id: &str, token: u64) {
     drop(shared.store.wills.will_cleared(client_id, token));
 }
 
 /// Sends (or schedules) the will of the connection `conn_gen` that is closing.
-pub fn trigger(
+pub(crate) fn trigger(
     shared: &Arc<Shared>,
     session: &Arc<Session>,
     conn_gen: u64,
@@ -115,7 +115,7 @@ pub fn trigger(
 /// Publishes a will that is due: its record is deleted first, and the will is published once
 /// the delete is durable (at most once, see the module doc). Published wills are stored like
 /// a client's PUBLISH before they are routed.
-pub fn fire(shared: &Arc<Shared>, client_id: &str, token: u64, message: Arc<Message>) {
+pub(crate) fn fire(shared: &Arc<Shared>, client_id: &str, token: u64, message: Arc<Message>) {
     let cleared = shared.store.wills.will_cleared(client_id, token);
     if cleared.is_none() {
         // Nothing recorded (a store that keeps no wills): nothing to wait for first.
@@ -173,7 +173,7 @@ fn publish(shared: &Shared, message: Arc<Message>) {
 /// exists): a will due now is published; one whose delay still runs waits on its restored
 /// (offline) session, so a reconnect within the delay cancels it and the session's end
 /// publishes it.
-pub fn arm_recovered(shared: &Arc<Shared>) {
+pub(crate) fn arm_recovered(shared: &Arc<Shared>) {
     let wills = std::mem::take(&mut *shared.recovered_wills.lock());
     for stored in wills {
         let message = Arc::new(stored.message);

@@ -6,7 +6,7 @@
 //! - A scrape costs O(streams + families), never O(connections or sessions): it reads
 //!   broker-wide atomics, the registry's length (one short lock) and each stream's block list.
 
-pub mod text;
+pub(crate) mod text;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -22,7 +22,7 @@ use text::{Kind, TextEncoder};
 const QOS_LABELS: [&str; 3] = ["0", "1", "2"];
 
 /// The whole `/metrics` page.
-pub fn render(shared: &Shared, listeners: &[Arc<ListenerContext>]) -> String {
+pub(crate) fn render(shared: &Shared, listeners: &[Arc<ListenerContext>]) -> String {
     let mut e = TextEncoder::default();
     clients(&mut e, shared, listeners);
     closes(&mut e, shared);

@@ -11,29 +11,29 @@ use std::fmt::Write;
 use tern_store::HistogramSnapshot;
 
 /// Prefix of every metric name.
-pub const PREFIX: &str = "tern_";
+pub(crate) const PREFIX: &str = "tern_";
 
 /// A text page being written.
 #[derive(Default)]
-pub struct TextEncoder {
+pub(crate) struct TextEncoder {
     out: String,
 }
 
 /// The type of a family.
 #[derive(Clone, Copy)]
-pub enum Kind {
+pub(crate) enum Kind {
     Counter,
     Gauge,
     Histogram,
 }
 
 impl TextEncoder {
-    pub fn finish(self) -> String {
+    pub(crate) fn finish(self) -> String {
         self.out
     }
 
     /// Starts the family `tern_{name}`.
-    pub fn family(&mut self, name: &str, kind: Kind, help: &str) {
+    pub(crate) fn family(&mut self, name: &str, kind: Kind, help: &str) {
         let kind = match kind {
             Kind::Counter => "counter",
             Kind::Gauge => "gauge",
@@ -45,28 +45,28 @@ impl TextEncoder {
     }
 
     /// One sample `tern_{name}{labels} value`.
-    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
+    pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
         let _ = write!(self.out, "{PREFIX}{name}");
         self.labels(labels, None);
         let _ = writeln!(self.out, " {value}");
     }
 
     /// One sample with a fractional value.
-    pub fn sample_f64(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+    pub(crate) fn sample_f64(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
         let _ = write!(self.out, "{PREFIX}{name}");
         self.labels(labels, None);
         let _ = writeln!(self.out, " {}", format_float(value));
     }
 
     /// A family with one unlabelled sample.
-    pub fn single(&mut self, name: &str, kind: Kind, help: &str, value: u64) {
+    pub(crate) fn single(&mut self, name: &str, kind: Kind, help: &str, value: u64) {
         self.family(name, kind, help);
         self.sample(name, &[], value);
     }
 
     /// The samples of one histogram (`_bucket`, `_sum`, `_count`), bounds and sum divided by
     /// `scale` (e.g. 1e6 for microseconds shown in seconds).
-    pub fn histogram(
+    pub(crate) fn histogram(
         &mut self,
         name: &str,
         labels: &[(&str, &str)],

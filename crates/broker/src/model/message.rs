@@ -25,7 +25,7 @@ use crate::model::StoreRef;
 use tokio::time::Instant;
 
 /// Bytes counted per queued message on top of topic and payload (headers, bookkeeping).
-pub const MESSAGE_OVERHEAD_BYTES: usize = 64;
+pub(crate) const MESSAGE_OVERHEAD_BYTES: usize = 64;
 
 #[derive(Debug)]
 pub struct Message {
@@ -202,12 +202,12 @@ impl Message {
 }
 
 /// A copy of `s` that owns its bytes.
-pub fn copy_str(s: &Str) -> Str {
+pub(crate) fn copy_str(s: &Str) -> Str {
     Str::copy_from(s.as_str()).unwrap_or_else(|_| s.clone())
 }
 
 /// A copy of the properties a message or will carries, owning its bytes.
-pub fn compact_properties(properties: &Properties) -> Properties {
+pub(crate) fn compact_properties(properties: &Properties) -> Properties {
     let mut copy = properties.clone();
     // Edited in place, so that no properties stay no allocation.
     let Some(values) = copy.values_mut() else {

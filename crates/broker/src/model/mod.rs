@@ -12,13 +12,13 @@
 //! - [`sub_record`]: one subscription as a session keeps it ([`SubRecord`]).
 //! - [`topics`]: the topic spaces the broker reserves (`$SYS`, `$tern/`, `$share/`), named once.
 
-pub mod message;
-pub mod recovered;
-pub mod seam;
-pub mod stats;
-pub mod sub_record;
-pub mod ticket;
-pub mod topics;
+pub(crate) mod message;
+pub(crate) mod recovered;
+pub(crate) mod seam;
+pub(crate) mod stats;
+pub(crate) mod sub_record;
+pub(crate) mod ticket;
+pub(crate) mod topics;
 
 pub use message::Message;
 pub use recovered::{Recovered, StoredGroup, StoredInflight, StoredSession, StoredWill};

@@ -9,46 +9,46 @@
 //! - `$share/{group}/{filter}`: a shared subscription's filter (MQTT 5 §4.8.2).
 
 /// The store's control records, under the message streams' own topics.
-pub const INTERNAL_PREFIX: &str = "$tern/";
+pub(crate) const INTERNAL_PREFIX: &str = "$tern/";
 /// "(session, pi) received" (`$tern/rx/{client}`).
-pub const QOS2_RECEIVED_PREFIX: &str = "$tern/rx/";
+pub(crate) const QOS2_RECEIVED_PREFIX: &str = "$tern/rx/";
 /// "(session, pi) released" (`$tern/rel/{client}`).
-pub const QOS2_RELEASED_PREFIX: &str = "$tern/rel/";
+pub(crate) const QOS2_RELEASED_PREFIX: &str = "$tern/rel/";
 /// "The session started afresh" (`$tern/reset/{client}`): its older rx records are void.
-pub const SESSION_RESET_PREFIX: &str = "$tern/reset/";
+pub(crate) const SESSION_RESET_PREFIX: &str = "$tern/reset/";
 /// The filter that reads every control record.
-pub const INTERNAL_FILTER: &str = "$tern/#";
+pub(crate) const INTERNAL_FILTER: &str = "$tern/#";
 /// A shared subscription's filter starts with this.
-pub const SHARE_PREFIX: &str = "$share/";
+pub(crate) const SHARE_PREFIX: &str = "$share/";
 
 /// A server-reserved `$`-topic: leading wildcards do not match it (MQTT-4.7.2-1).
 #[inline]
-pub fn is_dollar(topic: &str) -> bool {
+pub(crate) fn is_dollar(topic: &str) -> bool {
     tern_topic::is_sys_topic(topic)
 }
 
 /// `$SYS` or below it: the broker's statistics.
 #[inline]
-pub fn is_sys(topic: &str) -> bool {
+pub(crate) fn is_sys(topic: &str) -> bool {
     topic == "$SYS" || topic.starts_with("$SYS/")
 }
 
 /// The store's control records.
 #[inline]
-pub fn is_internal(topic: &[u8]) -> bool {
+pub(crate) fn is_internal(topic: &[u8]) -> bool {
     topic.starts_with(INTERNAL_PREFIX.as_bytes())
 }
 
 /// A topic clients may not publish to (acknowledged, never routed nor stored): `$SYS` and
 /// the store's control records.
 #[inline]
-pub fn is_reserved(topic: &str) -> bool {
+pub(crate) fn is_reserved(topic: &str) -> bool {
     is_sys(topic) || is_internal(topic.as_bytes())
 }
 
 /// A shared subscription's filter (`$share/...`).
 #[inline]
-pub fn is_shared_filter(filter: &str) -> bool {
+pub(crate) fn is_shared_filter(filter: &str) -> bool {
     filter.starts_with(SHARE_PREFIX)
 }
 

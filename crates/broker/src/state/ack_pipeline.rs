@@ -41,7 +41,7 @@ use crate::model::{PersistError, Ticket};
 
 /// The acknowledgement an entry releases.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AckKind {
+pub(crate) enum AckKind {
     /// QoS 0 PUBLISH: nothing to send, but the entry still keeps the delivery order.
     None,
     PubAck,
@@ -54,26 +54,26 @@ pub enum AckKind {
 /// Runs when an entry's delivery is released, in packet order, before the delivery is handed
 /// out; returns the ticket of a write it issued (a retained message's record). Shared: the
 /// broker has one for all its connections (a box per connection was a 32 B malloc chunk each).
-pub type ReleaseHook<D> = Arc<dyn Fn(&D) -> Option<Ticket> + Send + Sync>;
+pub(crate) type ReleaseHook<D> = Arc<dyn Fn(&D) -> Option<Ticket> + Send + Sync>;
 
 /// One inbound packet's outcome.
 #[derive(Debug)]
-pub struct Entry<D> {
-    pub packet_id: u16,
-    pub kind: AckKind,
-    pub reason: ReasonCode,
-    pub ticket: Option<Ticket>,
-    pub deliver: Option<D>,
+pub(crate) struct Entry<D> {
+    pub(crate) packet_id: u16,
+    pub(crate) kind: AckKind,
+    pub(crate) reason: ReasonCode,
+    pub(crate) ticket: Option<Ticket>,
+    pub(crate) deliver: Option<D>,
     /// True for QoS 2 (§3): delivering before durability could duplicate after a crash.
-    pub deliver_after_durable: bool,
+    pub(crate) deliver_after_durable: bool,
     /// Part of an exchange counted against our Receive Maximum: takes no pipeline capacity,
     /// and its released acknowledgement says so (the caller ends the count on it).
-    pub counted: bool,
+    pub(crate) counted: bool,
 }
 
 /// What the pipeline lets go, in order.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Released<D> {
+pub(crate) enum Released<D> {
     Deliver(D),
     Ack {
         kind: AckKind,
@@ -89,7 +89,7 @@ struct Slot<D> {
     durable: bool,
 }
 
-pub struct AckPipeline<D> {
+pub(crate) struct AckPipeline<D> {
     slots: VecDeque<Slot<D>>,
     deliver_cursor: usize,
     /// Room for entries that are not `counted`.
@@ -105,7 +105,7 @@ pub struct AckPipeline<D> {
 impl<D> AckPipeline<D> {
     /// `capacity`: how many entries that are not `counted` may wait (the connection uses the
     /// Receive Maximum it advertises).
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         AckPipeline {
             slots: VecDeque::new(),
             deliver_cursor: 0,
@@ -119,19 +119,19 @@ impl<D> AckPipeline<D> {
     /// Sets the hook run as each delivery is released (see [`ReleaseHook`]). A ticket it
     /// returns holds the entry's acknowledgement until durable; for an entry without an
     /// acknowledgement (QoS 0) it is not waited for.
-    pub fn on_release(mut self, hook: ReleaseHook<D>) -> Self {
+    pub(crate) fn on_release(mut self, hook: ReleaseHook<D>) -> Self {
         self.on_release = Some(hook);
         self
     }
 
     /// True once a store write failed (the connection must close without further acks).
-    pub fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         self.failed
     }
 
     /// Empties the pipeline, returning the deliveries that were never released (their writes
     /// did not complete in time or failed): the caller tells the store they are given up.
-    pub fn abandon(&mut self) -> Vec<D> {
+    pub(crate) fn abandon(&mut self) -> Vec<D> {
         self.deliver_cursor = 0;
         self.uncounted = 0;
         self.slots
@@ -143,7 +143,7 @@ impl<D> AckPipeline<D> {
     /// The connection is closing: waits for every outstanding write and releases what becomes
     /// durable, so that a QoS 2 message already recorded as received is still delivered
     /// (the client's retry will be answered as a duplicate). Stops at a failed write.
-    pub async fn drain(&mut self, out: &mut Vec<Released<D>>) {
+    pub(crate) async fn drain(&mut self, out: &mut Vec<Released<D>>) {
         while self.has_pending_ticket() && !self.failed {
             self.wait_front(out).await;
         }
@@ -151,20 +151,20 @@ impl<D> AckPipeline<D> {
 
     /// When true, the connection stops reading (backpressure, never drop). Only entries that
     /// are not `counted` fill the pipeline.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.uncounted >= self.capacity
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.slots.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
 
     /// Adds an entry and appends whatever can now be released to `out`.
-    pub fn push(&mut self, entry: Entry<D>, out: &mut Vec<Released<D>>) {
+    pub(crate) fn push(&mut self, entry: Entry<D>, out: &mut Vec<Released<D>>) {
         let durable = entry.ticket.is_none();
         if !entry.counted {
             self.uncounted += 1;
@@ -174,19 +174,19 @@ impl<D> AckPipeline<D> {
     }
 
     /// True while some entry waits for its write.
-    pub fn has_pending_ticket(&self) -> bool {
+    pub(crate) fn has_pending_ticket(&self) -> bool {
         self.slots.iter().any(|s| !s.durable)
     }
 
     /// Waits for the oldest outstanding write; then releases what it can. Cancel-safe: if the
     /// future is dropped, the ticket stays in place and is awaited again next time.
-    pub async fn wait_front(&mut self, out: &mut Vec<Released<D>>) {
+    pub(crate) async fn wait_front(&mut self, out: &mut Vec<Released<D>>) {
         poll_fn(|cx| self.poll_front(cx, out)).await
     }
 
     /// [`AckPipeline::wait_front`] as a poll: the connection's loop waits for it without a
     /// future of its own (every idle connection would keep one).
-    pub fn poll_front(&mut self, cx: &mut Context<'_>, out: &mut Vec<Released<D>>) -> Poll<()> {
+    pub(crate) fn poll_front(&mut self, cx: &mut Context<'_>, out: &mut Vec<Released<D>>) -> Poll<()> {
         let Some(slot) = self.slots.iter_mut().find(|s| !s.durable) else {
             return Poll::Ready(());
         };

@@ -28,11 +28,11 @@ use crate::state::session::ConnCtl;
 
 /// How often the sweeper looks: the most a connection outlives its keep alive. 1.5 × the
 /// shortest keep alive (1 s) is 1,500 ms, so this is a sixth of it.
-pub const SWEEP_PERIOD_MS: u64 = 250;
+pub(crate) const SWEEP_PERIOD_MS: u64 = 250;
 
 /// The broker-wide table of connections with a keep alive.
 #[derive(Debug)]
-pub struct KeepAlive {
+pub(crate) struct KeepAlive {
     /// Milliseconds in [`ConnCtl::touch`] count from here.
     epoch: Instant,
     table: Mutex<Table>,
@@ -57,7 +57,7 @@ struct Entry {
 
 /// A connection's place in the table; dropping it takes the connection out.
 #[derive(Debug)]
-pub struct Watched {
+pub(crate) struct Watched {
     table: Arc<KeepAlive>,
     index: u32,
 }
@@ -75,7 +75,7 @@ impl Drop for Watched {
 }
 
 impl KeepAlive {
-    pub fn new(epoch: Instant) -> KeepAlive {
+    pub(crate) fn new(epoch: Instant) -> KeepAlive {
         KeepAlive {
             epoch,
             table: Mutex::new(Table::default()),
@@ -85,14 +85,14 @@ impl KeepAlive {
     /// Milliseconds from the epoch to `at`, wrapping (what [`ConnCtl::touch`] records): a
     /// timeout is at most 65,535 s × 1.5, far below the 49 days of a wrap, so differences of
     /// these stay exact.
-    pub fn millis(&self, at: Instant) -> u32 {
+    pub(crate) fn millis(&self, at: Instant) -> u32 {
         // Truncation is the wrap.
         at.saturating_duration_since(self.epoch).as_millis() as u32
     }
 
     /// Watches `ctl` from now on, closing it once `timeout_ms` pass without a
     /// [`ConnCtl::touch`]; `None` (nothing watched) for a timeout of 0 (no keep alive).
-    pub fn watch(self: &Arc<Self>, ctl: &Arc<ConnCtl>, timeout_ms: u32) -> Option<Watched> {
+    pub(crate) fn watch(self: &Arc<Self>, ctl: &Arc<ConnCtl>, timeout_ms: u32) -> Option<Watched> {
         let timeout_ms = NonZeroU32::new(timeout_ms)?;
         ctl.touch(self.millis(Instant::now()));
         let entry = Entry {

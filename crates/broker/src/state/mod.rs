@@ -21,13 +21,13 @@
 //!   session removes its subscriptions first, then marks it `ended` so that a publisher that
 //!   matched it a moment earlier queues nothing.
 
-pub mod ack_pipeline;
-pub mod groups;
-pub mod keep_alive;
-pub mod outbound;
-pub mod packet_ids;
-pub mod registry;
-pub mod retained;
-pub mod router;
-pub mod session;
-pub mod topic_alias;
+pub(crate) mod ack_pipeline;
+pub(crate) mod groups;
+pub(crate) mod keep_alive;
+pub(crate) mod outbound;
+pub(crate) mod packet_ids;
+pub(crate) mod registry;
+pub(crate) mod retained;
+pub(crate) mod router;
+pub(crate) mod session;
+pub(crate) mod topic_alias;

@@ -16,7 +16,7 @@ use crate::model::message::Message;
 
 /// Deepest topic retained: bounds the tree depth, hence the recursion of lookups (the same
 /// bound the subscription trie puts on filters).
-pub const MAX_RETAINED_TOPIC_LEVELS: usize = tern_topic::DEFAULT_MAX_FILTER_LEVELS;
+pub(crate) const MAX_RETAINED_TOPIC_LEVELS: usize = tern_topic::DEFAULT_MAX_FILTER_LEVELS;
 
 /// One topic level of the retained tree.
 #[derive(Debug, Default)]

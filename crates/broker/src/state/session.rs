@@ -1,9 +1,9 @@
 //! One session and the control block of the connection attached to it.
 
 mod received;
-pub mod signal;
+pub(crate) mod signal;
 
-pub use received::ReceivedIds;
+pub(crate) use received::ReceivedIds;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};

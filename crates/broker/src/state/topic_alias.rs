@@ -16,7 +16,7 @@ use tern_wire::Str;
 
 /// Why an inbound alias was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum AliasError {
+pub(crate) enum AliasError {
     /// 0 or above our maximum: DISCONNECT 0x94.
     #[error("topic alias out of range")]
     OutOfRange,
@@ -26,7 +26,7 @@ pub enum AliasError {
 }
 
 #[derive(Debug)]
-pub struct InboundAliases {
+pub(crate) struct InboundAliases {
     maximum: u16,
     // Boxed on purpose: 8 bytes in every connection's future instead of 48 for an empty map.
     #[allow(clippy::box_collection)]
@@ -34,12 +34,12 @@ pub struct InboundAliases {
 }
 
 impl InboundAliases {
-    pub fn new(maximum: u16) -> Self {
+    pub(crate) fn new(maximum: u16) -> Self {
         InboundAliases { maximum, map: None }
     }
 
     /// The topic a PUBLISH is about, given its topic field and optional alias.
-    pub fn resolve(&mut self, topic: &Str, alias: Option<u16>) -> Result<Str, AliasError> {
+    pub(crate) fn resolve(&mut self, topic: &Str, alias: Option<u16>) -> Result<Str, AliasError> {
         let Some(alias) = alias else {
             return Ok(topic.clone());
         };

@@ -31,11 +31,11 @@ const MAX_READ_FILTERS: usize = 64;
 
 /// What recovery knows of one persistent session before its messages are read.
 pub(super) struct SessionInput<'a> {
-    pub client: &'a str,
-    pub record: &'a SessionRecord,
-    pub cursor_of: Vec<u64>,
-    pub exchanges: ClientExchanges,
-    pub qos2_received: Vec<u16>,
+    pub(crate) client: &'a str,
+    pub(crate) record: &'a SessionRecord,
+    pub(crate) cursor_of: Vec<u64>,
+    pub(crate) exchanges: ClientExchanges,
+    pub(crate) qos2_received: Vec<u16>,
 }
 
 /// What one session gets from the stream pass.

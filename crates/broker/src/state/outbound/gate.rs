@@ -31,11 +31,11 @@ use crate::model::Ticket;
 
 /// QoS 0 deliveries that may wait in the gate behind a held PUBLISH; beyond it the session
 /// queue keeps them (and its own limits apply).
-pub const MAX_GATED_QOS0: usize = 256;
+pub(crate) const MAX_GATED_QOS0: usize = 256;
 
 /// A packet waiting for its write.
 #[derive(Debug)]
-pub enum HeldPacket {
+pub(crate) enum HeldPacket {
     /// The first PUBLISH of the in-flight delivery with this packet id.
     Publish { packet_id: u16 },
     /// A QoS 0 delivery queued behind a held PUBLISH.
@@ -52,7 +52,7 @@ struct Held {
 }
 
 #[derive(Debug, Default)]
-pub struct Gate {
+pub(crate) struct Gate {
     entries: VecDeque<Held>,
     deliveries: usize,
     qos0: usize,
@@ -61,7 +61,7 @@ pub struct Gate {
 
 impl Gate {
     /// An empty gate (what `Default` gives, usable in a `static`).
-    pub const EMPTY: Gate = Gate {
+    pub(crate) const EMPTY: Gate = Gate {
         entries: VecDeque::new(),
         deliveries: 0,
         qos0: 0,
@@ -69,7 +69,7 @@ impl Gate {
     };
 
     /// Queues `packet` behind everything already held.
-    pub fn push(&mut self, ticket: Option<Ticket>, packet: HeldPacket) {
+    pub(crate) fn push(&mut self, ticket: Option<Ticket>, packet: HeldPacket) {
         match packet {
             HeldPacket::Publish { .. } => self.deliveries += 1,
             HeldPacket::Qos0(_) => {
@@ -100,26 +100,26 @@ impl Gate {
     }
 
     /// True while a delivery waits here: later deliveries must queue behind it.
-    pub fn holds_deliveries(&self) -> bool {
+    pub(crate) fn holds_deliveries(&self) -> bool {
         self.deliveries > 0
     }
 
     /// True if another QoS 0 delivery may wait here.
-    pub fn has_room_for_qos0(&self) -> bool {
+    pub(crate) fn has_room_for_qos0(&self) -> bool {
         self.qos0 < MAX_GATED_QOS0
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// True once a write failed: nothing is released any more.
-    pub fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         self.failed
     }
 
     /// The front packet, if its write is durable (or none was issued).
-    pub fn pop_ready(&mut self) -> Option<HeldPacket> {
+    pub(crate) fn pop_ready(&mut self) -> Option<HeldPacket> {
         if self.failed {
             return None;
         }
@@ -143,7 +143,7 @@ impl Gate {
 
     /// Ready once the front entry's write completed (the writer then releases it); pending
     /// while it is outstanding or while nothing is held (the caller waits on other events).
-    pub fn poll_front(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll_front(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.failed {
             return Poll::Pending;
         }
@@ -170,7 +170,7 @@ impl Gate {
 
     /// Removes the held entries `drop_it` selects (a leaving share-group member, a detached
     /// session's QoS 0), returning the QoS 0 deliveries among them.
-    pub fn remove(&mut self, mut drop_it: impl FnMut(&HeldPacket) -> bool) -> Vec<Outgoing> {
+    pub(crate) fn remove(&mut self, mut drop_it: impl FnMut(&HeldPacket) -> bool) -> Vec<Outgoing> {
         let mut taken = Vec::new();
         let entries = std::mem::take(&mut self.entries);
         for held in entries {
@@ -188,7 +188,7 @@ impl Gate {
     }
 
     /// The QoS 0 deliveries waiting here.
-    pub fn qos0_items(&self) -> impl Iterator<Item = &Outgoing> {
+    pub(crate) fn qos0_items(&self) -> impl Iterator<Item = &Outgoing> {
         self.entries.iter().filter_map(|h| match &h.packet {
             HeldPacket::Qos0(item) => Some(item),
             _ => None,

@@ -60,21 +60,22 @@ use crate::model::message::Message;
 use crate::state::packet_ids::PacketIds;
 
 pub use batch::BatchEnv;
-pub use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
-pub use holds::Removed;
-pub use queues::{LazyQueues, Queues};
-pub use writer::{BatchBufs, WriterState, encode_packet};
+pub(crate) use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
+pub(crate) use holds::Removed;
+pub(crate) use queues::{LazyQueues, Queues};
+pub(crate) use writer::encode_packet;
+pub use writer::{BatchBufs, WriterState};
 
 /// Packets taken per batch: enough to amortise the syscall (64 → 256 took 1 pub → 1 sub QoS 0
 /// from ~850k to ~1M msg/s), small enough to keep the session lock short (~10 µs).
-pub const MAX_BATCH_PACKETS: usize = 256;
+pub(crate) const MAX_BATCH_PACKETS: usize = 256;
 /// Queue capacity an empty queue may keep; beyond it the memory is returned.
 const IDLE_QUEUE_CAPACITY: usize = 64;
 /// Batch buffer reserved per batch: heads, and small packets written for one subscriber.
 const HEAD_SCRATCH_BYTES: usize = 4096;
 /// Bytes taken per batch: with large payloads the packet count alone would let one batch (which
 /// is written to the end even when the connection is closing) grow to megabytes.
-pub const MAX_BATCH_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_BATCH_BYTES: usize = 256 * 1024;
 
 /// One message on its way to one subscriber.
 #[derive(Debug, Clone)]

@@ -205,7 +205,7 @@ impl WriterState {
 }
 
 /// Encodes one control packet; `None` (logged) only on a programming error.
-pub fn encode_packet(packet: &Packet, protocol: Protocol, scratch: &mut BytesMut) -> Option<Bytes> {
+pub(crate) fn encode_packet(packet: &Packet, protocol: Protocol, scratch: &mut BytesMut) -> Option<Bytes> {
     match encode(packet, protocol, scratch) {
         Ok(()) => Some(scratch.split().freeze()),
         Err(error) => {
