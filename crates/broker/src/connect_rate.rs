@@ -23,13 +23,13 @@ struct Bucket {
 }
 
 #[derive(Debug, Default)]
-pub struct ConnectRate {
+pub(crate) struct ConnectRate {
     buckets: Mutex<HashMap<IpAddr, Bucket>>,
 }
 
 impl ConnectRate {
     /// Takes a token for `ip`; false if its bucket is empty. `rate_per_s == 0`: no limit.
-    pub fn admit(&self, ip: IpAddr, rate_per_s: u32, burst: u32, now: Instant) -> bool {
+    pub(crate) fn admit(&self, ip: IpAddr, rate_per_s: u32, burst: u32, now: Instant) -> bool {
         if rate_per_s == 0 {
             return true;
         }
@@ -59,7 +59,8 @@ impl ConnectRate {
         }
     }
 
-    pub fn tracked(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn tracked(&self) -> usize {
         self.buckets.lock().len()
     }
 }

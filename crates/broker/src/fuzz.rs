@@ -46,7 +46,7 @@ pub struct Outcome {
     /// Bytes the broker sent back on the fuzzed connection.
     pub reply_bytes: usize,
     /// Bytes the subscriber on `#` received.
-    pub delivered_bytes: usize,
+    pub(crate) delivered_bytes: usize,
 }
 
 /// Why a run failed.

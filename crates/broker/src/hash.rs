@@ -28,6 +28,7 @@ static KEYS: OnceLock<(u64, u64)> = OnceLock::new();
 /// Fixes the keys of every [`Seeded`] hasher of this process (the simulator: the same
 /// iteration orders in every run). Only the first call takes effect, and only before the
 /// first map is made; returns whether the keys are now `(k0, k1)`.
+#[cfg_attr(not(feature = "__internal"), allow(dead_code))] // only tests reach it (`__internal`)
 pub fn fix_keys(k0: u64, k1: u64) -> bool {
     *KEYS.get_or_init(|| (k0, k1)) == (k0, k1)
 }
@@ -42,7 +43,7 @@ fn keys() -> (u64, u64) {
 
 /// Keyed SipHash-2-4 with the process's keys ([`fix_keys`]); zero bytes per map.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Seeded;
+pub(crate) struct Seeded;
 
 impl BuildHasher for Seeded {
     // std's only keyed hasher: deprecated for a faster one it keeps private (SipHash-1-3

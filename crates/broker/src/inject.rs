@@ -10,6 +10,7 @@
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
+#[cfg_attr(not(feature = "__internal"), allow(dead_code))] // only tests reach it (`__internal`)
 pub enum Bug {
     /// A restored session forgets its QoS 2 received set (`session/restore.rs`).
     IgnoreReceivedSetAfterRestart = 1,

@@ -11,14 +11,14 @@ pub struct QueuedTotals {
     /// Bytes (the measure of `max_queued_bytes_total`).
     pub bytes: AtomicUsize,
     /// Deliveries (beyond the in-flight window), kept with `bytes` by each `Outbound`.
-    pub messages: AtomicUsize,
+    pub(crate) messages: AtomicUsize,
 }
 
 impl QueuedTotals {
     /// True while the queues together hold `max_queued_bytes_total` (`cap_bytes`) or more:
     /// the one rule of the cap (issue 24), for a QoS 0 push (dropped) and a QoS>0 PUBLISH
     /// (refused with 0x97) alike.
-    pub fn at_cap(&self, cap_bytes: usize) -> bool {
+    pub(crate) fn at_cap(&self, cap_bytes: usize) -> bool {
         !crate::inject::on(crate::inject::Bug::IgnoreQueuedBytesTotal)
             && self.bytes.load(std::sync::atomic::Ordering::Relaxed) >= cap_bytes
     }
@@ -26,12 +26,12 @@ impl QueuedTotals {
 
 #[derive(Debug, Default)]
 pub struct Metrics {
-    pub clients_connected: AtomicU64,
+    pub(crate) clients_connected: AtomicU64,
     /// PUBLISHes received from clients, by QoS (index 0, 1, 2); one add per PUBLISH.
-    pub messages_received_by_qos: [AtomicU64; 3],
+    pub(crate) messages_received_by_qos: [AtomicU64; 3],
     /// Deliveries taken from session queues to be sent, by QoS (resends not counted); added
     /// once per writer batch.
-    pub messages_sent_by_qos: [AtomicU64; 3],
+    pub(crate) messages_sent_by_qos: [AtomicU64; 3],
     pub messages_dropped: AtomicU64,
     /// Of `messages_dropped`: deliveries whose Message Expiry Interval passed while queued.
     pub messages_dropped_expired: AtomicU64,
@@ -40,7 +40,7 @@ pub struct Metrics {
     /// QoS 1 deliveries in flight to a persistent session whose stored records retention
     /// removed (not dropped: resent from memory while the broker runs, but a restart before
     /// their PUBACK cannot resend them; QoS 2 in flight is pinned instead).
-    pub inflight_exposed_retention: AtomicU64,
+    pub(crate) inflight_exposed_retention: AtomicU64,
     /// Of `messages_dropped`: QoS 0 refused because an online subscriber's outbound queue was
     /// at its byte or message limit (a slow subscriber).
     pub messages_dropped_queue_full: AtomicU64,
@@ -62,71 +62,71 @@ pub struct Metrics {
     /// QoS>0 PUBLISHes refused the same way because queues held `max_queued_bytes_total`.
     pub publishes_refused_memory_limit: AtomicU64,
     /// CONNECTs refused at `max_connections` (v5 CONNACK 0x97, 3.1.1 return code 3).
-    pub connections_refused: AtomicU64,
+    pub(crate) connections_refused: AtomicU64,
     /// CONNECTs refused for a wrong or unknown username/password (v5 CONNACK 0x86, 3.1.1
     /// return code 4) or for no credentials where they are required (0x87 / 5).
-    pub auth_failures: AtomicU64,
+    pub(crate) auth_failures: AtomicU64,
     /// PUBLISHes the ACL did not let the client write (v5 PUBACK/PUBREC 0x87; QoS 0 and
     /// 3.1.1: dropped without a word, as mosquitto does).
-    pub acl_denied_publish: AtomicU64,
+    pub(crate) acl_denied_publish: AtomicU64,
     /// SUBSCRIBE filters the ACL refused (SUBACK 0x80 in 3.1.1, 0x87 in v5).
-    pub acl_denied_subscribe: AtomicU64,
+    pub(crate) acl_denied_subscribe: AtomicU64,
     /// Deliveries not made because the subscriber may not read the message's topic (checked
     /// per message on its concrete topic, as mosquitto does).
-    pub acl_denied_deliver: AtomicU64,
+    pub(crate) acl_denied_deliver: AtomicU64,
     /// CONNECTs refused by `max_connect_rate_per_ip` (v5 CONNACK 0x9F, 3.1.1 return code 3).
-    pub connections_refused_rate: AtomicU64,
+    pub(crate) connections_refused_rate: AtomicU64,
     /// Topic names and filters over `max_topic_levels` / `max_topic_length_bytes` (PUBLISH:
     /// connection closed, v5 DISCONNECT 0x90; SUBSCRIBE: SUBACK 0x8F / 0x80; will: CONNACK).
-    pub topics_refused_limit: AtomicU64,
+    pub(crate) topics_refused_limit: AtomicU64,
     /// Packets refused for a control character (U+0001..U+001F, U+007F..U+009F) in a topic,
     /// filter, client id or username while `reject_control_chars` is on (connection closed).
-    pub control_chars_refused: AtomicU64,
+    pub(crate) control_chars_refused: AtomicU64,
     /// Bytes and deliveries queued in every session's outbound queue (shared with each
     /// session's `Outbound`).
     pub queued: Arc<QueuedTotals>,
     /// Live connections (past CONNECT, not yet closed), the measure of `max_connections`.
-    pub connections: std::sync::atomic::AtomicUsize,
+    pub(crate) connections: std::sync::atomic::AtomicUsize,
     /// Sockets closed at accept because their listener held its `max_connections`.
-    pub connections_refused_listener: AtomicU64,
+    pub(crate) connections_refused_listener: AtomicU64,
     /// TLS handshakes and WebSocket upgrades that failed or timed out.
-    pub transport_handshakes_failed: AtomicU64,
+    pub(crate) transport_handshakes_failed: AtomicU64,
     /// Closes the broker started whose socket lingered (read to the client's end of stream or
     /// `CLOSE_LINGER_MS`) so that the client could read the reason (`connection::linger`).
-    pub closes_lingered: AtomicU64,
+    pub(crate) closes_lingered: AtomicU64,
     /// Such closes done at once because `MAX_LINGERING_CLOSES` sockets lingered already: the
     /// client may lose the reason to a reset.
-    pub closes_not_lingered: AtomicU64,
-    pub bytes_received: AtomicU64,
-    pub bytes_sent: AtomicU64,
-    pub subscriptions: AtomicU64,
+    pub(crate) closes_not_lingered: AtomicU64,
+    pub(crate) bytes_received: AtomicU64,
+    pub(crate) bytes_sent: AtomicU64,
+    pub(crate) subscriptions: AtomicU64,
 }
 
 impl Metrics {
-    pub fn add(counter: &AtomicU64, value: u64) {
+    pub(crate) fn add(counter: &AtomicU64, value: u64) {
         counter.fetch_add(value, Ordering::Relaxed);
     }
 
     /// `n` QoS>0 deliveries dropped, oldest first, at `max_queued_messages` /
     /// `max_queued_bytes` (a session's queue, a share group's, or a session restored at
     /// start-up): the one count of the rule.
-    pub fn dropped_at_queue_limit(&self, n: u64) {
+    pub(crate) fn dropped_at_queue_limit(&self, n: u64) {
         Metrics::add(&self.messages_dropped, n);
         Metrics::add(&self.messages_dropped_queue_limit, n);
     }
 
     /// `n` queued deliveries whose stored records a retention limit removed.
-    pub fn dropped_by_retention(&self, n: u64) {
+    pub(crate) fn dropped_by_retention(&self, n: u64) {
         Metrics::add(&self.messages_dropped, n);
         Metrics::add(&self.messages_dropped_retention, n);
     }
 
     /// Adds and returns the new value.
-    pub fn add_get(counter: &AtomicU64, value: u64) -> u64 {
+    pub(crate) fn add_get(counter: &AtomicU64, value: u64) -> u64 {
         counter.fetch_add(value, Ordering::Relaxed) + value
     }
 
-    pub fn sub(counter: &AtomicU64, value: u64) {
+    pub(crate) fn sub(counter: &AtomicU64, value: u64) {
         counter.fetch_sub(value, Ordering::Relaxed);
     }
 
@@ -135,12 +135,12 @@ impl Metrics {
     }
 
     /// PUBLISHes received, all QoS.
-    pub fn messages_received(&self) -> u64 {
+    pub(crate) fn messages_received(&self) -> u64 {
         self.messages_received_by_qos.iter().map(Metrics::get).sum()
     }
 
     /// Deliveries sent, all QoS.
-    pub fn messages_sent(&self) -> u64 {
+    pub(crate) fn messages_sent(&self) -> u64 {
         self.messages_sent_by_qos.iter().map(Metrics::get).sum()
     }
 }

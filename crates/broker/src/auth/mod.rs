@@ -75,7 +75,7 @@ impl Default for AuthRules {
 
 /// The outcome of a CONNECT's credentials.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Allowed,
     /// Unknown user or wrong password: v3 return code 4, v5 0x86 (v5 §3.2.2.2; 3.1.1 §3.2.2.3), then close (MQTT-3.1.4-2).
     BadCredentials,
@@ -84,7 +84,7 @@ pub enum Verdict {
 }
 
 /// The broker's current rules (in [`crate::Shared`]).
-pub struct Auth {
+pub(crate) struct Auth {
     rules: RwLock<Arc<AuthRules>>,
     generation: AtomicU64,
     has_acl: AtomicBool,
@@ -108,7 +108,7 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
-    pub fn new(rules: AuthRules) -> Auth {
+    pub(crate) fn new(rules: AuthRules) -> Auth {
         let mut cache_key = [0u8; 32];
         if passwd::random_bytes(&mut cache_key).is_err() {
             // Without a random key the cache would be keyed by a guessable hash of the
@@ -125,12 +125,12 @@ impl Auth {
         }
     }
 
-    pub fn rules(&self) -> Arc<AuthRules> {
+    pub(crate) fn rules(&self) -> Arc<AuthRules> {
         self.rules.read().clone()
     }
 
     /// Replaces every rule at once (start-up, SIGHUP).
-    pub fn replace(&self, rules: AuthRules) {
+    pub(crate) fn replace(&self, rules: AuthRules) {
         let mut current = self.rules.write();
         self.has_acl.store(rules.acl.is_some(), Ordering::Release);
         *current = Arc::new(rules);
@@ -139,12 +139,12 @@ impl Auth {
     }
 
     /// Bumped by every [`Auth::replace`].
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
     /// The ACL in force, if there is one (no lock when there is none).
-    pub fn acl(&self) -> Option<Arc<Acl>> {
+    pub(crate) fn acl(&self) -> Option<Arc<Acl>> {
         if !self.has_acl.load(Ordering::Acquire) {
             return None;
         }
@@ -153,7 +153,7 @@ impl Auth {
 
     /// Checks a CONNECT's credentials. `allow_anonymous` is the listener's override of
     /// [`AuthRules::allow_anonymous`] (`None`: the broker-wide setting).
-    pub async fn authenticate(
+    pub(crate) async fn authenticate(
         &self,
         username: Option<&str>,
         password: Option<&[u8]>,

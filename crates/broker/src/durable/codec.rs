@@ -142,7 +142,12 @@ fn owned_str(s: &str) -> Option<Str> {
 }
 
 /// Rebuilds a message from a record. `age` is how long ago it was stored (for expiry).
-pub(crate) fn decode_message(topic: &[u8], meta: &[u8], payload: Bytes, age: Duration) -> Option<Message> {
+pub(crate) fn decode_message(
+    topic: &[u8],
+    meta: &[u8],
+    payload: Bytes,
+    age: Duration,
+) -> Option<Message> {
     let topic = owned_str(std::str::from_utf8(topic).ok()?)?;
     let mut r = Reader::new(meta);
     if r.u8()? != FORMAT_VERSION {

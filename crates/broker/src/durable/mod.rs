@@ -77,8 +77,8 @@ use keyspace::Keyspace;
 use tern_wire::QoS;
 
 pub use config::{
-    DiskBudgetError, Durability, DurableConfig, Keep, MIN_DISK_BUDGET_BYTES,
-    SessionLimits, StreamSpec,
+    DiskBudgetError, Durability, DurableConfig, Keep, MIN_DISK_BUDGET_BYTES, SessionLimits,
+    StreamSpec,
 };
 
 use crate::hash::Map;

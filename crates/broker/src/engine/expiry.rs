@@ -11,7 +11,12 @@ use crate::model::message::Message;
 use crate::state::session::{PendingWill, Session};
 
 /// Ends `session` after `expiry_interval_s` unless a connection re-attached meanwhile.
-pub(crate) fn arm(shared: Arc<Shared>, session: Arc<Session>, conn_gen: u64, expiry_interval_s: u32) {
+pub(crate) fn arm(
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    conn_gen: u64,
+    expiry_interval_s: u32,
+) {
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(u64::from(expiry_interval_s))).await;
         let still_abandoned = {

@@ -21,7 +21,6 @@ use crate::state::session::{ConnCtl, Session};
 /// A connection attached to its session.
 pub(crate) struct Attached {
     pub(crate) session: Arc<Session>,
-    pub(crate) session_present: bool,
     pub(crate) conn_gen: u64,
     pub(crate) ctl: Arc<ConnCtl>,
     /// The persistent session's record: the CONNACK leaves once it is durable.
@@ -125,7 +124,6 @@ pub(crate) fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attach
     groups::flush_member(shared, &session);
     Attached {
         session,
-        session_present,
         conn_gen,
         ctl,
         durable,

@@ -29,7 +29,7 @@ pub fn publish(shared: &Shared, message: Arc<Message>) {
 /// Routes a message to every subscriber, leaving the retained store alone: a client's PUBLISH
 /// was applied to it when its connection's ack pipeline released it
 /// ([`crate::engine::retain::release_hook`]), so that its PUBACK / PUBREC waits for the write.
-pub fn route(shared: &Shared, message: Arc<Message>) {
+pub(crate) fn route(shared: &Shared, message: Arc<Message>) {
     let mut targets = Targets::new();
     let mut to_groups = Vec::new();
     shared
@@ -59,20 +59,20 @@ pub fn route(shared: &Shared, message: Arc<Message>) {
 /// left the pipeline, so that cursors may pass its position: routed first, so a checkpoint
 /// that finds it released also finds it in the queues it went to (the cursor invariant of
 /// `durable`). The one sequence of every released message.
-pub fn route_released(shared: &Shared, message: Arc<Message>) {
+pub(crate) fn route_released(shared: &Shared, message: Arc<Message>) {
     route(shared, message.clone());
     shared.store.messages.message_released(&message);
 }
 
 /// [`publish`] for a message the store wrote (a will): retained, routed, then released as
 /// [`route_released`] does.
-pub fn publish_released(shared: &Shared, message: Arc<Message>) {
+pub(crate) fn publish_released(shared: &Shared, message: Arc<Message>) {
     publish(shared, message.clone());
     shared.store.messages.message_released(&message);
 }
 
 /// Pushes one delivery into a session's queue and wakes its writer.
-pub fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
+pub(crate) fn deliver(shared: &Shared, session: &Session, item: Outgoing, now: Instant) {
     // `None` (no ACL file) costs one atomic load.
     deliver_with(shared, shared.auth.acl().as_deref(), session, item, now);
 }
@@ -167,7 +167,7 @@ fn deliver_with(
 /// Logs drops of a session's oldest QoS>0 messages (`max_queued_messages` /
 /// `max_queued_bytes`) when the session's running count (`total`, `added` of them just now)
 /// crosses a power of two: 1, 2, 4, 8, ... — visible, never a flood.
-pub fn note_dropped_oldest(session: &Session, total: u64, added: u64) {
+pub(crate) fn note_dropped_oldest(session: &Session, total: u64, added: u64) {
     let before = total - added;
     if added > 0 && (before == 0 || total.ilog2() > before.ilog2()) {
         tracing::warn!(

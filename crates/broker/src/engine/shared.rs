@@ -25,19 +25,19 @@ pub struct Shared {
     pub config: BrokerConfig,
     pub sessions: Registry,
     pub router: RwLock<Router>,
-    pub retained: RwLock<Retained>,
+    pub(crate) retained: RwLock<Retained>,
     /// Share-group queues (messages waiting for a member to come online).
-    pub groups: Groups,
+    pub(crate) groups: Groups,
     /// Wills recovered from the store, armed when the broker starts serving.
-    pub recovered_wills: Mutex<Vec<StoredWill>>,
+    pub(crate) recovered_wills: Mutex<Vec<StoredWill>>,
     pub metrics: Metrics,
     /// Passwords and ACL in force; a reload replaces them ([`crate::auth`]).
-    pub auth: crate::auth::Auth,
+    pub(crate) auth: crate::auth::Auth,
     /// CONNECTs per source address (`max_connect_rate_per_ip`).
-    pub connect_rate: crate::connect_rate::ConnectRate,
+    pub(crate) connect_rate: crate::connect_rate::ConnectRate,
     /// The persistence seam, one handle per concern.
     pub store: Persistence,
-    pub started_at: Instant,
+    pub(crate) started_at: Instant,
     /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
     pub(crate) read_order: Arc<ReadOrder>,
     /// Connections with a keep alive, for the sweeper that closes the silent ones.
@@ -53,12 +53,12 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn next_connection_id(&self) -> u64 {
+    pub(crate) fn next_connection_id(&self) -> u64 {
         self.next_connection_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// True while the broker accepts connections (recovery done, listener open).
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
 

@@ -155,6 +155,7 @@ impl<D> AckPipeline<D> {
         self.uncounted >= self.capacity
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.slots.len()
     }
@@ -186,7 +187,11 @@ impl<D> AckPipeline<D> {
 
     /// [`AckPipeline::wait_front`] as a poll: the connection's loop waits for it without a
     /// future of its own (every idle connection would keep one).
-    pub(crate) fn poll_front(&mut self, cx: &mut Context<'_>, out: &mut Vec<Released<D>>) -> Poll<()> {
+    pub(crate) fn poll_front(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Vec<Released<D>>,
+    ) -> Poll<()> {
         let Some(slot) = self.slots.iter_mut().find(|s| !s.durable) else {
             return Poll::Ready(());
         };

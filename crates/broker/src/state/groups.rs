@@ -11,13 +11,14 @@ use crate::state::outbound::Outbound;
 /// The queues of share groups that have messages waiting for a member, by
 /// `$share/{group}/{filter}`.
 #[derive(Debug, Default)]
-pub struct Groups {
+pub(crate) struct Groups {
     pub(crate) map: Mutex<Map<Arc<str>, Outbound>>,
 }
 
 impl Groups {
     /// Messages waiting in `share`'s queue.
-    pub fn queued(&self, share: &str) -> usize {
+    #[cfg(test)]
+    pub(crate) fn queued(&self, share: &str) -> usize {
         self.map
             .lock()
             .get(share)

@@ -37,14 +37,14 @@ impl Hasher for IdHasher {
 }
 
 #[derive(Debug, Default)]
-pub struct PacketIds {
+pub(crate) struct PacketIds {
     next: u16,
     in_use: HashSet<u16, BuildHasherDefault<IdHasher>>,
 }
 
 impl PacketIds {
     /// A free id in 1..=65535, or `None` if all are in flight.
-    pub fn allocate(&mut self) -> Option<u16> {
+    pub(crate) fn allocate(&mut self) -> Option<u16> {
         if self.in_use.len() >= usize::from(u16::MAX) {
             return None;
         }
@@ -60,26 +60,22 @@ impl PacketIds {
     }
 
     /// Marks an id taken (rebuilding in-flight state).
-    pub fn reserve(&mut self, id: u16) {
+    pub(crate) fn reserve(&mut self, id: u16) {
         self.in_use.insert(id);
     }
 
-    /// Takes `id` if it is free.
-    pub fn take(&mut self, id: u16) -> bool {
-        id != 0 && self.in_use.insert(id)
-    }
-
-    pub fn release(&mut self, id: u16) {
+    pub(crate) fn release(&mut self, id: u16) {
         self.in_use.remove(&id);
     }
 
-    pub fn in_flight(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_use.len()
     }
 
     /// Returns the set's memory after a burst once nothing is in flight (the counter stays,
     /// so ids keep rotating).
-    pub fn shrink_if_idle(&mut self) {
+    pub(crate) fn shrink_if_idle(&mut self) {
         if self.in_use.is_empty() && self.in_use.capacity() > IDLE_CAPACITY {
             self.in_use = HashSet::default();
         }

@@ -14,16 +14,12 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.lock().len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.map.lock().is_empty()
-    }
-
     /// Tells every connected session's connection that the server shuts down.
-    pub fn shut_down_connections(&self) {
+    pub(crate) fn shut_down_connections(&self) {
         for session in self.map.lock().values() {
             if let Some(ctl) = &session.state.lock().conn {
                 ctl.shut_down();
@@ -37,7 +33,7 @@ impl Registry {
 
     /// True if a connection with `client_id` would need a new session and `max_sessions`
     /// (`[limits]`, a backstop against unbounded growth from ever-new client ids) are taken.
-    pub fn is_full_for(&self, client_id: &str, max_sessions: usize) -> bool {
+    pub(crate) fn is_full_for(&self, client_id: &str, max_sessions: usize) -> bool {
         let map = self.map.lock();
         map.len() >= max_sessions && !map.contains_key(client_id)
     }

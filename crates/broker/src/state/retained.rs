@@ -105,22 +105,23 @@ impl Node {
 /// Retained messages in a tree of topic levels, so a wildcard SUBSCRIBE visits only the
 /// branches its filter can match instead of every retained message.
 #[derive(Debug, Default)]
-pub struct Retained {
+pub(crate) struct Retained {
     root: Node,
     len: usize,
 }
 
 impl Retained {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Stores or clears the retained message of `message.topic`. False if refused (full).
-    pub fn set(&mut self, message: &Arc<Message>, max_messages: usize) -> bool {
+    pub(crate) fn set(&mut self, message: &Arc<Message>, max_messages: usize) -> bool {
         let levels: Vec<&str> = message.topic.split('/').collect();
         if levels.len() > MAX_RETAINED_TOPIC_LEVELS {
             // Nothing that deep is stored, so there is nothing to clear either.
@@ -152,7 +153,7 @@ impl Retained {
     }
 
     /// Unexpired retained messages matching `filter` (a plain filter, no `$share/`).
-    pub fn matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
+    pub(crate) fn matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
         let levels: Vec<&str> = filter.split('/').collect();
         let mut out = Vec::new();
         self.root.collect(&levels, true, now, &mut out);
@@ -160,7 +161,7 @@ impl Retained {
     }
 
     /// Drops expired retained messages (called from the `$SYS` tick).
-    pub fn purge_expired(&mut self, now: Instant) {
+    pub(crate) fn purge_expired(&mut self, now: Instant) {
         let purged = self.root.purge(now);
         self.len -= purged;
     }

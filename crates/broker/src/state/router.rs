@@ -32,13 +32,13 @@ pub type Targets = SmallVec<[(Arc<Session>, Outgoing); INLINE_TARGETS]>;
 
 /// One subscription in the trie.
 #[derive(Debug, Clone)]
-pub struct SubValue {
-    pub session: Arc<Session>,
-    pub options: SubscriptionOptions,
-    pub subscription_id: Option<u32>,
+pub(crate) struct SubValue {
+    pub(crate) session: Arc<Session>,
+    pub(crate) options: SubscriptionOptions,
+    pub(crate) subscription_id: Option<u32>,
     /// `$share/{group}/{filter}` for a share-group membership, built once at subscribe time
     /// rather than per routed message (deliveries carry it for redistribution).
-    pub share: Option<Arc<str>>,
+    pub(crate) share: Option<Arc<str>>,
 }
 
 #[derive(Default)]
@@ -77,7 +77,7 @@ impl Router {
     }
 
     /// True if the subscription existed.
-    pub fn unsubscribe(&mut self, kind: FilterKind<'_>, client_id: &Arc<str>) -> bool {
+    pub(crate) fn unsubscribe(&mut self, kind: FilterKind<'_>, client_id: &Arc<str>) -> bool {
         match kind {
             FilterKind::Normal(filter) => self.trie.unsubscribe(filter, client_id).is_some(),
             FilterKind::Shared { group, filter } => self
@@ -87,17 +87,13 @@ impl Router {
         }
     }
 
-    pub fn remove_session(&mut self, client_id: &Arc<str>) -> usize {
+    pub(crate) fn remove_session(&mut self, client_id: &Arc<str>) -> usize {
         self.trie.remove_key(client_id)
     }
 
     /// Subscriptions plus shared memberships.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.trie.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.trie.is_empty()
     }
 
     /// Appends one `(session, delivery)` per receiving session to `out`, and one delivery per
@@ -138,7 +134,10 @@ impl Router {
     }
 
     /// The share group `share` (`$share/{group}/{filter}`), if it has a member.
-    pub fn share_group(&self, share: &str) -> Option<&tern_topic::SharedGroup<Arc<str>, SubValue>> {
+    pub(crate) fn share_group(
+        &self,
+        share: &str,
+    ) -> Option<&tern_topic::SharedGroup<Arc<str>, SubValue>> {
         let (group, filter) = tern_topic::parse_shared_filter(share)?.ok()?;
         self.trie.shared_group(group, filter)
     }

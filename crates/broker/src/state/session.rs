@@ -24,7 +24,7 @@ use signal::Signal;
 #[derive(Debug, Default)]
 pub struct ConnCtl {
     /// Wakes the connection's task: new outbound data, a window opening, a kick, the shutdown.
-    pub wake: Signal,
+    pub(crate) wake: Signal,
     /// The first kick's reason as [`KICKED`] | code, 0 before any (an atomic, not a mutex:
     /// a byte less lets the keep-alive clock fit without growing every connection's block).
     kick_reason: AtomicU16,
@@ -46,17 +46,17 @@ const KICKED: u16 = 0x100;
 
 /// What the admin API shows of a live connection.
 #[derive(Debug, Clone)]
-pub struct ConnInfo {
-    pub peer: SocketAddr,
+pub(crate) struct ConnInfo {
+    pub(crate) peer: SocketAddr,
     /// The keep alive in force (the Server Keep Alive if we set one), 0 for none.
-    pub keep_alive_s: u16,
+    pub(crate) keep_alive_s: u16,
     /// When the connection was accepted, in milliseconds since the Unix epoch (8 bytes where a
     /// `SystemTime` takes 16: the credentials below fit in what this saves, and every
     /// connection's control block keeps its size, `idle_connection_state_stays_small`).
-    pub connected_at_unix_ms: u64,
+    pub(crate) connected_at_unix_ms: u64,
     /// The credentials a password file accepted, kept so that a reload of the file checks
     /// them again (`engine::reload`); `None` for every other client.
-    pub credentials: Option<Arc<Credentials>>,
+    pub(crate) credentials: Option<Arc<Credentials>>,
 }
 
 /// A client's username and password as the password file accepted them at CONNECT. Kept for
@@ -65,20 +65,20 @@ pub struct ConnInfo {
 /// 2). Only clients checked against a password file have one. `Debug` never shows the
 /// password.
 #[derive(Clone)]
-pub struct Credentials {
-    pub username: Arc<str>,
+pub(crate) struct Credentials {
+    pub(crate) username: Arc<str>,
     password: Box<[u8]>,
 }
 
 impl Credentials {
-    pub fn new(username: Arc<str>, password: &[u8]) -> Credentials {
+    pub(crate) fn new(username: Arc<str>, password: &[u8]) -> Credentials {
         Credentials {
             username,
             password: password.into(),
         }
     }
 
-    pub fn password(&self) -> &[u8] {
+    pub(crate) fn password(&self) -> &[u8] {
         &self.password
     }
 }
@@ -93,12 +93,12 @@ impl std::fmt::Debug for Credentials {
 
 impl ConnInfo {
     /// When the connection was accepted.
-    pub fn connected_at(&self) -> SystemTime {
+    pub(crate) fn connected_at(&self) -> SystemTime {
         SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(self.connected_at_unix_ms)
     }
 
     /// Milliseconds since the Unix epoch of `at` (0 before it).
-    pub fn unix_ms(at: SystemTime) -> u64 {
+    pub(crate) fn unix_ms(at: SystemTime) -> u64 {
         at.duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
@@ -107,7 +107,7 @@ impl ConnInfo {
 impl ConnCtl {
     /// Asks the connection to close with `reason` (takeover 0x8E, slow subscriber 0x97, ...).
     /// The first reason wins; true for that first call (counters count each kick once).
-    pub fn kick(&self, reason: ReasonCode) -> bool {
+    pub(crate) fn kick(&self, reason: ReasonCode) -> bool {
         let first = self
             .kick_reason
             .compare_exchange(
@@ -122,42 +122,42 @@ impl ConnCtl {
     }
 
     /// Closes the connection because the server shuts down.
-    pub fn shut_down(&self) {
+    pub(crate) fn shut_down(&self) {
         self.shut_down.store(true, Ordering::Release);
         self.wake.notify();
     }
 
-    pub fn is_shut_down(&self) -> bool {
+    pub(crate) fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)
     }
 
     /// The reason of the first [`ConnCtl::kick`], if there was one.
-    pub fn kick_reason(&self) -> Option<ReasonCode> {
+    pub(crate) fn kick_reason(&self) -> Option<ReasonCode> {
         let kicked = self.kick_reason.load(Ordering::Acquire);
         // The low byte is the code (set with `KICKED` above it).
         (kicked & KICKED != 0).then_some(ReasonCode(kicked as u8))
     }
 
     /// Records that a packet came from the client at `at_ms` (the keep alive's clock).
-    pub fn touch(&self, at_ms: u32) {
+    pub(crate) fn touch(&self, at_ms: u32) {
         self.last_packet_ms.store(at_ms, Ordering::Relaxed);
     }
 
-    pub fn last_packet_ms(&self) -> u32 {
+    pub(crate) fn last_packet_ms(&self) -> u32 {
         self.last_packet_ms.load(Ordering::Relaxed)
     }
 
     /// Records who is connected; the first call wins.
-    pub fn set_info(&self, info: ConnInfo) {
+    pub(crate) fn set_info(&self, info: ConnInfo) {
         let _ = self.info.set(info);
     }
 
-    pub fn info(&self) -> Option<&ConnInfo> {
+    pub(crate) fn info(&self) -> Option<&ConnInfo> {
         self.info.get()
     }
 
     /// Called once the connection routes nothing more (see [`ConnCtl::routed`]).
-    pub fn set_routed(&self) {
+    pub(crate) fn set_routed(&self) {
         self.routed.store(true, Ordering::Release);
         self.routed_notify.notify_waiters();
     }
@@ -166,7 +166,7 @@ impl ConnCtl {
     /// waits for this before it reads anything, so that the old connection's deliveries (QoS 2
     /// messages whose writes were pending when it died, released by its close path) keep their
     /// place before the new connection's (MQTT-4.6.0-6; docs/simulation.md finding 3).
-    pub async fn routed(&self) {
+    pub(crate) async fn routed(&self) {
         loop {
             let notified = self.routed_notify.notified();
             tokio::pin!(notified);
@@ -184,11 +184,11 @@ impl ConnCtl {
 pub struct Session {
     pub client_id: Arc<str>,
     /// Mirrors `state.conn.is_some()` for lock-free checks (shared-group member choice).
-    pub online: AtomicBool,
+    pub(crate) online: AtomicBool,
     /// Subscriptions other than `$share/...` ones: above 1, one message can match this
     /// session twice and routing must merge the copies. Saturates at `u32::MAX` (only "above
     /// 1" matters); 4 bytes beside `online` where 8 would cost every session's block 8.
-    pub plain_subscriptions: AtomicU32,
+    pub(crate) plain_subscriptions: AtomicU32,
     pub state: Mutex<SessionState>,
 }
 
@@ -196,29 +196,29 @@ pub struct Session {
 pub struct SessionState {
     /// The live connection, if any, and its generation (bumped on every attach).
     pub conn: Option<Arc<ConnCtl>>,
-    pub conn_gen: u64,
-    pub protocol: Protocol,
+    pub(crate) conn_gen: u64,
+    pub(crate) protocol: Protocol,
     /// The username of the last connection (ACL checks on delivery).
-    pub username: Option<Arc<str>>,
+    pub(crate) username: Option<Arc<str>>,
     /// By the filter as subscribed (with any `$share/{group}/` prefix).
-    pub subscriptions: Map<Box<str>, SubRecord>,
+    pub(crate) subscriptions: Map<Box<str>, SubRecord>,
     /// QoS 2 packet ids received and not yet released (ARCHITECTURE §3). Bounded by our
     /// Receive Maximum: a client exceeding it is disconnected (0x93).
-    pub qos2_received: ReceivedIds,
+    pub(crate) qos2_received: ReceivedIds,
     pub expiry_interval_s: u32,
     /// Set once the session is removed from the registry; nothing is queued after that.
-    pub ended: bool,
+    pub(crate) ended: bool,
     /// A will waiting for its delay (v5), with its store token; cancelled by a reconnect.
     /// Boxed: rarely set, and inline it would cost every session 8 bytes more (issue 15).
-    pub pending_will: Option<Box<PendingWill>>,
+    pub(crate) pending_will: Option<Box<PendingWill>>,
     pub out: Outbound,
 }
 
 /// A will waiting for its delay: the message and its store token.
 #[derive(Debug)]
-pub struct PendingWill {
-    pub will: Arc<Message>,
-    pub token: u64,
+pub(crate) struct PendingWill {
+    pub(crate) will: Arc<Message>,
+    pub(crate) token: u64,
 }
 
 impl Session {
@@ -242,7 +242,7 @@ impl Session {
         })
     }
 
-    pub fn is_online(&self) -> bool {
+    pub(crate) fn is_online(&self) -> bool {
         self.online.load(Ordering::Relaxed)
     }
 
@@ -251,7 +251,7 @@ impl Session {
     }
 
     /// Recounts [`Session::plain_subscriptions`] from the subscription table.
-    pub fn recount_subscriptions(&self, state: &SessionState) {
+    pub(crate) fn recount_subscriptions(&self, state: &SessionState) {
         let plain = state
             .subscriptions
             .keys()

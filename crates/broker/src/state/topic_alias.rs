@@ -61,7 +61,7 @@ impl InboundAliases {
 }
 
 #[derive(Debug)]
-pub struct OutboundAliases {
+pub(crate) struct OutboundAliases {
     maximum: u16,
     #[allow(clippy::box_collection)]
     map: Option<Box<HashMap<Str, u16>>>,
@@ -69,12 +69,12 @@ pub struct OutboundAliases {
 
 impl OutboundAliases {
     /// `maximum` = the client's Topic Alias Maximum (0: aliases unused).
-    pub fn new(maximum: u16) -> Self {
+    pub(crate) fn new(maximum: u16) -> Self {
         OutboundAliases { maximum, map: None }
     }
 
     /// `(alias, send_topic)` for a delivery on `topic`.
-    pub fn lookup(&mut self, topic: &Str) -> (Option<u16>, bool) {
+    pub(crate) fn lookup(&mut self, topic: &Str) -> (Option<u16>, bool) {
         if self.maximum == 0 {
             return (None, true);
         }

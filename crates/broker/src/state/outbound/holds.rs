@@ -13,7 +13,7 @@ pub struct Removed {
     pub dropped: usize,
     /// QoS 1 deliveries in flight whose record went: resent from memory while the broker
     /// runs, not after a restart.
-    pub inflight_exposed: usize,
+    pub(crate) inflight_exposed: usize,
 }
 
 impl Outbound {
@@ -44,7 +44,7 @@ impl Outbound {
 
     /// Drops the queued (not in-flight) deliveries `drop` picks, keeping the others in order
     /// and the sums exact. Returns how many went.
-    pub fn drop_queued_where(&mut self, mut drop: impl FnMut(&Outgoing) -> bool) -> usize {
+    pub(crate) fn drop_queued_where(&mut self, mut drop: impl FnMut(&Outgoing) -> bool) -> usize {
         if !self.queues.queue.iter().any(&mut drop) {
             return 0;
         }
@@ -64,12 +64,12 @@ impl Outbound {
 
     /// Appends the store positions of every stored message this session still holds (in
     /// flight or queued) to `out`, for its durable cursor.
-    pub fn held(&self, out: &mut crate::model::HeldSeqs) {
+    pub(crate) fn held(&self, out: &mut crate::model::HeldSeqs) {
         self.held_where(out, |_| true);
     }
 
     /// Like [`Outbound::held`], for the messages routed via the share group `share` only.
-    pub fn held_share(&self, share: &str, out: &mut crate::model::HeldSeqs) {
+    pub(crate) fn held_share(&self, share: &str, out: &mut crate::model::HeldSeqs) {
         self.held_where(out, |o| o.share.as_deref() == Some(share));
     }
 

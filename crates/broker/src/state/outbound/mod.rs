@@ -60,9 +60,8 @@ use crate::model::message::Message;
 use crate::state::packet_ids::PacketIds;
 
 pub use batch::BatchEnv;
-pub(crate) use gate::{Gate, HeldPacket, MAX_GATED_QOS0};
-pub(crate) use holds::Removed;
-pub(crate) use queues::{LazyQueues, Queues};
+pub(crate) use gate::{Gate, HeldPacket};
+pub(crate) use queues::LazyQueues;
 pub(crate) use writer::encode_packet;
 pub use writer::{BatchBufs, WriterState};
 
@@ -82,15 +81,15 @@ pub(crate) const MAX_BATCH_BYTES: usize = 256 * 1024;
 pub struct Outgoing {
     pub message: Arc<Message>,
     /// Already downgraded to the subscription's QoS.
-    pub qos: QoS,
-    pub retain: bool,
-    pub subscription_ids: Vec<u32>,
+    pub(crate) qos: QoS,
+    pub(crate) retain: bool,
+    pub(crate) subscription_ids: Vec<u32>,
     /// `$share/{group}/{filter}` if routed through a share group (for redistribution).
-    pub share: Option<Arc<str>>,
+    pub(crate) share: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2).
     AwaitingAck,
     /// PUBREC received, PUBREL sent (or to send), waiting for PUBCOMP.
@@ -100,12 +99,12 @@ pub enum Phase {
 #[derive(Debug)]
 pub struct Inflight {
     pub packet_id: u16,
-    pub item: Outgoing,
-    pub phase: Phase,
+    pub(crate) item: Outgoing,
+    pub(crate) phase: Phase,
     /// Set on reconnect: resend (PUBLISH with DUP=1, or PUBREL).
-    pub needs_send: bool,
+    pub(crate) needs_send: bool,
     /// Its next packet waits in the gate for a store write (see the module invariants).
-    pub held: bool,
+    pub(crate) held: bool,
 }
 
 /// What happened to a pushed item.
@@ -128,22 +127,22 @@ pub struct Outbound {
     /// Control packets, queued deliveries, the in-flight window and the gate: allocated while
     /// they hold something ([`LazyQueues`]).
     pub queues: LazyQueues,
-    pub queued_bytes: usize,
+    pub(crate) queued_bytes: usize,
     /// QoS>0 messages in `queue`: at most `max_queued_messages`, which config validation keeps
     /// within u32 (4 bytes beside `window` where 8 would grow every session's block).
-    pub queued_reliable: u32,
+    pub(crate) queued_reliable: u32,
     /// Of `queued_bytes`: the QoS>0 messages' (the measure of `max_queued_bytes`).
-    pub queued_reliable_bytes: usize,
+    pub(crate) queued_reliable_bytes: usize,
     /// Inline, not in the queues: its counter keeps ids rotating across idle periods.
-    pub packet_ids: PacketIds,
+    pub(crate) packet_ids: PacketIds,
     /// min(client Receive Maximum, max_inflight_messages) of the current connection (both
     /// u16 in the protocol and the config).
-    pub window: u16,
+    pub(crate) window: u16,
     /// QoS>0 messages dropped because `max_queued_messages` was reached (for log pacing).
-    pub dropped_oldest: u64,
+    pub(crate) dropped_oldest: u64,
     /// Deliveries ever pushed into / removed from `queue` (their difference is its length).
-    pub pushed_total: u64,
-    pub removed_total: u64,
+    pub(crate) pushed_total: u64,
+    pub(crate) removed_total: u64,
     /// The broker-wide queued bytes and deliveries this queue counts into
     /// ([`Outbound::count_into`]).
     totals: Option<Arc<QueuedTotals>>,
@@ -403,7 +402,12 @@ impl Outbound {
 
     /// Queues a PUBREL behind the ones before it; it leaves once `ticket` (the durable "PUBREL
     /// pending", if one was written) completes. PUBRELs leave in PUBREC order [MQTT-4.6.0-3].
-    pub fn hold_pubrel(&mut self, packet_id: u16, reason: ReasonCode, ticket: Option<Ticket>) {
+    pub(crate) fn hold_pubrel(
+        &mut self,
+        packet_id: u16,
+        reason: ReasonCode,
+        ticket: Option<Ticket>,
+    ) {
         if let Some(entry) = self
             .queues
             .inflight_mut()
@@ -421,12 +425,12 @@ impl Outbound {
     }
 
     /// True while packets wait in the gate (or its failure is pending).
-    pub fn gate_holds_packets(&self) -> bool {
+    pub(crate) fn gate_holds_packets(&self) -> bool {
         !self.queues.gate.is_empty()
     }
 
     /// True once a store write the gate waited for failed (the connection must close).
-    pub fn gate_failed(&self) -> bool {
+    pub(crate) fn gate_failed(&self) -> bool {
         self.queues.gate.failed()
     }
 
@@ -455,7 +459,7 @@ impl Outbound {
     }
 
     /// The store position of the in-flight message `packet_id`, if it was stored.
-    pub fn stored_ref(&self, packet_id: u16) -> Option<crate::model::StoreRef> {
+    pub(crate) fn stored_ref(&self, packet_id: u16) -> Option<crate::model::StoreRef> {
         self.queues
             .inflight
             .iter()
@@ -484,7 +488,7 @@ impl Outbound {
 
     /// Queues a control packet (ack, SUBACK, PINGRESP, PUBREL) behind every delivery already
     /// queued: a PINGRESP then works as a barrier for what was routed before the PINGREQ.
-    pub fn push_control(&mut self, packet: Bytes) {
+    pub(crate) fn push_control(&mut self, packet: Bytes) {
         self.queues.push_control(self.pushed_total, packet);
     }
 
@@ -493,7 +497,7 @@ impl Outbound {
     /// barrier, and at the close those deliveries stay queued): the close path writes them
     /// ahead of its DISCONNECT instead of dropping them with the connection (MQTT-3.2.0-1: the
     /// CONNACK is the first packet the client gets, even when it is closed right away).
-    pub fn take_control(&mut self) -> Vec<Bytes> {
+    pub(crate) fn take_control(&mut self) -> Vec<Bytes> {
         let removed_total = self.removed_total;
         let Some(queues) = self.queues.allocated_mut() else {
             return Vec::new();
@@ -511,7 +515,7 @@ impl Outbound {
     }
 
     /// Queues a control packet ahead of everything (CONNACK).
-    pub fn push_control_first(&mut self, packet: Bytes) {
+    pub(crate) fn push_control_first(&mut self, packet: Bytes) {
         self.queues.push_control_first(packet);
     }
 }

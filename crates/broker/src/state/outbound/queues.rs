@@ -13,14 +13,14 @@ use crate::model::Ticket;
 #[derive(Debug)]
 pub struct Queues {
     /// Control packets, each with the value of `pushed_total` when it was queued.
-    pub control: VecDeque<(u64, Bytes)>,
+    pub(crate) control: VecDeque<(u64, Bytes)>,
     pub queue: VecDeque<Outgoing>,
     pub inflight: VecDeque<Inflight>,
     /// Packets waiting for a store write, in the order they must leave.
     pub(super) gate: Gate,
     /// Since when the queue is over its limits (the slow-subscriber clock); an empty queue
     /// is not.
-    pub full_since: Option<Instant>,
+    pub(crate) full_since: Option<Instant>,
 }
 
 impl Queues {
@@ -56,14 +56,14 @@ pub struct LazyQueues(Option<Box<Queues>>);
 
 impl LazyQueues {
     /// Frees the queues if they hold nothing (their capacity goes with them).
-    pub fn release_if_empty(&mut self) {
+    pub(crate) fn release_if_empty(&mut self) {
         if self.0.as_deref().is_some_and(Queues::is_empty) {
             self.0 = None;
         }
     }
 
     /// The queues, if allocated, for changes that add nothing (a clear, an edit in place).
-    pub fn allocated_mut(&mut self) -> Option<&mut Queues> {
+    pub(crate) fn allocated_mut(&mut self) -> Option<&mut Queues> {
         self.0.as_deref_mut()
     }
 
@@ -74,30 +74,30 @@ impl LazyQueues {
 
     /// The queues are allocated (tests of the release).
     #[cfg(test)]
-    pub fn is_allocated(&self) -> bool {
+    pub(crate) fn is_allocated(&self) -> bool {
         self.0.is_some()
     }
 
     /// Queues a control packet at the back, marked with the deliveries pushed before it.
-    pub fn push_control(&mut self, mark: u64, packet: Bytes) {
+    pub(crate) fn push_control(&mut self, mark: u64, packet: Bytes) {
         self.for_push().control.push_back((mark, packet));
     }
 
     /// Queues a control packet ahead of everything.
-    pub fn push_control_first(&mut self, packet: Bytes) {
+    pub(crate) fn push_control_first(&mut self, packet: Bytes) {
         self.for_push().control.push_front((0, packet));
     }
 
-    pub fn push_queued(&mut self, item: Outgoing) {
+    pub(crate) fn push_queued(&mut self, item: Outgoing) {
         self.for_push().queue.push_back(item);
     }
 
     /// Puts a delivery taken from the front back there.
-    pub fn push_queued_front(&mut self, item: Outgoing) {
+    pub(crate) fn push_queued_front(&mut self, item: Outgoing) {
         self.for_push().queue.push_front(item);
     }
 
-    pub fn push_inflight(&mut self, entry: Inflight) {
+    pub(crate) fn push_inflight(&mut self, entry: Inflight) {
         self.for_push().inflight.push_back(entry);
     }
 
@@ -107,15 +107,15 @@ impl LazyQueues {
 
     /// Since when the queue is over its limits, from `now` if it was not: set as a push finds
     /// the queue full, so it allocates like one.
-    pub fn mark_full(&mut self, now: Instant) -> Instant {
+    pub(crate) fn mark_full(&mut self, now: Instant) -> Instant {
         *self.for_push().full_since.get_or_insert(now)
     }
 
-    pub fn pop_control(&mut self) -> Option<(u64, Bytes)> {
+    pub(crate) fn pop_control(&mut self) -> Option<(u64, Bytes)> {
         self.0.as_deref_mut()?.control.pop_front()
     }
 
-    pub fn pop_queued(&mut self) -> Option<Outgoing> {
+    pub(crate) fn pop_queued(&mut self) -> Option<Outgoing> {
         self.0.as_deref_mut()?.queue.pop_front()
     }
 
@@ -123,16 +123,16 @@ impl LazyQueues {
         self.0.as_deref_mut()?.gate.pop_ready()
     }
 
-    pub fn remove_queued(&mut self, index: usize) -> Option<Outgoing> {
+    pub(crate) fn remove_queued(&mut self, index: usize) -> Option<Outgoing> {
         self.0.as_deref_mut()?.queue.remove(index)
     }
 
-    pub fn remove_inflight(&mut self, index: usize) -> Option<Inflight> {
+    pub(crate) fn remove_inflight(&mut self, index: usize) -> Option<Inflight> {
         self.0.as_deref_mut()?.inflight.remove(index)
     }
 
     /// Every queued delivery, leaving the queue empty (its capacity goes with them).
-    pub fn take_queued(&mut self) -> VecDeque<Outgoing> {
+    pub(crate) fn take_queued(&mut self) -> VecDeque<Outgoing> {
         self.0
             .as_deref_mut()
             .map(|q| std::mem::take(&mut q.queue))
@@ -140,7 +140,7 @@ impl LazyQueues {
     }
 
     /// Every in-flight entry, leaving none.
-    pub fn take_inflight(&mut self) -> VecDeque<Inflight> {
+    pub(crate) fn take_inflight(&mut self) -> VecDeque<Inflight> {
         self.0
             .as_deref_mut()
             .map(|q| std::mem::take(&mut q.inflight))
@@ -148,7 +148,7 @@ impl LazyQueues {
     }
 
     /// The in-flight entries, oldest first, to change in place.
-    pub fn inflight_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut Inflight> {
+    pub(crate) fn inflight_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut Inflight> {
         self.0
             .as_deref_mut()
             .into_iter()

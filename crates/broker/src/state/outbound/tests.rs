@@ -5,6 +5,7 @@ use bytes::{Bytes, BytesMut};
 use tern_wire::{Packet, Properties, Protocol, QoS, Str, decode};
 use tokio::time::Instant;
 
+use super::holds::Removed;
 use super::*;
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;

@@ -19,10 +19,10 @@ const INLINE_BODY_MAX_BYTES: usize = 512;
 /// Per-connection encoder state of the writer.
 #[derive(Debug)]
 pub struct WriterState {
-    pub protocol: Protocol,
+    pub(crate) protocol: Protocol,
     /// The client's Maximum Packet Size (v5), `u32::MAX` if it set none.
-    pub max_packet_size_bytes: u32,
-    pub aliases: OutboundAliases,
+    pub(crate) max_packet_size_bytes: u32,
+    pub(crate) aliases: OutboundAliases,
 }
 
 /// The buffers of the batch being built and written. `connection::outflow::Outflow` keeps them boxed only while a
@@ -47,16 +47,19 @@ impl BatchBufs {
     }
 
     /// The batch's parts, taken out (what a transport would write).
-    pub fn take_parts(&mut self) -> Vec<Bytes> {
+    #[cfg(test)]
+    pub(crate) fn take_parts(&mut self) -> Vec<Bytes> {
         std::mem::take(&mut self.parts)
     }
 
     /// The batch's parts.
+    #[cfg_attr(not(feature = "__internal"), allow(dead_code))] // only tests reach it (`__internal`)
     pub fn parts(&self) -> &[Bytes] {
         &self.parts
     }
 
     /// Forgets the batch's parts and keeps their list's room (as a busy writer does).
+    #[cfg_attr(not(feature = "__internal"), allow(dead_code))] // only tests reach it (`__internal`)
     pub fn clear(&mut self) {
         self.parts.clear();
     }
@@ -205,7 +208,11 @@ impl WriterState {
 }
 
 /// Encodes one control packet; `None` (logged) only on a programming error.
-pub(crate) fn encode_packet(packet: &Packet, protocol: Protocol, scratch: &mut BytesMut) -> Option<Bytes> {
+pub(crate) fn encode_packet(
+    packet: &Packet,
+    protocol: Protocol,
+    scratch: &mut BytesMut,
+) -> Option<Bytes> {
     match encode(packet, protocol, scratch) {
         Ok(()) => Some(scratch.split().freeze()),
         Err(error) => {

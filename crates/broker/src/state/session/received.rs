@@ -10,16 +10,16 @@ use crate::hash::Set;
 ///
 /// Its size is bounded by our Receive Maximum: a client exceeding it is disconnected (0x93).
 #[derive(Debug, Default)]
-pub struct ReceivedIds(Option<Box<Set<u16>>>);
+pub(crate) struct ReceivedIds(Option<Box<Set<u16>>>);
 
 impl ReceivedIds {
     /// Adds `packet_id`; false if it was already there.
-    pub fn insert(&mut self, packet_id: u16) -> bool {
+    pub(crate) fn insert(&mut self, packet_id: u16) -> bool {
         self.0.get_or_insert_default().insert(packet_id)
     }
 
     /// Removes `packet_id`; false if it was not there. Frees the set once empty.
-    pub fn remove(&mut self, packet_id: u16) -> bool {
+    pub(crate) fn remove(&mut self, packet_id: u16) -> bool {
         let Some(set) = self.0.as_deref_mut() else {
             return false;
         };
@@ -30,7 +30,7 @@ impl ReceivedIds {
         removed
     }
 
-    pub fn contains(&self, packet_id: u16) -> bool {
+    pub(crate) fn contains(&self, packet_id: u16) -> bool {
         self.0
             .as_deref()
             .is_some_and(|set| set.contains(&packet_id))

@@ -16,7 +16,7 @@ use std::task::{Context, Poll, Waker};
 use parking_lot::Mutex;
 
 #[derive(Debug, Default)]
-pub struct Signal {
+pub(crate) struct Signal {
     set: AtomicBool,
     waker: Mutex<Option<Waker>>,
 }
@@ -24,7 +24,7 @@ pub struct Signal {
 impl Signal {
     /// Sets the signal and wakes the task that polled it. A signal already set is not woken
     /// again: the hot path (a delivery to a subscriber with deliveries pending) is one atomic.
-    pub fn notify(&self) {
+    pub(crate) fn notify(&self) {
         if !self.set.swap(true, Ordering::AcqRel) {
             let waker = self.waker.lock().take();
             if let Some(waker) = waker {
@@ -34,7 +34,7 @@ impl Signal {
     }
 
     /// `Ready` (and cleared) if set since the last `Ready`; else registers `cx`'s waker.
-    pub fn poll(&self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll(&self, cx: &mut Context<'_>) -> Poll<()> {
         if self.set.swap(false, Ordering::AcqRel) {
             return Poll::Ready(());
         }
