@@ -183,11 +183,11 @@ impl BrokerConfig {
         Ok(())
     }
 
-    pub fn connect_timeout(&self) -> Duration {
+    pub(crate) fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
     }
 
-    pub fn slow_subscriber_timeout(&self) -> Duration {
+    pub(crate) fn slow_subscriber_timeout(&self) -> Duration {
         Duration::from_millis(self.slow_subscriber_timeout_ms)
     }
 }

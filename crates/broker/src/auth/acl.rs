@@ -84,8 +84,8 @@ pub struct Acl {
 /// A client as the ACL sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Who<'a> {
-    pub username: Option<&'a str>,
-    pub client_id: &'a str,
+    pub(crate) username: Option<&'a str>,
+    pub(crate) client_id: &'a str,
 }
 
 impl Acl {
@@ -98,7 +98,7 @@ impl Acl {
         Acl::parse(&text)
     }
 
-    pub fn parse(text: &str) -> Result<Acl, AclError> {
+    pub(crate) fn parse(text: &str) -> Result<Acl, AclError> {
         let mut acl = Acl::default();
         let mut user: Option<String> = None;
         for (index, line) in text.lines().enumerate() {
@@ -155,7 +155,7 @@ impl Acl {
     }
 
     /// Whether `who` may read (receive) or write (publish) `topic`.
-    pub fn allows(&self, who: Who<'_>, topic: &str, access: Access) -> bool {
+    pub(crate) fn allows(&self, who: Who<'_>, topic: &str, access: Access) -> bool {
         let own = match who.username {
             Some(name) => self.users.get(name).map(Vec::as_slice).unwrap_or(&[]),
             None => &self.anonymous,
@@ -183,7 +183,7 @@ impl Acl {
     }
 
     /// Whether `who` may subscribe to `filter` (module doc: the filter read as a topic).
-    pub fn allows_subscribe(&self, who: Who<'_>, filter: &str) -> bool {
+    pub(crate) fn allows_subscribe(&self, who: Who<'_>, filter: &str) -> bool {
         self.allows(who, filter, Access::Read)
     }
 }

@@ -92,7 +92,7 @@ impl PasswordFile {
         PasswordFile::parse(&text)
     }
 
-    pub fn parse(text: &str) -> Result<PasswordFile, PasswdError> {
+    pub(crate) fn parse(text: &str) -> Result<PasswordFile, PasswdError> {
         let mut file = PasswordFile::default();
         for (index, line) in text.lines().enumerate() {
             let trimmed = line.trim();
@@ -122,13 +122,13 @@ impl PasswordFile {
         self.users.is_empty()
     }
 
-    pub fn contains(&self, user: &str) -> bool {
+    pub(crate) fn contains(&self, user: &str) -> bool {
         self.users.contains_key(user)
     }
 
     /// True if `user` is in the file and `password` is theirs. Slow by design (argon2id,
     /// PBKDF2): call it off the async workers.
-    pub fn verify(&self, user: &str, password: &[u8]) -> bool {
+    pub(crate) fn verify(&self, user: &str, password: &[u8]) -> bool {
         match self.users.get(user) {
             Some(hash) => verify_hash(hash, password),
             None => false,

@@ -146,13 +146,13 @@ impl Default for DurableConfig {
 
 impl DurableConfig {
     /// True if some stream captures every topic (no filters).
-    pub fn captures_every_topic(&self) -> bool {
+    pub(crate) fn captures_every_topic(&self) -> bool {
         self.streams.iter().any(|s| s.filters.is_empty())
     }
 
     /// Appends the default stream ([`DEFAULT_STREAM_NAME`], every topic) unless a stream
     /// already captures every topic, so that no topic is memory only by omission.
-    pub fn with_default_stream(mut self) -> Self {
+    pub(crate) fn with_default_stream(mut self) -> Self {
         if !self.captures_every_topic() {
             self.streams.push(StreamSpec::default_stream());
         }

@@ -35,12 +35,12 @@ pub struct Message {
     pub qos: QoS,
     /// Retain flag as published.
     pub retain: bool,
-    pub properties: Properties,
-    pub arrived_at: Instant,
+    pub(crate) properties: Properties,
+    pub(crate) arrived_at: Instant,
     /// Client id of the publisher (for No Local); `None` for wills and `$SYS`.
-    pub publisher: Option<Arc<str>>,
+    pub(crate) publisher: Option<Arc<str>>,
     /// Where the store keeps it, once a write was issued for it.
-    pub stored: OnceLock<StoreRef>,
+    pub(crate) stored: OnceLock<StoreRef>,
     /// Routed to more than one subscriber (or held for many: retained, restored at start-up):
     /// deliveries share the template's bytes instead of each writing the message into its own
     /// batch.
@@ -89,7 +89,7 @@ impl Message {
     }
 
     /// A fresh copy (no cached encodings) for re-encoding with changed properties.
-    pub fn clone_for_resend(other: &Message) -> Message {
+    pub(crate) fn clone_for_resend(other: &Message) -> Message {
         let copy = Message::new(
             other.topic.clone(),
             other.payload.clone(),
@@ -111,7 +111,7 @@ impl Message {
     }
 
     /// A copy whose byte fields own their memory (not slices of a shared read buffer).
-    pub fn compacted(other: &Message) -> Message {
+    pub(crate) fn compacted(other: &Message) -> Message {
         Message::new(
             copy_str(&other.topic),
             Bytes::copy_from_slice(&other.payload),
@@ -131,7 +131,7 @@ impl Message {
     /// `None` once the message has expired; otherwise the Message Expiry Interval to forward
     /// (`Some(None)` when the message never expires). MQTT-3.3.2-6: the forwarded value is the
     /// received one minus the time the message waited in the server.
-    pub fn remaining_expiry_s(&self, now: Instant) -> Option<Option<u32>> {
+    pub(crate) fn remaining_expiry_s(&self, now: Instant) -> Option<Option<u32>> {
         let Some(interval_s) = self.properties.message_expiry_interval_s else {
             return Some(None);
         };
@@ -144,18 +144,18 @@ impl Message {
         Some(Some(interval_s - waited_s as u32))
     }
 
-    pub fn is_expired(&self, now: Instant) -> bool {
+    pub(crate) fn is_expired(&self, now: Instant) -> bool {
         self.remaining_expiry_s(now).is_none()
     }
 
     /// Marks the message as delivered to several subscribers. Called before those deliveries
     /// are queued: the session lock of the queue publishes it to the writers (so `Relaxed`).
-    pub fn mark_fan_out(&self) {
+    pub(crate) fn mark_fan_out(&self) {
         self.fan_out.store(true, Ordering::Relaxed);
     }
 
     /// See [`Message::mark_fan_out`].
-    pub fn fans_out(&self) -> bool {
+    pub(crate) fn fans_out(&self) -> bool {
         self.fan_out.load(Ordering::Relaxed)
     }
 
@@ -163,7 +163,7 @@ impl Message {
     /// (3.x always; 5.0 when it carries no properties, so no expiry either): no template, no
     /// allocation. `None` when a template is needed (or the message cannot be encoded: the
     /// template path then logs and drops it).
-    pub fn plain_shape(&self, protocol: Protocol) -> Option<PublishShape<'_>> {
+    pub(crate) fn plain_shape(&self, protocol: Protocol) -> Option<PublishShape<'_>> {
         if protocol.is_v5() && !self.properties.is_empty() {
             return None;
         }

@@ -22,8 +22,8 @@ pub struct Recovered {
 #[derive(Debug)]
 pub struct StoredGroup {
     /// `$share/{group}/{filter}`.
-    pub share: String,
-    pub queued: Vec<Message>,
+    pub(crate) share: String,
+    pub(crate) queued: Vec<Message>,
 }
 
 /// A will that survived a restart.

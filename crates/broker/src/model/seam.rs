@@ -289,7 +289,7 @@ pub struct Persistence {
 
 impl Persistence {
     /// Every concern served by `store`.
-    pub fn of<S: FullStore>(store: Arc<S>) -> Persistence {
+    pub(crate) fn of<S: FullStore>(store: Arc<S>) -> Persistence {
         Persistence {
             messages: store.clone(),
             sessions: store.clone(),

@@ -18,8 +18,8 @@ pub struct StreamStats {
     pub keep: Option<&'static str>,
     pub info: StreamInfo,
     pub metrics: StreamMetrics,
-    pub fsync_us: HistogramSnapshot,
-    pub batch_records: HistogramSnapshot,
+    pub(crate) fsync_us: HistogramSnapshot,
+    pub(crate) batch_records: HistogramSnapshot,
 }
 
 /// Why an action could not be done.

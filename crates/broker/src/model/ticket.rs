@@ -42,18 +42,18 @@ impl Ticket {
         (TicketCompleter(tx), Ticket(TicketInner::Channel(rx)))
     }
 
-    pub fn from_store(ticket: tern_store::Ticket) -> Ticket {
+    pub(crate) fn from_store(ticket: tern_store::Ticket) -> Ticket {
         Ticket(TicketInner::Store(ticket))
     }
 
     /// A write that already failed (e.g. the stream refused it).
-    pub fn failed(error: PersistError) -> Ticket {
+    pub(crate) fn failed(error: PersistError) -> Ticket {
         Ticket(TicketInner::Ready(Some(Err(error))))
     }
 
     /// The ticket of both writes: `None` if neither was issued, else one that completes when
     /// every issued write is durable (or one failed).
-    pub fn join(a: Option<Ticket>, b: Option<Ticket>) -> Option<Ticket> {
+    pub(crate) fn join(a: Option<Ticket>, b: Option<Ticket>) -> Option<Ticket> {
         match (a, b) {
             (None, t) | (t, None) => t,
             (Some(Ticket(TicketInner::All(mut parts))), Some(b)) => {
@@ -66,7 +66,7 @@ impl Ticket {
 
     /// True for a write the store refused when it was issued ([`Ticket::failed`]): no record
     /// exists that a later step could wait for.
-    pub fn is_refused(&self) -> bool {
+    pub(crate) fn is_refused(&self) -> bool {
         matches!(self.0, TicketInner::Ready(Some(Err(_))))
     }
 
@@ -77,12 +77,12 @@ impl Ticket {
 
     /// Polls for durability in place (a ticket kept in shared state and awaited by whichever
     /// task currently serves it). Its outcome is reported once.
-    pub fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PersistError>> {
+    pub(crate) fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), PersistError>> {
         Pin::new(&mut WaitTicket(self)).poll(cx)
     }
 
     /// `Some` once the write finished (or failed).
-    pub fn try_result(&mut self) -> Option<Result<(), PersistError>> {
+    pub(crate) fn try_result(&mut self) -> Option<Result<(), PersistError>> {
         match &mut self.0 {
             TicketInner::Store(t) => t
                 .try_result()

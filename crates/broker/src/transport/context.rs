@@ -54,7 +54,7 @@ impl ListenerContext {
     }
 
     /// A plain TCP listener without options (the `--bind` listener, and tests).
-    pub fn plain_tcp(name: impl Into<String>) -> Arc<Self> {
+    pub(crate) fn plain_tcp(name: impl Into<String>) -> Arc<Self> {
         Arc::new(ListenerContext::new(0, name, TransportKind::Tcp))
     }
 
@@ -64,7 +64,7 @@ impl ListenerContext {
     }
 
     /// Connections of this listener past CONNECT now (always counted).
-    pub fn connected(&self) -> usize {
+    pub(crate) fn connected(&self) -> usize {
         self.connected.load(Ordering::Relaxed)
     }
 
@@ -110,10 +110,10 @@ impl Drop for ListenerSlot {
 /// One connection's origin: its listener, its peer and what TLS proved about the peer.
 #[derive(Debug, Clone)]
 pub struct ConnectionInfo {
-    pub listener: Arc<ListenerContext>,
-    pub peer: SocketAddr,
+    pub(crate) listener: Arc<ListenerContext>,
+    pub(crate) peer: SocketAddr,
     /// The CN of the client certificate (TLS with a verified client certificate only).
-    pub peer_cn: Option<Arc<str>>,
+    pub(crate) peer_cn: Option<Arc<str>>,
 }
 
 impl ConnectionInfo {

@@ -37,7 +37,7 @@ pub struct Listener {
 
 impl Listener {
     /// A plain TCP listener.
-    pub fn tcp(socket: TcpListener, context: Arc<ListenerContext>) -> Listener {
+    pub(crate) fn tcp(socket: TcpListener, context: Arc<ListenerContext>) -> Listener {
         Listener {
             socket,
             context,
