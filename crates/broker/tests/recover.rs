@@ -177,9 +177,7 @@ async fn restored_queue_keeps_the_newest_within_max_queued_bytes() {
         .state
         .lock()
         .out
-        .queues
-        .queue
-        .iter()
+        .queued()
         .map(|o| o.message.payload.to_vec())
         .collect();
     assert_eq!(kept, vec![b"3".to_vec(), b"4".to_vec(), b"5".to_vec()]);

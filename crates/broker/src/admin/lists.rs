@@ -90,7 +90,7 @@ impl Broker {
                 protocol: protocol_name(state.protocol),
                 keep_alive_s: info.map_or(0, |i| i.keep_alive_s),
                 inflight: state.out.queues.inflight.len(),
-                queued: state.out.queues.queue.len(),
+                queued: state.out.queued_len(),
                 connected_since: info.map(|i| i.connected_at()),
             });
         }
@@ -110,7 +110,7 @@ impl Broker {
                     expiry_interval_s: state.expiry_interval_s,
                     subscriptions: state.subscriptions.len(),
                     inflight: state.out.queues.inflight.len(),
-                    queued: state.out.queues.queue.len(),
+                    queued: state.out.queued_len(),
                 }
             })
             .collect();

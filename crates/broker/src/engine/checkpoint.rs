@@ -196,11 +196,11 @@ impl Checkpointer {
         }
         let out = &state.out;
         let seen = Seen {
-            pushed_total: out.pushed_total,
-            removed_total: out.removed_total,
+            pushed_total: out.pushed_total(),
+            removed_total: out.removed_total(),
             inflight: out.queues.inflight.len(),
         };
-        let holds_nothing = out.queues.queue.is_empty() && out.queues.inflight.is_empty();
+        let holds_nothing = out.queued_len() == 0 && out.queues.inflight.is_empty();
         let last = self.seen.get(client).copied();
         if let Some((last, at, _)) = last {
             // Unchanged: its cursor can only move if it holds nothing (then the floors
@@ -209,7 +209,7 @@ impl Checkpointer {
                 return Visit::Skipped;
             }
             if !complete
-                && out.queues.queue.len() > LARGE_QUEUE_MESSAGES
+                && out.queued_len() > LARGE_QUEUE_MESSAGES
                 && now.saturating_duration_since(at)
                     < Duration::from_millis(LARGE_QUEUE_SCAN_INTERVAL_MS)
             {

@@ -114,7 +114,7 @@ pub(crate) fn flush(shared: &Shared, share: &str) {
         return;
     };
     let now = Instant::now();
-    while !queue.queues.queue.is_empty() {
+    while queue.queued_len() > 0 {
         let Some((_, value)) = group.next_member_where(|_, v| v.session.is_online()) else {
             break;
         };
@@ -123,7 +123,7 @@ pub(crate) fn flush(shared: &Shared, share: &str) {
         };
         route::deliver(shared, &value.session, for_member(item, value), now);
     }
-    if queue.queues.queue.is_empty() {
+    if queue.queued_len() == 0 {
         groups.remove(share);
     }
 }
@@ -189,7 +189,7 @@ pub(crate) fn forget_if_orphaned(shared: &Shared, shares: &[Arc<str>]) {
             .map
             .lock()
             .remove(share)
-            .map_or(0, |q| q.queues.queue.len());
+            .map_or(0, |q| q.queued_len());
         if dropped > 0 {
             Metrics::add(&shared.metrics.messages_dropped, dropped as u64);
             tracing::warn!(

@@ -19,9 +19,6 @@ impl Groups {
     /// Messages waiting in `share`'s queue.
     #[cfg(test)]
     pub(crate) fn queued(&self, share: &str) -> usize {
-        self.map
-            .lock()
-            .get(share)
-            .map_or(0, |q| q.queues.queue.len())
+        self.map.lock().get(share).map_or(0, |q| q.queued_len())
     }
 }

@@ -76,6 +76,9 @@ const HEAD_SCRATCH_BYTES: usize = 4096;
 /// is written to the end even when the connection is closing) grow to megabytes.
 pub(crate) const MAX_BATCH_BYTES: usize = 256 * 1024;
 
+/// The longest queue whose sums `debug_assert_sums` recomputes (debug builds).
+const SUM_CHECK_MAX_ITEMS: usize = 64;
+
 /// One message on its way to one subscriber.
 #[derive(Debug, Clone)]
 pub struct Outgoing {
@@ -127,12 +130,12 @@ pub struct Outbound {
     /// Control packets, queued deliveries, the in-flight window and the gate: allocated while
     /// they hold something ([`LazyQueues`]).
     pub queues: LazyQueues,
-    pub(crate) queued_bytes: usize,
+    queued_bytes: usize,
     /// QoS>0 messages in `queue`: at most `max_queued_messages`, which config validation keeps
     /// within u32 (4 bytes beside `window` where 8 would grow every session's block).
-    pub(crate) queued_reliable: u32,
+    queued_reliable: u32,
     /// Of `queued_bytes`: the QoS>0 messages' (the measure of `max_queued_bytes`).
-    pub(crate) queued_reliable_bytes: usize,
+    queued_reliable_bytes: usize,
     /// Inline, not in the queues: its counter keeps ids rotating across idle periods.
     pub(crate) packet_ids: PacketIds,
     /// min(client Receive Maximum, max_inflight_messages) of the current connection (both
@@ -141,8 +144,8 @@ pub struct Outbound {
     /// QoS>0 messages dropped because `max_queued_messages` was reached (for log pacing).
     pub(crate) dropped_oldest: u64,
     /// Deliveries ever pushed into / removed from `queue` (their difference is its length).
-    pub(crate) pushed_total: u64,
-    pub(crate) removed_total: u64,
+    pushed_total: u64,
+    removed_total: u64,
     /// The broker-wide queued bytes and deliveries this queue counts into
     /// ([`Outbound::count_into`]).
     totals: Option<Arc<QueuedTotals>>,
@@ -183,6 +186,7 @@ impl Outbound {
     pub(crate) fn sync_total(&mut self) {
         self.sync_bytes_total();
         self.sync_messages_total();
+        self.debug_assert_sums();
     }
 
     /// The bytes total alone: a push must keep it exact (it is the `max_queued_bytes_total`
@@ -293,6 +297,7 @@ impl Outbound {
         if !online {
             self.sync_messages_total();
         }
+        self.debug_assert_sums();
         result
     }
 
@@ -301,6 +306,64 @@ impl Outbound {
         let since = self.queues.mark_full(now);
         (now.saturating_duration_since(since) >= config.slow_subscriber_timeout())
             .then_some(PushResult::SlowSubscriber)
+    }
+
+    /// Deliveries queued (beyond the in-flight window).
+    pub(crate) fn queued_len(&self) -> usize {
+        self.queues.queue.len()
+    }
+
+    /// The queued deliveries, oldest first (read-only: the sums of the module invariants
+    /// are kept by the methods that change the queue).
+    pub fn queued(&self) -> impl Iterator<Item = &Outgoing> {
+        self.queues.queue.iter()
+    }
+
+    /// Deliveries ever pushed into the queue (the checkpoint's watermark).
+    pub(crate) fn pushed_total(&self) -> u64 {
+        self.pushed_total
+    }
+
+    /// Deliveries ever removed from the queue (the checkpoint's watermark).
+    pub(crate) fn removed_total(&self) -> u64 {
+        self.removed_total
+    }
+
+    /// The module invariants' sums and mirror, recomputed from the queue: `queued_bytes`,
+    /// `queued_reliable` and `queued_reliable_bytes` are its sums, `pushed_total -
+    /// removed_total` its length. Debug builds only, and only for queues of at most
+    /// `SUM_CHECK_MAX_ITEMS` deliveries, so that a long backlog in a test does not turn every
+    /// push into a scan of it.
+    fn debug_assert_sums(&self) {
+        if !cfg!(debug_assertions) || self.queues.queue.len() > SUM_CHECK_MAX_ITEMS {
+            return;
+        }
+        let (mut bytes, mut reliable, mut reliable_bytes) = (0usize, 0u32, 0usize);
+        for item in &self.queues.queue {
+            let len = item.message.approx_len();
+            bytes += len;
+            if item.qos != QoS::AtMostOnce {
+                reliable += 1;
+                reliable_bytes += len;
+            }
+        }
+        debug_assert_eq!(
+            self.queued_bytes, bytes,
+            "queued_bytes: the sum over the queue"
+        );
+        debug_assert_eq!(
+            self.queued_reliable, reliable,
+            "queued_reliable: QoS>0 in the queue"
+        );
+        debug_assert_eq!(
+            self.queued_reliable_bytes, reliable_bytes,
+            "queued_reliable_bytes: the QoS>0 sum over the queue"
+        );
+        debug_assert_eq!(
+            self.pushed_total - self.removed_total,
+            self.queues.queue.len() as u64,
+            "pushed_total - removed_total: the queue's length"
+        );
     }
 
     fn account_removed(&mut self, item: &Outgoing) {

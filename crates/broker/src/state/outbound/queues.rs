@@ -14,7 +14,8 @@ use crate::model::Ticket;
 pub struct Queues {
     /// Control packets, each with the value of `pushed_total` when it was queued.
     pub(crate) control: VecDeque<(u64, Bytes)>,
-    pub queue: VecDeque<Outgoing>,
+    /// Its sums are kept in [`super::Outbound`] (module invariants): only `outbound` changes it.
+    pub(super) queue: VecDeque<Outgoing>,
     pub inflight: VecDeque<Inflight>,
     /// Packets waiting for a store write, in the order they must leave.
     pub(super) gate: Gate,
