@@ -31,14 +31,13 @@ fn setup(subscribers: usize, qos: QoS) -> Setup {
         let session = Session::new(format!("sub-{i}").into(), Protocol::V5, 0);
         {
             let mut state = session.state.lock();
-            state.conn = Some(Arc::new(ConnCtl::default()));
             // As the registry does: the queue counts into `max_queued_bytes_total`.
             if std::env::var_os("TERN_BENCH_NO_TOTAL").is_none() {
-                state.out.count_into(shared.metrics.queued.clone());
+                state.out.count_into(shared.metrics().queued_totals());
             }
             state.out.attach(1024);
         }
-        session.set_online(true);
+        session.connect_detached(Arc::new(ConnCtl::default()));
         let record = SubRecord {
             options: SubscriptionOptions {
                 qos,
@@ -47,7 +46,7 @@ fn setup(subscribers: usize, qos: QoS) -> Setup {
             subscription_id: None,
         };
         shared
-            .router
+            .router()
             .write()
             .subscribe(FilterKind::Normal("bench/+/t"), &session, record)
             .unwrap();
@@ -88,17 +87,17 @@ fn fanout(c: &mut Criterion) {
                         for (session, writer) in &mut s.sessions {
                             let mut state = session.state.lock();
                             let env = tern_broker::__internal::BatchEnv {
-                                config: &shared.config,
-                                metrics: &shared.metrics,
-                                store: &*shared.store.exchanges,
+                                config: shared.config(),
+                                metrics: shared.metrics(),
+                                store: &*shared.store().exchanges,
                                 client_id: &session.client_id,
                                 persistent: state.expiry_interval_s > 0,
                                 now: Instant::now(),
                             };
                             state.out.fill_batch(writer, &env, &mut bufs);
                             // Acknowledge at once so the window never fills.
-                            if let Some(id) = state.out.queues.inflight.front().map(|e| e.packet_id)
-                            {
+                            let front = state.out.inflight().next().map(|e| e.packet_id);
+                            if let Some(id) = front {
                                 state.out.on_puback(id);
                             }
                             bufs.clear();

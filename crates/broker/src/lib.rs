@@ -2,27 +2,32 @@
 //!
 //! Module map, by layer (ARCHITECTURE.md §1.1): each layer imports only the layers above it
 //! in this list, never one below; `crates/server/tests/layering.rs` fails on an import cycle
-//! among these top-level modules.
+//! among these top-level modules. Every module is private: what other crates use is
+//! re-exported below (ARCHITECTURE.md §1.1, "Visibility").
 //!
-//! 1. **Leaves**: [`config`] ([`BrokerConfig`], the limits, validated), [`hash`] (the keyed
-//!    hasher of maps whose order decides behaviour), [`metrics`], [`inject`] (test-only bugs),
-//!    [`read_order`] (packets take effect across connections in read order, §2.1),
-//!    [`connect_rate`], [`auth`] (password file and ACL, mosquitto formats), [`transport`]
+//! 1. **Leaves**: `config` ([`BrokerConfig`], the limits, validated), `hash` (the keyed
+//!    hasher of maps whose order decides behaviour), `metrics`, `inject` (test-only bugs),
+//!    `read_order` (packets take effect across connections in read order, §2.1),
+//!    `connect_rate`, `auth` (password file and ACL, mosquitto formats), `transport`
 //!    (plain TCP or any `AsyncRead + AsyncWrite`: TLS, WebSocket, in memory).
-//! 2. **Model** ([`model`]): [`model::Message`], the persistence seam ([`Persistence`]: one small
-//!    trait per concern, with its contract; tickets, [`Recovered`]; [`MemoryStore`] keeps nothing), stats and subscription records.
-//! 3. **Durable** ([`durable`]): [`DurableStore`], the seam over `tern-store` (on-disk schema
+//! 2. **Model** (`model`): [`Message`], the persistence seam ([`Persistence`]: one small
+//!    trait per concern, with its contract; tickets, [`Recovered`]; [`MemoryStore`] keeps
+//!    nothing), stats and subscription records.
+//! 3. **Durable** (`durable`): [`DurableStore`], the seam over `tern-store` (on-disk schema
 //!    in its module doc).
-//! 4. **State** ([`state`]): sessions, outbound queues and the gate, the ack pipeline, the
+//! 4. **State** (`state`): sessions, outbound queues and the gate, the ack pipeline, the
 //!    subscription trie, the retained tree, share-group queues, packet ids, topic aliases. No
 //!    I/O, no spawning, no broker-wide state.
-//! 5. **Engine** ([`engine`]): [`Shared`] and every operation that takes several locks:
+//! 5. **Engine** (`engine`): `Shared` and every operation that takes several locks:
 //!    routing, retained updates, attach/detach/end, share groups, wills, expiry, restore,
 //!    the checkpointer, `$SYS`.
-//! 6. **Driver** ([`connection`], [`fuzz`]): one connection's CONNECT handshake, read loop,
+//! 6. **Driver** (`connection`, `fuzz`): one connection's CONNECT handshake, read loop,
 //!    handlers and close.
-//! 7. **Assembly** ([`broker`]: [`Broker`], the accept loop and shutdown; [`admin`]: lists
-//!    and actions for operators; [`exposition`]: `/metrics` in the Prometheus text format).
+//! 7. **Assembly** (`broker`: [`Broker`], the accept loop and shutdown; `admin`: lists
+//!    and actions for operators; `exposition`: `/metrics` in the Prometheus text format).
+//!
+//! Tests, benches and fuzz targets of this workspace reach internals through `__internal`
+//! (the `__internal` feature, below); the `tern` binary does not enable it.
 
 // `pub` means reachable from outside: the API below, or `__internal` for the tests (without
 // that feature the test window is unreachable by design, so the rule is checked with it on).
@@ -82,7 +87,7 @@ pub mod __internal {
     pub use crate::engine::{Shared, route};
     pub use crate::fuzz::{Outcome, RunError, run_connection};
     pub use crate::hash::fix_keys;
-    pub use crate::metrics::Metrics;
+    pub use crate::metrics::{Counter, Metrics};
     pub use crate::state::outbound::{BatchBufs, BatchEnv, Outbound, WriterState};
     pub use crate::state::router::{Router, Targets};
     pub use crate::state::session::{ConnCtl, Session};

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[derive(Debug, Default)]
 pub struct QueuedTotals {
     /// Bytes (the measure of `max_queued_bytes_total`).
-    pub bytes: AtomicUsize,
+    pub(crate) bytes: AtomicUsize,
     /// Deliveries (beyond the in-flight window), kept with `bytes` by each `Outbound`.
     pub(crate) messages: AtomicUsize,
 }
@@ -32,35 +32,35 @@ pub struct Metrics {
     /// Deliveries taken from session queues to be sent, by QoS (resends not counted); added
     /// once per writer batch.
     pub(crate) messages_sent_by_qos: [AtomicU64; 3],
-    pub messages_dropped: AtomicU64,
+    pub(crate) messages_dropped: AtomicU64,
     /// Of `messages_dropped`: deliveries whose Message Expiry Interval passed while queued.
-    pub messages_dropped_expired: AtomicU64,
+    pub(crate) messages_dropped_expired: AtomicU64,
     /// Of `messages_dropped`: queued deliveries whose stored records retention removed.
-    pub messages_dropped_retention: AtomicU64,
+    pub(crate) messages_dropped_retention: AtomicU64,
     /// QoS 1 deliveries in flight to a persistent session whose stored records retention
     /// removed (not dropped: resent from memory while the broker runs, but a restart before
     /// their PUBACK cannot resend them; QoS 2 in flight is pinned instead).
     pub(crate) inflight_exposed_retention: AtomicU64,
     /// Of `messages_dropped`: QoS 0 refused because an online subscriber's outbound queue was
     /// at its byte or message limit (a slow subscriber).
-    pub messages_dropped_queue_full: AtomicU64,
+    pub(crate) messages_dropped_queue_full: AtomicU64,
     /// Subscribers disconnected because their queue stayed full past
     /// `slow_subscriber_timeout_ms` (v5 DISCONNECT 0x97).
-    pub slow_subscribers_disconnected: AtomicU64,
+    pub(crate) slow_subscribers_disconnected: AtomicU64,
     /// Of `messages_dropped`: QoS>0 messages dropped (oldest first) from a session queue at
     /// `max_queued_messages` / `max_queued_bytes`, at run time or when restored at start-up.
-    pub messages_dropped_queue_limit: AtomicU64,
+    pub(crate) messages_dropped_queue_limit: AtomicU64,
     /// Of `messages_dropped`: QoS 0 deliveries dropped because every session's queues together
     /// held `max_queued_bytes_total`.
-    pub messages_dropped_memory_limit: AtomicU64,
+    pub(crate) messages_dropped_memory_limit: AtomicU64,
     /// Of `messages_dropped`: QoS 0 PUBLISHes that would have been written to the store while
     /// it was at `[store] max_disk_bytes`.
-    pub messages_dropped_disk_budget: AtomicU64,
+    pub(crate) messages_dropped_disk_budget: AtomicU64,
     /// QoS>0 PUBLISHes refused (v5 PUBACK / PUBREC 0x97; 3.1.1: connection closed without
     /// an ack) because the store was at `[store] max_disk_bytes`.
-    pub publishes_refused_disk_budget: AtomicU64,
+    pub(crate) publishes_refused_disk_budget: AtomicU64,
     /// QoS>0 PUBLISHes refused the same way because queues held `max_queued_bytes_total`.
-    pub publishes_refused_memory_limit: AtomicU64,
+    pub(crate) publishes_refused_memory_limit: AtomicU64,
     /// CONNECTs refused at `max_connections` (v5 CONNACK 0x97, 3.1.1 return code 3).
     pub(crate) connections_refused: AtomicU64,
     /// CONNECTs refused for a wrong or unknown username/password (v5 CONNACK 0x86, 3.1.1
@@ -84,7 +84,7 @@ pub struct Metrics {
     pub(crate) control_chars_refused: AtomicU64,
     /// Bytes and deliveries queued in every session's outbound queue (shared with each
     /// session's `Outbound`).
-    pub queued: Arc<QueuedTotals>,
+    pub(crate) queued: Arc<QueuedTotals>,
     /// Live connections (past CONNECT, not yet closed), the measure of `max_connections`.
     pub(crate) connections: std::sync::atomic::AtomicUsize,
     /// Sockets closed at accept because their listener held its `max_connections`.
@@ -100,6 +100,54 @@ pub struct Metrics {
     pub(crate) bytes_received: AtomicU64,
     pub(crate) bytes_sent: AtomicU64,
     pub(crate) subscriptions: AtomicU64,
+}
+
+/// The drop and refusal counters this workspace's tests read ([`Metrics::count`]; `__internal`).
+#[cfg(feature = "__internal")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    MessagesDropped,
+    MessagesDroppedExpired,
+    MessagesDroppedRetention,
+    MessagesDroppedQueueFull,
+    MessagesDroppedQueueLimit,
+    MessagesDroppedMemoryLimit,
+    MessagesDroppedDiskBudget,
+    SlowSubscribersDisconnected,
+    PublishesRefusedDiskBudget,
+    PublishesRefusedMemoryLimit,
+}
+
+/// Read-only views for the tests and benches (`__internal`): only the broker adds to the
+/// counters, and the "Of `messages_dropped`" parts are kept with their total by its methods.
+#[cfg(feature = "__internal")]
+impl Metrics {
+    /// A counter's value now.
+    pub fn count(&self, counter: Counter) -> u64 {
+        let counter = match counter {
+            Counter::MessagesDropped => &self.messages_dropped,
+            Counter::MessagesDroppedExpired => &self.messages_dropped_expired,
+            Counter::MessagesDroppedRetention => &self.messages_dropped_retention,
+            Counter::MessagesDroppedQueueFull => &self.messages_dropped_queue_full,
+            Counter::MessagesDroppedQueueLimit => &self.messages_dropped_queue_limit,
+            Counter::MessagesDroppedMemoryLimit => &self.messages_dropped_memory_limit,
+            Counter::MessagesDroppedDiskBudget => &self.messages_dropped_disk_budget,
+            Counter::SlowSubscribersDisconnected => &self.slow_subscribers_disconnected,
+            Counter::PublishesRefusedDiskBudget => &self.publishes_refused_disk_budget,
+            Counter::PublishesRefusedMemoryLimit => &self.publishes_refused_memory_limit,
+        };
+        counter.load(Ordering::Relaxed)
+    }
+
+    /// Bytes every session's queues hold together (the measure of `max_queued_bytes_total`).
+    pub fn queued_bytes(&self) -> usize {
+        self.queued.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The broker-wide totals, for a queue built outside the registry (benches).
+    pub fn queued_totals(&self) -> Arc<QueuedTotals> {
+        self.queued.clone()
+    }
 }
 
 impl Metrics {

@@ -77,8 +77,8 @@ impl MessageLog for HandStore {
         MemoryStore.qos2_release_retry(client_id, packet_id)
     }
     fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
-        if m.topic.starts_with("w/") {
-            return self.hold(Write::Publish(m.topic.to_string()));
+        if m.topic().starts_with("w/") {
+            return self.hold(Write::Publish(m.topic().to_string()));
         }
         None
     }

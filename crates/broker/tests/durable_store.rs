@@ -78,9 +78,9 @@ async fn a_second_run_recovers_what_the_first_wrote() {
     }
     let store = DurableStore::open(dir.path(), DurableConfig::default()).unwrap();
     let recovered = store.recover();
-    let retained: Vec<&str> = recovered.retained.iter().map(|m| &*m.topic).collect();
+    let retained: Vec<&str> = recovered.retained.iter().map(|m| &**m.topic()).collect();
     assert_eq!(retained, vec!["r/t"]);
-    assert!(recovered.retained[0].retain);
+    assert!(recovered.retained[0].retain());
     let mut sessions = recovered.sessions;
     sessions.sort_by(|a, b| a.client_id.cmp(&b.client_id));
     let [publisher, sub] = &sessions[..] else {
@@ -99,7 +99,7 @@ async fn a_second_run_recovers_what_the_first_wrote() {
         .map(|i| (i.packet_id, i.pubrel_pending))
         .collect();
     assert_eq!(inflight, vec![(40, true)]);
-    let queued: Vec<&[u8]> = sub.queued.iter().map(|(m, _)| &m.payload[..]).collect();
+    let queued: Vec<&[u8]> = sub.queued.iter().map(|(m, _)| &m.payload()[..]).collect();
     assert_eq!(queued, vec![&b"one"[..], &b"three"[..]]);
     assert_eq!(sub.queued[0].1, QoS::AtLeastOnce);
     assert_eq!(sub.queued[1].1, QoS::ExactlyOnce);
@@ -144,10 +144,10 @@ async fn outbound_exchanges_resume_under_their_packet_ids() {
     let inflight: Vec<(u16, bool, &[u8])> = sub
         .inflight
         .iter()
-        .map(|i| (i.packet_id, i.pubrel_pending, &i.message.payload[..]))
+        .map(|i| (i.packet_id, i.pubrel_pending, &i.message.payload()[..]))
         .collect();
     assert_eq!(inflight, vec![(7, false, &b"m1"[..]), (8, true, &b""[..])]);
-    let queued: Vec<&[u8]> = sub.queued.iter().map(|(m, _)| &m.payload[..]).collect();
+    let queued: Vec<&[u8]> = sub.queued.iter().map(|(m, _)| &m.payload()[..]).collect();
     assert_eq!(
         queued,
         vec![&b"m4"[..]],

@@ -172,22 +172,19 @@ async fn restored_queue_keeps_the_newest_within_max_queued_bytes() {
     )
     .unwrap();
     let shared = broker.shared();
-    let session = shared.sessions.get("backlog").expect("restored");
+    let session = shared.sessions().get("backlog").expect("restored");
     let kept: Vec<Vec<u8>> = session
         .state
         .lock()
         .out
         .queued()
-        .map(|o| o.message.payload.to_vec())
+        .map(|o| o.message.payload().to_vec())
         .collect();
     assert_eq!(kept, vec![b"3".to_vec(), b"4".to_vec(), b"5".to_vec()]);
-    let m = &shared.metrics;
+    let m = shared.metrics();
     assert_eq!(
-        tern_broker::__internal::Metrics::get(&m.messages_dropped_queue_limit),
+        m.count(tern_broker::__internal::Counter::MessagesDroppedQueueLimit),
         4
     );
-    assert_eq!(
-        m.queued.bytes.load(std::sync::atomic::Ordering::Relaxed),
-        3 * len
-    );
+    assert_eq!(m.queued_bytes(), 3 * len);
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use common::*;
-use tern_broker::__internal::Metrics;
+use tern_broker::__internal::Counter;
 use tern_wire::{Packet, Protocol, ReasonCode, decode, encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -117,7 +117,7 @@ async fn slow_subscriber_is_dropped_then_disconnected_while_the_fast_one_gets_ev
     let mut p = Client::v5(b.addr, "pub").await;
     let mut next_seq = 0u64;
     let mut rounds = 0;
-    while shared.sessions.get("slow").is_some() {
+    while shared.sessions().get("slow").is_some() {
         rounds += 1;
         assert!(rounds < 5_000, "slow subscriber never disconnected");
         publish_round(&mut p, &mut next_seq).await;
@@ -173,11 +173,11 @@ async fn slow_subscriber_is_dropped_then_disconnected_while_the_fast_one_gets_ev
         slow_received + 64 < next_seq,
         "slow got {slow_received} of {next_seq}"
     );
-    let dropped = Metrics::get(&shared.metrics.messages_dropped_queue_full);
+    let dropped = shared.metrics().count(Counter::MessagesDroppedQueueFull);
     assert!(dropped > 0, "QoS 0 over the limit is dropped and counted");
-    assert_eq!(Metrics::get(&shared.metrics.messages_dropped), dropped);
+    assert_eq!(shared.metrics().count(Counter::MessagesDropped), dropped);
     assert_eq!(
-        Metrics::get(&shared.metrics.slow_subscribers_disconnected),
+        shared.metrics().count(Counter::SlowSubscribersDisconnected),
         1,
         "the slow subscriber, and only it, was disconnected"
     );
@@ -202,7 +202,7 @@ async fn qos1_over_the_limit_waits_and_is_delivered_as_the_subscriber_catches_up
         publish_round(&mut p, &mut next_seq).await;
     }
     // 400 KiB queued against a 16 KiB limit, the publisher done.
-    assert!(Metrics::get(&shared.metrics.messages_dropped) == 0);
+    assert!(shared.metrics().count(Counter::MessagesDropped) == 0);
 
     let mut slow = slow;
     let mut buf = buf;
@@ -227,9 +227,9 @@ async fn qos1_over_the_limit_waits_and_is_delivered_as_the_subscriber_catches_up
     })
     .await
     .expect("the slow subscriber never caught up");
-    assert_eq!(Metrics::get(&shared.metrics.messages_dropped), 0);
+    assert_eq!(shared.metrics().count(Counter::MessagesDropped), 0);
     assert_eq!(
-        Metrics::get(&shared.metrics.slow_subscribers_disconnected),
+        shared.metrics().count(Counter::SlowSubscribersDisconnected),
         0
     );
 }

@@ -42,7 +42,7 @@ impl MessageLog for SlowStore {
     }
     fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
         // Durability `default`: QoS 0 is not written.
-        if m.qos == QoS::AtMostOnce {
+        if m.qos() == QoS::AtMostOnce {
             return None;
         }
         self.ticket()
@@ -141,7 +141,7 @@ impl MessageLog for ScriptedStore {
         MemoryStore.qos2_release_retry(client_id, packet_id)
     }
     fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
-        if m.qos == QoS::AtMostOnce {
+        if m.qos() == QoS::AtMostOnce {
             return None;
         }
         let n = self.writes.fetch_add(1, Ordering::Relaxed);

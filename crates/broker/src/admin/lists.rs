@@ -89,7 +89,7 @@ impl Broker {
                 peer: info.map(|i| i.peer),
                 protocol: protocol_name(state.protocol),
                 keep_alive_s: info.map_or(0, |i| i.keep_alive_s),
-                inflight: state.out.queues.inflight.len(),
+                inflight: state.out.inflight_len(),
                 queued: state.out.queued_len(),
                 connected_since: info.map(|i| i.connected_at()),
             });
@@ -109,7 +109,7 @@ impl Broker {
                     protocol: protocol_name(state.protocol),
                     expiry_interval_s: state.expiry_interval_s,
                     subscriptions: state.subscriptions.len(),
-                    inflight: state.out.queues.inflight.len(),
+                    inflight: state.out.inflight_len(),
                     queued: state.out.queued_len(),
                 }
             })

@@ -218,7 +218,7 @@ impl Conn {
     fn before_wait(&mut self) -> (bool, bool) {
         self.inflight.release_if_idle();
         let waiting = self.inflight.has_pending_ticket();
-        let backlogged = self.session.state.lock().out.queues.control.len() >= MAX_CONTROL_BACKLOG;
+        let backlogged = self.session.state.lock().out.control_len() >= MAX_CONTROL_BACKLOG;
         let reading = !self.inflight.is_full() && !backlogged;
         if !reading {
             // Not armed while not reading: no ticket may wait for this connection.

@@ -198,9 +198,9 @@ impl Checkpointer {
         let seen = Seen {
             pushed_total: out.pushed_total(),
             removed_total: out.removed_total(),
-            inflight: out.queues.inflight.len(),
+            inflight: out.inflight_len(),
         };
-        let holds_nothing = out.queued_len() == 0 && out.queues.inflight.is_empty();
+        let holds_nothing = out.queued_len() == 0 && out.inflight_len() == 0;
         let last = self.seen.get(client).copied();
         if let Some((last, at, _)) = last {
             // Unchanged: its cursor can only move if it holds nothing (then the floors

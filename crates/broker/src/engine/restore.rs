@@ -55,8 +55,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
         state.qos2_received.extend(stored.qos2_received);
     }
     for inflight in stored.inflight {
-        state.out.packet_ids.reserve(inflight.packet_id);
-        state.out.queues.push_inflight(Inflight {
+        state.out.restore_inflight(Inflight {
             packet_id: inflight.packet_id,
             item: Outgoing {
                 message: inflight.message,

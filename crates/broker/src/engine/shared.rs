@@ -22,21 +22,21 @@ use crate::state::router::Router;
 
 /// State every connection task shares.
 pub struct Shared {
-    pub config: BrokerConfig,
-    pub sessions: Registry,
-    pub router: RwLock<Router>,
+    pub(crate) config: BrokerConfig,
+    pub(crate) sessions: Registry,
+    pub(crate) router: RwLock<Router>,
     pub(crate) retained: RwLock<Retained>,
     /// Share-group queues (messages waiting for a member to come online).
     pub(crate) groups: Groups,
     /// Wills recovered from the store, armed when the broker starts serving.
     pub(crate) recovered_wills: Mutex<Vec<StoredWill>>,
-    pub metrics: Metrics,
+    pub(crate) metrics: Metrics,
     /// Passwords and ACL in force; a reload replaces them ([`crate::auth`]).
     pub(crate) auth: crate::auth::Auth,
     /// CONNECTs per source address (`max_connect_rate_per_ip`).
     pub(crate) connect_rate: crate::connect_rate::ConnectRate,
     /// The persistence seam, one handle per concern.
-    pub store: Persistence,
+    pub(crate) store: Persistence,
     pub(crate) started_at: Instant,
     /// Read tickets: packets take effect in the order they were read (ARCHITECTURE §2.1).
     pub(crate) read_order: Arc<ReadOrder>,
@@ -50,6 +50,30 @@ pub struct Shared {
     next_connection_id: AtomicU64,
     /// Set while [`Broker::serve`] accepts connections (recovery is done by then).
     ready: AtomicBool,
+}
+
+/// Read-only views for the tests and benches (`__internal`); the broker itself uses the fields.
+#[cfg(feature = "__internal")]
+impl Shared {
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    pub fn sessions(&self) -> &Registry {
+        &self.sessions
+    }
+
+    pub fn router(&self) -> &RwLock<Router> {
+        &self.router
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn store(&self) -> &Persistence {
+        &self.store
+    }
 }
 
 impl Shared {

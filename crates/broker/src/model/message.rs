@@ -29,12 +29,12 @@ pub(crate) const MESSAGE_OVERHEAD_BYTES: usize = 64;
 
 #[derive(Debug)]
 pub struct Message {
-    pub topic: Str,
-    pub payload: Bytes,
+    pub(crate) topic: Str,
+    pub(crate) payload: Bytes,
     /// QoS the publisher used; each delivery is downgraded to its subscription's QoS.
-    pub qos: QoS,
+    pub(crate) qos: QoS,
     /// Retain flag as published.
-    pub retain: bool,
+    pub(crate) retain: bool,
     pub(crate) properties: Properties,
     pub(crate) arrived_at: Instant,
     /// Client id of the publisher (for No Local); `None` for wills and `$SYS`.
@@ -52,6 +52,26 @@ pub struct Message {
 }
 
 impl Message {
+    /// The topic it was published to. The fields are read-only outside the crate: the
+    /// encodings cached in the message mirror them (module invariants).
+    pub fn topic(&self) -> &Str {
+        &self.topic
+    }
+
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// QoS the publisher used.
+    pub fn qos(&self) -> QoS {
+        self.qos
+    }
+
+    /// Retain flag as published.
+    pub fn retain(&self) -> bool {
+        self.retain
+    }
+
     pub fn new(
         topic: Str,
         payload: Bytes,

@@ -195,7 +195,7 @@ pub struct Session {
 #[derive(Debug)]
 pub struct SessionState {
     /// The live connection, if any, and its generation (bumped on every attach).
-    pub conn: Option<Arc<ConnCtl>>,
+    pub(crate) conn: Option<Arc<ConnCtl>>,
     pub(crate) conn_gen: u64,
     pub(crate) protocol: Protocol,
     /// The username of the last connection (ACL checks on delivery).
@@ -242,11 +242,19 @@ impl Session {
         })
     }
 
+    /// Gives the session a live connection outside the registry (benches, `__internal`):
+    /// `state.conn` and its mirror `online` together, as `engine::registry` sets them.
+    #[cfg(feature = "__internal")]
+    pub fn connect_detached(&self, ctl: Arc<ConnCtl>) {
+        self.state.lock().conn = Some(ctl);
+        self.set_online(true);
+    }
+
     pub(crate) fn is_online(&self) -> bool {
         self.online.load(Ordering::Relaxed)
     }
 
-    pub fn set_online(&self, online: bool) {
+    pub(crate) fn set_online(&self, online: bool) {
         self.online.store(online, Ordering::Relaxed);
     }
 

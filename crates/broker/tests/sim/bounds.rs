@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use tern_broker::__internal::Shared;
+use tern_broker::__internal::{Counter, Shared};
 use tern_broker::DurableStore;
 
 use super::check::matches;
@@ -150,9 +150,9 @@ impl Gauges {
     /// count is folded in at the next boot as last sampled, after the step that ended it.
     pub fn refusals(&self) -> u64 {
         let live = self.boot.lock().shared.upgrade().map(|shared| {
-            let m = &shared.metrics;
-            m.publishes_refused_memory_limit.load(Ordering::Relaxed)
-                + m.publishes_refused_disk_budget.load(Ordering::Relaxed)
+            let m = shared.metrics();
+            m.count(Counter::PublishesRefusedMemoryLimit)
+                + m.count(Counter::PublishesRefusedDiskBudget)
         });
         let seen = self.seen.lock();
         let boot = live.unwrap_or(seen.boot_refused);
@@ -170,21 +170,15 @@ impl Gauges {
         let seen = &mut *guard;
         seen.samples += 1;
         samples_since_change(&mut seen.samples_since_ack, &mut seen.acks, acks);
-        let refused = shared
-            .metrics
-            .publishes_refused_memory_limit
-            .load(Ordering::Relaxed)
-            + shared
-                .metrics
-                .publishes_refused_disk_budget
-                .load(Ordering::Relaxed);
+        let refused = shared.metrics().count(Counter::PublishesRefusedMemoryLimit)
+            + shared.metrics().count(Counter::PublishesRefusedDiskBudget);
         samples_since_change(
             &mut seen.samples_since_refusal,
             &mut seen.boot_refused,
             refused,
         );
         if let Some(cap) = self.memory_cap {
-            let queued = shared.metrics.queued.bytes.load(Ordering::Relaxed) as u64;
+            let queued = shared.metrics().queued_bytes() as u64;
             seen.max_queued = seen.max_queued.max(queued);
             seen.boot_samples += 1;
             let cap = cap as u64;
@@ -203,11 +197,8 @@ impl Gauges {
                 seen.max_queued_over_boot = seen.boots;
             }
             seen.at_cap += u64::from(queued >= cap);
-            seen.boot_dropped_queue_limit = queue_limit_drops(&shared.metrics);
-            seen.boot_refused_memory = shared
-                .metrics
-                .publishes_refused_memory_limit
-                .load(Ordering::Relaxed);
+            seen.boot_dropped_queue_limit = queue_limit_drops(shared.metrics());
+            seen.boot_refused_memory = shared.metrics().count(Counter::PublishesRefusedMemoryLimit);
         }
         if let Some(budget) = self.disk_budget {
             let disk = store.disk_bytes();
@@ -216,10 +207,7 @@ impl Gauges {
             seen.max_state_streams = seen.max_state_streams.max(disk - messages);
             seen.max_disk = seen.max_disk.max(disk);
             seen.at_budget += u64::from(disk >= budget);
-            let refused_disk = shared
-                .metrics
-                .publishes_refused_disk_budget
-                .load(Ordering::Relaxed);
+            let refused_disk = shared.metrics().count(Counter::PublishesRefusedDiskBudget);
             samples_since_change(
                 &mut seen.samples_since_disk_refusal,
                 &mut seen.boot_refused_disk,
@@ -248,7 +236,7 @@ impl Gauges {
                 .collect::<Vec<_>>()
                 .join("; ");
             // The budget's own measure, as the broker last refreshed it.
-            if let Some((used, _)) = shared.store.admin.disk_usage() {
+            if let Some((used, _)) = shared.store().admin.disk_usage() {
                 let _ = write!(seen.message_info, "; the budget's measure {used} B");
             }
             seen.state_streams = disk - messages;
@@ -386,14 +374,14 @@ fn samples_since_change(samples: &mut u64, last: &mut u64, now: u64) {
 }
 
 fn queue_limit_drops(m: &tern_broker::__internal::Metrics) -> u64 {
-    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-    let named = load(&m.messages_dropped_expired)
-        + load(&m.messages_dropped_retention)
-        + load(&m.messages_dropped_queue_full)
-        + load(&m.messages_dropped_queue_limit)
-        + load(&m.messages_dropped_memory_limit)
-        + load(&m.messages_dropped_disk_budget);
-    load(&m.messages_dropped_queue_limit) + load(&m.messages_dropped).saturating_sub(named)
+    let load = |c| m.count(c);
+    let named = load(Counter::MessagesDroppedExpired)
+        + load(Counter::MessagesDroppedRetention)
+        + load(Counter::MessagesDroppedQueueFull)
+        + load(Counter::MessagesDroppedQueueLimit)
+        + load(Counter::MessagesDroppedMemoryLimit)
+        + load(Counter::MessagesDroppedDiskBudget);
+    load(Counter::MessagesDroppedQueueLimit) + load(Counter::MessagesDropped).saturating_sub(named)
 }
 
 /// The broker's fixed overhead per queued message (`MESSAGE_OVERHEAD_BYTES`).

@@ -129,7 +129,7 @@ pub enum PushResult {
 pub struct Outbound {
     /// Control packets, queued deliveries, the in-flight window and the gate: allocated while
     /// they hold something ([`LazyQueues`]).
-    pub queues: LazyQueues,
+    queues: LazyQueues,
     queued_bytes: usize,
     /// QoS>0 messages in `queue`: at most `max_queued_messages`, which config validation keeps
     /// within u32 (4 bytes beside `window` where 8 would grow every session's block).
@@ -137,7 +137,7 @@ pub struct Outbound {
     /// Of `queued_bytes`: the QoS>0 messages' (the measure of `max_queued_bytes`).
     queued_reliable_bytes: usize,
     /// Inline, not in the queues: its counter keeps ids rotating across idle periods.
-    pub(crate) packet_ids: PacketIds,
+    packet_ids: PacketIds,
     /// min(client Receive Maximum, max_inflight_messages) of the current connection (both
     /// u16 in the protocol and the config).
     pub(crate) window: u16,
@@ -315,8 +315,32 @@ impl Outbound {
 
     /// The queued deliveries, oldest first (read-only: the sums of the module invariants
     /// are kept by the methods that change the queue).
+    #[cfg_attr(not(feature = "__internal"), allow(dead_code))] // only tests reach it (`__internal`)
     pub fn queued(&self) -> impl Iterator<Item = &Outgoing> {
         self.queues.queue.iter()
+    }
+
+    /// Deliveries in the in-flight window (sent, not yet acknowledged), oldest first.
+    #[cfg_attr(not(feature = "__internal"), allow(dead_code))] // only tests reach it (`__internal`)
+    pub fn inflight(&self) -> impl Iterator<Item = &Inflight> {
+        self.queues.inflight.iter()
+    }
+
+    /// The size of the in-flight window's content.
+    pub(crate) fn inflight_len(&self) -> usize {
+        self.queues.inflight.len()
+    }
+
+    /// Control packets waiting for the writer.
+    pub(crate) fn control_len(&self) -> usize {
+        self.queues.control.len()
+    }
+
+    /// Puts a restored in-flight delivery back into the window, its packet id reserved (the
+    /// ids in `inflight` are exactly those `packet_ids` holds).
+    pub(crate) fn restore_inflight(&mut self, entry: Inflight) {
+        self.packet_ids.reserve(entry.packet_id);
+        self.queues.push_inflight(entry);
     }
 
     /// Deliveries ever pushed into the queue (the checkpoint's watermark).

@@ -11,12 +11,12 @@ use crate::model::Ticket;
 
 /// The containers of an [`super::Outbound`] that an idle session has no use for.
 #[derive(Debug)]
-pub struct Queues {
+pub(crate) struct Queues {
     /// Control packets, each with the value of `pushed_total` when it was queued.
     pub(crate) control: VecDeque<(u64, Bytes)>,
     /// Its sums are kept in [`super::Outbound`] (module invariants): only `outbound` changes it.
     pub(super) queue: VecDeque<Outgoing>,
-    pub inflight: VecDeque<Inflight>,
+    pub(super) inflight: VecDeque<Inflight>,
     /// Packets waiting for a store write, in the order they must leave.
     pub(super) gate: Gate,
     /// Since when the queue is over its limits (the slow-subscriber clock); an empty queue
@@ -53,7 +53,7 @@ static NO_QUEUES: Queues = Queues::EMPTY;
 /// mutable access through it allocated empty queues, so every caller had to read first.
 /// [`LazyQueues::release_if_empty`] (the writer going idle, a detach) frees them.
 #[derive(Debug, Default)]
-pub struct LazyQueues(Option<Box<Queues>>);
+pub(crate) struct LazyQueues(Option<Box<Queues>>);
 
 impl LazyQueues {
     /// Frees the queues if they hold nothing (their capacity goes with them).
