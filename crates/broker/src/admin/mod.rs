@@ -33,8 +33,21 @@ pub const MAX_PAGE_LIMIT: usize = 1_000;
 /// One page of a list, and the key to pass as `after` for the next one (`None`: the last).
 #[derive(Debug, Clone)]
 pub struct Page<T> {
-    pub items: Vec<T>,
-    pub next_after: Option<String>,
+    items: Vec<T>,
+    next_after: Option<String>,
+}
+
+impl<T> Page<T> {
+    /// The entries, in key order.
+    pub fn items(&self) -> &[T] {
+        &self.items
+    }
+
+    /// The key of the last entry when more follow (pass it as `after`); `None` on the last
+    /// page.
+    pub fn next_after(&self) -> Option<&str> {
+        self.next_after.as_deref()
+    }
 }
 
 impl Broker {

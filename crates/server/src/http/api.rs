@@ -76,8 +76,8 @@ fn list<T>(
 
 fn page_json<T>(page: Page<T>, item: impl Fn(&T) -> Value) -> Value {
     json!({
-        "items": page.items.iter().map(item).collect::<Vec<_>>(),
-        "next_after": page.next_after,
+        "items": page.items().iter().map(item).collect::<Vec<_>>(),
+        "next_after": page.next_after(),
     })
 }
 
