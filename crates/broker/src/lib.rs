@@ -52,8 +52,9 @@ pub use durable::{
 };
 pub use engine::Shared;
 pub use model::{
-    CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, MessageLog, OutboundSent,
-    PersistError, Persistence, Recovered, Recovery, RetainedStore, SessionStore, StoreAdmin,
-    StoreRef, StoredInflight, StoredSession, Ticket, TicketCompleter, WillStore, WriterWakes,
+    Appended, CursorStore, DurableMark, ExchangeStore, FullStore, HeldSeqs, MemoryStore,
+    MessageLog, OutboundSent, PersistError, Persistence, Recovered, Recovery, RetainedStore,
+    SessionStore, StoreAdmin, StoreRef, StoredInflight, StoredSession, Ticket, TicketCompleter,
+    WillStore, WriterWakes,
 };
 pub use tern_store::{Limits, StreamConfig, SyncPolicy};

@@ -3,7 +3,7 @@
 //! share groups, wills, reclamation in their modules).
 
 use crate::hash::Map;
-use crate::model::WriterWakes;
+use crate::model::{Appended, WriterWakes};
 use std::sync::atomic::Ordering;
 
 use tern_store::NewRecord;
@@ -17,7 +17,7 @@ impl MessageLog for DurableStore {
         client_id: &str,
         message: &Message,
         qos2_packet_id: Option<u16>,
-    ) -> Option<Ticket> {
+    ) -> Option<Appended> {
         let (index, slot) = self.writes(&message.topic, message.qos)?;
         let mut meta = codec::Meta::new();
         codec::encode_meta(message, &mut meta);
@@ -57,7 +57,7 @@ impl MessageLog for DurableStore {
             Ok(ticket) => ticket,
             Err(error) => {
                 drop(unrouted);
-                return Some(Ticket::failed(io_error(error)));
+                return Some(Appended::unplaced(Ticket::failed(io_error(error))));
             }
         };
         if self.disk_budget.is_some() {
@@ -70,7 +70,6 @@ impl MessageLog for DurableStore {
         unrouted.next_seq = ticket.seq() + 1;
         drop(unrouted);
         let stream = index as u16;
-        let _ = message.stored.set(StoreRef { stream, seq });
         if let Some(packet_id) = qos2_packet_id {
             let rx_ref = StoreRef {
                 stream,
@@ -88,7 +87,10 @@ impl MessageLog for DurableStore {
             // Under the rx lock (see `reclaim`): limits never remove an open rx record.
             self.pin(rx_ref);
         }
-        Some(Ticket::from_store(ticket))
+        Some(Appended::at(
+            StoreRef { stream, seq },
+            Ticket::from_store(ticket),
+        ))
     }
 
     fn defer_writer_wakes(&self) -> WriterWakes {

@@ -188,7 +188,7 @@ fn replay_all(
                             );
                         }
                         decoded.map(|m| {
-                            let _ = m.stored.set(stored);
+                            m.mark_stored(stored);
                             // Restored into every session that holds it: one shared encoding.
                             m.mark_fan_out();
                             Arc::new(m)
@@ -285,7 +285,7 @@ fn pubrel_placeholder(stored: Option<StoreRef>) -> Message {
         tokio::time::Instant::now(),
     );
     if let Some(position) = stored {
-        let _ = message.stored.set(position);
+        message.mark_stored(position);
     }
     message
 }
@@ -305,7 +305,7 @@ fn read_one(store: &DurableStore, at: StoreRef) -> Option<Arc<Message>> {
         .filter(|r| r.seq == at.seq)?;
     let age = Duration::from_nanos(store.now_ns().saturating_sub(r.time_ns));
     let message = codec::decode_message(&r.topic, &r.properties, r.payload, age)?;
-    let _ = message.stored.set(at);
+    message.mark_stored(at);
     Some(Arc::new(message))
 }
 
