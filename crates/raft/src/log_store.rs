@@ -145,6 +145,10 @@ impl LogStore {
     }
 
     /// The entries in `range` that are in the log, from its start up to the first missing one.
+    #[expect(
+        clippy::result_large_err,
+        reason = "openraft's StorageError, which the trait method calling this returns anyway"
+    )]
     fn read_range(&self, range: impl RangeBounds<u64>) -> Result<Vec<Entry>, StorageError> {
         enum Found {
             Copy(Box<Entry>),

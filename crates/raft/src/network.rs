@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
 use crate::types::{NodeId, Raft, TypeConfig, decode, encode};
 
@@ -92,13 +93,18 @@ fn invalid(e: postcard::Error) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, e)
 }
 
-/// Serves peers' requests from `listener` until the task is aborted.
+/// Serves peers' requests from `listener` until the task is aborted. The connections' tasks
+/// belong to it: aborting it closes them (a stopped node must not keep answering for its old
+/// core on connections peers still hold).
 pub async fn serve(listener: TcpListener, raft: Raft) {
     let slots = Arc::new(Semaphore::new(MAX_INBOUND_CONNECTIONS));
+    let mut connections = JoinSet::new();
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
+        // Reap finished connections so the set stays bounded by the permits.
+        while connections.try_join_next().is_some() {}
         let (mut stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
@@ -108,7 +114,7 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
             }
         };
         let raft = raft.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _permit = permit;
             let _ = stream.set_nodelay(true);
             if let Err(e) = serve_connection(&mut stream, &raft).await {

@@ -37,7 +37,8 @@ pub struct NodeConfig {
     pub node_id: NodeId,
     /// Where peers reach this node.
     pub bind: SocketAddr,
-    /// The initial voters, the same list on every node (this node included).
+    /// The initial voters, the same list on every node. A node not in it joins only when the
+    /// leader adds it as a learner.
     pub peers: Vec<(NodeId, SocketAddr)>,
     /// The store directory holding the Raft log, vote and applied point.
     pub data_dir: PathBuf,
@@ -85,12 +86,7 @@ impl NodeConfig {
         if ids.len() != self.peers.len() {
             return Err(ConsensusError::Invalid("a node id repeats in peers".into()));
         }
-        if !self.peers.is_empty() && !ids.contains(&self.node_id) {
-            return Err(ConsensusError::Invalid(format!(
-                "node_id {} is not in peers",
-                self.node_id
-            )));
-        }
+        // A node outside `peers` is a newcomer: it waits to be added as a learner.
         Ok(())
     }
 

@@ -124,6 +124,10 @@ impl StateMachine {
     }
 
     /// Applies entries under the applier's lock; returns the new applied point.
+    #[expect(
+        clippy::result_large_err,
+        reason = "openraft's StorageError, which the trait method calling this returns anyway"
+    )]
     fn apply_entries(&self, entries: Vec<Entry>) -> Result<(Applied, usize), StorageError> {
         let mut applier = lock(&self.inner.applier);
         let mut applied = lock(&self.inner.applied).clone();

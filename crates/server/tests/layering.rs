@@ -52,6 +52,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("store", &[]),
     ("bench", &["tern-wire"]),
     ("broker", &["tern-wire", "tern-topic", "tern-store"]),
+    // Consensus sits on the store and below the broker (issue 23).
+    ("raft", &["tern-store"]),
 ];
 
 fn crates_dir() -> PathBuf {
@@ -181,6 +183,15 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             &["stream"],
             &["read", "kv"],
             &["store"],
+        ],
+    ),
+    (
+        "raft",
+        &[
+            &["error", "types"],
+            &["log_store", "state_machine", "network"],
+            &["node"],
+            &["consensus"],
         ],
     ),
 ];
