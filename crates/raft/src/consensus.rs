@@ -48,6 +48,10 @@ pub struct ClusterStatus {
     /// Applied on this node (on the leader, every applied entry is committed; openraft 0.9's
     /// metrics do not carry the commit index itself).
     pub applied_index: Option<LogIndex>,
+    /// The last index the current snapshot covers.
+    pub snapshot_index: Option<LogIndex>,
+    /// The last index removed from the log (covered by a snapshot).
+    pub purged_index: Option<LogIndex>,
     pub voters: Vec<NodeId>,
     pub learners: Vec<NodeId>,
     /// Leader only: per peer.
@@ -200,6 +204,8 @@ impl Consensus for RaftNode {
             leader: m.current_leader,
             last_log_index: m.last_log_index,
             applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
             voters: membership.voter_ids().collect(),
             learners: membership.learner_ids().collect(),
             replication,

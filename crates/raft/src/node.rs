@@ -25,11 +25,10 @@ use crate::network::{TcpNetwork, serve};
 use crate::state_machine::{Applier, StateMachine};
 use crate::types::{NodeId, Raft};
 
-/// Entries between two snapshots built from the application's state.
-pub const SNAPSHOT_EVERY_ENTRIES: u64 = 50_000;
-/// Entries kept in the log behind a snapshot, so a briefly lagging follower catches up from
-/// the log instead of a snapshot.
-pub const LOG_KEPT_BEHIND_SNAPSHOT: u64 = 10_000;
+/// Default of `NodeConfig::snapshot_every_entries`.
+pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 50_000;
+/// Default of `NodeConfig::log_kept_behind_snapshot`.
+pub const DEFAULT_LOG_KEPT_BEHIND_SNAPSHOT: u64 = 10_000;
 
 /// How a node starts: `[cluster]` of the configuration, plus its data directory.
 #[derive(Debug, Clone)]
@@ -47,6 +46,12 @@ pub struct NodeConfig {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
+    /// Entries between two snapshots built from the application's state (after which the
+    /// log before the snapshot is purged).
+    pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind a snapshot, so a briefly lagging follower catches up
+    /// from the log instead of a snapshot.
+    pub log_kept_behind_snapshot: u64,
 }
 
 impl NodeConfig {
@@ -67,6 +72,8 @@ impl NodeConfig {
             heartbeat_interval_ms: 50,
             election_timeout_min_ms: 150,
             election_timeout_max_ms: 300,
+            snapshot_every_entries: DEFAULT_SNAPSHOT_EVERY_ENTRIES,
+            log_kept_behind_snapshot: DEFAULT_LOG_KEPT_BEHIND_SNAPSHOT,
         }
     }
 
@@ -96,8 +103,8 @@ impl NodeConfig {
             heartbeat_interval: self.heartbeat_interval_ms,
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY_ENTRIES),
-            max_in_snapshot_log_to_keep: LOG_KEPT_BEHIND_SNAPSHOT,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
+            max_in_snapshot_log_to_keep: self.log_kept_behind_snapshot,
             ..Default::default()
         }
         .validate()

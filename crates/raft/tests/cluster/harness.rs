@@ -72,6 +72,8 @@ impl Applier for Recorder {
 }
 
 pub struct Cluster {
+    /// Applied to every node's configuration.
+    pub tune: fn(&mut NodeConfig),
     pub dirs: Vec<tempfile::TempDir>,
     pub addrs: Vec<SocketAddr>,
     pub nodes: Vec<Option<RaftNode>>,
@@ -86,6 +88,11 @@ pub fn id(i: usize) -> NodeId {
 impl Cluster {
     /// `voters` nodes forming a cluster from empty directories, plus `spares` not started.
     pub async fn start(voters: usize, spares: usize) -> Cluster {
+        Cluster::start_tuned(voters, spares, |_| {}).await
+    }
+
+    /// `start`, with `tune` applied to every node's configuration.
+    pub async fn start_tuned(voters: usize, spares: usize, tune: fn(&mut NodeConfig)) -> Cluster {
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
         for _ in 0..voters + spares {
@@ -101,6 +108,7 @@ impl Cluster {
             nodes: (0..voters + spares).map(|_| None).collect(),
             applied: (0..voters + spares).map(|_| Applied::default()).collect(),
             voters,
+            tune,
         };
         // A spare's listener is dropped here and bound again when it starts.
         for (i, l) in listeners.into_iter().enumerate().take(voters) {
@@ -116,6 +124,7 @@ impl Cluster {
         cfg.heartbeat_interval_ms = 100;
         cfg.election_timeout_min_ms = 800;
         cfg.election_timeout_max_ms = 1600;
+        (self.tune)(&mut cfg);
         cfg
     }
 

@@ -42,9 +42,13 @@ async fn three_nodes_from_empty_dirs_elect_a_leader_and_apply_in_order_everywher
         .await;
         assert_eq!(c.ops(i), want, "node {i} applied the same batches in order");
     }
+    // Metrics are published after the apply that completed the proposal.
+    wait_until("the leader's metrics show the last apply", || {
+        (c.status(leader).applied_index >= Some(last_index)).then_some(())
+    })
+    .await;
     let st = c.status(leader);
     assert_eq!(st.role, Role::Leader);
-    assert!(st.applied_index >= Some(last_index));
     assert_eq!(st.replication.len(), 2, "the leader reports both followers");
     wait_until("the leader sees both followers caught up", || {
         c.status(leader)
@@ -245,4 +249,94 @@ async fn a_learner_catches_up_and_is_promoted_then_removed() {
         c.node(leader).transfer_leader(id(1)).await,
         Err(ConsensusError::Unsupported(_))
     ));
+}
+
+/// A snapshot is built from the application's state and the log behind it purged; a node
+/// added afterwards gets the snapshot (the entries are gone) and then the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_learner_added_after_a_purge_is_sent_a_snapshot_of_the_application_state() {
+    let mut c = Cluster::start_tuned(3, 1, |cfg| {
+        cfg.snapshot_every_entries = 5;
+        cfg.log_kept_behind_snapshot = 0;
+    })
+    .await;
+    let leader = c.leader().await;
+    for k in 0..12 {
+        c.node(leader)
+            .propose(vec![op(&format!("s{k}"))])
+            .await
+            .expect("propose");
+    }
+    wait_until("the leader snapshots and purges its log", || {
+        let st = c.status(leader);
+        st.purged_index.is_some_and(|p| p >= 5).then_some(())
+    })
+    .await;
+    let want = c.ops(leader);
+    c.start_node(3, None).await;
+    c.node(leader)
+        .add_learner(id(3), c.addrs[3])
+        .await
+        .expect("add learner");
+    wait_until("the learner has the application's state", || {
+        (c.ops(3) == want).then_some(())
+    })
+    .await;
+    assert!(
+        c.status(3).snapshot_index.is_some(),
+        "it came as a snapshot"
+    );
+    c.node(leader)
+        .propose(vec![op("after")])
+        .await
+        .expect("propose");
+    wait_until("and then the log", || {
+        (c.ops(3).last() == Some(&op("after"))).then_some(())
+    })
+    .await;
+}
+
+#[test]
+fn a_peer_is_written_id_equals_address() {
+    let (id, addr) = tern_raft::NodeConfig::parse_peer("2=127.0.0.1:7002").expect("parse");
+    assert_eq!(id, tern_raft::NodeId(2));
+    assert_eq!(addr, "127.0.0.1:7002".parse().unwrap());
+    for bad in ["2", "x=127.0.0.1:1", "2=nowhere", "=127.0.0.1:1"] {
+        assert!(tern_raft::NodeConfig::parse_peer(bad).is_err(), "{bad}");
+    }
+}
+
+/// The whole cluster stopped and started again on its directories forms again by itself
+/// (nobody calls `initialize` twice) and goes on from its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_whole_cluster_restarted_on_its_directories_goes_on() {
+    let mut c = Cluster::start(3, 0).await;
+    let leader = c.leader().await;
+    c.node(leader)
+        .propose(vec![op("a")])
+        .await
+        .expect("propose");
+    for i in 0..3 {
+        wait_until("every node applies", || (c.ops(i).len() == 1).then_some(())).await;
+    }
+    let term = c.status(leader).term;
+    for i in 0..3 {
+        c.kill(i).await;
+    }
+    for i in 0..3 {
+        c.start_node(i, None).await;
+    }
+    // The same leader may go on in the same term: its durable vote says it won that term.
+    let leader = c.leader().await;
+    assert!(c.status(leader).term >= term);
+    c.node(leader)
+        .propose(vec![op("b")])
+        .await
+        .expect("propose");
+    for i in 0..3 {
+        wait_until("every node applies once more", || {
+            (c.ops(i) == vec![op("a"), op("b")]).then_some(())
+        })
+        .await;
+    }
 }
