@@ -12,7 +12,7 @@ use openraft::{BasicNode, ChangeMembers, ServerState};
 
 use crate::error::ConsensusError;
 use crate::node::RaftNode;
-use crate::types::{Batch, LogIndex, MAX_BATCH_OPS, NodeId};
+use crate::types::{Batch, LogIndex, MAX_BATCH_OPS, MAX_PROPOSAL_BYTES, NodeId};
 
 /// A learner may be promoted once it is at most this many entries behind the leader.
 pub const PROMOTE_MAX_LAG_ENTRIES: u64 = 64;
@@ -167,6 +167,12 @@ impl Consensus for RaftNode {
             return Err(ConsensusError::Invalid(format!(
                 "a batch of {} operations (1..={MAX_BATCH_OPS})",
                 ops.len()
+            )));
+        }
+        let bytes: usize = ops.iter().map(Bytes::len).sum();
+        if bytes > MAX_PROPOSAL_BYTES {
+            return Err(ConsensusError::Invalid(format!(
+                "a batch of {bytes} bytes (at most {MAX_PROPOSAL_BYTES})"
             )));
         }
         let resp = self

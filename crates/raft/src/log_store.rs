@@ -39,6 +39,10 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_PURGED: &[u8] = b"purged";
 const TOPIC_ENTRY: &[u8] = b"e";
 const TOPIC_TRUNCATE: &[u8] = b"t";
+/// Most encoded entry bytes one replication read returns (one AppendEntries request). With
+/// one proposal of at most `MAX_PROPOSAL_BYTES` above it, it stays under the network's
+/// `MAX_FRAME_BYTES`.
+pub const MAX_APPEND_BYTES: usize = 32 << 20;
 /// Records read per page while rebuilding the index on open.
 const OPEN_SCAN_RECORDS: usize = 4096;
 /// Bytes read per page while rebuilding the index on open.
@@ -49,6 +53,8 @@ const OPEN_SCAN_BYTES: usize = 16 << 20;
 struct Slot {
     seq: u64,
     log_id: LogId,
+    /// The encoded entry's size, to bound what one read returns.
+    len_bytes: usize,
     pending: Option<Entry>,
 }
 
@@ -144,25 +150,36 @@ impl LogStore {
         self.inner.index.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The entries in `range` that are in the log, from its start up to the first missing one.
+    /// The entries in `range` that are in the log, from its start up to the first missing one,
+    /// stopping once `max_bytes` (encoded) are reached (at least one entry is returned).
     #[expect(
         clippy::result_large_err,
         reason = "openraft's StorageError, which the trait method calling this returns anyway"
     )]
-    fn read_range(&self, range: impl RangeBounds<u64>) -> Result<Vec<Entry>, StorageError> {
+    fn read_range(
+        &self,
+        range: impl RangeBounds<u64>,
+        max_bytes: usize,
+    ) -> Result<Vec<Entry>, StorageError> {
         enum Found {
             Copy(Box<Entry>),
             Seq(u64, LogIndex),
         }
-        let found: Vec<Found> = self
-            .index()
-            .slots
-            .range(range)
-            .map(|(&i, s)| match &s.pending {
-                Some(e) => Found::Copy(Box::new(e.clone())),
-                None => Found::Seq(s.seq, i),
-            })
-            .collect();
+        let mut found: Vec<Found> = Vec::new();
+        {
+            let ix = self.index();
+            let mut bytes = 0usize;
+            for (&i, s) in ix.slots.range(range) {
+                if !found.is_empty() && bytes + s.len_bytes > max_bytes {
+                    break;
+                }
+                bytes += s.len_bytes;
+                found.push(match &s.pending {
+                    Some(e) => Found::Copy(Box::new(e.clone())),
+                    None => Found::Seq(s.seq, i),
+                });
+            }
+        }
         let mut out = Vec::with_capacity(found.len());
         for f in found {
             match f {
@@ -271,6 +288,7 @@ fn rebuild(log: &Stream, index: &mut Index) -> Result<(), StoreError> {
                     Slot {
                         seq: r.seq,
                         log_id,
+                        len_bytes: r.payload.len(),
                         pending: None,
                     },
                 );
@@ -291,7 +309,17 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        self.read_range(range)
+        self.read_range(range, usize::MAX)
+    }
+
+    /// What replication sends in one AppendEntries: at most [`MAX_APPEND_BYTES`] of entries
+    /// (and at least one), so that a frame stays under the network's limit.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.read_range(start..end, MAX_APPEND_BYTES)
     }
 }
 
@@ -348,6 +376,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let w = |x: postcard::Error| StorageIOError::write_log_entry(e.log_id, store_err(x));
             recs.push((encode(&e.log_id).map_err(w)?, encode(e).map_err(w)?));
         }
+        let lens: Vec<usize> = recs.iter().map(|(_, payload)| payload.len()).collect();
         let (seqs, ticket) = self
             .write_entries(recs)
             .await
@@ -356,13 +385,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut ix = self.index();
             ix.cut_from(entries[0].log_id.index);
-            for (e, seq) in entries.into_iter().zip(seqs) {
+            for ((e, seq), len_bytes) in entries.into_iter().zip(seqs).zip(lens) {
                 let log_id = e.log_id;
                 ix.slots.insert(
                     log_id.index,
                     Slot {
                         seq,
                         log_id,
+                        len_bytes,
                         pending: Some(e),
                     },
                 );

@@ -115,3 +115,18 @@ async fn the_vote_survives_a_power_loss_when_the_log_is_not_synced() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_replication_read_is_bounded_in_bytes_but_returns_at_least_one_entry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_store, mut log) = open(dir.path());
+    log.blocking_append((1..=6).map(|i| entry(1, i)))
+        .await
+        .expect("append");
+    let one = log.index().slots[&1].len_bytes;
+    let got = log.read_range(1..7, 3 * one).expect("read");
+    assert_eq!(got.len(), 3);
+    let got = log.read_range(2..7, 0).expect("read");
+    assert_eq!(got.len(), 1, "at least one entry, or replication stalls");
+    assert_eq!(got[0].log_id, log_id(1, 2));
+}

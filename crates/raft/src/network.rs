@@ -27,6 +27,9 @@ use crate::types::{NodeId, Raft, TypeConfig, decode, encode};
 /// Largest frame either side accepts: a batch of entries (openraft's `max_payload_entries`
 /// of them) or a snapshot chunk. A bigger length prefix is a broken or hostile peer.
 pub const MAX_FRAME_BYTES: usize = 128 << 20;
+const _: () = assert!(
+    crate::log_store::MAX_APPEND_BYTES + 2 * crate::types::MAX_PROPOSAL_BYTES < MAX_FRAME_BYTES
+);
 /// Most inbound peer connections served at once; further ones wait for a slot.
 pub const MAX_INBOUND_CONNECTIONS: usize = 64;
 /// How long a peer may take to accept a connection.

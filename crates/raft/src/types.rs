@@ -26,6 +26,11 @@ pub type LogIndex = u64;
 /// record of the log stream (bounded by tern-store's `MAX_RECORD_BYTES`).
 pub const MAX_BATCH_OPS: usize = 65_536;
 
+/// Most bytes (sum of the operations' lengths) one proposal may carry: one entry is one store
+/// record, and it must fit one network frame beside a full AppendEntries batch.
+pub const MAX_PROPOSAL_BYTES: usize = 8 << 20;
+const _: () = assert!(MAX_PROPOSAL_BYTES * 4 < tern_store::config::MAX_RECORD_BYTES);
+
 /// The payload of a normal Raft entry: many application operations committed together (the
 /// group commit of the single node, one level up). Opaque to consensus.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

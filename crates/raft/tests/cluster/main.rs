@@ -76,6 +76,23 @@ async fn a_proposal_on_a_follower_is_refused_naming_the_leader() {
         other => panic!("want NotLeader naming {}, got {other:?}", id(leader)),
     }
     assert!(c.ops(follower).is_empty(), "nothing was applied");
+
+    // Bounds hold before anything reaches the log.
+    let too_big = vec![bytes::Bytes::from(vec![
+        0u8;
+        tern_raft::types::MAX_PROPOSAL_BYTES
+            + 1
+    ])];
+    for bad in [Vec::new(), too_big] {
+        assert!(matches!(
+            c.node(leader).propose(bad).await,
+            Err(ConsensusError::Invalid(_))
+        ));
+    }
+    c.node(leader)
+        .propose(vec![op("still fine")])
+        .await
+        .expect("propose");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
