@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::RangeBounds;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{AnyError, LogState, OptionalSend, RaftLogReader, StorageIOError};
@@ -98,6 +98,9 @@ struct Inner {
     log: Stream,
     meta: KvStream,
     index: Mutex<Index>,
+    /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
+    /// are released.
+    canary: Arc<()>,
 }
 
 /// The Raft log storage of one node. Cheap to clone (the clone is also its log reader).
@@ -142,8 +145,14 @@ impl LogStore {
                 log,
                 meta,
                 index: Mutex::new(index),
+                canary: Arc::new(()),
             }),
         })
+    }
+
+    /// Gone once every clone is dropped and with them the streams and the store's lock.
+    pub(crate) fn liveness(&self) -> Weak<()> {
+        Arc::downgrade(&self.inner.canary)
     }
 
     fn index(&self) -> MutexGuard<'_, Index> {

@@ -9,11 +9,12 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use openraft::error::{InitializeError, RaftError};
-use openraft::{BasicNode, ServerState, SnapshotPolicy};
+use openraft::{BasicNode, RaftNetworkFactory, ServerState, SnapshotPolicy};
 use tern_store::vfs::Vfs;
 use tern_store::{Store, SyncPolicy};
 use tokio::net::TcpListener;
@@ -21,14 +22,18 @@ use tokio::task::JoinHandle;
 
 use crate::error::ConsensusError;
 use crate::log_store::LogStore;
-use crate::network::{TcpNetwork, serve};
+use crate::network::{self, Request, Response, TcpNetwork, serve};
 use crate::state_machine::{Applier, StateMachine};
-use crate::types::{NodeId, Raft};
+use crate::types::{NodeId, Raft, TypeConfig};
 
 /// Default of `NodeConfig::snapshot_every_entries`.
 pub const DEFAULT_SNAPSHOT_EVERY_ENTRIES: u64 = 50_000;
 /// Default of `NodeConfig::log_kept_behind_snapshot`.
 pub const DEFAULT_LOG_KEPT_BEHIND_SNAPSHOT: u64 = 10_000;
+
+/// Longest [`RaftNode::shutdown`] waits for the core's tasks to let go of the store.
+pub const STORE_RELEASE_WAIT: Duration = Duration::from_secs(30);
+const STORE_RELEASE_POLL: Duration = Duration::from_millis(10);
 
 /// How a node starts: `[cluster]` of the configuration, plus its data directory.
 #[derive(Debug, Clone)]
@@ -121,6 +126,9 @@ pub struct RaftNode {
     local_addr: SocketAddr,
     pub(crate) elections: Arc<AtomicU64>,
     tasks: Vec<JoinHandle<()>>,
+    /// The log store's and state machine's canaries, gone once the core's tasks have all let
+    /// go of them and their streams are closed.
+    storage: Vec<Weak<()>>,
 }
 
 impl std::fmt::Debug for RaftNode {
@@ -155,31 +163,41 @@ impl RaftNode {
         applier: Box<dyn Applier>,
         vfs: Option<Arc<dyn Vfs>>,
     ) -> Result<RaftNode, ConsensusError> {
-        config.validate()?;
         let local_addr = listener.local_addr().map_err(|source| ConsensusError::Io {
             context: "listener address".into(),
             source,
         })?;
-        let store = match vfs {
-            Some(v) => Store::open_with_vfs(&config.data_dir, v)?,
-            None => Store::open(&config.data_dir)?,
-        };
-        let log = LogStore::open(&store, config.sync)?;
-        let sm = StateMachine::open(&store, config.sync, applier)?;
-        let raft = Raft::new(
-            config.node_id,
-            Arc::new(config.raft_config()?),
-            TcpNetwork,
-            log,
-            sm,
-        )
-        .await
-        .map_err(|e| ConsensusError::Shutdown(e.to_string()))?;
+        let (raft, storage) = open(&config, applier, TcpNetwork, vfs).await?;
+        let serving = tokio::spawn(serve(listener, raft.clone()));
+        RaftNode::run(config, raft, storage, local_addr, Some(serving)).await
+    }
+
+    /// Starts with another transport (a simulated network): `network` carries this node's
+    /// requests, and whatever delivers peers' requests to it calls [`RaftNode::handle`].
+    pub async fn start_with<N: RaftNetworkFactory<TypeConfig>>(
+        config: NodeConfig,
+        applier: Box<dyn Applier>,
+        network: N,
+        vfs: Option<Arc<dyn Vfs>>,
+    ) -> Result<RaftNode, ConsensusError> {
+        let (raft, storage) = open(&config, applier, network, vfs).await?;
+        let addr = config.bind;
+        RaftNode::run(config, raft, storage, addr, None).await
+    }
+
+    async fn run(
+        config: NodeConfig,
+        raft: Raft,
+        storage: Vec<Weak<()>>,
+        local_addr: SocketAddr,
+        serving: Option<JoinHandle<()>>,
+    ) -> Result<RaftNode, ConsensusError> {
         let elections = Arc::new(AtomicU64::new(0));
-        let tasks = vec![
-            tokio::spawn(serve(listener, raft.clone())),
-            tokio::spawn(count_elections(raft.clone(), elections.clone())),
-        ];
+        let mut tasks = vec![tokio::spawn(count_elections(
+            raft.clone(),
+            elections.clone(),
+        ))];
+        tasks.extend(serving);
         let node = RaftNode {
             id: config.node_id,
             raft,
@@ -187,9 +205,16 @@ impl RaftNode {
             local_addr,
             elections,
             tasks,
+            storage,
         };
         node.bootstrap().await?;
         Ok(node)
+    }
+
+    /// Answers a peer's request (what [`network::serve`](crate::network::serve) does for
+    /// each frame it reads).
+    pub async fn handle(&self, req: Request) -> Response {
+        network::handle(&self.raft, req).await
     }
 
     /// The lowest initial voter forms the cluster when its log is empty.
@@ -225,7 +250,9 @@ impl RaftNode {
         self.local_addr
     }
 
-    /// Stops the Raft core and the listener; the store is released once this returns.
+    /// Stops the Raft core and the listener, and waits (up to [`STORE_RELEASE_WAIT`]) until
+    /// the core's tasks have dropped the log and state machine: then the store's lock is
+    /// free, and the node can be started again in this process.
     pub async fn shutdown(mut self) {
         for t in self.tasks.drain(..) {
             t.abort();
@@ -233,6 +260,14 @@ impl RaftNode {
         }
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(node = %self.id, error = %e, "raft: core did not stop cleanly");
+        }
+        let deadline = tokio::time::Instant::now() + STORE_RELEASE_WAIT;
+        while self.storage.iter().any(|w| w.strong_count() > 0) {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(node = %self.id, "raft: storage still held after shutdown");
+                return;
+            }
+            tokio::time::sleep(STORE_RELEASE_POLL).await;
         }
     }
 }
@@ -243,6 +278,33 @@ impl Drop for RaftNode {
             t.abort();
         }
     }
+}
+
+/// Opens the node's store, log and state machine, and starts the Raft core.
+async fn open<N: RaftNetworkFactory<TypeConfig>>(
+    config: &NodeConfig,
+    applier: Box<dyn Applier>,
+    network: N,
+    vfs: Option<Arc<dyn Vfs>>,
+) -> Result<(Raft, Vec<Weak<()>>), ConsensusError> {
+    config.validate()?;
+    let store = match vfs {
+        Some(v) => Store::open_with_vfs(&config.data_dir, v)?,
+        None => Store::open(&config.data_dir)?,
+    };
+    let log = LogStore::open(&store, config.sync)?;
+    let sm = StateMachine::open(&store, config.sync, applier)?;
+    let storage = vec![log.liveness(), sm.liveness()];
+    let raft = Raft::new(
+        config.node_id,
+        Arc::new(config.raft_config()?),
+        network,
+        log,
+        sm,
+    )
+    .await
+    .map_err(|e| ConsensusError::Shutdown(e.to_string()))?;
+    Ok((raft, storage))
 }
 
 /// Counts the elections this node started (turns into a candidate), for the metrics.

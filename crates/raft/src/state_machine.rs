@@ -9,7 +9,7 @@
 
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use bytes::Bytes;
 use openraft::storage::RaftStateMachine;
@@ -65,6 +65,9 @@ struct Inner {
     /// one from the application's state when it needs one).
     current: Mutex<Option<(Meta, Vec<u8>)>>,
     snapshots_built: AtomicU64,
+    /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
+    /// are released.
+    canary: Arc<()>,
 }
 
 /// The state machine of one node. Cheap to clone (the clone is also its snapshot builder).
@@ -108,8 +111,14 @@ impl StateMachine {
                 kv,
                 current: Mutex::new(None),
                 snapshots_built: AtomicU64::new(0),
+                canary: Arc::new(()),
             }),
         })
+    }
+
+    /// Gone once every clone is dropped and with them the kv stream and the store's lock.
+    pub(crate) fn liveness(&self) -> Weak<()> {
+        Arc::downgrade(&self.inner.canary)
     }
 
     /// Records `applied` durably (under the sync policy).

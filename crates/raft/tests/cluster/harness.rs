@@ -10,6 +10,7 @@ use bytes::Bytes;
 use tern_raft::{
     Applier, ApplyError, ClusterStatus, Consensus, LogIndex, NodeConfig, NodeId, RaftNode, Role,
 };
+use tern_store::sim::{SimConfig, SimDisk};
 use tokio::net::TcpListener;
 
 /// How long a test waits for a condition before failing (generous: a loaded machine).
@@ -72,6 +73,8 @@ impl Applier for Recorder {
 }
 
 pub struct Cluster {
+    /// Simulated disks, one per node (power loss), if the cluster runs on them.
+    pub disks: Option<Vec<SimDisk>>,
     /// Applied to every node's configuration.
     pub tune: fn(&mut NodeConfig),
     pub dirs: Vec<tempfile::TempDir>,
@@ -93,6 +96,21 @@ impl Cluster {
 
     /// `start`, with `tune` applied to every node's configuration.
     pub async fn start_tuned(voters: usize, spares: usize, tune: fn(&mut NodeConfig)) -> Cluster {
+        Cluster::start_full(voters, spares, tune, None).await
+    }
+
+    /// `start_tuned` with each node's store on a simulated disk of its own (seeded by
+    /// `seed` and the node's position).
+    pub async fn start_sim(voters: usize, seed: u64, tune: fn(&mut NodeConfig)) -> Cluster {
+        Cluster::start_full(voters, 0, tune, Some(seed)).await
+    }
+
+    async fn start_full(
+        voters: usize,
+        spares: usize,
+        tune: fn(&mut NodeConfig),
+        sim_seed: Option<u64>,
+    ) -> Cluster {
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
         for _ in 0..voters + spares {
@@ -109,7 +127,15 @@ impl Cluster {
             applied: (0..voters + spares).map(|_| Applied::default()).collect(),
             voters,
             tune,
+            disks: None,
         };
+        c.disks = sim_seed.map(|seed| {
+            c.dirs
+                .iter()
+                .enumerate()
+                .map(|(i, d)| SimDisk::new(d.path(), seed * 16 + i as u64, SimConfig::default()))
+                .collect()
+        });
         // A spare's listener is dropped here and bound again when it starts.
         for (i, l) in listeners.into_iter().enumerate().take(voters) {
             c.start_node(i, Some(l)).await;
@@ -134,11 +160,12 @@ impl Cluster {
             Some(l) => l,
             None => rebind(self.addrs[i]).await,
         };
+        let vfs = self.disks.as_ref().map(|d| d[i].vfs());
         let node = RaftNode::start_on(
             self.config(i),
             listener,
             Box::new(Recorder(self.applied[i].clone())),
-            None,
+            vfs,
         )
         .await
         .expect("start node");
