@@ -79,16 +79,21 @@ impl Index {
             .or(self.purged)
     }
 
+    /// O(1): keys are unique, so consecutive means the span equals the count; the first is
+    /// right after the purge point.
     fn debug_check(&self) {
-        if cfg!(debug_assertions) {
-            let mut want = self
-                .purged
-                .map_or(self.slots.keys().next().copied(), |p| Some(p.index + 1));
-            for (&i, s) in &self.slots {
-                debug_assert_eq!(Some(i), want, "hole in the Raft log index");
-                debug_assert_eq!(s.log_id.index, i);
-                want = Some(i + 1);
-            }
+        let (Some((&first, _)), Some((&last, _))) =
+            (self.slots.first_key_value(), self.slots.last_key_value())
+        else {
+            return;
+        };
+        debug_assert_eq!(
+            last - first + 1,
+            self.slots.len() as u64,
+            "hole in the Raft log"
+        );
+        if let Some(p) = self.purged {
+            debug_assert_eq!(first, p.index + 1, "hole after the purge point");
         }
     }
 }

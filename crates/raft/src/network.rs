@@ -76,8 +76,13 @@ async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
             format!("frame of {len} bytes above MAX_FRAME_BYTES"),
         ));
     }
-    let mut buf = vec![0; len];
-    s.read_exact(&mut buf).await?;
+    // Grown as bytes arrive, not allocated from the prefix: a peer that announces a large
+    // frame and sends nothing costs nothing.
+    let mut buf = Vec::new();
+    (&mut *s).take(len as u64).read_to_end(&mut buf).await?;
+    if buf.len() != len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
     Ok(buf)
 }
 
