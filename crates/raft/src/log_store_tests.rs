@@ -130,3 +130,38 @@ async fn a_replication_read_is_bounded_in_bytes_but_returns_at_least_one_entry()
     assert_eq!(got.len(), 1, "at least one entry, or replication stalls");
     assert_eq!(got[0].log_id, log_id(1, 2));
 }
+
+/// openraft counts this node's copy of an entry when the flush callback fires: by then the
+/// entry must survive a power loss (the log under `SyncPolicy::Always`). Firing the callback
+/// before the store's ticket completes makes this fail: checked by hand.
+#[tokio::test]
+async fn an_entry_whose_flush_was_reported_survives_a_power_loss() {
+    for seed in 0..8 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = SimConfig {
+            // Slow calls widen the window an early report would fall into.
+            latency: Some(std::time::Duration::from_millis(2)),
+            ..SimConfig::default()
+        };
+        let disk = SimDisk::new(dir.path(), seed, cfg);
+        {
+            let store = Store::open_with_vfs(dir.path(), disk.vfs()).expect("open");
+            let mut log = LogStore::open(&store, SyncPolicy::Always).expect("log");
+            // Returns once the callback has fired.
+            log.blocking_append((1..=3).map(|i| entry(1, i)))
+                .await
+                .expect("append");
+            disk.power_loss();
+            // Wait for the old store to let go of the directory (its flush task may hold it).
+            let alive = log.liveness();
+            drop(log);
+            while alive.strong_count() > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+        let store = Store::open_with_vfs(dir.path(), disk.vfs()).expect("reopen");
+        let mut log = LogStore::open(&store, SyncPolicy::Always).expect("log");
+        let state = log.get_log_state().await.expect("state");
+        assert_eq!(state.last_log_id, Some(log_id(1, 3)), "seed {seed}");
+    }
+}
