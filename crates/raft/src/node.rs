@@ -82,6 +82,32 @@ impl NodeConfig {
         }
     }
 
+    /// From the `[cluster]` section: `node_id = 1`, `bind = "127.0.0.1:7001"`,
+    /// `peers = ["1=127.0.0.1:7001", "2=127.0.0.1:7002", "3=127.0.0.1:7003"]`.
+    pub fn from_cluster(
+        node_id: u64,
+        bind: &str,
+        peers: &[impl AsRef<str>],
+        data_dir: PathBuf,
+    ) -> Result<NodeConfig, ConsensusError> {
+        let bind = bind
+            .trim()
+            .parse::<SocketAddr>()
+            .map_err(|_| ConsensusError::Invalid(format!("bind {bind:?}: want HOST:PORT")))?;
+        let peers = peers
+            .iter()
+            .map(|p| NodeConfig::parse_peer(p.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if peers.is_empty() {
+            return Err(ConsensusError::Invalid(
+                "peers is empty: list the initial voters".into(),
+            ));
+        }
+        let config = NodeConfig::new(NodeId(node_id), bind, peers, data_dir);
+        config.validate()?;
+        Ok(config)
+    }
+
     /// Parses one `peers` item, `"2=127.0.0.1:7002"`.
     pub fn parse_peer(s: &str) -> Result<(NodeId, SocketAddr), ConsensusError> {
         let bad = || ConsensusError::Invalid(format!("peer {s:?}: want ID=HOST:PORT"));

@@ -327,6 +327,20 @@ fn a_peer_is_written_id_equals_address() {
     }
 }
 
+#[test]
+fn a_cluster_section_becomes_a_node_config() {
+    let peers = ["1=127.0.0.1:7001", "2=127.0.0.1:7002", "3=127.0.0.1:7003"];
+    let cfg = tern_raft::NodeConfig::from_cluster(2, "127.0.0.1:7002", &peers, "d".into())
+        .expect("valid");
+    assert_eq!(cfg.node_id, tern_raft::NodeId(2));
+    assert_eq!(cfg.peers.len(), 3);
+    let dup = ["1=127.0.0.1:7001", "1=127.0.0.1:7002"];
+    let none: [&str; 0] = [];
+    assert!(tern_raft::NodeConfig::from_cluster(1, "127.0.0.1:7001", &dup, "d".into()).is_err());
+    assert!(tern_raft::NodeConfig::from_cluster(1, "127.0.0.1:7001", &none, "d".into()).is_err());
+    assert!(tern_raft::NodeConfig::from_cluster(1, "localhost", &peers, "d".into()).is_err());
+}
+
 /// The whole cluster stopped and started again on its directories forms again by itself
 /// (nobody calls `initialize` twice) and goes on from its log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
