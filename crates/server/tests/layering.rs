@@ -53,6 +53,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("store", &["tern-topic"]),
     ("bench", &["tern-wire"]),
     ("broker", &["tern-wire", "tern-topic", "tern-store"]),
+    // Consensus sits on the store and below the broker (issue 23).
+    ("raft", &["tern-store"]),
 ];
 
 fn crates_dir() -> PathBuf {
@@ -182,6 +184,15 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             &["stream"],
             &["read", "kv"],
             &["store"],
+        ],
+    ),
+    (
+        "raft",
+        &[
+            &["error", "types"],
+            &["log_store", "state_machine", "network"],
+            &["node"],
+            &["consensus"],
         ],
     ),
 ];
