@@ -103,6 +103,7 @@ mod scan;
 mod shared;
 mod state;
 mod wake;
+mod wakers;
 mod writer;
 
 pub use config::{Discard, Limits, StreamConfig, SyncPolicy};
