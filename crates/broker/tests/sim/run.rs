@@ -96,9 +96,25 @@ fn broker_software(
 
 fn open_store(disk: &SimDisk, dir: &Path, config: &DurableConfig) -> Result<DurableStore, String> {
     // With stepped writers the old process's store is gone once its host crashed: no thread
-    // of it holds the lock.
-    DurableStore::open_with_vfs(dir, config.clone(), disk.vfs())
-        .map_err(|e| format!("store does not open: {e}"))
+    // of it holds the lock. With writer threads (`writer_threads`) they may take a moment.
+    let started = Instant::now();
+    loop {
+        match DurableStore::open_with_vfs(dir, config.clone(), disk.vfs()) {
+            Ok(s) => return Ok(s),
+            Err(e) if !writer_threads() || started.elapsed() > Duration::from_secs(5) => {
+                return Err(format!("store does not open: {e}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// `TERN_SIM_WRITER_THREADS` (`scripts/sim.sh --writer-threads`): the store runs its writer
+/// threads (real time) instead of stepped writers, as the first turmoil runner did. A seed
+/// is then no longer one execution (the threads' timing decides group commits and when a
+/// ticket completes), but a wake that only a thread can lose shows (finding 9).
+pub(super) fn writer_threads() -> bool {
+    super::super::env_flag("TERN_SIM_WRITER_THREADS")
 }
 
 /// The simulation and the controller's view of it.
@@ -254,7 +270,7 @@ impl SeedRun {
                 latency: None,
                 metadata_order: plan.metadata_order,
                 bugs: injected.store,
-                stepped_writers: true,
+                stepped_writers: !writer_threads(),
                 ..SimConfig::default()
             },
         );
