@@ -60,12 +60,22 @@ fn broker_software(
         Box::pin(async move {
             let store = Arc::new(open_store(&disk, &dir, &config)?);
             // The disk task: one writer turn per stream with work, every disk tick. It runs
-            // on the broker host, so a crash stops it with everything else.
+            // on the broker host, so a crash stops it with everything else. With writer
+            // threads it flushes every stream instead: the threads complete tickets while the
+            // tasks run, but virtual time cannot run ahead of them (a thread the machine left
+            // unscheduled for a few real milliseconds would otherwise let whole seconds of
+            // virtual time pass, and an interval sync's timer runs in real time).
             let writers = store.clone();
+            let threads = writer_threads();
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(disk_tick).await;
-                    writers.step_writers();
+                    if threads {
+                        let streams = writers.streams().chain(writers.state_streams());
+                        streams.for_each(|s| drop(s.flush()));
+                    } else {
+                        writers.step_writers();
+                    }
                 }
             });
             let broker =
