@@ -64,9 +64,10 @@ fn broker_software(
             // threads it flushes every stream instead: the threads complete tickets while the
             // tasks run, but virtual time cannot run ahead of them (a thread the machine left
             // unscheduled for a few real milliseconds would otherwise let whole seconds of
-            // virtual time pass, and an interval sync's timer runs in real time).
+            // virtual time pass, and an interval sync's timer runs in real time). The flush
+            // also hides finding 9 (docs/simulation.md), which `--writer-threads-raw` shows.
             let writers = store.clone();
-            let threads = writer_threads();
+            let threads = writer_threads() && !writer_threads_raw();
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(disk_tick).await;
@@ -120,11 +121,20 @@ fn open_store(disk: &SimDisk, dir: &Path, config: &DurableConfig) -> Result<Dura
 }
 
 /// `TERN_SIM_WRITER_THREADS` (`scripts/sim.sh --writer-threads`): the store runs its writer
-/// threads (real time) instead of stepped writers, as the first turmoil runner did. A seed
-/// is then no longer one execution (the threads' timing decides group commits and when a
-/// ticket completes), but a wake that only a thread can lose shows (finding 9).
+/// threads instead of stepped writers, as the first turmoil runner did (the disk task
+/// flushes every stream each tick, see `broker_software`). A seed is then no longer one
+/// execution (the threads' timing decides group commits and when a ticket completes), but
+/// tickets complete while the tasks run, as in production (finding 9).
 pub(super) fn writer_threads() -> bool {
     super::super::env_flag("TERN_SIM_WRITER_THREADS")
+}
+
+/// `TERN_SIM_WRITER_THREADS=raw` (`scripts/sim.sh --writer-threads-raw`): writer threads
+/// without the flush at each disk tick, as the runner where finding 9 showed. Virtual time
+/// can then run ahead of the threads (interval-sync seeds stall: the harness's), and seed 718
+/// shows finding 9's symptom in about a third of its runs.
+fn writer_threads_raw() -> bool {
+    std::env::var("TERN_SIM_WRITER_THREADS").is_ok_and(|v| v == "raw")
 }
 
 /// The simulation and the controller's view of it.
