@@ -172,7 +172,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "store",
         &[
-            &["error", "filter", "histogram", "vfs"],
+            &["error", "filter", "histogram", "vfs", "wakers"],
             &["config", "lockfile", "queue", "sim"],
             &["format"],
             &["record", "scan"],

@@ -153,8 +153,9 @@ impl MessageLog for DurableStore {
         self.prune_releasing(&mut releasing);
         let (&(stream, seq), _) = releasing.iter().rev().find(|(_, entry)| **entry == who)?;
         let slot = self.slots.get(usize::from(stream))?;
-        // Its own ticket: one waiter per seq besides the first PUBREL's, which is gone or on
-        // this same connection (the store keeps one waker per seq).
+        // Its own `rel` record's ticket. (A first version waited on the stream's last record
+        // and lost wakes while the store kept one waker per seq, finding 17; since finding
+        // 9's fix every task waiting on a seq is woken.)
         Some(Ticket::from_store(slot.stream.ticket_for(seq)))
     }
 
