@@ -65,10 +65,10 @@ pub use durable::{
     SessionLimits, StreamSpec,
 };
 pub use model::{
-    ActionError, CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, Message, MessageLog,
-    OutboundSent, PersistError, Persistence, Recovered, Recovery, RetainedStore, SessionStore,
-    StoreAdmin, StoreRef, StoredGroup, StoredInflight, StoredSession, StoredWill, StreamStats,
-    SubRecord, Ticket, TicketCompleter, WillStore, WriterWakes,
+    ActionError, Appended, CursorStore, DurableMark, ExchangeStore, FullStore, HeldSeqs,
+    MemoryStore, Message, MessageLog, OutboundSent, PersistError, Persistence, Recovered, Recovery,
+    RetainedStore, SessionStore, StoreAdmin, StoreRef, StoredGroup, StoredInflight, StoredSession,
+    StoredWill, StreamStats, SubRecord, Ticket, TicketCompleter, WillStore, WriterWakes,
 };
 pub use tern_store::{Limits, StreamConfig, SyncPolicy};
 pub use transport::{

@@ -18,8 +18,8 @@ use common::*;
 use parking_lot::Mutex;
 use tern_broker::Message;
 use tern_broker::{
-    Broker, MemoryStore, MessageLog, PersistError, Persistence, RetainedStore, SessionStore,
-    Ticket, TicketCompleter, WriterWakes,
+    Appended, Broker, MemoryStore, MessageLog, PersistError, Persistence, RetainedStore,
+    SessionStore, Ticket, TicketCompleter, WriterWakes,
 };
 use tern_wire::{
     Packet, Properties, Protocol, QoS, ReasonCode, Subscribe, SubscriptionOptions, Unsubscribe,
@@ -76,9 +76,11 @@ impl MessageLog for HandStore {
     fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         MemoryStore.qos2_release_retry(client_id, packet_id)
     }
-    fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
+    fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Appended> {
         if m.topic().starts_with("w/") {
-            return self.hold(Write::Publish(m.topic().to_string()));
+            return self
+                .hold(Write::Publish(m.topic().to_string()))
+                .map(Appended::unplaced);
         }
         None
     }
@@ -452,7 +454,12 @@ mod durable {
         durable(store.retained_changed("sensors/r", None)).await;
         assert!(retained.metrics().syncs >= 1, "{:?}", retained.metrics());
         let m = msg("sensors/t", b"1", QoS::AtLeastOnce, false);
-        durable(store.append_publish("pub", &m, None)).await;
+        durable(
+            store
+                .append_publish("pub", &m, None)
+                .map(|a| a.record_on(&m)),
+        )
+        .await;
         let first = store.streams().next().unwrap();
         assert_eq!(first.name(), "fast");
         assert_eq!(
@@ -483,11 +490,21 @@ mod durable {
         let names: Vec<&str> = store.streams().map(|s| s.name()).collect();
         assert_eq!(names, vec!["fast", "messages"]);
         let m = msg("other/x", b"1", QoS::AtLeastOnce, false);
-        durable(store.append_publish("pub", &m, None)).await;
+        durable(
+            store
+                .append_publish("pub", &m, None)
+                .map(|a| a.record_on(&m)),
+        )
+        .await;
         assert_eq!(m.store_ref().map(|r| r.stream), Some(1));
         // `$` topics, which `#` would not capture, too.
         let m = msg("$app/x", b"1", QoS::AtLeastOnce, false);
-        durable(store.append_publish("pub", &m, None)).await;
+        durable(
+            store
+                .append_publish("pub", &m, None)
+                .map(|a| a.record_on(&m)),
+        )
+        .await;
         assert_eq!(m.store_ref().map(|r| r.stream), Some(1));
     }
 

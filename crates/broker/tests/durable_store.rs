@@ -57,14 +57,30 @@ async fn a_second_run_recovers_what_the_first_wrote() {
         assert!(
             store
                 .append_publish("pub", &msg("a/0", b"q0", QoS::AtMostOnce, false), None)
+                .map(|a| a.ticket)
                 .is_none()
         );
         let m1 = msg("a/1", b"one", QoS::AtLeastOnce, false);
-        durable(store.append_publish("pub", &m1, None)).await;
+        durable(
+            store
+                .append_publish("pub", &m1, None)
+                .map(|a| a.record_on(&m1)),
+        )
+        .await;
         let m2 = msg("a/2", b"two", QoS::ExactlyOnce, false);
-        durable(store.append_publish("pub", &m2, Some(11))).await;
+        durable(
+            store
+                .append_publish("pub", &m2, Some(11))
+                .map(|a| a.record_on(&m2)),
+        )
+        .await;
         let m3 = msg("a/3", b"three", QoS::ExactlyOnce, false);
-        durable(store.append_publish("pub", &m3, Some(12))).await;
+        durable(
+            store
+                .append_publish("pub", &m3, Some(12))
+                .map(|a| a.record_on(&m3)),
+        )
+        .await;
         // pi 11 released; 12 still awaits its PUBREL.
         durable(store.qos2_released("pub", 11)).await;
         // "sub" got m2 and sent PUBREC: PUBREL pending, never the PUBLISH again.
@@ -119,7 +135,12 @@ async fn outbound_exchanges_resume_under_their_packet_ids() {
         let topics = ["a/1", "a/2", "a/3", "a/4"];
         for (topic, payload) in topics.into_iter().zip([&b"m1"[..], b"m2", b"m3", b"m4"]) {
             let m = msg(topic, payload, QoS::ExactlyOnce, false);
-            durable(store.append_publish("pub", &m, None)).await;
+            durable(
+                store
+                    .append_publish("pub", &m, None)
+                    .map(|a| a.record_on(&m)),
+            )
+            .await;
             store.message_released(&m);
             stored.push(m.store_ref().unwrap());
         }
@@ -162,8 +183,12 @@ async fn an_ended_session_leaves_nothing_behind() {
         let store = DurableStore::open(dir.path(), DurableConfig::default()).unwrap();
         store.session_opened("gone", Protocol::V5, 60, true);
         store.session_subscribed("gone", "x", opts(QoS::AtLeastOnce), None);
-        durable(store.append_publish("gone", &msg("x", b"1", QoS::ExactlyOnce, false), Some(1)))
-            .await;
+        durable(
+            store
+                .append_publish("gone", &msg("x", b"1", QoS::ExactlyOnce, false), Some(1))
+                .map(|a| a.ticket),
+        )
+        .await;
         store.session_ended("gone");
         // The same client id later starts afresh: the old received set is void.
         store.session_opened("gone", Protocol::V5, 60, true);
@@ -193,7 +218,9 @@ async fn checkpoint_floors_never_pass_what_is_not_durable() {
     };
     let store = DurableStore::open(dir.path(), config).unwrap();
     let first = msg("a/1", b"one", QoS::AtLeastOnce, false);
-    let ticket = store.append_publish("pub", &first, None);
+    let ticket = store
+        .append_publish("pub", &first, None)
+        .map(|a| a.record_on(&first));
     assert!(ticket.is_some());
     // Routed at once (QoS 1), but the hour-long sync interval keeps it from being durable.
     store.message_released(&first);
@@ -216,7 +243,12 @@ async fn a_live_exchange_below_the_cursor_is_stale_at_start_up() {
         store.session_opened("sub", Protocol::V5, 300, true);
         store.session_subscribed("sub", "a/#", opts(QoS::ExactlyOnce), None);
         let m = msg("a/1", b"old", QoS::ExactlyOnce, false);
-        durable(store.append_publish("pub", &m, None)).await;
+        durable(
+            store
+                .append_publish("pub", &m, None)
+                .map(|a| a.record_on(&m)),
+        )
+        .await;
         store.message_released(&m);
         // Its record says "sent under 9", but the cursor was written past it.
         durable(

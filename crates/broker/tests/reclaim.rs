@@ -43,7 +43,7 @@ async fn durable(t: Option<tern_broker::Ticket>) {
 
 /// Publishes and routes (releases) one message; QoS 2 with its packet id.
 async fn publish(store: &DurableStore, m: &Message, qos2: Option<u16>) {
-    durable(store.append_publish("pub", m, qos2)).await;
+    durable(store.append_publish("pub", m, qos2).map(|a| a.record_on(m))).await;
     store.message_released(m);
 }
 

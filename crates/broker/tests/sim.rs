@@ -120,6 +120,14 @@ fn run_seeds(seeds: &[u64], bug: Option<&str>, stop_at_first: bool) -> (usize, O
         (env_flag("TERN_SIM_GROUPS"), " --groups"),
         (env_flag("TERN_SIM_RETENTION"), " --retention"),
         (env_flag("TERN_SIM_ALL"), " --all"),
+        (
+            env_flag("TERN_SIM_WRITER_THREADS"),
+            if std::env::var("TERN_SIM_WRITER_THREADS").is_ok_and(|v| v == "raw") {
+                " --writer-threads-raw"
+            } else {
+                " --writer-threads"
+            },
+        ),
     ] {
         if on {
             flags.push_str(flag);

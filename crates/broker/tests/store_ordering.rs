@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::*;
 use tern_broker::Message;
 use tern_broker::{
-    Broker, ExchangeStore, MemoryStore, MessageLog, OutboundSent, PersistError, Persistence,
-    StoreRef, Ticket, WriterWakes,
+    Appended, Broker, ExchangeStore, MemoryStore, MessageLog, OutboundSent, PersistError,
+    Persistence, StoreRef, Ticket, WriterWakes,
 };
 use tern_wire::{Packet, QoS, ReasonCode};
 use tokio::net::TcpListener;
@@ -40,12 +40,12 @@ impl MessageLog for SlowStore {
     fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         MemoryStore.qos2_release_retry(client_id, packet_id)
     }
-    fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
+    fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Appended> {
         // Durability `default`: QoS 0 is not written.
         if m.qos() == QoS::AtMostOnce {
             return None;
         }
-        self.ticket()
+        self.ticket().map(Appended::unplaced)
     }
     fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         MemoryStore.qos2_retry(client_id, packet_id)
@@ -140,7 +140,7 @@ impl MessageLog for ScriptedStore {
     fn qos2_release_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         MemoryStore.qos2_release_retry(client_id, packet_id)
     }
-    fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Ticket> {
+    fn append_publish(&self, _: &str, m: &Message, _: Option<u16>) -> Option<Appended> {
         if m.qos() == QoS::AtMostOnce {
             return None;
         }
@@ -156,7 +156,7 @@ impl MessageLog for ScriptedStore {
                 Ok(())
             });
         });
-        Some(ticket)
+        Some(Appended::unplaced(ticket))
     }
     fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         MemoryStore.qos2_retry(client_id, packet_id)

@@ -1,5 +1,6 @@
 //! Store benchmarks: append throughput under each sync policy and window of outstanding
-//! appends, and expiry by age over whole blocks (100k vs 1M records).
+//! appends, the same with tickets polled as futures, and expiry by age over whole blocks
+//! (100k vs 1M records).
 //! Run: `cargo bench -p tern-store --bench store`. The 1 GiB recovery figure comes from
 //! `cargo run --release -p tern-store --example recovery_1gib`.
 
@@ -107,6 +108,78 @@ fn appends(c: &mut Criterion) {
     g.finish();
 }
 
+/// Wakes the benchmark's thread (a `Ticket` polled as a future, as the broker's tasks do).
+struct Unpark(std::thread::Thread);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Polls `t` from the thread's task until it completes, parking between wakes.
+fn poll_until_done(t: &mut tern_store::Ticket, cx: &mut std::task::Context<'_>) {
+    use std::future::Future;
+    while std::pin::Pin::new(&mut *t).poll(cx).is_pending() {
+        std::thread::park();
+    }
+}
+
+/// The ticket's async path (simulation finding 9): every append's ticket polled once while
+/// pending, which registers its waker with the stream, and the oldest awaited by polling.
+/// `never` keeps the fdatasync out, so the waker bookkeeping is a visible share of the cost.
+fn polled_tickets(c: &mut Criterion) {
+    let mut g = c.benchmark_group("polled");
+    g.warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(2));
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(1));
+    for &(name, sync, window) in &[
+        ("never/256", SyncPolicy::Never, 256usize),
+        ("always/16", SyncPolicy::Always, 16),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let s = store
+            .stream(
+                "p",
+                StreamConfig {
+                    sync,
+                    limits: Limits {
+                        max_bytes: Some(256 << 20),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+        g.bench_function(BenchmarkId::new("64B", name), |b| {
+            b.iter_custom(|iters| {
+                use std::future::Future;
+                let mut cx = std::task::Context::from_waker(&waker);
+                let payload = [0xabu8; 64];
+                let mut pending = VecDeque::with_capacity(window);
+                let start = Instant::now();
+                for _ in 0..iters {
+                    if pending.len() == window {
+                        let mut t: tern_store::Ticket = pending.pop_front().unwrap();
+                        poll_until_done(&mut t, &mut cx);
+                    }
+                    let mut t = s.append(b"bench/topic", b"", &payload).unwrap();
+                    let _ = std::pin::Pin::new(&mut t).poll(&mut cx);
+                    pending.push_back(t);
+                }
+                for mut t in pending {
+                    poll_until_done(&mut t, &mut cx);
+                }
+                start.elapsed()
+            });
+        });
+    }
+    g.finish();
+}
+
 /// A stream of `n` old records in sealed blocks plus one fresh record.
 fn expiry_setup(n: u64, payload_bytes: usize) -> (tempfile::TempDir, Store, tern_store::Stream) {
     let dir = tempfile::tempdir().unwrap();
@@ -191,5 +264,5 @@ fn baseline(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, baseline, appends, expiry);
+criterion_group!(benches, baseline, appends, polled_tickets, expiry);
 criterion_main!(benches);

@@ -1,24 +1,9 @@
-//! MQTT topic filter matching (`+` one level, `#` the rest), kept local so the store
-//! depends on no other crate of ours. Topics beginning with `$` never match a filter
-//! that begins with a wildcard (MQTT-4.7.2-1).
+//! Sets of MQTT topic filters for reads by filter. The matching rule itself is tern-topic's
+//! (`+` one level, `#` the rest, `$` topics never matching a leading wildcard, MQTT-4.7.2-1):
+//! one implementation of the rule for the broker, its ACL and the store.
 
 /// True if `topic` matches `filter`. Filters are taken as given (not validated here).
-pub fn topic_matches(filter: &[u8], topic: &[u8]) -> bool {
-    if topic.first() == Some(&b'$') && matches!(filter.first(), Some(b'+') | Some(b'#')) {
-        return false;
-    }
-    let mut f = filter.split(|&b| b == b'/');
-    let mut t = topic.split(|&b| b == b'/');
-    loop {
-        match (f.next(), t.next()) {
-            (Some(b"#"), _) => return true,
-            (Some(b"+"), Some(_)) => {}
-            (Some(fl), Some(tl)) if fl == tl => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
+pub use tern_topic::filter_matches_bytes as topic_matches;
 
 /// A set of filters; empty means "everything".
 #[derive(Debug, Clone, Default)]

@@ -7,7 +7,8 @@
 //! lines before it (`crates/server/tests/layering.rs` holds the same order and enforces it).
 //! - [`error`]; [`filter`]: MQTT matching; [`histogram`]: the writer's fsync latency and
 //!   batch size histograms; [`vfs`]: the file abstraction (real and fault-injecting, and the
-//!   test-only bug switches a simulated disk hands the store).
+//!   test-only bug switches a simulated disk hands the store); `wakers`: the wakers of the
+//!   tasks waiting on pending tickets, several per sequence, bounded.
 //! - [`config`]: block size, sync policy, retention limits; `lockfile`: the directory's lock;
 //!   `queue`: the bounded hand-off from appenders to the writer; `sim` (feature `sim` only):
 //!   the simulated disk (page cache, power loss, EIO), a `Vfs`.
@@ -103,6 +104,7 @@ mod scan;
 mod shared;
 mod state;
 mod wake;
+mod wakers;
 mod writer;
 
 pub use config::{Discard, Limits, StreamConfig, SyncPolicy};

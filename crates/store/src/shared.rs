@@ -7,7 +7,7 @@
 //! - `durable_seq` only grows, and only the writer stores it (one turn at a time).
 //! - Once `failed` is set it is never cleared; the stream must be reopened.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -21,6 +21,7 @@ use crate::queue::Queue;
 use crate::queue::Removed;
 use crate::state::State;
 use crate::vfs::Vfs;
+use crate::wakers::WakerSet;
 
 /// What `Shared` needs of a writer whose turns its callers run (stepped writers,
 /// `Vfs::stepped_writers`). The writer holds an `Arc<Shared>` and sits above this module, so
@@ -80,8 +81,10 @@ pub(crate) struct Shared {
     pub retention_floor: AtomicU64,
     pub failed: AtomicBool,
     pub failure: Mutex<Option<String>>,
-    /// One waker per pending ticket that was polled, by sequence (a sequence has one ticket).
-    wakers: Mutex<BTreeMap<u64, Waker>>,
+    /// The wakers of the tasks that polled a pending ticket, by sequence: every task that
+    /// polls one record's tickets is kept (`wakers` module; finding 9).
+    wakers: Mutex<WakerSet>,
+    /// `wakers.len()`, read without the lock by the writer (no lock when nobody polls).
     waker_count: AtomicUsize,
     done_lock: Mutex<()>,
     done_cv: Condvar,
@@ -131,7 +134,7 @@ impl Shared {
             retention_floor: AtomicU64::new(retention_floor),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
-            wakers: Mutex::new(BTreeMap::new()),
+            wakers: Mutex::new(WakerSet::default()),
             waker_count: AtomicUsize::new(0),
             done_lock: Mutex::new(()),
             done_cv: Condvar::new(),
@@ -204,30 +207,32 @@ impl Shared {
         self.rejected_count.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Keeps `waker` to be woken when `seq` completes, beside the wakers of any other task
+    /// waiting on it. At the bound (`MAX_WAKERS_PER_STREAM`) every waker held is woken at
+    /// once: their tasks poll again, and re-register if still pending.
     pub fn register_waker(&self, seq: u64, waker: &Waker) {
-        let mut w = lock(&self.wakers);
-        match w.get_mut(&seq) {
-            Some(old) if old.will_wake(waker) => {}
-            Some(old) => *old = waker.clone(),
-            None => {
-                w.insert(seq, waker.clone());
-            }
+        let evicted = {
+            let mut w = lock(&self.wakers);
+            let evicted = w.register(seq, waker);
+            self.waker_count.store(w.len(), Ordering::SeqCst);
+            evicted
+        };
+        if let Some(early) = evicted {
+            early.wake();
         }
-        self.waker_count.store(w.len(), Ordering::SeqCst);
     }
 
     /// Publishes a new durable sequence and wakes the tickets it completes.
     pub fn publish_durable(&self, seq: u64) {
         self.durable_seq.fetch_max(seq, Ordering::SeqCst);
         if self.waker_count.load(Ordering::SeqCst) > 0 {
-            let ready: BTreeMap<u64, Waker> = {
+            let ready = {
                 let mut w = lock(&self.wakers);
-                let pending = w.split_off(&seq.saturating_add(1));
-                let ready = std::mem::replace(&mut *w, pending);
+                let ready = w.take_through(seq);
                 self.waker_count.store(w.len(), Ordering::SeqCst);
                 ready
             };
-            ready.into_values().for_each(Waker::wake);
+            ready.wake();
         }
         if self.blocked.load(Ordering::SeqCst) > 0 {
             let _g = lock(&self.done_lock);
@@ -236,9 +241,12 @@ impl Shared {
     }
 
     fn wake_all(&self) {
-        let all = std::mem::take(&mut *lock(&self.wakers));
-        self.waker_count.store(0, Ordering::SeqCst);
-        all.into_values().for_each(Waker::wake);
+        let all = {
+            let mut w = lock(&self.wakers);
+            self.waker_count.store(0, Ordering::SeqCst);
+            std::mem::take(&mut *w)
+        };
+        all.wake();
         let _g = lock(&self.done_lock);
         self.done_cv.notify_all();
     }

@@ -1,7 +1,8 @@
 //! tern-topic: MQTT topic names, topic filters, the subscription trie and `$share` groups.
 //!
 //! The broker calls into this crate on every SUBSCRIBE, UNSUBSCRIBE and PUBLISH. It is a
-//! leaf: no I/O, no async, no other Tern crate.
+//! leaf: no I/O, no async, no other Tern crate. The store uses its matcher
+//! ([`filter_matches_bytes`]): one implementation of the rule.
 //!
 //! - [`validate`]: spec checks for topic names, filters and `$share/{ShareName}/{filter}`,
 //!   the `$`-topic rule, and [`filter_matches`], the one-filter reference matcher.
@@ -46,6 +47,6 @@ pub use shared::SharedGroup;
 pub use trie::{DEFAULT_MAX_FILTER_LEVELS, DEFAULT_MAX_SUBSCRIPTIONS, Match, SubscriptionTrie};
 pub use validate::{
     FilterKind, FilterKindError, MAX_TOPIC_BYTES, SHARE_PREFIX, classify_filter, filter_matches,
-    is_sys_topic, parse_shared_filter, validate_share_name, validate_topic_filter,
-    validate_topic_name,
+    filter_matches_bytes, is_sys_topic, parse_shared_filter, validate_share_name,
+    validate_topic_filter, validate_topic_name,
 };

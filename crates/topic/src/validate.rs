@@ -175,16 +175,23 @@ pub fn is_sys_topic(topic: &str) -> bool {
 /// any number of child levels; a filter starting with a wildcard does not match a topic
 /// starting with `$` [MQTT-4.7.2-1]. Useful for retained messages (one topic, many filters
 /// would use the trie; one filter, many topics uses this) and as the oracle for the trie.
+#[inline]
 pub fn filter_matches(filter: &str, topic: &str) -> bool {
-    if is_sys_topic(topic) && (filter.starts_with('+') || filter.starts_with('#')) {
+    filter_matches_bytes(filter.as_bytes(), topic.as_bytes())
+}
+
+/// [`filter_matches`] on raw bytes, for the store, which keeps topics as bytes. The same rule:
+/// `/` is ASCII, so splitting UTF-8 on it byte by byte splits at the same places.
+pub fn filter_matches_bytes(filter: &[u8], topic: &[u8]) -> bool {
+    if topic.first() == Some(&b'$') && matches!(filter.first(), Some(b'+' | b'#')) {
         return false;
     }
-    let mut filter_levels = filter.split('/');
-    let mut topic_levels = topic.split('/');
+    let mut filter_levels = filter.split(|&b| b == b'/');
+    let mut topic_levels = topic.split(|&b| b == b'/');
     loop {
         match (filter_levels.next(), topic_levels.next()) {
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
+            (Some(b"#"), _) => return true,
+            (Some(b"+"), Some(_)) => {}
             (Some(f), Some(t)) if f == t => {}
             (None, None) => return true,
             _ => return false,

@@ -59,72 +59,15 @@ impl Conn {
         // Everything this connection will ever route is out: the next connection of this
         // client, waiting in its handshake, may start (`close::await_predecessor`).
         self.ctl.set_routed();
-        let final_reason = match close {
-            Close::Protocol(reason) => Some(reason),
-            Close::KeepAlive => Some(ReasonCode::KEEP_ALIVE_TIMEOUT),
-            Close::Kicked(reason) if reason != ReasonCode::UNSPECIFIED_ERROR => Some(reason),
-            Close::Shutdown => Some(ReasonCode::SERVER_SHUTTING_DOWN),
-            _ => None,
-        };
-        let final_packet = final_reason
-            .filter(|_| self.protocol.is_v5())
-            .and_then(|reason| {
-                // A reason string is allowed on DISCONNECT whatever Request Problem
-                // Information says, but never at the cost of the client's Maximum Packet Size.
-                let mut packet = Packet::Disconnect(Disconnect {
-                    reason,
-                    properties: tern_wire::PropertyValues {
-                        reason_string: reason_string(reason).map(Str::from_static),
-                        ..tern_wire::PropertyValues::default()
-                    }
-                    .into(),
-                });
-                let too_big = encoded_len(&packet, self.protocol)
-                    .map_or(true, |len| len > self.client_max_packet_size_bytes as usize);
-                if too_big {
-                    packet = Packet::Disconnect(Disconnect {
-                        reason,
-                        properties: Properties::default(),
-                    });
-                }
-                encode_packet(&packet, self.protocol, &mut bytes::BytesMut::new())
-            });
+        let final_packet = self.final_disconnect(close);
         // The control packets still queued for this connection (a CONNACK it never got to
         // write, MQTT-3.2.0-1; acks and SUBACKs before the last acks) go first; a takeover's
         // new connection owns the queue once it attached.
-        let mut queued = {
-            let mut state = self.session.state.lock();
-            if state.conn_gen == self.conn_gen {
-                state.out.take_control()
-            } else {
-                Vec::new()
-            }
-        };
+        let mut queued = self.take_queued_control();
         queued.extend(last_acks);
         let final_packet = ahead_of(queued, final_packet);
         let has_final_packet = final_packet.is_some();
-        let send_will = match close {
-            Close::ClientDisconnect { send_will } => Some(send_will),
-            // The server closes the connection: its will is still owed (v5 §3.1.2.5), but the
-            // broker is going away. Its durable record stays as it is, "connection open", so
-            // the next start publishes it as it does after a crash.
-            Close::Shutdown => None,
-            Close::Lost | Close::Protocol(_) | Close::KeepAlive | Close::Kicked(_) => Some(true),
-        };
-        if let Some(will) = self.will.take() {
-            match send_will {
-                Some(true) => will::trigger(
-                    &self.shared,
-                    &self.session,
-                    self.conn_gen,
-                    &will,
-                    self.will_token,
-                ),
-                // MQTT-3.1.2-10: removed from the session state, durably.
-                Some(false) => will::cancel(&self.shared, &self.session.client_id, self.will_token),
-                None => {}
-            }
-        }
+        self.settle_will(close);
         // The session is released before the last writes: a client that does not read must
         // not hold the session (or its will) hostage.
         registry::detach(&self.shared, &self.session, self.conn_gen);
@@ -147,6 +90,78 @@ impl Conn {
                 | Close::Kicked(ReasonCode::UNSPECIFIED_ERROR)
         );
         broker_started && shut_down == Ok(true)
+    }
+
+    /// The DISCONNECT a v5 client gets for a close the broker started, encoded; `None` for a
+    /// 3.1.1 client (no DISCONNECT from a server) or a close the client started.
+    fn final_disconnect(&self, close: Close) -> Option<bytes::Bytes> {
+        let reason = match close {
+            Close::Protocol(reason) => reason,
+            Close::KeepAlive => ReasonCode::KEEP_ALIVE_TIMEOUT,
+            Close::Kicked(reason) if reason != ReasonCode::UNSPECIFIED_ERROR => reason,
+            Close::Shutdown => ReasonCode::SERVER_SHUTTING_DOWN,
+            _ => return None,
+        };
+        if !self.protocol.is_v5() {
+            return None;
+        }
+        // A reason string is allowed on DISCONNECT whatever Request Problem Information says,
+        // but never at the cost of the client's Maximum Packet Size.
+        let mut packet = Packet::Disconnect(Disconnect {
+            reason,
+            properties: tern_wire::PropertyValues {
+                reason_string: reason_string(reason).map(Str::from_static),
+                ..tern_wire::PropertyValues::default()
+            }
+            .into(),
+        });
+        let too_big = encoded_len(&packet, self.protocol)
+            .map_or(true, |len| len > self.client_max_packet_size_bytes as usize);
+        if too_big {
+            packet = Packet::Disconnect(Disconnect {
+                reason,
+                properties: Properties::default(),
+            });
+        }
+        encode_packet(&packet, self.protocol, &mut bytes::BytesMut::new())
+    }
+
+    /// The control packets still queued for this connection, unless a takeover's connection
+    /// owns the queue already.
+    fn take_queued_control(&self) -> Vec<bytes::Bytes> {
+        let mut state = self.session.state.lock();
+        if state.conn_gen == self.conn_gen {
+            state.out.take_control()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Publishes, cancels or keeps the will, as the way the connection ended says.
+    fn settle_will(&mut self, close: Close) {
+        let send_will = match close {
+            Close::ClientDisconnect { send_will } => Some(send_will),
+            // The server closes the connection: its will is still owed (v5 §3.1.2.5), but the
+            // broker is going away. Its durable record stays as it is, "connection open", so
+            // the next start publishes it as it does after a crash.
+            Close::Shutdown => None,
+            Close::Lost | Close::Protocol(_) | Close::KeepAlive | Close::Kicked(_) => Some(true),
+        };
+        let Some(will) = self.will.take() else {
+            return;
+        };
+        match send_will {
+            Some(true) => will::trigger(
+                &self.shared,
+                &self.session,
+                self.conn_gen,
+                &will,
+                self.will_token,
+            ),
+            // MQTT-3.1.2-10: removed from the session state, durably.
+            Some(false) => will::cancel(&self.shared, &self.session.client_id, self.will_token),
+            None => {}
+        }
     }
 }
 

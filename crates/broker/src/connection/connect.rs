@@ -17,7 +17,7 @@ use super::strict::{self, TopicRefusal};
 use super::{Conn, read::read_some};
 use crate::auth::{Access, AclView, Verdict, Who};
 use crate::engine::Shared;
-use crate::engine::registry::{self, AttachRequest};
+use crate::engine::registry::{self, AttachRequest, Attached};
 use crate::metrics::Metrics;
 use crate::model::Ticket;
 use crate::read_order::ReadSlot;
@@ -377,38 +377,14 @@ async fn accept<W: TransportWrite>(
     let protocol = connect.protocol;
     let (username, slot) = match admit(shared, &connect, &client).await {
         Ok(admitted) => admitted,
-        Err(Some(reason)) => {
-            return Err(Box::pin(reject(&mut writer, reader, protocol, reason)).await);
-        }
-        // 3.1.1 has no return code for a malformed CONNECT: closed without a CONNACK.
-        Err(None) => {
-            return Err(match writer.shutdown(reader).await {
-                Ok(()) => Refused::Answered,
-                Err(_) => Refused::Dropped,
-            });
-        }
+        Err(reason) => return Err(refuse(&mut writer, reader, protocol, reason).await),
     };
-    let terms = negotiate(shared, &connect);
+    let mut terms = negotiate(shared, &connect);
     // Before the read slot takes its ticket: no ticket may be held across this wait.
     super::close::await_predecessor(shared, &terms.client_id).await;
     // Before the CONNACK is queued: what the client sends once it has it is ordered from here.
     let read_slot = ReadSlot::new(shared.read_order.clone());
-    let attached = registry::attach(
-        shared,
-        AttachRequest {
-            client_id: &terms.client_id,
-            username: username.clone(),
-            protocol,
-            clean_start: connect.clean_start,
-            expiry_interval_s: terms.expiry_interval_s,
-            window: terms.window,
-            connack: ConnAck {
-                session_present: false,
-                reason: ReasonCode::SUCCESS,
-                properties: terms.properties,
-            },
-        },
-    );
+    let attached = attach(shared, &connect, &mut terms, username.clone());
     let will = connect.will.map(crate::engine::will::keep);
     // Replaces (or, without a will, deletes) the stored will of an earlier connection.
     let (will_token, will_written) =
@@ -461,6 +437,49 @@ async fn accept<W: TransportWrite>(
         terms.client_alias_maximum,
     );
     Ok((conn, (writer, writer_state, connack_after)))
+}
+
+/// Takes the session over (or makes it) with the negotiated terms; the CONNACK's properties
+/// go with the request.
+fn attach(
+    shared: &Arc<Shared>,
+    connect: &Connect,
+    terms: &mut Terms,
+    username: Option<Arc<str>>,
+) -> Attached {
+    registry::attach(
+        shared,
+        AttachRequest {
+            client_id: &terms.client_id,
+            username,
+            protocol: connect.protocol,
+            clean_start: connect.clean_start,
+            expiry_interval_s: terms.expiry_interval_s,
+            window: terms.window,
+            connack: ConnAck {
+                session_present: false,
+                reason: ReasonCode::SUCCESS,
+                properties: std::mem::take(&mut terms.properties),
+            },
+        },
+    )
+}
+
+/// Answers a CONNECT that `admit` refused: a refusing CONNACK, or (`None`: a malformed 3.1.1
+/// CONNECT, for which 3.1.1 has no return code) a close without one.
+async fn refuse<W: TransportWrite>(
+    writer: &mut W,
+    reader: &mut W::Io,
+    protocol: Protocol,
+    reason: Option<ReasonCode>,
+) -> Refused {
+    match reason {
+        Some(reason) => Box::pin(reject(writer, reader, protocol, reason)).await,
+        None => match writer.shutdown(reader).await {
+            Ok(()) => Refused::Answered,
+            Err(_) => Refused::Dropped,
+        },
+    }
 }
 
 /// The CONNECT's admission: its fields, the connect rate, its credentials, a connection place

@@ -61,16 +61,8 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
             if ended {
                 return Close::Lost;
             }
-            if self.buf.is_empty() {
-                // Also when its capacity is 0: a buffer split to its end still holds the read
-                // it came from (measured: the CONNECT's ~100 B on every idle connection).
-                self.buf = BytesMut::new();
-            }
+            self.after_dispatch(decoded);
             if decoded {
-                // For the keep-alive sweeper (`crate::state::keep_alive`): one store per read.
-                self.conn
-                    .ctl
-                    .touch(self.conn.shared.keep_alive.millis(self.conn.now));
                 // The writers this batch woke sit in this worker's LIFO slot, which the other
                 // worker cannot steal: without a yield a fast publisher starves them and their
                 // queues overflow (measured: 89% of QoS 0 dropped at 1 pub -> 1 sub; 0% after).
@@ -78,20 +70,11 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
             }
             // One outbound step per turn, before waiting: a connection that always has bytes
             // to read still writes (its acks), one that always has packets to write still reads.
-            let step = poll_fn(|cx| {
-                let env = OutEnv {
-                    config: &self.conn.shared.config,
-                    metrics: &self.conn.shared.metrics,
-                    store: &*self.conn.shared.store.exchanges,
-                    session: &self.conn.session,
-                    conn_gen: self.conn.conn_gen,
-                };
-                Poll::Ready(self.out.poll_step(cx, &env, &self.reader))
+            poll_fn(|cx| {
+                self.outbound_step(cx);
+                Poll::Ready(())
             })
             .await;
-            if let Poll::Ready(Err(WriteFailed)) = step {
-                self.conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
-            }
             if let Some(close) = self.conn.ended_from_outside() {
                 return close;
             }
@@ -122,6 +105,36 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
                     }
                 },
             }
+        }
+    }
+
+    /// What a dispatched read leaves behind: an emptied buffer gives its memory back, and a read
+    /// that decoded a packet tells the keep-alive sweeper (`crate::state::keep_alive`) with
+    /// one store.
+    fn after_dispatch(&mut self, decoded: bool) {
+        if self.buf.is_empty() {
+            // Also when its capacity is 0: a buffer split to its end still holds the read
+            // it came from (measured: the CONNECT's ~100 B on every idle connection).
+            self.buf = BytesMut::new();
+        }
+        if decoded {
+            self.conn
+                .ctl
+                .touch(self.conn.shared.keep_alive.millis(self.conn.now));
+        }
+    }
+
+    /// One step of the outbound half; a failed socket write ends the connection.
+    fn outbound_step(&mut self, cx: &mut Context<'_>) {
+        let env = OutEnv {
+            config: &self.conn.shared.config,
+            metrics: &self.conn.shared.metrics,
+            store: &*self.conn.shared.store.exchanges,
+            session: &self.conn.session,
+            conn_gen: self.conn.conn_gen,
+        };
+        if let Poll::Ready(Err(WriteFailed)) = self.out.poll_step(cx, &env, &self.reader) {
+            self.conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
         }
     }
 

@@ -231,6 +231,7 @@ impl Conn {
                 .store
                 .messages
                 .append_publish(&self.session.client_id, message, durable_rx)
+                .map(|appended| appended.record_on(message))
         } else {
             None
         };

@@ -51,6 +51,7 @@ async fn disk_budget_counts_written_messages_and_frees_with_removal() {
     while !store.disk_budget_reached("x", QoS::AtLeastOnce) {
         let mut ticket = store
             .append_publish("p", &msg("x", QoS::AtLeastOnce), None)
+            .map(|a| a.ticket)
             .expect("written");
         ticket.wait().await.unwrap();
         appended += 1;
@@ -132,14 +133,21 @@ async fn a_disk_measure_counts_the_messages_accepted_and_not_yet_written() {
         tokio::time::Instant::now(),
     );
     disk.hold_next_write_containing(&dir.path().join("streams"), b"HHHH");
-    let mut tickets = vec![store.append_publish("p", &held, None).expect("written")];
+    let mut tickets = vec![
+        store
+            .append_publish("p", &held, None)
+            .map(|a| a.record_on(&held))
+            .expect("written"),
+    ];
     assert!(
         disk.wait_held(std::time::Duration::from_secs(10)),
         "the write was not held"
     );
     // Past the budget, by the estimate of each append.
     while !store.disk_budget_reached("x", QoS::AtLeastOnce) {
-        let ticket = store.append_publish("p", &msg("x", QoS::AtLeastOnce), None);
+        let ticket = store
+            .append_publish("p", &msg("x", QoS::AtLeastOnce), None)
+            .map(|a| a.ticket);
         tickets.push(ticket.expect("written"));
         assert!(tickets.len() < 100, "budget never reached");
     }

@@ -436,7 +436,10 @@ mod tests {
             let store = open().unwrap();
             store.session_opened("sub", tern_wire::Protocol::V5, u32::MAX, true);
             let m = message();
-            let mut t = store.append_publish("pub", &m, None).unwrap();
+            let mut t = store
+                .append_publish("pub", &m, None)
+                .map(|a| a.record_on(&m))
+                .unwrap();
             t.wait().await.unwrap();
             let stored = m.store_ref().unwrap();
             store

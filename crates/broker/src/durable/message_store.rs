@@ -3,7 +3,7 @@
 //! share groups, wills, reclamation in their modules).
 
 use crate::hash::Map;
-use crate::model::WriterWakes;
+use crate::model::{Appended, WriterWakes};
 use std::sync::atomic::Ordering;
 
 use tern_store::NewRecord;
@@ -17,7 +17,7 @@ impl MessageLog for DurableStore {
         client_id: &str,
         message: &Message,
         qos2_packet_id: Option<u16>,
-    ) -> Option<Ticket> {
+    ) -> Option<Appended> {
         let (index, slot) = self.writes(&message.topic, message.qos)?;
         let mut meta = codec::Meta::new();
         codec::encode_meta(message, &mut meta);
@@ -57,7 +57,7 @@ impl MessageLog for DurableStore {
             Ok(ticket) => ticket,
             Err(error) => {
                 drop(unrouted);
-                return Some(Ticket::failed(io_error(error)));
+                return Some(Appended::unplaced(Ticket::failed(io_error(error))));
             }
         };
         if self.disk_budget.is_some() {
@@ -70,7 +70,6 @@ impl MessageLog for DurableStore {
         unrouted.next_seq = ticket.seq() + 1;
         drop(unrouted);
         let stream = index as u16;
-        let _ = message.stored.set(StoreRef { stream, seq });
         if let Some(packet_id) = qos2_packet_id {
             let rx_ref = StoreRef {
                 stream,
@@ -88,7 +87,10 @@ impl MessageLog for DurableStore {
             // Under the rx lock (see `reclaim`): limits never remove an open rx record.
             self.pin(rx_ref);
         }
-        Some(Ticket::from_store(ticket))
+        Some(Appended::at(
+            StoreRef { stream, seq },
+            Ticket::from_store(ticket),
+        ))
     }
 
     fn defer_writer_wakes(&self) -> WriterWakes {
@@ -151,8 +153,9 @@ impl MessageLog for DurableStore {
         self.prune_releasing(&mut releasing);
         let (&(stream, seq), _) = releasing.iter().rev().find(|(_, entry)| **entry == who)?;
         let slot = self.slots.get(usize::from(stream))?;
-        // Its own ticket: one waiter per seq besides the first PUBREL's, which is gone or on
-        // this same connection (the store keeps one waker per seq).
+        // Its own `rel` record's ticket. (A first version waited on the stream's last record
+        // and lost wakes while the store kept one waker per seq, finding 17; since finding
+        // 9's fix every task waiting on a seq is woken.)
         Some(Ticket::from_store(slot.stream.ticket_for(seq)))
     }
 

@@ -21,7 +21,10 @@ async fn publish(store: &DurableStore, topic: &'static str, n: usize) -> Vec<Sto
     let mut refs = Vec::with_capacity(n);
     for _ in 0..n {
         let m = msg(topic);
-        let mut ticket = store.append_publish("pub", &m, None).expect("appended");
+        let mut ticket = store
+            .append_publish("pub", &m, None)
+            .map(|a| a.record_on(&m))
+            .expect("appended");
         ticket.wait().await.expect("durable");
         store.message_released(&m);
         refs.push(m.store_ref().expect("stored"));

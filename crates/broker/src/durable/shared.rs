@@ -259,7 +259,7 @@ fn replay(
                 if message.qos == tern_wire::QoS::AtMostOnce {
                     continue;
                 }
-                let _ = message.stored.set(stored);
+                message.mark_stored(stored);
                 pending.push_back(message);
                 if pending.len() > max_pending {
                     pending.pop_front();

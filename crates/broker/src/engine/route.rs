@@ -125,6 +125,23 @@ fn deliver_with(
             first_kick,
         )
     };
+    count_push(shared, session, result, qos, online, first_kick);
+    if dropped_now > 0 {
+        shared.metrics.dropped_at_queue_limit(dropped_now);
+        note_dropped_oldest(session, dropped_oldest, dropped_now);
+    }
+}
+
+/// Counts (and logs, rate-limited) what a push into a session's queue did.
+#[inline]
+fn count_push(
+    shared: &Shared,
+    session: &Session,
+    result: PushResult,
+    qos: QoS,
+    online: bool,
+    first_kick: bool,
+) {
     match result {
         PushResult::Queued => {}
         PushResult::Dropped => {
@@ -157,10 +174,6 @@ fn deliver_with(
                 tracing::warn!(client_id = %session.client_id, "slow subscriber disconnected");
             }
         }
-    }
-    if dropped_now > 0 {
-        shared.metrics.dropped_at_queue_limit(dropped_now);
-        note_dropped_oldest(session, dropped_oldest, dropped_now);
     }
 }
 

@@ -2,7 +2,7 @@
 //! `sys_interval_s` seconds (0 disables). Also purges expired retained messages.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,6 +32,51 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// Where a `$SYS` topic's counter is.
+type Counter = fn(&Metrics) -> &AtomicU64;
+
+/// The `$SYS` topics that publish one counter as it stands.
+const COUNTERS: &[(&str, Counter)] = &[
+    ("$SYS/broker/clients/connected", |m| &m.clients_connected),
+    ("$SYS/broker/messages/dropped", |m| &m.messages_dropped),
+    ("$SYS/broker/messages/dropped/queue_limit", |m| {
+        &m.messages_dropped_queue_limit
+    }),
+    ("$SYS/broker/messages/dropped/memory_limit", |m| {
+        &m.messages_dropped_memory_limit
+    }),
+    ("$SYS/broker/messages/dropped/disk_budget", |m| {
+        &m.messages_dropped_disk_budget
+    }),
+    ("$SYS/broker/messages/inflight_exposed/retention", |m| {
+        &m.inflight_exposed_retention
+    }),
+    ("$SYS/broker/messages/refused/memory_limit", |m| {
+        &m.publishes_refused_memory_limit
+    }),
+    ("$SYS/broker/messages/refused/disk_budget", |m| {
+        &m.publishes_refused_disk_budget
+    }),
+    ("$SYS/broker/clients/refused/max_connections", |m| {
+        &m.connections_refused
+    }),
+    (
+        "$SYS/broker/clients/refused/listener_max_connections",
+        |m| &m.connections_refused_listener,
+    ),
+    ("$SYS/broker/clients/handshakes/failed", |m| {
+        &m.transport_handshakes_failed
+    }),
+    ("$SYS/broker/clients/closes/lingered", |m| {
+        &m.closes_lingered
+    }),
+    ("$SYS/broker/clients/closes/not_lingered", |m| {
+        &m.closes_not_lingered
+    }),
+    ("$SYS/broker/bytes/received", |m| &m.bytes_received),
+    ("$SYS/broker/bytes/sent", |m| &m.bytes_sent),
+];
+
 /// The current `(topic, value)` pairs.
 pub(crate) fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
     let m = &shared.metrics;
@@ -45,10 +90,6 @@ pub(crate) fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
         ),
         ("$SYS/broker/uptime", format!("{uptime_s} seconds")),
         (
-            "$SYS/broker/clients/connected",
-            Metrics::get(&m.clients_connected).to_string(),
-        ),
-        (
             "$SYS/broker/clients/total",
             shared.sessions.len().to_string(),
         ),
@@ -58,64 +99,8 @@ pub(crate) fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
         ),
         ("$SYS/broker/messages/sent", m.messages_sent().to_string()),
         (
-            "$SYS/broker/messages/dropped",
-            Metrics::get(&m.messages_dropped).to_string(),
-        ),
-        (
-            "$SYS/broker/messages/dropped/queue_limit",
-            Metrics::get(&m.messages_dropped_queue_limit).to_string(),
-        ),
-        (
-            "$SYS/broker/messages/dropped/memory_limit",
-            Metrics::get(&m.messages_dropped_memory_limit).to_string(),
-        ),
-        (
-            "$SYS/broker/messages/dropped/disk_budget",
-            Metrics::get(&m.messages_dropped_disk_budget).to_string(),
-        ),
-        (
-            "$SYS/broker/messages/inflight_exposed/retention",
-            Metrics::get(&m.inflight_exposed_retention).to_string(),
-        ),
-        (
-            "$SYS/broker/messages/refused/memory_limit",
-            Metrics::get(&m.publishes_refused_memory_limit).to_string(),
-        ),
-        (
-            "$SYS/broker/messages/refused/disk_budget",
-            Metrics::get(&m.publishes_refused_disk_budget).to_string(),
-        ),
-        (
             "$SYS/broker/messages/queued/bytes",
             m.queued.bytes.load(Ordering::Relaxed).to_string(),
-        ),
-        (
-            "$SYS/broker/clients/refused/max_connections",
-            Metrics::get(&m.connections_refused).to_string(),
-        ),
-        (
-            "$SYS/broker/clients/refused/listener_max_connections",
-            Metrics::get(&m.connections_refused_listener).to_string(),
-        ),
-        (
-            "$SYS/broker/clients/handshakes/failed",
-            Metrics::get(&m.transport_handshakes_failed).to_string(),
-        ),
-        (
-            "$SYS/broker/clients/closes/lingered",
-            Metrics::get(&m.closes_lingered).to_string(),
-        ),
-        (
-            "$SYS/broker/clients/closes/not_lingered",
-            Metrics::get(&m.closes_not_lingered).to_string(),
-        ),
-        (
-            "$SYS/broker/bytes/received",
-            Metrics::get(&m.bytes_received).to_string(),
-        ),
-        (
-            "$SYS/broker/bytes/sent",
-            Metrics::get(&m.bytes_sent).to_string(),
         ),
         (
             "$SYS/broker/subscriptions/count",
@@ -126,6 +111,11 @@ pub(crate) fn snapshot(shared: &Shared) -> Vec<(&'static str, String)> {
             shared.retained.read().len().to_string(),
         ),
     ];
+    values.extend(
+        COUNTERS
+            .iter()
+            .map(|(topic, counter)| (*topic, Metrics::get(counter(m)).to_string())),
+    );
     if let Some((used, budget)) = shared.store.admin.disk_usage() {
         values.push(("$SYS/broker/store/disk/bytes", used.to_string()));
         values.push(("$SYS/broker/store/disk/budget", budget.to_string()));

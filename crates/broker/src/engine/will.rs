@@ -157,6 +157,7 @@ fn store(shared: &Shared, client_id: &str, message: &Message) -> Option<crate::m
         .store
         .messages
         .append_publish(client_id, message, None)
+        .map(|appended| appended.record_on(message))
 }
 
 async fn wait_stored(ticket: &mut crate::model::Ticket, client_id: &str) {

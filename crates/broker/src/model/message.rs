@@ -39,8 +39,9 @@ pub struct Message {
     pub(crate) arrived_at: Instant,
     /// Client id of the publisher (for No Local); `None` for wills and `$SYS`.
     pub(crate) publisher: Option<Arc<str>>,
-    /// Where the store keeps it, once a write was issued for it.
-    pub(crate) stored: OnceLock<StoreRef>,
+    /// Where the store keeps it, once a write was issued for it: set once, by whoever issued
+    /// the write ([`Message::mark_stored`]), before the message is routed.
+    stored: OnceLock<StoreRef>,
     /// Routed to more than one subscriber (or held for many: retained, restored at start-up):
     /// deliveries share the template's bytes instead of each writing the message into its own
     /// batch.
@@ -120,9 +121,16 @@ impl Message {
             other.arrived_at,
         );
         if let Some(stored) = other.stored.get() {
-            let _ = copy.stored.set(*stored);
+            copy.mark_stored(*stored);
         }
         copy
+    }
+
+    /// Records where the store put this message (what [`crate::model::Appended`] reported, or
+    /// what recovery read). A message has one position: a second, different one is a bug.
+    pub(crate) fn mark_stored(&self, at: StoreRef) {
+        let first = *self.stored.get_or_init(|| at);
+        debug_assert_eq!(first, at, "a message is stored at one position");
     }
 
     /// The store position, if a write was issued for this message.

@@ -71,6 +71,44 @@ impl OutboundSent {
     }
 }
 
+/// What [`MessageLog::append_publish`] issued for one message: where it went, and the ticket
+/// that completes once it is durable.
+#[must_use = "the position must be recorded on the message and the ticket waited for"]
+pub struct Appended {
+    /// Where the message went, for a store that keeps positions (a test store may not; a
+    /// refused write has none). The caller records it on the message
+    /// ([`Appended::record_on`]) before routing it: cursors, exchanges and the unrouted set
+    /// name messages by it.
+    pub(crate) at: Option<StoreRef>,
+    /// Completes once the message (and the received record written with it) is durable; a
+    /// write refused when it was issued has a failed ticket ([`Ticket::failed`]).
+    pub ticket: Ticket,
+}
+
+impl Appended {
+    /// A write at `at`.
+    pub(crate) fn at(at: StoreRef, ticket: Ticket) -> Appended {
+        Appended {
+            at: Some(at),
+            ticket,
+        }
+    }
+
+    /// A write whose position the store does not report (test and wrapper stores), or one
+    /// refused at once.
+    pub fn unplaced(ticket: Ticket) -> Appended {
+        Appended { at: None, ticket }
+    }
+
+    /// Records the position on `message` and hands back the ticket to wait for.
+    pub fn record_on(self, message: &Message) -> Ticket {
+        if let Some(at) = self.at {
+            message.mark_stored(at);
+        }
+        self.ticket
+    }
+}
+
 /// What a persistent session holds per stream, for its cursor.
 pub type HeldSeqs = Vec<(u16, u64)>;
 
@@ -82,16 +120,18 @@ pub struct WriterWakes(pub Vec<tern_store::DeferWakes>);
 /// Inbound application messages and their QoS 2 records (ARCHITECTURE §2.4, §3).
 pub trait MessageLog: Send + Sync + 'static {
     /// An admitted inbound PUBLISH (any QoS). The store writes it if the stream it falls in
-    /// says so (durability `default`: QoS>0; `always`: every QoS; `never`: none) and then
-    /// returns the ticket; the message's position is set on it ([`Message::stored`]) before
-    /// this returns. `qos2_packet_id` is `Some` for QoS 2 of a persistent session: the same
-    /// write records "(session, pi) received", so both are durable or neither.
+    /// says so (durability `default`: QoS>0; `always`: every QoS; `never`: none) and returns
+    /// where it went and its ticket ([`Appended`]); `None` if nothing was written. The store
+    /// does not touch the message: the caller records the position
+    /// ([`Appended::record_on`]). `qos2_packet_id` is `Some` for QoS 2 of a persistent
+    /// session: the same write records "(session, pi) received", so both are durable or
+    /// neither.
     fn append_publish(
         &self,
         client_id: &str,
         message: &Message,
         qos2_packet_id: Option<u16>,
-    ) -> Option<Ticket>;
+    ) -> Option<Appended>;
     /// A QoS 2 PUBLISH on a packet id still in the session's received set: a retry, answered
     /// with PUBREC only. The PUBREC must still wait for the original's write (the original
     /// may be in flight on a connection that died): its ticket, if one is pending.
@@ -314,7 +354,7 @@ impl Persistence {
 pub struct MemoryStore;
 
 impl MessageLog for MemoryStore {
-    fn append_publish(&self, _: &str, _: &Message, _: Option<u16>) -> Option<Ticket> {
+    fn append_publish(&self, _: &str, _: &Message, _: Option<u16>) -> Option<Appended> {
         None
     }
     fn qos2_retry(&self, _: &str, _: u16) -> Option<Ticket> {

@@ -1,6 +1,10 @@
 //! Tickets: the completion of one issued write. A ticket completes once what it covers is
 //! durable (the store's sync policy; in a cluster, committed by a majority), or fails.
 //!
+//! A ticket means "durable up to position N" of one log: a `tern-store` ticket waits for its
+//! stream's synced sequence to reach N, and [`Ticket::until`] for a [`DurableMark`] (a
+//! replicated log's commit index, advanced as a majority acknowledges) to reach N.
+//!
 //! # Invariants
 //! - A ticket reports its outcome once it is settled, and the same outcome ever after.
 //! - A joined ticket ([`Ticket::join`]) completes when every part has, and fails as soon as one
@@ -12,6 +16,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::sync::oneshot;
+
+use crate::model::mark::DurableMark;
 
 /// A write the store could not make durable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +32,8 @@ enum TicketInner {
     Store(tern_store::Ticket),
     Channel(oneshot::Receiver<Result<(), PersistError>>),
     Ready(Option<Result<(), PersistError>>),
+    /// Durable once the mark reaches the position.
+    Until(std::sync::Arc<DurableMark>, u64),
     /// Several writes (e.g. a retained PUBLISH: its message and its retained record); done
     /// when all are, failed as soon as one fails. A part is removed once it completed, so no
     /// part is polled after its completion.
@@ -40,6 +48,12 @@ impl Ticket {
     pub fn pair() -> (TicketCompleter, Ticket) {
         let (tx, rx) = oneshot::channel();
         (TicketCompleter(tx), Ticket(TicketInner::Channel(rx)))
+    }
+
+    /// Completes once `mark` reaches `position` (everything up to it is durable), or fails
+    /// when the mark fails.
+    pub fn until(mark: &std::sync::Arc<DurableMark>, position: u64) -> Ticket {
+        Ticket(TicketInner::Until(mark.clone(), position))
     }
 
     pub(crate) fn from_store(ticket: tern_store::Ticket) -> Ticket {
@@ -93,6 +107,10 @@ impl Ticket {
                 Err(oneshot::error::TryRecvError::Closed) => Some(Err(dropped())),
             },
             TicketInner::Ready(r) => Some(r.clone().unwrap_or(Ok(()))),
+            TicketInner::Until(mark, position) => match mark.poll_at(*position, None) {
+                Poll::Ready(outcome) => Some(outcome),
+                Poll::Pending => None,
+            },
             TicketInner::All(parts) => {
                 let mut failed = None;
                 parts.retain_mut(|part| match part.try_result() {
@@ -134,6 +152,7 @@ impl Future for WaitTicket<'_> {
                 .poll(cx)
                 .map(|r| r.unwrap_or_else(|_| Err(dropped()))),
             TicketInner::Ready(r) => Poll::Ready(r.clone().unwrap_or(Ok(()))),
+            TicketInner::Until(mark, position) => mark.poll_at(*position, Some(cx)),
             TicketInner::All(parts) => {
                 let mut failed = None;
                 parts.retain_mut(|part| match Pin::new(&mut WaitTicket(part)).poll(cx) {
@@ -160,6 +179,7 @@ impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             TicketInner::Store(t) => write!(f, "Ticket({})", t.seq()),
+            TicketInner::Until(_, position) => write!(f, "Ticket(until {position})"),
             TicketInner::All(parts) => f.debug_tuple("Ticket").field(parts).finish(),
             _ => f.write_str("Ticket"),
         }

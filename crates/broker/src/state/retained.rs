@@ -171,6 +171,7 @@ impl Retained {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use proptest::strategy::Strategy;
     use std::time::Duration;
     use tern_wire::{Properties, PropertyValues, QoS, Str};
 
@@ -245,6 +246,52 @@ mod tests {
         }
         assert_eq!(r.len(), 1);
         assert_eq!(r.root.children.len(), 1, "empty branches pruned");
+    }
+
+    proptest::proptest! {
+        /// The tree walk is an index, not a second matching rule: for any retained topics and
+        /// any filter it returns exactly the topics the one rule (`tern_topic::filter_matches`,
+        /// MQTT-4.7.1-2, MQTT-4.7.1-3, MQTT-4.7.2-1) accepts.
+        #[test]
+        fn matching_is_the_one_rule(
+            topics in proptest::collection::btree_set(
+                proptest::collection::vec(
+                    proptest::sample::select(vec!["a", "b", "", "$SYS", "$x"]), 1..4,
+                ).prop_map(|levels| levels.join("/")),
+                0..12,
+            ),
+            filter in (
+                proptest::collection::vec(proptest::sample::select(vec!["a", "b", "", "+", "$SYS"]), 0..4),
+                proptest::bool::ANY,
+            ).prop_filter_map("a filter has a level", |(mut levels, hash)| {
+                if hash { levels.push("#"); }
+                (!levels.is_empty()).then(|| levels.join("/"))
+            }),
+        ) {
+            let now = Instant::now();
+            let mut r = Retained::default();
+            for topic in &topics {
+                let m = Arc::new(Message::new(
+                    Str::copy_from(topic).unwrap(),
+                    Bytes::from_static(b"1"),
+                    QoS::AtMostOnce,
+                    true,
+                    Properties::default(),
+                    None,
+                    now,
+                ));
+                proptest::prop_assert!(r.set(&m, 100));
+            }
+            let mut got: Vec<String> =
+                r.matching(&filter, now).iter().map(|m| m.topic.to_string()).collect();
+            got.sort();
+            let want: Vec<String> = topics
+                .iter()
+                .filter(|t| tern_topic::filter_matches(&filter, t))
+                .cloned()
+                .collect();
+            proptest::prop_assert_eq!(got, want, "filter {:?}", filter);
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -60,12 +60,23 @@ fn broker_software(
         Box::pin(async move {
             let store = Arc::new(open_store(&disk, &dir, &config)?);
             // The disk task: one writer turn per stream with work, every disk tick. It runs
-            // on the broker host, so a crash stops it with everything else.
+            // on the broker host, so a crash stops it with everything else. With writer
+            // threads it flushes every stream instead: the threads complete tickets while the
+            // tasks run, but virtual time cannot run ahead of them (a thread the machine left
+            // unscheduled for a few real milliseconds would otherwise let whole seconds of
+            // virtual time pass, and an interval sync's timer runs in real time). The flush
+            // also hides finding 9 (docs/simulation.md), which `--writer-threads-raw` shows.
             let writers = store.clone();
+            let threads = writer_threads() && !writer_threads_raw();
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(disk_tick).await;
-                    writers.step_writers();
+                    if threads {
+                        let streams = writers.streams().chain(writers.state_streams());
+                        streams.for_each(|s| drop(s.flush()));
+                    } else {
+                        writers.step_writers();
+                    }
                 }
             });
             let broker =
@@ -96,9 +107,34 @@ fn broker_software(
 
 fn open_store(disk: &SimDisk, dir: &Path, config: &DurableConfig) -> Result<DurableStore, String> {
     // With stepped writers the old process's store is gone once its host crashed: no thread
-    // of it holds the lock.
-    DurableStore::open_with_vfs(dir, config.clone(), disk.vfs())
-        .map_err(|e| format!("store does not open: {e}"))
+    // of it holds the lock. With writer threads (`writer_threads`) they may take a moment.
+    let started = Instant::now();
+    loop {
+        match DurableStore::open_with_vfs(dir, config.clone(), disk.vfs()) {
+            Ok(s) => return Ok(s),
+            Err(e) if !writer_threads() || started.elapsed() > Duration::from_secs(5) => {
+                return Err(format!("store does not open: {e}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// `TERN_SIM_WRITER_THREADS` (`scripts/sim.sh --writer-threads`): the store runs its writer
+/// threads instead of stepped writers, as the first turmoil runner did (the disk task
+/// flushes every stream each tick, see `broker_software`). A seed is then no longer one
+/// execution (the threads' timing decides group commits and when a ticket completes), but
+/// tickets complete while the tasks run, as in production (finding 9).
+pub(super) fn writer_threads() -> bool {
+    super::super::env_flag("TERN_SIM_WRITER_THREADS")
+}
+
+/// `TERN_SIM_WRITER_THREADS=raw` (`scripts/sim.sh --writer-threads-raw`): writer threads
+/// without the flush at each disk tick, as the runner where finding 9 showed. Virtual time
+/// can then run ahead of the threads (interval-sync seeds stall: the harness's), and seed 718
+/// shows finding 9's symptom in about a third of its runs.
+fn writer_threads_raw() -> bool {
+    std::env::var("TERN_SIM_WRITER_THREADS").is_ok_and(|v| v == "raw")
 }
 
 /// The simulation and the controller's view of it.
@@ -254,7 +290,7 @@ impl SeedRun {
                 latency: None,
                 metadata_order: plan.metadata_order,
                 bugs: injected.store,
-                stepped_writers: true,
+                stepped_writers: !writer_threads(),
                 ..SimConfig::default()
             },
         );

@@ -6,6 +6,7 @@
 
 mod sessions;
 
+use bytes::Bytes;
 use tern_store::{FilterSet, StoreError, Stream};
 
 use super::codec::{self, SessionRecord};
@@ -57,8 +58,82 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
     let session_entries = take(store.sessions.prefix());
     let cursor_entries = take(store.cursors.prefix());
     let rx_start_entries = take(store.rx_start.prefix());
+    let records = read_sessions(store, session_entries);
+    let cursors = read_cursors(cursor_entries);
+    // Inbound QoS 2 received sets from the control records of every stream, in order, from
+    // the rx checkpoint on: below it every rx record was released (`reclaim` module).
+    let rx_start_of = read_rx_starts(store, rx_start_entries);
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: session records and cursors read");
+    let (mut rx, control_read) = read_received_sets(store, &records, &rx_start_of)?;
+    rx.retain(|client, _| records.contains_key(client));
+
+    tracing::debug!(elapsed = ?started.elapsed(), control_read, "recovery: QoS 2 control records read");
+    let mut exchanges = store.load_exchanges(&|client| records.contains_key(client), &mut state);
+    let group_entries = state.remove(&store.groups.prefix()).unwrap_or_default();
+    let groups =
+        super::shared::recover_groups(store, &records, &cursors, &exchanges, group_entries)?;
+    let will_entries = state.remove(&store.wills.prefix()).unwrap_or_default();
+    let wills = super::wills::recover_wills(store, &records, will_entries)?;
+    let mut inputs = Vec::with_capacity(records.len());
+    for (client, record) in &records {
+        let cursor_of = cursor_of(store, cursors.get(client));
+        let mut client_exchanges = exchanges.remove(client).unwrap_or_default();
+        // A share-group message in flight to this member may lie below the member's own
+        // cursor (it was the group's while queued): only below its groups' cursors too is an
+        // exchange stale. Found by the broker simulator (seed 60, docs/simulation.md).
+        let stale_below = store.lowered_by_groups(
+            record.subscriptions.iter().map(|(f, _)| f.as_str()),
+            &cursor_of,
+        );
+        store.drop_stale(client, &mut client_exchanges, &stale_below);
+        let client_rx = rx.remove(client).unwrap_or_default();
+        inputs.push(sessions::SessionInput {
+            client,
+            record,
+            cursor_of,
+            exchanges: client_exchanges,
+            qos2_received: client_rx.keys().copied().collect(),
+        });
+        store.rx.lock().insert(client.clone(), client_rx);
+    }
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: exchanges read");
+    let sessions = sessions::rebuild_all(store, &inputs)?;
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: sessions rebuilt");
+    drop(state);
+    keep_open_state(store, inputs);
+
+    *store.reclaim.lock() = super::reclaim::ReclaimState::new(rx_start_of);
+    store
+        .control_records_read
+        .store(control_read, std::sync::atomic::Ordering::Relaxed);
+    // Sets the retention floors of the open state just rebuilt (the streams opened pinned).
+    store.reclaim_step(true);
+
+    tracing::debug!(elapsed = ?started.elapsed(), "recovery: sessions handed over");
+    let retained = read_retained(store, &all)?;
+    let pending: usize = sessions
+        .iter()
+        .map(|s| s.queued.len() + s.inflight.len())
+        .sum();
+    tracing::info!(
+        sessions = sessions.len(),
+        pending,
+        retained = retained.len(),
+        "state recovered from the store"
+    );
+    Ok(Recovered {
+        sessions,
+        retained,
+        groups,
+        wills,
+    })
+}
+
+/// The session records (`s`+client), without those whose expiry ran out while the broker was
+/// down (deleted now); the rest of an interval runs from the restart.
+fn read_sessions(store: &DurableStore, entries: Vec<(Bytes, Bytes)>) -> Map<String, SessionRecord> {
     let mut records: Map<String, SessionRecord> = Map::default();
-    for (key, value) in session_entries {
+    for (key, value) in entries {
         let Ok(client) = std::str::from_utf8(&key) else {
             continue;
         };
@@ -89,18 +164,27 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
         r.expiry_interval_s -= elapsed_s as u32;
         true
     });
+    records
+}
+
+/// The cursors (`c`+client): per client, per stream name, the sequence to replay from.
+fn read_cursors(entries: Vec<(Bytes, Bytes)>) -> Map<String, Map<String, u64>> {
     let mut cursors: Map<String, Map<String, u64>> = Map::default();
-    for (key, value) in cursor_entries {
+    for (key, value) in entries {
         if let (Ok(client), Some(pos)) =
             (std::str::from_utf8(&key), codec::decode_positions(&value))
         {
             cursors.insert(client.to_string(), pos.into_iter().collect());
         }
     }
-    // Inbound QoS 2 received sets from the control records of every stream, in order, from
-    // the rx checkpoint on: below it every rx record was released (`reclaim` module).
+    cursors
+}
+
+/// Per stream (in the store's order), the rx checkpoint: below it every rx record was
+/// released (`reclaim` module), so the control records are read from there.
+fn read_rx_starts(store: &DurableStore, entries: Vec<(Bytes, Bytes)>) -> Vec<u64> {
     let mut rx_starts: Map<String, u64> = Map::default();
-    for (key, value) in rx_start_entries {
+    for (key, value) in entries {
         if let (Ok(name), Some(seq)) = (
             std::str::from_utf8(&key),
             super::reclaim::decode_rx_start(&value),
@@ -108,12 +192,23 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             rx_starts.insert(name.to_string(), seq);
         }
     }
-    let rx_start_of: Vec<u64> = store
+    store
         .slots
         .iter()
         .map(|s| rx_starts.get(&s.spec.name).copied().unwrap_or(1))
-        .collect();
-    tracing::debug!(elapsed = ?started.elapsed(), "recovery: session records and cursors read");
+        .collect()
+}
+
+/// Inbound QoS 2 received sets from the control records of every stream, in order, from the
+/// rx checkpoints on: an `rx` record of the session's current incarnation opens an id, its
+/// `rel` record closes it, a `reset` closes every id of the stream. Also how many control
+/// records were read.
+#[allow(clippy::type_complexity)]
+fn read_received_sets(
+    store: &DurableStore,
+    records: &Map<String, SessionRecord>,
+    rx_start_of: &[u64],
+) -> Result<(Map<String, Map<u16, StoreRef>>, u64), StoreError> {
     let control = FilterSet::new([crate::model::topics::INTERNAL_FILTER]);
     let mut rx: Map<String, Map<u16, StoreRef>> = Map::default();
     let mut control_read = 0u64;
@@ -164,51 +259,41 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             from = batch.next_seq;
         }
     }
-    rx.retain(|client, _| records.contains_key(client));
+    Ok((rx, control_read))
+}
 
-    tracing::debug!(elapsed = ?started.elapsed(), control_read, "recovery: QoS 2 control records read");
-    let mut exchanges = store.load_exchanges(&|client| records.contains_key(client), &mut state);
-    let group_entries = state.remove(&store.groups.prefix()).unwrap_or_default();
-    let groups =
-        super::shared::recover_groups(store, &records, &cursors, &exchanges, group_entries)?;
-    let will_entries = state.remove(&store.wills.prefix()).unwrap_or_default();
-    let wills = super::wills::recover_wills(store, &records, will_entries)?;
-    let mut inputs = Vec::with_capacity(records.len());
-    for (client, record) in &records {
-        let cursor_of: Vec<u64> = store
-            .slots
-            .iter()
-            .map(|slot| {
-                cursors
-                    .get(client)
-                    .and_then(|c| c.get(&slot.spec.name))
-                    .copied()
-                    .unwrap_or(1)
-            })
-            .collect();
-        let mut client_exchanges = exchanges.remove(client).unwrap_or_default();
-        // A share-group message in flight to this member may lie below the member's own
-        // cursor (it was the group's while queued): only below its groups' cursors too is an
-        // exchange stale. Found by the broker simulator (seed 60, docs/simulation.md).
-        let stale_below = store.lowered_by_groups(
-            record.subscriptions.iter().map(|(f, _)| f.as_str()),
-            &cursor_of,
-        );
-        store.drop_stale(client, &mut client_exchanges, &stale_below);
-        let client_rx = rx.remove(client).unwrap_or_default();
-        inputs.push(sessions::SessionInput {
-            client,
-            record,
-            cursor_of,
-            exchanges: client_exchanges,
-            qos2_received: client_rx.keys().copied().collect(),
-        });
-        store.rx.lock().insert(client.clone(), client_rx);
+/// The retained messages (undecodable ones are logged and skipped).
+fn read_retained(
+    store: &DurableStore,
+    all: &FilterSet,
+) -> Result<Vec<crate::model::Message>, StoreError> {
+    let mut retained = Vec::new();
+    for (topic, value) in store.retained.entries(all)? {
+        match codec::decode_retained(&topic, &value) {
+            Some(m) => retained.push(m),
+            None => tracing::error!(topic = ?topic, "undecodable retained message skipped"),
+        }
     }
-    tracing::debug!(elapsed = ?started.elapsed(), "recovery: exchanges read");
-    let sessions = sessions::rebuild_all(store, &inputs)?;
-    tracing::debug!(elapsed = ?started.elapsed(), "recovery: sessions rebuilt");
-    drop(state);
+    Ok(retained)
+}
+
+/// A session's cursor per stream, in the store's order (1, the start, where none was written).
+fn cursor_of(store: &DurableStore, cursors: Option<&Map<String, u64>>) -> Vec<u64> {
+    store
+        .slots
+        .iter()
+        .map(|slot| {
+            cursors
+                .and_then(|c| c.get(&slot.spec.name))
+                .copied()
+                .unwrap_or(1)
+        })
+        .collect()
+}
+
+/// What the store keeps of the rebuilt sessions from here on: their open exchanges, the
+/// mirror of their records and the cursors as written.
+fn keep_open_state(store: &DurableStore, inputs: Vec<sessions::SessionInput<'_>>) {
     for input in inputs {
         let client = input.client.to_string();
         store
@@ -221,36 +306,4 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             .insert(client.clone(), input.record.clone());
         store.written_cursors.lock().insert(client, input.cursor_of);
     }
-
-    *store.reclaim.lock() = super::reclaim::ReclaimState::new(rx_start_of);
-    store
-        .control_records_read
-        .store(control_read, std::sync::atomic::Ordering::Relaxed);
-    // Sets the retention floors of the open state just rebuilt (the streams opened pinned).
-    store.reclaim_step(true);
-
-    tracing::debug!(elapsed = ?started.elapsed(), "recovery: sessions handed over");
-    let mut retained = Vec::new();
-    for (topic, value) in store.retained.entries(&all)? {
-        match codec::decode_retained(&topic, &value) {
-            Some(m) => retained.push(m),
-            None => tracing::error!(topic = ?topic, "undecodable retained message skipped"),
-        }
-    }
-    let pending: usize = sessions
-        .iter()
-        .map(|s| s.queued.len() + s.inflight.len())
-        .sum();
-    tracing::info!(
-        sessions = sessions.len(),
-        pending,
-        retained = retained.len(),
-        "state recovered from the store"
-    );
-    Ok(Recovered {
-        sessions,
-        retained,
-        groups,
-        wills,
-    })
 }

@@ -57,6 +57,75 @@ struct Exclusions {
     sent: Set<StoreRef>,
 }
 
+impl Replayed {
+    /// Queues a replayed message, dropping the oldest beyond the session's bounds; the newest
+    /// is kept even alone over the byte limit, as at run time.
+    fn push_pending(&mut self, m: Arc<Message>, max_pending: usize, max_pending_bytes: usize) {
+        self.pending_bytes += m.approx_len();
+        self.pending.push_back(m);
+        while self.pending.len() > 1
+            && (self.pending.len() > max_pending || self.pending_bytes > max_pending_bytes)
+        {
+            if let Some(old) = self.pending.pop_front() {
+                self.pending_bytes -= old.approx_len();
+            }
+            self.dropped += 1;
+        }
+    }
+}
+
+impl Exclusions {
+    fn of(input: &SessionInput<'_>) -> Exclusions {
+        Exclusions {
+            excluded: input.exchanges.excluded().collect(),
+            sent: input
+                .exchanges
+                .live
+                .values()
+                .filter(|l| l.phase == LivePhase::Sent)
+                .filter_map(|l| l.stored)
+                .collect(),
+        }
+    }
+}
+
+/// One trie of every session's non-shared filters (keyed by the session's index), and the
+/// distinct filters.
+fn filter_trie<'a>(inputs: &'a [SessionInput<'_>]) -> (SubscriptionTrie<u32, ()>, Set<&'a str>) {
+    let mut trie: SubscriptionTrie<u32, ()> =
+        SubscriptionTrie::with_limits(tern_topic::DEFAULT_MAX_FILTER_LEVELS, usize::MAX);
+    let mut distinct: Set<&str> = Set::default();
+    for (index, input) in inputs.iter().enumerate() {
+        for (filter, _) in &input.record.subscriptions {
+            if topics::is_shared_filter(filter) {
+                continue;
+            }
+            if trie.subscribe(filter, index as u32, ()).is_ok() {
+                distinct.insert(filter.as_str());
+            }
+        }
+    }
+    (trie, distinct)
+}
+
+/// A replayed record as a message at `stored`, decoded once for every session that holds it
+/// (one shared encoding); an undecodable record is logged and skipped.
+fn decode_stored(
+    r: &tern_store::Record,
+    stored: StoreRef,
+    now_ns: u64,
+    stream: &str,
+) -> Option<Arc<Message>> {
+    let age = Duration::from_nanos(now_ns.saturating_sub(r.time_ns));
+    let Some(m) = codec::decode_message(&r.topic, &r.properties, r.payload.clone(), age) else {
+        tracing::error!(seq = r.seq, stream, "undecodable message record skipped");
+        return None;
+    };
+    m.mark_stored(stored);
+    m.mark_fan_out();
+    Some(Arc::new(m))
+}
+
 /// Rebuilds every session (see the module doc).
 pub(super) fn rebuild_all(
     store: &DurableStore,
@@ -105,33 +174,8 @@ fn replay_all(
     let max_pending = store.limits.max_pending_per_session;
     let max_pending_bytes = store.limits.max_pending_bytes_per_session;
     let mut out: Vec<Replayed> = inputs.iter().map(|_| Replayed::default()).collect();
-    let exclusions: Vec<Exclusions> = inputs
-        .iter()
-        .map(|i| Exclusions {
-            excluded: i.exchanges.excluded().collect(),
-            sent: i
-                .exchanges
-                .live
-                .values()
-                .filter(|l| l.phase == LivePhase::Sent)
-                .filter_map(|l| l.stored)
-                .collect(),
-        })
-        .collect();
-    // One trie of every session's non-shared filters.
-    let mut trie: SubscriptionTrie<u32, ()> =
-        SubscriptionTrie::with_limits(tern_topic::DEFAULT_MAX_FILTER_LEVELS, usize::MAX);
-    let mut distinct: Set<&str> = Set::default();
-    for (index, input) in inputs.iter().enumerate() {
-        for (filter, _) in &input.record.subscriptions {
-            if topics::is_shared_filter(filter) {
-                continue;
-            }
-            if trie.subscribe(filter, index as u32, ()).is_ok() {
-                distinct.insert(filter.as_str());
-            }
-        }
-    }
+    let exclusions: Vec<Exclusions> = inputs.iter().map(Exclusions::of).collect();
+    let (trie, distinct) = filter_trie(inputs);
     if distinct.is_empty() {
         return Ok(out);
     }
@@ -176,24 +220,8 @@ fn replay_all(
                     if ex.excluded.contains(&stored) && !is_sent {
                         continue;
                     }
-                    let m = message.get_or_insert_with(|| {
-                        let age = Duration::from_nanos(now.saturating_sub(r.time_ns));
-                        let decoded =
-                            codec::decode_message(&r.topic, &r.properties, r.payload.clone(), age);
-                        if decoded.is_none() {
-                            tracing::error!(
-                                seq = r.seq,
-                                stream = slot.spec.name,
-                                "undecodable message record skipped"
-                            );
-                        }
-                        decoded.map(|m| {
-                            let _ = m.stored.set(stored);
-                            // Restored into every session that holds it: one shared encoding.
-                            m.mark_fan_out();
-                            Arc::new(m)
-                        })
-                    });
+                    let m = message
+                        .get_or_insert_with(|| decode_stored(&r, stored, now, &slot.spec.name));
                     let Some(m) = m else {
                         break;
                     };
@@ -205,17 +233,7 @@ fn replay_all(
                             continue;
                         }
                     }
-                    o.pending_bytes += m.approx_len();
-                    o.pending.push_back(m.clone());
-                    // The newest is kept even alone over the byte limit, as at run time.
-                    while o.pending.len() > 1
-                        && (o.pending.len() > max_pending || o.pending_bytes > max_pending_bytes)
-                    {
-                        if let Some(old) = o.pending.pop_front() {
-                            o.pending_bytes -= old.approx_len();
-                        }
-                        o.dropped += 1;
-                    }
+                    o.push_pending(m.clone(), max_pending, max_pending_bytes);
                 }
             }
             if batch.next_seq <= from || batch.next_seq > last_seq {
@@ -285,7 +303,7 @@ fn pubrel_placeholder(stored: Option<StoreRef>) -> Message {
         tokio::time::Instant::now(),
     );
     if let Some(position) = stored {
-        let _ = message.stored.set(position);
+        message.mark_stored(position);
     }
     message
 }
@@ -305,7 +323,7 @@ fn read_one(store: &DurableStore, at: StoreRef) -> Option<Arc<Message>> {
         .filter(|r| r.seq == at.seq)?;
     let age = Duration::from_nanos(store.now_ns().saturating_sub(r.time_ns));
     let message = codec::decode_message(&r.topic, &r.properties, r.payload, age)?;
-    let _ = message.stored.set(at);
+    message.mark_stored(at);
     Some(Arc::new(message))
 }
 

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::config::BrokerConfig;
 use crate::metrics::Metrics;
-use crate::model::{ExchangeStore, OutboundSent};
+use crate::model::{ExchangeStore, OutboundSent, Ticket};
 
 /// What a batch needs besides the session's own state.
 pub struct BatchEnv<'a> {
@@ -108,6 +108,13 @@ impl Outbound {
             }
         }
         out.flush();
+        self.after_batch(env, sent_by_qos, packets);
+    }
+
+    /// Counts a batch's deliveries (once per batch: the counters are shared by every
+    /// connection), ends a "full since" once the queue is below its bounds again, and gives
+    /// idle capacity back.
+    fn after_batch(&mut self, env: &BatchEnv<'_>, sent_by_qos: [u64; 3], packets: usize) {
         for (counter, sent) in env.metrics.messages_sent_by_qos.iter().zip(sent_by_qos) {
             if sent > 0 {
                 Metrics::add(counter, sent);
@@ -137,13 +144,7 @@ impl Outbound {
             return Front::Empty;
         };
         let qos = front.qos;
-        if qos != QoS::AtMostOnce && self.queues.inflight.len() >= usize::from(self.window) {
-            return Front::Blocked;
-        }
-        if qos == QoS::AtMostOnce
-            && self.queues.gate.holds_deliveries()
-            && !self.queues.gate.has_room_for_qos0()
-        {
+        if self.front_waits(qos) {
             return Front::Blocked;
         }
         let Some(item) = self.queues.pop_queued() else {
@@ -174,23 +175,8 @@ impl Outbound {
             self.requeue_front(item);
             return Front::Blocked;
         };
-        // ARCHITECTURE §3: the id of a stored QoS 2 message is recorded before its first
-        // PUBLISH, so a restarted broker resends it under the same id.
-        let ticket = match (qos, item.message.store_ref()) {
-            (QoS::ExactlyOnce, Some(stored)) if env.persistent => {
-                match env.store.outbound_sent(env.client_id, packet_id, stored) {
-                    OutboundSent::Recorded(t) => Some(t),
-                    OutboundSent::Untracked => None,
-                    OutboundSent::Removed => {
-                        // Retention removed it while queued: dropped before any PUBLISH
-                        // (the checkpoint would have dropped it from the queue next).
-                        self.packet_ids.release(packet_id);
-                        env.metrics.dropped_by_retention(1);
-                        return Front::Taken;
-                    }
-                }
-            }
-            _ => None,
+        let Ok(ticket) = self.record_exchange(env, &item, packet_id) else {
+            return Front::Taken;
         };
         sent_by_qos[usize::from(qos as u8)] += 1;
         let held = ticket.is_some() || self.queues.gate.holds_deliveries();
@@ -208,6 +194,41 @@ impl Outbound {
             held,
         });
         Front::Taken
+    }
+
+    /// True if the front delivery, at `qos`, must wait: the window is full (QoS>0), or QoS 0
+    /// would pass the gate's bound on what it holds.
+    fn front_waits(&self, qos: QoS) -> bool {
+        if qos != QoS::AtMostOnce {
+            return self.queues.inflight.len() >= usize::from(self.window);
+        }
+        self.queues.gate.holds_deliveries() && !self.queues.gate.has_room_for_qos0()
+    }
+
+    /// ARCHITECTURE §3: the id of a stored QoS 2 message of a persistent session is recorded
+    /// before its first PUBLISH, so a restarted broker resends it under the same id. `Ok`
+    /// holds the write the PUBLISH waits for, if one was issued; `Err` means retention removed
+    /// the message while it was queued: it is dropped before any PUBLISH (the checkpoint would
+    /// have dropped it from the queue next) and its id is free again.
+    fn record_exchange(
+        &mut self,
+        env: &BatchEnv<'_>,
+        item: &Outgoing,
+        packet_id: u16,
+    ) -> Result<Option<Ticket>, ()> {
+        let stored = match (item.qos, item.message.store_ref()) {
+            (QoS::ExactlyOnce, Some(stored)) if env.persistent => stored,
+            _ => return Ok(None),
+        };
+        match env.store.outbound_sent(env.client_id, packet_id, stored) {
+            OutboundSent::Recorded(t) => Ok(Some(t)),
+            OutboundSent::Untracked => Ok(None),
+            OutboundSent::Removed => {
+                self.packet_ids.release(packet_id);
+                env.metrics.dropped_by_retention(1);
+                Err(())
+            }
+        }
     }
 
     fn requeue_front(&mut self, item: Outgoing) {

@@ -619,9 +619,7 @@ pub(crate) fn stored_item(payload: &'static [u8], qos: QoS, seq: u64) -> Outgoin
         None,
         Instant::now(),
     );
-    let _ = message
-        .stored
-        .set(crate::model::StoreRef { stream: 0, seq });
+    message.mark_stored(crate::model::StoreRef { stream: 0, seq });
     Outgoing {
         message: Arc::new(message),
         qos,

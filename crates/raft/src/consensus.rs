@@ -1,0 +1,275 @@
+//! Tern's own consensus trait, what the broker sees, so the engine underneath (openraft 0.9
+//! today) can be changed without touching the broker; and its implementation by [`RaftNode`].
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, ServerState};
+
+use crate::error::ConsensusError;
+use crate::node::RaftNode;
+use crate::types::{Batch, LogIndex, MAX_BATCH_OPS, MAX_PROPOSAL_BYTES, NodeId};
+
+/// A learner may be promoted once it is at most this many entries behind the leader.
+pub const PROMOTE_MAX_LAG_ENTRIES: u64 = 64;
+
+/// A node's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Stopped,
+}
+
+/// How far one peer's log is behind the leader's (reported by the leader only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerReplication {
+    pub id: NodeId,
+    /// The last index known to be on the peer's disk.
+    pub matched_index: Option<LogIndex>,
+    /// Entries the peer lacks.
+    pub lag_entries: u64,
+}
+
+/// What `/metrics` and `/readyz` need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStatus {
+    pub node_id: NodeId,
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub last_log_index: Option<LogIndex>,
+    /// Applied on this node (on the leader, every applied entry is committed; openraft 0.9's
+    /// metrics do not carry the commit index itself).
+    pub applied_index: Option<LogIndex>,
+    /// The last index the current snapshot covers.
+    pub snapshot_index: Option<LogIndex>,
+    /// The last index removed from the log (covered by a snapshot).
+    pub purged_index: Option<LogIndex>,
+    pub voters: Vec<NodeId>,
+    pub learners: Vec<NodeId>,
+    /// Leader only: per peer.
+    pub replication: Vec<PeerReplication>,
+    /// Leader only: how long ago a majority last acknowledged it.
+    pub quorum_ack_age_ms: Option<u64>,
+    /// Elections this node started since it started.
+    pub elections_started: u64,
+    /// A leader's quorum acknowledgement older than this is a lost quorum (the election
+    /// timeout: followers would be electing by then).
+    pub quorum_ack_max_age_ms: u64,
+}
+
+impl ClusterStatus {
+    /// A leader is known (`/readyz` answers 503 otherwise).
+    pub fn has_leader(&self) -> bool {
+        self.leader.is_some()
+    }
+
+    /// A leader heard from a majority recently; a follower or learner that knows a leader
+    /// assumes the leader has its quorum (it cannot know better).
+    pub fn quorum_reachable(&self) -> bool {
+        match self.role {
+            Role::Leader => self
+                .quorum_ack_age_ms
+                .is_some_and(|ms| ms <= self.quorum_ack_max_age_ms),
+            Role::Follower | Role::Learner => self.has_leader(),
+            Role::Candidate | Role::Stopped => false,
+        }
+    }
+}
+
+/// The outcome of a proposal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    /// The batch's Raft log index.
+    pub index: LogIndex,
+}
+
+/// What the broker needs from consensus.
+///
+/// Contract: the future of [`Consensus::propose`] completes with `Ok` only after the batch is
+/// committed (on disk on a majority of voters, under their log sync policy) and applied on
+/// this node; every node's [`crate::Applier`] sees committed batches in log order. A proposal
+/// made on a node that is not the leader fails with `NotLeader` (naming the leader if known,
+/// so the broker can forward). Methods are to be called on the leader except `status`.
+pub trait Consensus: Send + Sync {
+    /// Proposes one batch of operations as one Raft entry.
+    fn propose(
+        &self,
+        ops: Vec<Bytes>,
+    ) -> impl Future<Output = Result<Committed, ConsensusError>> + Send;
+    /// This node's view of the cluster (no I/O).
+    fn status(&self) -> ClusterStatus;
+    /// Adds a node that receives the log but does not vote.
+    fn add_learner(
+        &self,
+        id: NodeId,
+        addr: SocketAddr,
+    ) -> impl Future<Output = Result<(), ConsensusError>> + Send;
+    /// Makes a caught-up learner a voter (refused while it lags).
+    fn promote(&self, id: NodeId) -> impl Future<Output = Result<(), ConsensusError>> + Send;
+    /// Removes a voter or learner from the cluster.
+    fn remove(&self, id: NodeId) -> impl Future<Output = Result<(), ConsensusError>> + Send;
+    /// Hands leadership to `to`.
+    fn transfer_leader(
+        &self,
+        to: NodeId,
+    ) -> impl Future<Output = Result<(), ConsensusError>> + Send;
+}
+
+fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ConsensusError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ConsensusError::NotLeader {
+            leader: f.leader_id.map(|id| {
+                let addr = f.leader_node.and_then(|n| n.addr.parse().ok());
+                (id, addr)
+            }),
+        },
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ConsensusError::Membership(e.to_string())
+        }
+        RaftError::Fatal(f) => ConsensusError::Shutdown(f.to_string()),
+    }
+}
+
+fn role(s: ServerState) -> Role {
+    match s {
+        ServerState::Leader => Role::Leader,
+        ServerState::Follower => Role::Follower,
+        ServerState::Candidate => Role::Candidate,
+        ServerState::Learner => Role::Learner,
+        ServerState::Shutdown => Role::Stopped,
+    }
+}
+
+impl RaftNode {
+    async fn change(
+        &self,
+        changes: ChangeMembers<NodeId, BasicNode>,
+    ) -> Result<(), ConsensusError> {
+        self.raft
+            .change_membership(changes, false)
+            .await
+            .map(|_| ())
+            .map_err(write_error)
+    }
+}
+
+impl Consensus for RaftNode {
+    async fn propose(&self, ops: Vec<Bytes>) -> Result<Committed, ConsensusError> {
+        if ops.is_empty() || ops.len() > MAX_BATCH_OPS {
+            return Err(ConsensusError::Invalid(format!(
+                "a batch of {} operations (1..={MAX_BATCH_OPS})",
+                ops.len()
+            )));
+        }
+        let bytes: usize = ops.iter().map(Bytes::len).sum();
+        if bytes > MAX_PROPOSAL_BYTES {
+            return Err(ConsensusError::Invalid(format!(
+                "a batch of {bytes} bytes (at most {MAX_PROPOSAL_BYTES})"
+            )));
+        }
+        let resp = self
+            .raft
+            .client_write(Batch(ops))
+            .await
+            .map_err(write_error)?;
+        Ok(Committed {
+            index: resp.log_id.index,
+        })
+    }
+
+    fn status(&self) -> ClusterStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let last = m.last_log_index.unwrap_or(0);
+        let replication = m
+            .replication
+            .iter()
+            .flatten()
+            .filter(|(id, _)| **id != self.id)
+            .map(|(id, matched)| {
+                let matched_index = matched.map(|l| l.index);
+                PeerReplication {
+                    id: *id,
+                    matched_index,
+                    lag_entries: matched_index.map_or(last + 1, |i| last.saturating_sub(i)),
+                }
+            })
+            .collect();
+        let membership = m.membership_config.membership();
+        ClusterStatus {
+            node_id: self.id,
+            role: role(m.state),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index,
+            applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
+            voters: membership.voter_ids().collect(),
+            learners: membership.learner_ids().collect(),
+            replication,
+            quorum_ack_age_ms: m.millis_since_quorum_ack,
+            elections_started: self.elections.load(Ordering::Relaxed),
+            quorum_ack_max_age_ms: self.config.election_timeout_max_ms,
+        }
+    }
+
+    async fn add_learner(&self, id: NodeId, addr: SocketAddr) -> Result<(), ConsensusError> {
+        self.raft
+            .add_learner(id, BasicNode::new(addr.to_string()), false)
+            .await
+            .map(|_| ())
+            .map_err(write_error)
+    }
+
+    async fn promote(&self, id: NodeId) -> Result<(), ConsensusError> {
+        let st = self.status();
+        if st.role != Role::Leader {
+            return Err(ConsensusError::NotLeader {
+                leader: st.leader.map(|l| (l, None)),
+            });
+        }
+        let lag = st
+            .replication
+            .iter()
+            .find(|p| p.id == id)
+            .map(|p| p.lag_entries);
+        match lag {
+            Some(l) if l <= PROMOTE_MAX_LAG_ENTRIES => {}
+            Some(l) => {
+                return Err(ConsensusError::Membership(format!(
+                    "learner {id} is {l} entries behind (at most {PROMOTE_MAX_LAG_ENTRIES})"
+                )));
+            }
+            None => {
+                return Err(ConsensusError::Membership(format!("{id} is not a learner")));
+            }
+        }
+        self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
+            .await
+    }
+
+    async fn remove(&self, id: NodeId) -> Result<(), ConsensusError> {
+        let st = self.status();
+        // A voter removed with `retain = false` leaves the membership altogether.
+        let ids = BTreeSet::from([id]);
+        if st.voters.contains(&id) {
+            self.change(ChangeMembers::RemoveVoters(ids)).await
+        } else {
+            self.change(ChangeMembers::RemoveNodes(ids)).await
+        }
+    }
+
+    async fn transfer_leader(&self, _to: NodeId) -> Result<(), ConsensusError> {
+        Err(ConsensusError::Unsupported(
+            "leader transfer: openraft 0.9 has none (0.10's trigger().transfer_leader)",
+        ))
+    }
+}

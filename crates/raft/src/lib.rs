@@ -1,0 +1,34 @@
+//! tern-raft: Tern's consensus. openraft (pinned, see README.md) does the Raft protocol; Tern
+//! keeps the Raft log, vote and applied point in its own store (tern-store), and the broker
+//! sees only the [`Consensus`] trait and implements the [`Applier`] trait.
+//!
+//! Module map, one layer per line, lowest first: a module imports only its own line and the
+//! lines before it (`crates/server/tests/layering.rs` holds the same order and enforces it).
+//! - [`error`]: typed errors; [`types`]: node ids, the openraft type configuration, the entry
+//!   payload (a batch of opaque operations), the binary codec.
+//! - [`log_store`]: the Raft log on a tern-store stream, the vote in an always-synced kv;
+//!   [`state_machine`]: committed batches to the [`Applier`], snapshots from its state;
+//!   [`network`]: Raft RPCs over TCP (length-prefixed frames).
+//! - [`node`]: one node: store, core, listener, cluster formation from the peers list.
+//! - [`consensus`]: the [`Consensus`] trait, the cluster status, their implementation.
+//!
+//! # Durability contract
+//! - A proposal completes only after its entry is on disk on a majority of voters (under the
+//!   log's sync policy) and applied on the proposing node.
+//! - The vote is always fsynced before it is acted on, whatever the log's policy.
+//! - The log is synced under `[state] sync` (`NodeConfig::sync`): with `Always` each append's
+//!   group commit is fsynced before openraft counts this node's copy.
+
+pub mod consensus;
+pub mod error;
+pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod state_machine;
+pub mod types;
+
+pub use consensus::{ClusterStatus, Committed, Consensus, PeerReplication, Role};
+pub use error::ConsensusError;
+pub use node::{NodeConfig, RaftNode};
+pub use state_machine::{Applier, ApplyError};
+pub use types::{Batch, LogIndex, NodeId};

@@ -1,0 +1,481 @@
+//! The Raft log and vote in tern-store (openraft's `RaftLogStorage`).
+//!
+//! - **Log**: the stream `raft-log`, one record per entry (topic `e`, properties: the entry's
+//!   log id, payload: the entry), under the configured sync policy. The Raft index is NOT the
+//!   store's sequence: store sequences are never reused, so a conflicting suffix is cut by a
+//!   truncate marker record (topic `t`, payload: the first index cut) and an append at index
+//!   `i` replaces everything from `i` on. The index `Raft index -> store seq` lives in memory
+//!   and is rebuilt on open by replaying entries and markers in sequence order.
+//! - **Vote and purge point**: the kv stream `raft-meta`, always synced (`SyncPolicy::Always`)
+//!   whatever the log's policy: a vote forgotten in a crash lets a node vote twice in a term.
+//!   Purge records the purged log id there first, then drops whole blocks below the first
+//!   entry kept (what a crash leaves behind is skipped on open).
+//!
+//! # Invariants
+//! - The in-memory index holds consecutive indexes above the purge point, no hole.
+//! - An entry's `pending` copy is kept until its record is durable: openraft reads an entry
+//!   (to replicate it) as soon as `append` returns, while the store serves a record only once
+//!   it is durable.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::ops::RangeBounds;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{AnyError, LogState, OptionalSend, RaftLogReader, StorageIOError};
+use tern_store::config::{MAX_BATCH_BYTES, MAX_BATCH_RECORDS};
+use tern_store::{
+    FilterSet, KvStream, NewRecord, Store, StoreError, Stream, StreamConfig, SyncPolicy,
+};
+
+use crate::types::{Entry, LogId, LogIndex, StorageError, TypeConfig, Vote, decode, encode};
+
+/// The log stream's name in the node's store.
+pub const LOG_STREAM: &str = "raft-log";
+/// The kv stream holding the vote and the purge point.
+pub const META_KV: &str = "raft-meta";
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_PURGED: &[u8] = b"purged";
+const TOPIC_ENTRY: &[u8] = b"e";
+const TOPIC_TRUNCATE: &[u8] = b"t";
+/// Most encoded entry bytes one replication read returns (one AppendEntries request). With
+/// one proposal of at most `MAX_PROPOSAL_BYTES` above it, it stays under the network's
+/// `MAX_FRAME_BYTES`.
+pub const MAX_APPEND_BYTES: usize = 32 << 20;
+/// Records read per page while rebuilding the index on open.
+const OPEN_SCAN_RECORDS: usize = 4096;
+/// Bytes read per page while rebuilding the index on open.
+const OPEN_SCAN_BYTES: usize = 16 << 20;
+
+/// Where one entry is: its store sequence, and its decoded copy until that is durable.
+#[derive(Debug)]
+struct Slot {
+    seq: u64,
+    log_id: LogId,
+    /// The encoded entry's size, to bound what one read returns.
+    len_bytes: usize,
+    pending: Option<Entry>,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    slots: BTreeMap<LogIndex, Slot>,
+    purged: Option<LogId>,
+    vote: Option<Vote>,
+}
+
+impl Index {
+    /// An entry at `index` replaces everything from `index` on (a log has no holes).
+    fn cut_from(&mut self, index: LogIndex) {
+        self.slots.split_off(&index);
+    }
+
+    fn last_log_id(&self) -> Option<LogId> {
+        self.slots
+            .values()
+            .next_back()
+            .map(|s| s.log_id)
+            .or(self.purged)
+    }
+
+    /// O(1): keys are unique, so consecutive means the span equals the count; the first is
+    /// right after the purge point.
+    fn debug_check(&self) {
+        let (Some((&first, _)), Some((&last, _))) =
+            (self.slots.first_key_value(), self.slots.last_key_value())
+        else {
+            return;
+        };
+        debug_assert_eq!(
+            last - first + 1,
+            self.slots.len() as u64,
+            "hole in the Raft log"
+        );
+        if let Some(p) = self.purged {
+            debug_assert_eq!(first, p.index + 1, "hole after the purge point");
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    log: Stream,
+    meta: KvStream,
+    index: Mutex<Index>,
+    /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
+    /// are released.
+    canary: Arc<()>,
+}
+
+/// The Raft log storage of one node. Cheap to clone (the clone is also its log reader).
+#[derive(Debug, Clone)]
+pub struct LogStore {
+    inner: Arc<Inner>,
+}
+
+fn store_err(e: impl ToString) -> AnyError {
+    AnyError::error(e.to_string())
+}
+
+impl LogStore {
+    /// Opens the log (under `sync`) and the meta kv (always synced) in `store`, and rebuilds
+    /// the index.
+    pub fn open(store: &Store, sync: SyncPolicy) -> Result<LogStore, StoreError> {
+        let log = store.stream(
+            LOG_STREAM,
+            StreamConfig {
+                sync,
+                ..StreamConfig::default()
+            },
+        )?;
+        let meta = store.kv(
+            META_KV,
+            StreamConfig {
+                sync: SyncPolicy::Always,
+                ..StreamConfig::default()
+            },
+        )?;
+        let mut index = Index::default();
+        if let Some(v) = meta.get(KEY_VOTE)? {
+            index.vote = Some(decode(&v).map_err(corrupt)?);
+        }
+        if let Some(p) = meta.get(KEY_PURGED)? {
+            index.purged = Some(decode(&p).map_err(corrupt)?);
+        }
+        rebuild(&log, &mut index)?;
+        index.debug_check();
+        Ok(LogStore {
+            inner: Arc::new(Inner {
+                log,
+                meta,
+                index: Mutex::new(index),
+                canary: Arc::new(()),
+            }),
+        })
+    }
+
+    /// Gone once every clone is dropped and with them the streams and the store's lock.
+    pub(crate) fn liveness(&self) -> Weak<()> {
+        Arc::downgrade(&self.inner.canary)
+    }
+
+    fn index(&self) -> MutexGuard<'_, Index> {
+        self.inner.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The entries in `range` that are in the log, from its start up to the first missing one,
+    /// stopping once `max_bytes` (encoded) are reached (at least one entry is returned).
+    #[expect(
+        clippy::result_large_err,
+        reason = "openraft's StorageError, which the trait method calling this returns anyway"
+    )]
+    fn read_range(
+        &self,
+        range: impl RangeBounds<u64>,
+        max_bytes: usize,
+    ) -> Result<Vec<Entry>, StorageError> {
+        enum Found {
+            Copy(Box<Entry>),
+            Seq(u64, LogIndex),
+        }
+        let mut found: Vec<Found> = Vec::new();
+        {
+            let ix = self.index();
+            let mut bytes = 0usize;
+            for (&i, s) in ix.slots.range(range) {
+                if !found.is_empty() && bytes + s.len_bytes > max_bytes {
+                    break;
+                }
+                bytes += s.len_bytes;
+                found.push(match &s.pending {
+                    Some(e) => Found::Copy(Box::new(e.clone())),
+                    None => Found::Seq(s.seq, i),
+                });
+            }
+        }
+        let mut out = Vec::with_capacity(found.len());
+        for f in found {
+            match f {
+                Found::Copy(e) => out.push(*e),
+                Found::Seq(seq, i) => {
+                    let rec = self
+                        .inner
+                        .log
+                        .get(seq)
+                        .map_err(|e| StorageIOError::read_log_at_index(i, store_err(e)))?;
+                    // Purged meanwhile: the entries found so far are still consecutive.
+                    let Some(rec) = rec else { break };
+                    let e: Entry = decode(&rec.payload)
+                        .map_err(|e| StorageIOError::read_log_at_index(i, store_err(e)))?;
+                    out.push(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Appends encoded entries to the log stream in store batches; returns the store
+    /// sequences assigned and the last batch's ticket (tickets complete in order).
+    async fn write_entries(
+        &self,
+        recs: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<(Vec<u64>, Option<tern_store::Ticket>), StoreError> {
+        let mut seqs = Vec::with_capacity(recs.len());
+        let mut last = None;
+        let mut start = 0;
+        while start < recs.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < recs.len() && end - start < MAX_BATCH_RECORDS {
+                let len = recs[end].0.len() + recs[end].1.len() + 64;
+                if end > start && bytes + len > MAX_BATCH_BYTES / 2 {
+                    break;
+                }
+                bytes += len;
+                end += 1;
+            }
+            let ticket = self.append_chunk(&recs[start..end]).await?;
+            seqs.extend(ticket.first_seq()..=ticket.seq());
+            last = Some(ticket);
+            start = end;
+        }
+        Ok((seqs, last))
+    }
+
+    /// One store batch: without blocking when the queue has room, else on a blocking thread
+    /// (the store's back-pressure waits on a condition variable).
+    async fn append_chunk(
+        &self,
+        chunk: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<tern_store::Ticket, StoreError> {
+        match self.inner.log.try_append_batch(&entry_records(chunk)) {
+            Err(StoreError::QueueFull { .. }) => {
+                let owned = chunk.to_vec();
+                let log = self.inner.log.clone();
+                tokio::task::spawn_blocking(move || log.append_batch(&entry_records(&owned)))
+                    .await
+                    .map_err(|e| StoreError::Closed(format!("append task: {e}")))?
+            }
+            other => other,
+        }
+    }
+}
+
+/// Store records for encoded entries (log id, entry). Record time is unused: 0.
+fn entry_records(chunk: &[(Vec<u8>, Vec<u8>)]) -> Vec<NewRecord<'_>> {
+    chunk
+        .iter()
+        .map(|(props, payload)| NewRecord {
+            topic: TOPIC_ENTRY,
+            properties: props,
+            payload,
+            time_ns: Some(0),
+        })
+        .collect()
+}
+
+fn write_logs_err(e: impl ToString) -> StorageError {
+    StorageIOError::write_logs(store_err(e)).into()
+}
+
+fn corrupt(e: postcard::Error) -> StoreError {
+    StoreError::InvalidConfig(format!("raft log: undecodable record: {e}"))
+}
+
+/// Replays the log stream's entries and truncate markers into `index`.
+fn rebuild(log: &Stream, index: &mut Index) -> Result<(), StoreError> {
+    let mut from = 0;
+    let all = FilterSet::all();
+    loop {
+        let page = log.read_from(from, &all, OPEN_SCAN_RECORDS, OPEN_SCAN_BYTES)?;
+        if page.records.is_empty() {
+            break;
+        }
+        from = page.next_seq;
+        for r in page.records {
+            if r.topic.as_ref() == TOPIC_ENTRY {
+                let log_id: LogId = decode(&r.properties).map_err(corrupt)?;
+                index.cut_from(log_id.index);
+                index.slots.insert(
+                    log_id.index,
+                    Slot {
+                        seq: r.seq,
+                        log_id,
+                        len_bytes: r.payload.len(),
+                        pending: None,
+                    },
+                );
+            } else if r.topic.as_ref() == TOPIC_TRUNCATE {
+                let first_cut: LogIndex = decode(&r.payload).map_err(corrupt)?;
+                index.cut_from(first_cut);
+            }
+        }
+    }
+    if let Some(p) = index.purged {
+        index.slots = index.slots.split_off(&(p.index + 1));
+    }
+    Ok(())
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.read_range(range, usize::MAX)
+    }
+
+    /// What replication sends in one AppendEntries: at most [`MAX_APPEND_BYTES`] of entries
+    /// (and at least one), so that a frame stays under the network's limit.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.read_range(start..end, MAX_APPEND_BYTES)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let ix = self.index();
+        Ok(LogState {
+            last_purged_log_id: ix.purged,
+            last_log_id: ix.last_log_id(),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        let bytes = encode(vote).map_err(|e| StorageIOError::write_vote(store_err(e)))?;
+        let ticket = self
+            .inner
+            .meta
+            .put(KEY_VOTE, &bytes)
+            .map_err(|e| StorageIOError::write_vote(store_err(e)))?;
+        // The vote is on disk before openraft acts on it (meta is always synced).
+        ticket
+            .await
+            .map_err(|e| StorageIOError::write_vote(store_err(e)))?;
+        self.index().vote = Some(*vote);
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        Ok(self.index().vote)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if entries.is_empty() {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
+        let mut recs = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let w = |x: postcard::Error| StorageIOError::write_log_entry(e.log_id, store_err(x));
+            recs.push((encode(&e.log_id).map_err(w)?, encode(e).map_err(w)?));
+        }
+        let lens: Vec<usize> = recs.iter().map(|(_, payload)| payload.len()).collect();
+        let (seqs, ticket) = self
+            .write_entries(recs)
+            .await
+            .map_err(|e| StorageIOError::write_logs(store_err(e)))?;
+        let first_seq = seqs.first().copied().unwrap_or(0);
+        {
+            let mut ix = self.index();
+            ix.cut_from(entries[0].log_id.index);
+            for ((e, seq), len_bytes) in entries.into_iter().zip(seqs).zip(lens) {
+                let log_id = e.log_id;
+                ix.slots.insert(
+                    log_id.index,
+                    Slot {
+                        seq,
+                        log_id,
+                        len_bytes,
+                        pending: Some(e),
+                    },
+                );
+            }
+            ix.debug_check();
+        }
+        let Some(ticket) = ticket else {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
+        // Flushed off the Raft core's task: the callback fires when the store's group commit
+        // has made the batch durable under the log's sync policy.
+        let this = self.clone();
+        tokio::spawn(async move {
+            let last_seq = ticket.seq();
+            match ticket.await {
+                Ok(_) => {
+                    // Live slots' sequences grow with their index: walk back to this append.
+                    let mut ix = this.index();
+                    for s in ix.slots.values_mut().rev() {
+                        if s.seq < first_seq {
+                            break;
+                        }
+                        if s.seq <= last_seq {
+                            s.pending = None;
+                        }
+                    }
+                    drop(ix);
+                    callback.log_io_completed(Ok(()));
+                }
+                Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),
+            }
+        });
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let payload = encode(&log_id.index).map_err(write_logs_err)?;
+        let ticket = self
+            .inner
+            .log
+            .append_at(0, TOPIC_TRUNCATE, &[], &payload)
+            .map_err(write_logs_err)?;
+        self.index().cut_from(log_id.index);
+        ticket.await.map_err(write_logs_err)?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let bytes = encode(&log_id).map_err(write_logs_err)?;
+        self.inner
+            .meta
+            .put(KEY_PURGED, &bytes)
+            .map_err(write_logs_err)?
+            .await
+            .map_err(write_logs_err)?;
+        let floor = {
+            let mut ix = self.index();
+            ix.slots = ix.slots.split_off(&(log_id.index + 1));
+            ix.purged = Some(log_id);
+            ix.slots.values().next().map(|s| s.seq)
+        };
+        // Whole blocks below the first entry kept go; what a crash leaves is skipped on open.
+        let floor = floor.unwrap_or_else(|| self.inner.log.next_seq());
+        self.inner.log.queue_remove_blocks_below(floor);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "log_store_tests.rs"]
+mod tests;

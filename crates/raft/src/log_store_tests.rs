@@ -1,0 +1,167 @@
+//! The log store alone: truncation, purge and the vote survive a reopen, the vote a power loss.
+
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use openraft::{CommittedLeaderId, EntryPayload, RaftLogReader};
+use tern_store::sim::{SimConfig, SimDisk};
+use tern_store::{Store, SyncPolicy};
+
+use super::LogStore;
+use crate::types::{Batch, Entry, LogId, NodeId, Vote};
+
+fn log_id(term: u64, index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(term, NodeId(1)), index)
+}
+
+fn entry(term: u64, index: u64) -> Entry {
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Normal(Batch(vec![format!("op {term}/{index}").into()])),
+    }
+}
+
+fn open(dir: &std::path::Path) -> (Store, LogStore) {
+    let store = Store::open(dir).expect("open store");
+    let log = LogStore::open(&store, SyncPolicy::Always).expect("open log");
+    (store, log)
+}
+
+async fn terms(log: &mut LogStore, range: std::ops::Range<u64>) -> Vec<(u64, u64)> {
+    log.try_get_log_entries(range)
+        .await
+        .expect("read")
+        .iter()
+        .map(|e| (e.log_id.leader_id.term, e.log_id.index))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_truncated_conflicting_suffix_stays_truncated_after_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let (_store, mut log) = open(dir.path());
+        log.blocking_append((1..=5).map(|i| entry(1, i)))
+            .await
+            .expect("append");
+        // A new leader's log conflicts from index 3 on: cut, then its entries.
+        log.truncate(log_id(1, 3)).await.expect("truncate");
+        log.blocking_append([entry(2, 3), entry(2, 4)])
+            .await
+            .expect("append");
+        assert_eq!(
+            terms(&mut log, 1..10).await,
+            vec![(1, 1), (1, 2), (2, 3), (2, 4)]
+        );
+        // A cut not followed by an append must hold too.
+        log.truncate(log_id(2, 4)).await.expect("truncate");
+    }
+    let (_store, mut log) = open(dir.path());
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_log_id, Some(log_id(2, 3)));
+    assert_eq!(terms(&mut log, 1..10).await, vec![(1, 1), (1, 2), (2, 3)]);
+}
+
+#[tokio::test]
+async fn a_purge_and_the_vote_survive_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let vote = Vote::new(7, NodeId(2));
+    {
+        let (_store, mut log) = open(dir.path());
+        log.blocking_append((1..=6).map(|i| entry(1, i)))
+            .await
+            .expect("append");
+        log.purge(log_id(1, 4)).await.expect("purge");
+        log.save_vote(&vote).await.expect("vote");
+    }
+    let (_store, mut log) = open(dir.path());
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 4)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 6)));
+    assert_eq!(terms(&mut log, 0..10).await, vec![(1, 5), (1, 6)]);
+    assert_eq!(log.read_vote().await.expect("vote"), Some(vote));
+}
+
+#[tokio::test]
+async fn an_entry_is_readable_as_soon_as_append_returns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_store, mut log) = open(dir.path());
+    log.blocking_append([entry(1, 1)]).await.expect("append");
+    // Read through a separate reader, as replication does.
+    let mut reader = log.get_log_reader().await;
+    assert_eq!(terms(&mut reader, 1..2).await, vec![(1, 1)]);
+}
+
+/// The vote is synced even when the log is not (`SyncPolicy::Never`): a power loss right
+/// after `save_vote` keeps it, on every seed tried. (Opening the meta kv under the log's
+/// policy instead makes this fail: checked by hand.)
+#[tokio::test]
+async fn the_vote_survives_a_power_loss_when_the_log_is_not_synced() {
+    for seed in 0..16 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let disk = SimDisk::new(dir.path(), seed, SimConfig::default());
+        let vote = Vote::new(3 + seed, NodeId(1));
+        {
+            let store = Store::open_with_vfs(dir.path(), disk.vfs()).expect("open");
+            let mut log = LogStore::open(&store, SyncPolicy::Never).expect("log");
+            log.blocking_append([entry(1, 1)]).await.expect("append");
+            log.save_vote(&vote).await.expect("vote");
+            disk.power_loss();
+        }
+        let store = Store::open_with_vfs(dir.path(), disk.vfs()).expect("reopen");
+        let mut log = LogStore::open(&store, SyncPolicy::Never).expect("log");
+        assert_eq!(
+            log.read_vote().await.expect("vote"),
+            Some(vote),
+            "seed {seed}: the vote was lost"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_replication_read_is_bounded_in_bytes_but_returns_at_least_one_entry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_store, mut log) = open(dir.path());
+    log.blocking_append((1..=6).map(|i| entry(1, i)))
+        .await
+        .expect("append");
+    let one = log.index().slots[&1].len_bytes;
+    let got = log.read_range(1..7, 3 * one).expect("read");
+    assert_eq!(got.len(), 3);
+    let got = log.read_range(2..7, 0).expect("read");
+    assert_eq!(got.len(), 1, "at least one entry, or replication stalls");
+    assert_eq!(got[0].log_id, log_id(1, 2));
+}
+
+/// openraft counts this node's copy of an entry when the flush callback fires: by then the
+/// entry must survive a power loss (the log under `SyncPolicy::Always`). Firing the callback
+/// before the store's ticket completes makes this fail: checked by hand.
+#[tokio::test]
+async fn an_entry_whose_flush_was_reported_survives_a_power_loss() {
+    for seed in 0..8 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = SimConfig {
+            // Slow calls widen the window an early report would fall into.
+            latency: Some(std::time::Duration::from_millis(2)),
+            ..SimConfig::default()
+        };
+        let disk = SimDisk::new(dir.path(), seed, cfg);
+        {
+            let store = Store::open_with_vfs(dir.path(), disk.vfs()).expect("open");
+            let mut log = LogStore::open(&store, SyncPolicy::Always).expect("log");
+            // Returns once the callback has fired.
+            log.blocking_append((1..=3).map(|i| entry(1, i)))
+                .await
+                .expect("append");
+            disk.power_loss();
+            // Wait for the old store to let go of the directory (its flush task may hold it).
+            let alive = log.liveness();
+            drop(log);
+            while alive.strong_count() > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+        let store = Store::open_with_vfs(dir.path(), disk.vfs()).expect("reopen");
+        let mut log = LogStore::open(&store, SyncPolicy::Always).expect("log");
+        let state = log.get_log_state().await.expect("state");
+        assert_eq!(state.last_log_id, Some(log_id(1, 3)), "seed {seed}");
+    }
+}

@@ -1,0 +1,246 @@
+//! Raft RPCs over TCP: length-prefixed postcard frames (a 4-byte big-endian length, then the
+//! message), one request and its response at a time per connection.
+//!
+//! The client side is openraft's `RaftNetworkFactory`; a peer that is down, slow or speaks
+//! garbage is an `Unreachable` error, which openraft retries after [`RETRY_BACKOFF`]. The
+//! server side ([`serve`]) hands requests to [`handle`], which knows nothing of TCP: a
+//! simulated network (turmoil) can call it with its own transport.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::BasicNode;
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::types::{NodeId, Raft, TypeConfig, decode, encode};
+
+/// Largest frame either side accepts: a batch of entries (openraft's `max_payload_entries`
+/// of them) or a snapshot chunk. A bigger length prefix is a broken or hostile peer.
+pub const MAX_FRAME_BYTES: usize = 128 << 20;
+const _: () = assert!(
+    crate::log_store::MAX_APPEND_BYTES + 2 * crate::types::MAX_PROPOSAL_BYTES < MAX_FRAME_BYTES
+);
+/// Most inbound peer connections served at once; further ones wait for a slot.
+pub const MAX_INBOUND_CONNECTIONS: usize = 64;
+/// How long a peer may take to accept a connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Upper bound of one request and its response (openraft's own deadline may be shorter).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long openraft waits before retrying an unreachable peer (its default is 500 ms, longer
+/// than an election timeout: a peer that comes back would start an election first).
+pub const RETRY_BACKOFF: Duration = Duration::from_millis(100);
+
+type Err = RaftError<NodeId>;
+type SnapErr = RaftError<NodeId, InstallSnapshotError>;
+
+/// A request between nodes.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// The answer to a [`Request`], of the same kind.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Response {
+    Append(Result<AppendEntriesResponse<NodeId>, Err>),
+    Vote(Result<VoteResponse<NodeId>, Err>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, SnapErr>),
+}
+
+/// Runs `req` on the local Raft node.
+pub async fn handle(raft: &Raft, req: Request) -> Response {
+    match req {
+        Request::Append(r) => Response::Append(raft.append_entries(r).await),
+        Request::Vote(r) => Response::Vote(raft.vote(r).await),
+        Request::Snapshot(r) => Response::Snapshot(raft.install_snapshot(r).await),
+    }
+}
+
+async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let len = s.read_u32().await? as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes above MAX_FRAME_BYTES"),
+        ));
+    }
+    // Grown as bytes arrive, not allocated from the prefix: a peer that announces a large
+    // frame and sends nothing costs nothing.
+    let mut buf = Vec::new();
+    (&mut *s).take(len as u64).read_to_end(&mut buf).await?;
+    if buf.len() != len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(buf)
+}
+
+async fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|&l| l as usize <= MAX_FRAME_BYTES)
+        .ok_or_else(|| std::io::Error::other("frame above MAX_FRAME_BYTES"))?;
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(body);
+    s.write_all(&frame).await
+}
+
+fn invalid(e: postcard::Error) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+}
+
+/// Serves peers' requests from `listener` until the task is aborted. The connections' tasks
+/// belong to it: aborting it closes them (a stopped node must not keep answering for its old
+/// core on connections peers still hold).
+pub async fn serve(listener: TcpListener, raft: Raft) {
+    let slots = Arc::new(Semaphore::new(MAX_INBOUND_CONNECTIONS));
+    let mut connections = JoinSet::new();
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        // Reap finished connections so the set stays bounded by the permits.
+        while connections.try_join_next().is_some() {}
+        let (mut stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "raft: accept failed");
+                tokio::time::sleep(RETRY_BACKOFF).await;
+                continue;
+            }
+        };
+        let raft = raft.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let _ = stream.set_nodelay(true);
+            if let Err(e) = serve_connection(&mut stream, &raft).await {
+                tracing::debug!(%peer, error = %e, "raft: peer connection closed");
+            }
+        });
+    }
+}
+
+async fn serve_connection(stream: &mut TcpStream, raft: &Raft) -> std::io::Result<()> {
+    loop {
+        let frame = read_frame(stream).await?;
+        let req: Request = decode(&frame).map_err(invalid)?;
+        let resp = handle(raft, req).await;
+        write_frame(stream, &encode(&resp).map_err(invalid)?).await?;
+    }
+}
+
+/// openraft's network factory over TCP: a client per peer, connecting on first use.
+#[derive(Debug, Clone, Default)]
+pub struct TcpNetwork;
+
+impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        PeerClient {
+            target,
+            addr: node.addr.clone(),
+            conn: None,
+        }
+    }
+}
+
+/// The connection to one peer; dropped (and reopened by the next call) on any error.
+#[derive(Debug)]
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    conn: Option<TcpStream>,
+}
+
+impl PeerClient {
+    async fn exchange(&mut self, req: &Request) -> std::io::Result<Response> {
+        if self.conn.is_none() {
+            let s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+                .await
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))??;
+            s.set_nodelay(true)?;
+            self.conn = Some(s);
+        }
+        let Some(s) = self.conn.as_mut() else {
+            return Err(std::io::Error::other("no connection"));
+        };
+        write_frame(s, &encode(req).map_err(invalid)?).await?;
+        let frame = read_frame(s).await?;
+        decode(&frame).map_err(invalid)
+    }
+
+    /// One request with a deadline; any failure drops the connection and is `Unreachable`.
+    async fn call(&mut self, req: Request, option: &RPCOption) -> Result<Response, Unreachable> {
+        let deadline = option.hard_ttl().min(REQUEST_TIMEOUT);
+        let r = match tokio::time::timeout(deadline, self.exchange(&req)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "request timed out",
+            )),
+        };
+        r.map_err(|e| {
+            self.conn = None;
+            Unreachable::new(&e)
+        })
+    }
+}
+
+fn wrong_kind() -> Unreachable {
+    Unreachable::new(&std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "response of the wrong kind",
+    ))
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, Err>> {
+        match self.call(Request::Append(rpc), &option).await? {
+            Response::Append(r) => r.map_err(|e| RemoteError::new(self.target, e).into()),
+            _ => Err(wrong_kind().into()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, Err>> {
+        match self.call(Request::Vote(rpc), &option).await? {
+            Response::Vote(r) => r.map_err(|e| RemoteError::new(self.target, e).into()),
+            _ => Err(wrong_kind().into()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, SnapErr>> {
+        match self.call(Request::Snapshot(rpc), &option).await? {
+            Response::Snapshot(r) => r.map_err(|e| RemoteError::new(self.target, e).into()),
+            _ => Err(wrong_kind().into()),
+        }
+    }
+
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(RETRY_BACKOFF))
+    }
+}

@@ -1,0 +1,245 @@
+//! The state machine (openraft's `RaftStateMachine`): hands committed batches, in log order,
+//! to the application's [`Applier`], and builds and installs snapshots through it. A
+//! snapshot is the bytes the application produces from its own state, never a copy of the log.
+//!
+//! What is applied is recorded in the kv stream `raft-applied` (last applied log id and
+//! membership), under the log's sync policy, before `apply` returns. After a crash the entries
+//! after the recorded point are applied again: the [`Applier`] sees an index it may already
+//! have applied, and must skip it (its own state should carry its applied index).
+
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use bytes::Bytes;
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    AnyError, BasicNode, EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StorageIOError, StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+use tern_store::{KvStream, Store, StoreError, StreamConfig, SyncPolicy};
+
+use crate::types::{Entry, LogId, LogIndex, NodeId, StorageError, TypeConfig, decode, encode};
+
+/// The kv stream recording the applied point.
+pub const APPLIED_KV: &str = "raft-applied";
+const KEY_APPLIED: &[u8] = b"applied";
+
+/// An application's failure to apply or snapshot: consensus stops on it (a node that cannot
+/// apply a committed entry must not go on as if it had).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ApplyError(pub String);
+
+/// What the application (the broker) implements: its state, driven by committed batches.
+///
+/// Contract: `apply` is called with strictly increasing indexes, each committed batch once per
+/// run; after a restart, batches after the last recorded applied point are applied again, so
+/// an implementation skips an index at or below the one its own durable state has reached.
+/// Calls are serialized; they run on the Raft state machine's task, so they should be quick.
+pub trait Applier: Send + 'static {
+    /// Applies a committed batch of operations, at Raft log `index`.
+    fn apply(&mut self, index: LogIndex, ops: &[Bytes]) -> Result<(), ApplyError>;
+    /// The application's state as of the last applied index, as bytes (a snapshot).
+    fn snapshot(&mut self) -> Result<Vec<u8>, ApplyError>;
+    /// Replaces the application's state with a snapshot taken at `index` by another node.
+    fn install_snapshot(&mut self, index: LogIndex, data: &[u8]) -> Result<(), ApplyError>;
+}
+
+/// The applied point, as recorded in `raft-applied`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Applied {
+    last_applied: Option<LogId>,
+    membership: StoredMembership<NodeId, BasicNode>,
+}
+
+type Meta = SnapshotMeta<NodeId, BasicNode>;
+
+struct Inner {
+    /// Held across a whole `apply` call, so a snapshot sees state and applied point together.
+    applier: Mutex<Box<dyn Applier>>,
+    applied: Mutex<Applied>,
+    kv: KvStream,
+    /// The last snapshot built or installed (in memory: after a restart openraft builds a new
+    /// one from the application's state when it needs one).
+    current: Mutex<Option<(Meta, Vec<u8>)>>,
+    snapshots_built: AtomicU64,
+    /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
+    /// are released.
+    canary: Arc<()>,
+}
+
+/// The state machine of one node. Cheap to clone (the clone is also its snapshot builder).
+#[derive(Clone)]
+pub struct StateMachine {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn any(e: impl ToString) -> AnyError {
+    AnyError::error(e.to_string())
+}
+
+impl StateMachine {
+    /// Opens the applied record in `store` (under `sync`, the log's policy).
+    pub fn open(
+        store: &Store,
+        sync: SyncPolicy,
+        applier: Box<dyn Applier>,
+    ) -> Result<StateMachine, StoreError> {
+        let kv = store.kv(
+            APPLIED_KV,
+            StreamConfig {
+                sync,
+                ..StreamConfig::default()
+            },
+        )?;
+        let applied = match kv.get(KEY_APPLIED)? {
+            Some(b) => decode(&b).map_err(|e| {
+                StoreError::InvalidConfig(format!("raft applied: undecodable record: {e}"))
+            })?,
+            None => Applied::default(),
+        };
+        Ok(StateMachine {
+            inner: Arc::new(Inner {
+                applier: Mutex::new(applier),
+                applied: Mutex::new(applied),
+                kv,
+                current: Mutex::new(None),
+                snapshots_built: AtomicU64::new(0),
+                canary: Arc::new(()),
+            }),
+        })
+    }
+
+    /// Gone once every clone is dropped and with them the kv stream and the store's lock.
+    pub(crate) fn liveness(&self) -> Weak<()> {
+        Arc::downgrade(&self.inner.canary)
+    }
+
+    /// Records `applied` durably (under the sync policy).
+    async fn record(&self, applied: Applied) -> Result<(), StorageError> {
+        fn w(e: impl ToString) -> StorageError {
+            StorageIOError::write_state_machine(any(e)).into()
+        }
+        let bytes = encode(&applied).map_err(w)?;
+        let ticket = self.inner.kv.put(KEY_APPLIED, &bytes).map_err(w)?;
+        ticket.await.map_err(w)?;
+        Ok(())
+    }
+
+    /// Applies entries under the applier's lock; returns the new applied point.
+    #[expect(
+        clippy::result_large_err,
+        reason = "openraft's StorageError, which the trait method calling this returns anyway"
+    )]
+    fn apply_entries(&self, entries: Vec<Entry>) -> Result<(Applied, usize), StorageError> {
+        let mut applier = lock(&self.inner.applier);
+        let mut applied = lock(&self.inner.applied).clone();
+        let n = entries.len();
+        for e in entries {
+            match e.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Normal(batch) => applier
+                    .apply(e.log_id.index, &batch.0)
+                    .map_err(|x| StorageIOError::apply(e.log_id, any(x)))?,
+                EntryPayload::Membership(m) => {
+                    applied.membership = StoredMembership::new(Some(e.log_id), m);
+                }
+            }
+            applied.last_applied = Some(e.log_id);
+        }
+        // Published while the applier lock is held: a snapshot pairs state and point.
+        *lock(&self.inner.applied) = applied.clone();
+        Ok((applied, n))
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (data, applied) = {
+            let mut applier = lock(&self.inner.applier);
+            let applied = lock(&self.inner.applied).clone();
+            let data = applier
+                .snapshot()
+                .map_err(|e| StorageIOError::read_state_machine(any(e)))?;
+            (data, applied)
+        };
+        let n = self.inner.snapshots_built.fetch_add(1, Ordering::Relaxed);
+        let meta = Meta {
+            last_log_id: applied.last_applied,
+            last_membership: applied.membership,
+            snapshot_id: format!("{}-{n}", applied.last_applied.map_or(0, |l| l.index)),
+        };
+        *lock(&self.inner.current) = Some((meta.clone(), data.clone()));
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership<NodeId, BasicNode>), StorageError> {
+        let a = lock(&self.inner.applied);
+        Ok((a.last_applied, a.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let (applied, n) = self.apply_entries(entries.into_iter().collect())?;
+        self.record(applied).await?;
+        Ok(vec![(); n])
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let index = meta.last_log_id.map_or(0, |l| l.index);
+        let applied = Applied {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+        };
+        {
+            let mut applier = lock(&self.inner.applier);
+            applier
+                .install_snapshot(index, &data)
+                .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), any(e)))?;
+            *lock(&self.inner.applied) = applied.clone();
+        }
+        self.record(applied).await?;
+        *lock(&self.inner.current) = Some((meta.clone(), data));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        Ok(lock(&self.inner.current)
+            .clone()
+            .map(|(meta, data)| Snapshot {
+                meta,
+                snapshot: Box::new(Cursor::new(data)),
+            }))
+    }
+}
