@@ -54,6 +54,8 @@ pub struct OutEnv<'a> {
     pub store: &'a dyn crate::model::ExchangeStore,
     pub session: &'a Session,
     pub conn_gen: u64,
+    /// Where the session announces that what it holds changed (the checkpointer's list).
+    pub changed_sessions: &'a crate::state::session::ChangedSessions,
 }
 
 impl<W: TransportWrite> Outflow<W> {
@@ -129,6 +131,7 @@ impl<W: TransportWrite> Outflow<W> {
             };
             let bufs = self.bufs.get_or_insert_with(Box::default);
             state.out.fill_batch(&mut self.writer, &batch, bufs);
+            env.changed_sessions.note(env.session, &state);
             self.gate_busy = state.out.gate_holds_packets();
             if state.out.gate_failed() && bufs.parts.is_empty() {
                 // A write the session's packets waited for failed: nothing more can leave

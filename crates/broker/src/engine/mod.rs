@@ -17,6 +17,8 @@
 //! - [`sys`]: the `$SYS/broker/...` topics.
 
 pub mod checkpoint;
+#[cfg(test)]
+mod checkpoint_tests;
 pub mod expiry;
 pub mod groups;
 pub mod live_tasks;

@@ -99,6 +99,7 @@ pub fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attached {
         state.pending_will = None;
         state.out.count_into(shared.metrics.queued.clone());
         state.out.attach(request.window);
+        shared.changed_sessions.note(&session, &state);
         let mut connack = request.connack;
         connack.session_present = session_present;
         let mut scratch = bytes::BytesMut::new();
@@ -144,6 +145,7 @@ pub fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64) {
         state.conn = None;
         session.set_online(false);
         state.out.detach();
+        shared.changed_sessions.note(session, &state);
         state.expiry_interval_s
     };
     groups::redistribute(shared, session);
