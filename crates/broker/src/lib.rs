@@ -53,7 +53,8 @@ pub use durable::{
 pub use engine::Shared;
 pub use model::{
     CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, MessageLog, OutboundSent,
-    PersistError, Persistence, Recovered, Recovery, RetainedStore, SessionStore, StoreAdmin,
-    StoreRef, StoredInflight, StoredSession, Ticket, TicketCompleter, WillStore, WriterWakes,
+    PersistError, Persistence, QueueFull, Recovered, Recovery, RetainedStore, SessionStore,
+    StoreAdmin, StoreRef, StoredInflight, StoredSession, Ticket, TicketCompleter, WillStore,
+    WriterWakes,
 };
 pub use tern_store::{Limits, StreamConfig, SyncPolicy};

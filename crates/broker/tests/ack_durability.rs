@@ -18,8 +18,8 @@ use common::*;
 use parking_lot::Mutex;
 use tern_broker::model::message::Message;
 use tern_broker::{
-    Broker, MemoryStore, MessageLog, PersistError, Persistence, RetainedStore, SessionStore,
-    Ticket, TicketCompleter, WriterWakes,
+    Broker, MemoryStore, MessageLog, PersistError, Persistence, QueueFull, RetainedStore,
+    SessionStore, Ticket, TicketCompleter, WriterWakes,
 };
 use tern_wire::{
     Packet, Properties, Protocol, QoS, ReasonCode, Subscribe, SubscriptionOptions, Unsubscribe,
@@ -82,6 +82,16 @@ impl MessageLog for HandStore {
         }
         None
     }
+    /// Never full: the same as `append_publish`.
+    fn try_append_publish(
+        &self,
+        client_id: &str,
+        m: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Result<Option<Ticket>, QueueFull> {
+        Ok(self.append_publish(client_id, m, qos2_packet_id))
+    }
+    fn wait_for_room(&self, _: &str, _: &Message, _: bool) {}
     fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         MemoryStore.qos2_retry(client_id, packet_id)
     }

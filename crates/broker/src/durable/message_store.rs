@@ -3,7 +3,7 @@
 //! share groups, wills, reclamation in their modules).
 
 use crate::hash::Map;
-use crate::model::WriterWakes;
+use crate::model::{QueueFull, WriterWakes};
 use std::sync::atomic::Ordering;
 
 use tern_store::NewRecord;
@@ -18,77 +18,32 @@ impl MessageLog for DurableStore {
         message: &Message,
         qos2_packet_id: Option<u16>,
     ) -> Option<Ticket> {
-        let (index, slot) = self.writes(&message.topic, message.qos)?;
-        let mut meta = codec::Meta::new();
-        codec::encode_meta(message, &mut meta);
-        let record = NewRecord {
-            topic: message.topic.as_bytes(),
-            properties: &meta,
-            payload: &message.payload,
-            time_ns: None,
-        };
-        let incarnation = match qos2_packet_id {
-            Some(_) => self
-                .mirror
-                .lock()
-                .get(client_id)
-                .map_or(0, |r| r.incarnation),
-            None => 0,
-        };
-        let mut unrouted = slot.unrouted.lock();
-        let result = match qos2_packet_id {
-            Some(packet_id) => {
-                let rx_topic = format!("{RX_PREFIX}{client_id}");
-                let mut pi = [0u8; 10];
-                pi[..2].copy_from_slice(&packet_id.to_be_bytes());
-                pi[2..].copy_from_slice(&incarnation.to_be_bytes());
-                slot.stream.append_batch(&[
-                    record,
-                    NewRecord {
-                        topic: rx_topic.as_bytes(),
-                        payload: &pi,
-                        ..NewRecord::default()
-                    },
-                ])
-            }
-            None => slot.stream.append_batch(&[record]),
-        };
-        let ticket = match result {
+        match self.append_publish_with(client_id, message, qos2_packet_id, true) {
             Ok(ticket) => ticket,
-            Err(error) => {
-                drop(unrouted);
-                return Some(Ticket::failed(io_error(error)));
-            }
+            // A waiting append finds room, or fails otherwise: never seen.
+            Err(QueueFull) => Some(Ticket::failed(PersistError(QueueFull.to_string()))),
+        }
+    }
+
+    fn try_append_publish(
+        &self,
+        client_id: &str,
+        message: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Result<Option<Ticket>, QueueFull> {
+        self.append_publish_with(client_id, message, qos2_packet_id, false)
+    }
+
+    fn wait_for_room(&self, client_id: &str, message: &Message, qos2: bool) {
+        let Some((_, slot)) = self.writes(&message.topic, message.qos) else {
+            return;
         };
-        if self.disk_budget.is_some() {
-            let estimate = (message.topic.len() + meta.len() + message.payload.len()) as u64
-                + RECORD_OVERHEAD_ESTIMATE * (1 + u64::from(qos2_packet_id.is_some()));
-            self.disk_used.fetch_add(estimate, Ordering::Relaxed);
-        }
-        let seq = ticket.first_seq();
-        unrouted.seqs.insert(seq);
-        unrouted.next_seq = ticket.seq() + 1;
-        drop(unrouted);
-        let stream = index as u16;
-        let _ = message.stored.set(StoreRef { stream, seq });
-        if let Some(packet_id) = qos2_packet_id {
-            let rx_ref = StoreRef {
-                stream,
-                seq: ticket.seq(),
-            };
-            let mut rx = self.rx.lock();
-            match rx.get_mut(client_id) {
-                Some(m) => {
-                    m.insert(packet_id, rx_ref);
-                }
-                None => {
-                    rx.insert(client_id.to_string(), Map::from_iter([(packet_id, rx_ref)]));
-                }
-            }
-            // Under the rx lock (see `reclaim`): limits never remove an open rx record.
-            self.pin(rx_ref);
-        }
-        Some(Ticket::from_store(ticket))
+        // The same records as the append (the rx record's payload is of fixed length), so the
+        // same room: an error here (a failed stream) is the append's to report.
+        let qos2 = qos2.then_some((0, 0));
+        let _ = with_publish_records(client_id, message, qos2, |records| {
+            slot.stream.wait_for_room(records)
+        });
     }
 
     fn defer_writer_wakes(&self) -> WriterWakes {
@@ -472,4 +427,111 @@ fn client_fingerprint(client_id: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     client_id.hash(&mut h);
     h.finish()
+}
+
+impl DurableStore {
+    /// [`MessageLog::append_publish`], waiting for room in the writer queue or not (`wait`).
+    /// The unrouted lock is held across the append (see the module invariants).
+    fn append_publish_with(
+        &self,
+        client_id: &str,
+        message: &Message,
+        qos2_packet_id: Option<u16>,
+        wait: bool,
+    ) -> Result<Option<Ticket>, QueueFull> {
+        let Some((index, slot)) = self.writes(&message.topic, message.qos) else {
+            return Ok(None);
+        };
+        let incarnation = match qos2_packet_id {
+            Some(_) => self
+                .mirror
+                .lock()
+                .get(client_id)
+                .map_or(0, |r| r.incarnation),
+            None => 0,
+        };
+        let qos2 = qos2_packet_id.map(|packet_id| (packet_id, incarnation));
+        let mut meta_len = 0;
+        let mut unrouted = slot.unrouted.lock();
+        let result = with_publish_records(client_id, message, qos2, |records| {
+            meta_len = records.first().map_or(0, |r| r.properties.len());
+            if wait {
+                slot.stream.append_batch(records)
+            } else {
+                slot.stream.try_append_batch(records)
+            }
+        });
+        let ticket = match result {
+            Ok(ticket) => ticket,
+            Err(StoreError::QueueFull { .. }) => return Err(QueueFull),
+            Err(error) => {
+                drop(unrouted);
+                return Ok(Some(Ticket::failed(io_error(error))));
+            }
+        };
+        if self.disk_budget.is_some() {
+            let estimate = (message.topic.len() + meta_len + message.payload.len()) as u64
+                + RECORD_OVERHEAD_ESTIMATE * (1 + u64::from(qos2_packet_id.is_some()));
+            self.disk_used.fetch_add(estimate, Ordering::Relaxed);
+        }
+        let seq = ticket.first_seq();
+        unrouted.seqs.insert(seq);
+        unrouted.next_seq = ticket.seq() + 1;
+        drop(unrouted);
+        let stream = index as u16;
+        let _ = message.stored.set(StoreRef { stream, seq });
+        if let Some(packet_id) = qos2_packet_id {
+            let rx_ref = StoreRef {
+                stream,
+                seq: ticket.seq(),
+            };
+            let mut rx = self.rx.lock();
+            match rx.get_mut(client_id) {
+                Some(m) => {
+                    m.insert(packet_id, rx_ref);
+                }
+                None => {
+                    rx.insert(client_id.to_string(), Map::from_iter([(packet_id, rx_ref)]));
+                }
+            }
+            // Under the rx lock (see `reclaim`): limits never remove an open rx record.
+            self.pin(rx_ref);
+        }
+        Ok(Some(Ticket::from_store(ticket)))
+    }
+}
+
+/// Calls `f` with the records of a stored PUBLISH: the message, and with `qos2` (packet id,
+/// session incarnation) its "(session, pi) received" record in the same batch.
+fn with_publish_records<R>(
+    client_id: &str,
+    message: &Message,
+    qos2: Option<(u16, u64)>,
+    f: impl FnOnce(&[NewRecord<'_>]) -> R,
+) -> R {
+    let mut meta = codec::Meta::new();
+    codec::encode_meta(message, &mut meta);
+    let record = NewRecord {
+        topic: message.topic.as_bytes(),
+        properties: &meta,
+        payload: &message.payload,
+        time_ns: None,
+    };
+    match qos2 {
+        Some((packet_id, incarnation)) => {
+            let rx_topic = format!("{RX_PREFIX}{client_id}");
+            let mut pi = [0u8; 10];
+            pi[..2].copy_from_slice(&packet_id.to_be_bytes());
+            pi[2..].copy_from_slice(&incarnation.to_be_bytes());
+            f(&[
+                record,
+                NewRecord {
+                    topic: rx_topic.as_bytes(),
+                    payload: &pi,
+                    ..NewRecord::default()
+                },
+            ])
+        }
+        None => f(&[record]),
+    }
 }

@@ -24,7 +24,7 @@ pub use message::Message;
 pub use recovered::{Recovered, StoredGroup, StoredInflight, StoredSession, StoredWill};
 pub use seam::{
     CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, MessageLog, OutboundSent,
-    Persistence, Recovery, RetainedStore, SessionStore, StoreAdmin, StoreRef, WillStore,
+    Persistence, QueueFull, Recovery, RetainedStore, SessionStore, StoreAdmin, StoreRef, WillStore,
     WriterWakes,
 };
 pub use stats::{ActionError, StreamStats};
