@@ -132,6 +132,11 @@ impl SessionStore for DurableStore {
     ) -> Option<Ticket> {
         let record = {
             let mut mirror = self.mirror.lock();
+            if !mirror.contains_key(client_id) {
+                // A new session pins everything until its cursor is written: the minimum of
+                // the cursors falls.
+                self.cursors_changed();
+            }
             let record = mirror.entry(client_id.to_string()).or_default();
             if fresh {
                 record.subscriptions.clear();
@@ -147,9 +152,9 @@ impl SessionStore for DurableStore {
             self.reset_rx(client_id);
             let floors = self.floors();
             self.write_cursor(client_id, &floors);
-            self.written_cursors
-                .lock()
-                .insert(client_id.to_string(), floors);
+            let mut written = self.written_cursors.lock();
+            written.insert(client_id.to_string(), floors);
+            self.cursors_changed();
         }
         // The `s` record goes after the cursor (the same stream) and the rx resets (a reset
         // lost with it leaves the old rx records void anyway: they carry the old
@@ -176,11 +181,19 @@ impl SessionStore for DurableStore {
             .lock()
             .remove(client_id)
             .is_some_and(|m| !m.is_empty());
-        let persistent = self.mirror.lock().remove(client_id).is_some();
+        let persistent = {
+            let mut mirror = self.mirror.lock();
+            self.cursors_changed();
+            mirror.remove(client_id).is_some()
+        };
         if !persistent {
             return;
         }
-        self.written_cursors.lock().remove(client_id);
+        {
+            let mut written = self.written_cursors.lock();
+            written.remove(client_id);
+            self.cursors_changed();
+        }
         let _ = self.sessions.delete(client_id.as_bytes());
         let _ = self.cursors.delete(client_id.as_bytes());
         self.forget_exchanges(client_id);
@@ -352,6 +365,7 @@ impl CursorStore for DurableStore {
                 }
             }
             written.insert(client_id.to_string(), cursor.clone());
+            self.cursors_changed();
             self.write_cursor(client_id, &cursor);
         }
         self.clear_passed(client_id, &self.done_floor(client_id, &cursor));

@@ -192,6 +192,12 @@ impl Checkpointer {
         if !owed {
             return;
         }
+        tracing::debug!(
+            overflowed,
+            floors_moved = self.sweep_floors != floors,
+            ?floors,
+            "checkpoint sweep starts"
+        );
         self.clients = shared.store.cursors.persistent_sessions();
         self.sweep_at = 0;
         self.sweep_started = Some(now);

@@ -221,6 +221,7 @@ pub(super) fn recover(store: &DurableStore) -> Result<Recovered, StoreError> {
             .insert(client.clone(), input.record.clone());
         store.written_cursors.lock().insert(client, input.cursor_of);
     }
+    store.cursors_changed();
 
     *store.reclaim.lock() = super::reclaim::ReclaimState::new(rx_start_of);
     store
