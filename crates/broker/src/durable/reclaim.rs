@@ -287,8 +287,8 @@ mod tests {
     async fn the_sessions_floor_is_reused_only_while_no_cursor_changed() {
         use crate::model::{CursorStore, MessageLog, SessionStore};
         let dir = tempfile::tempdir().unwrap();
-        let store = DurableStore::open(dir.path(), crate::durable::DurableConfig::default())
-            .expect("open");
+        let store =
+            DurableStore::open(dir.path(), crate::durable::DurableConfig::default()).expect("open");
         store.session_opened("a", tern_wire::Protocol::V5, u32::MAX, true);
         for _ in 0..3 {
             let m = crate::model::Message::new(
@@ -311,10 +311,18 @@ mod tests {
         let mut cache = None;
         assert_eq!(store.compute(&mut cache).interest, vec![1]);
         store.checkpoint("a", &floors, &Vec::new());
-        assert_eq!(store.compute(&mut cache).interest, floors, "a cursor written");
+        assert_eq!(
+            store.compute(&mut cache).interest,
+            floors,
+            "a cursor written"
+        );
         assert_eq!(store.compute(&mut cache).interest, floors);
         // A session the store did not know, resumed: no cursor yet, it may need anything.
         store.session_opened("b", tern_wire::Protocol::V5, u32::MAX, false);
-        assert_eq!(store.compute(&mut cache).interest, vec![1], "a session appeared");
+        assert_eq!(
+            store.compute(&mut cache).interest,
+            vec![1],
+            "a session appeared"
+        );
     }
 }
