@@ -70,10 +70,10 @@ struct LastVisit {
 /// State kept between passes.
 ///
 /// # Invariants
-/// - `carried` and the sweep hold client ids to visit; `carried` only ids taken from
-///   [`crate::state::session::ChangedSessions`] or the sweep whose visit a write cap or the large-queue interval
-///   deferred (their change flag is still set, so they are in no list): it is bounded by
-///   [`crate::state::session::MAX_CHANGED_SESSIONS`] plus one sweep.
+/// - `carried` holds client ids taken from [`crate::state::session::ChangedSessions`] whose
+///   visit a write cap or the large-queue interval deferred: their change flag is still set,
+///   so none is listed again and each is in `carried` at most once (bounded by the persistent
+///   sessions). The sweep is never carried: it stops where the write cap stops it.
 /// - A sweep runs over `clients` (the store's persistent sessions when it started) from
 ///   `sweep_at`; none runs while `sweep_at == clients.len()`.
 #[derive(Default)]
@@ -153,9 +153,6 @@ impl Checkpointer {
             let passes = (SWEEP_INTERVAL_MS / CHECKPOINT_INTERVAL_MS).max(1) as usize;
             self.clients.len().div_ceil(passes)
         };
-        let end = (self.sweep_at + slice).min(self.clients.len());
-        todo.extend_from_slice(&self.clients[self.sweep_at..end]);
-        self.sweep_at = end;
         let mut writes = 0;
         for (i, client) in todo.iter().enumerate() {
             if writes >= max_writes {
@@ -164,17 +161,35 @@ impl Checkpointer {
                 break;
             }
             match self.visit(shared, client, now, complete, &mut held) {
-                Visit::Skipped => continue,
+                Visit::Skipped => {}
                 Visit::Later => self.carried.push(client.clone()),
-                Visit::Listed => {
-                    if shared.store.cursors.checkpoint(client, &floors, &held) {
-                        writes += 1;
-                    }
-                }
+                Visit::Listed => writes += usize::from(self.write(shared, client, &floors, &held)),
             }
         }
         self.todo = todo;
+        // The sweep's slice, as far as the write cap lets it: it resumes where it stopped
+        // (nothing of it is carried, so `carried` holds each session at most once).
+        let end = (self.sweep_at + slice).min(self.clients.len());
+        while self.sweep_at < end && writes < max_writes {
+            let client = self.clients[self.sweep_at].clone();
+            self.sweep_at += 1;
+            // A large queue's rescan waits (`Later`): if it changed, it announced it.
+            if self.visit(shared, &client, now, complete, &mut held) == Visit::Listed {
+                writes += usize::from(self.write(shared, &client, &floors, &held));
+            }
+        }
         true
+    }
+
+    /// Sessions whose deferred visit the next pass starts with.
+    #[cfg(test)]
+    pub(crate) fn carried_len(&self) -> usize {
+        self.carried.len()
+    }
+
+    /// Hands what a visit listed to the store; true if it wrote a cursor.
+    fn write(&self, shared: &Shared, client: &str, floors: &[u64], held: &HeldSeqs) -> bool {
+        shared.store.cursors.checkpoint(client, floors, held)
     }
 
     /// Starts a sweep if none runs and one is owed: the list overflowed (then one starts

@@ -190,6 +190,27 @@ async fn a_full_changed_list_falls_back_to_a_sweep() {
     }
 }
 
+/// Every session changes at every pass, more than the list holds and more than the write cap
+/// lets through: the sweep restarts at every pass (overflow), and what is deferred is each
+/// session at most once (the sweep's deferred slice was carried again at every restart).
+#[tokio::test]
+async fn deferred_visits_hold_each_session_at_most_once() {
+    let sessions = MAX_CHANGED_SESSIONS + 10;
+    let (broker, _store) = broker(sessions);
+    let mut checkpointer = swept(&broker);
+    for seq in 1..=5 {
+        for i in 0..sessions {
+            deliver(&broker, &format!("c{i}"), seq);
+        }
+        checkpointer.pass(broker.shared());
+        assert!(
+            checkpointer.carried_len() <= sessions,
+            "{}",
+            checkpointer.carried_len()
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_shutdown_pass_visits_everyone() {
     let (broker, store) = broker(100);
