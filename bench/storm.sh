@@ -6,9 +6,11 @@
 # on the same address slow a new one down by an order of magnitude.
 #   ROUNDS="2 3 4"   the rounds (each one's number picks its source addresses)
 #   IDLE=1           also measure the idle CPU with 100,000 offline sessions (~2 min)
+#   ROUNDS=" " IDLE=1  that measurement alone
+#   TERN=path        the tern binary to measure (default: the workspace's release build)
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-T="${CARGO_TARGET_DIR:-$ROOT/target}/release/tern"
+T="${TERN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tern}"
 ulimit -n 20000
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 wait_listening() { for _ in $(seq 50); do grep -q listening "$1" 2>/dev/null && return; sleep 0.1; done; }

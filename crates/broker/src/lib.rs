@@ -66,9 +66,10 @@ pub use durable::{
 };
 pub use model::{
     ActionError, Appended, CursorStore, DurableMark, ExchangeStore, FullStore, HeldSeqs,
-    MemoryStore, Message, MessageLog, OutboundSent, PersistError, Persistence, Recovered, Recovery,
-    RetainedStore, SessionStore, StoreAdmin, StoreRef, StoredGroup, StoredInflight, StoredSession,
-    StoredWill, StreamStats, SubRecord, Ticket, TicketCompleter, WillStore, WriterWakes,
+    MemoryStore, Message, MessageLog, OutboundSent, PersistError, Persistence, QueueFull,
+    Recovered, Recovery, RetainedStore, SessionStore, StoreAdmin, StoreRef, StoredGroup,
+    StoredInflight, StoredSession, StoredWill, StreamStats, SubRecord, Ticket, TicketCompleter,
+    WillStore, WriterWakes,
 };
 pub use tern_store::{Limits, StreamConfig, SyncPolicy};
 pub use transport::{

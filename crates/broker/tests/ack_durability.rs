@@ -18,7 +18,7 @@ use common::*;
 use parking_lot::Mutex;
 use tern_broker::Message;
 use tern_broker::{
-    Appended, Broker, MemoryStore, MessageLog, PersistError, Persistence, RetainedStore,
+    Appended, Broker, MemoryStore, MessageLog, PersistError, Persistence, QueueFull, RetainedStore,
     SessionStore, Ticket, TicketCompleter, WriterWakes,
 };
 use tern_wire::{
@@ -84,6 +84,16 @@ impl MessageLog for HandStore {
         }
         None
     }
+    /// Never full: the same as `append_publish`.
+    fn try_append_publish(
+        &self,
+        client_id: &str,
+        m: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Result<Option<Appended>, QueueFull> {
+        Ok(self.append_publish(client_id, m, qos2_packet_id))
+    }
+    fn wait_for_room(&self, _: &str, _: &Message, _: bool) {}
     fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         MemoryStore.qos2_retry(client_id, packet_id)
     }

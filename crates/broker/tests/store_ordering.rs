@@ -12,7 +12,7 @@ use common::*;
 use tern_broker::Message;
 use tern_broker::{
     Appended, Broker, ExchangeStore, MemoryStore, MessageLog, OutboundSent, PersistError,
-    Persistence, StoreRef, Ticket, WriterWakes,
+    Persistence, QueueFull, StoreRef, Ticket, WriterWakes,
 };
 use tern_wire::{Packet, QoS, ReasonCode};
 use tokio::net::TcpListener;
@@ -47,6 +47,16 @@ impl MessageLog for SlowStore {
         }
         self.ticket().map(Appended::unplaced)
     }
+    /// Never full: the same as `append_publish`.
+    fn try_append_publish(
+        &self,
+        client_id: &str,
+        m: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Result<Option<Appended>, QueueFull> {
+        Ok(self.append_publish(client_id, m, qos2_packet_id))
+    }
+    fn wait_for_room(&self, _: &str, _: &Message, _: bool) {}
     fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         MemoryStore.qos2_retry(client_id, packet_id)
     }
@@ -158,6 +168,16 @@ impl MessageLog for ScriptedStore {
         });
         Some(Appended::unplaced(ticket))
     }
+    /// Never full: the same as `append_publish`.
+    fn try_append_publish(
+        &self,
+        client_id: &str,
+        m: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Result<Option<Appended>, QueueFull> {
+        Ok(self.append_publish(client_id, m, qos2_packet_id))
+    }
+    fn wait_for_room(&self, _: &str, _: &Message, _: bool) {}
     fn qos2_retry(&self, client_id: &str, packet_id: u16) -> Option<Ticket> {
         MemoryStore.qos2_retry(client_id, packet_id)
     }

@@ -349,6 +349,49 @@ fn try_append_reports_a_full_queue_and_append_waits() {
     assert_eq!(s.info().msgs, n);
 }
 
+/// `wait_for_room` waits out a full queue without queueing anything: with no other appender,
+/// the `try_append` after it finds room.
+#[test]
+fn wait_for_room_waits_for_a_full_queue_and_queues_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store
+        .stream(
+            "s",
+            StreamConfig {
+                max_queue_bytes: 4096,
+                ..cfg()
+            },
+        )
+        .unwrap();
+    let payload = [1u8; 1000];
+    let record = [tern_store::NewRecord {
+        topic: b"t",
+        payload: &payload,
+        ..Default::default()
+    }];
+    let mut tickets = Vec::new();
+    let mut waited = 0;
+    for _ in 0..2000 {
+        let next = s.next_seq();
+        match s.try_append_batch(&record) {
+            Ok(t) => tickets.push(t),
+            Err(StoreError::QueueFull { .. }) => {
+                waited += 1;
+                s.wait_for_room(&record).unwrap();
+                assert_eq!(s.next_seq(), next, "waiting queued nothing");
+                tickets.push(s.try_append_batch(&record).unwrap());
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(waited > 0, "a 4 KiB queue never filled");
+    for t in tickets {
+        t.wait().unwrap();
+    }
+    assert_eq!(s.info().msgs, 2000);
+}
+
 #[test]
 fn evicted_block_indexes_reload_from_index_or_block() {
     let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,9 @@ impl Conn {
             if state.conn_gen != self.conn_gen {
                 return Ok(());
             }
-            state.out.on_puback(ack.packet_id).is_some()
+            let done = state.out.on_puback(ack.packet_id).is_some();
+            self.shared.changed_sessions.note(&self.session, &state);
+            done
         };
         if done {
             self.shared
@@ -32,6 +34,7 @@ impl Conn {
             }
             let stored = state.out.stored_ref(ack.packet_id);
             let known = state.out.on_pubrec(ack.packet_id, accepted);
+            self.shared.changed_sessions.note(&self.session, &state);
             if !accepted {
                 drop(state);
                 if known {
@@ -74,7 +77,9 @@ impl Conn {
             if state.conn_gen != self.conn_gen {
                 return Ok(());
             }
-            state.out.on_pubcomp(ack.packet_id).is_some()
+            let done = state.out.on_pubcomp(ack.packet_id).is_some();
+            self.shared.changed_sessions.note(&self.session, &state);
+            done
         };
         if done {
             self.shared

@@ -132,6 +132,7 @@ impl<R: TransportRead, W: TransportWrite<Io = R>> Live<R, W> {
             store: &*self.conn.shared.store.exchanges,
             session: &self.conn.session,
             conn_gen: self.conn.conn_gen,
+            changed_sessions: &self.conn.shared.changed_sessions,
         };
         if let Poll::Ready(Err(WriteFailed)) = self.out.poll_step(cx, &env, &self.reader) {
             self.conn.ctl.kick(ReasonCode::UNSPECIFIED_ERROR);
@@ -316,6 +317,7 @@ fn poll_event<R: TransportRead, W: TransportWrite<Io = R>>(
         store: &*conn.shared.store.exchanges,
         session: &conn.session,
         conn_gen: conn.conn_gen,
+        changed_sessions: &conn.shared.changed_sessions,
     };
     if let Poll::Ready(wrote) = out.poll_step(cx, &env, reader) {
         return Poll::Ready(Event::Wrote(wrote));

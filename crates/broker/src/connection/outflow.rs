@@ -54,6 +54,8 @@ pub(crate) struct OutEnv<'a> {
     pub(crate) store: &'a dyn crate::model::ExchangeStore,
     pub(crate) session: &'a Session,
     pub(crate) conn_gen: u64,
+    /// Where the session announces that what it holds changed (the checkpointer's list).
+    pub(crate) changed_sessions: &'a crate::state::session::ChangedSessions,
 }
 
 impl<W: TransportWrite> Outflow<W> {
@@ -129,6 +131,7 @@ impl<W: TransportWrite> Outflow<W> {
             };
             let bufs = self.bufs.get_or_insert_with(Box::default);
             state.out.fill_batch(&mut self.writer, &batch, bufs);
+            env.changed_sessions.note(env.session, &state);
             self.gate_busy = state.out.gate_holds_packets();
             if state.out.gate_failed() && bufs.parts.is_empty() {
                 // A write the session's packets waited for failed: nothing more can leave

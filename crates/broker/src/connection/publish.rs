@@ -200,9 +200,12 @@ impl Conn {
 
     /// Writes the message (if routed) with, for QoS 2, its packet id in the received set: the
     /// set and the write change together under the session lock, so that a retry on another
-    /// connection that finds the id also finds its write (`qos2_retry`). The store decides by
-    /// the stream's durability policy whether to write; the pipeline waits only if it did
-    /// (ARCHITECTURE §4.3).
+    /// connection that finds the id also finds its write (`qos2_retry`). The write never waits
+    /// under that lock for room in the store's writer queue (routers delivering to this
+    /// session take the lock, and a full queue can last as long as the disk stalls): without
+    /// room the id leaves the set again, the lock is let go for the wait, and both are done
+    /// again (issue 24 item 5). The store decides by the stream's durability policy whether to
+    /// write; the pipeline waits only if it did (ARCHITECTURE §4.3).
     #[inline]
     fn store_publish(
         &mut self,
@@ -211,42 +214,56 @@ impl Conn {
         reason: ReasonCode,
         route: bool,
     ) -> Option<crate::model::Ticket> {
-        let exactly_once = message.qos == QoS::ExactlyOnce && reason.is_success();
-        let session = self.session.clone();
-        let mut state = exactly_once.then(|| session.state.lock());
-        // Only a session that can outlive this connection needs its received set on disk: one
-        // with expiry 0 ends with the connection and is never resumed (a takeover replaces it,
-        // `registry::attach`), and a DISCONNECT may not raise its expiry (MQTT-3.14.2-2).
-        // Within the connection the ack pipeline orders a retry's PUBREC after the original's
-        // write. Without the record its PUBREL writes nothing either (`qos2_released`).
-        let mut durable_rx = None;
-        if let Some(state) = state.as_mut() {
+        let messages = &self.shared.store.messages;
+        let client_id = &*self.session.client_id;
+        if message.qos != QoS::ExactlyOnce || !reason.is_success() {
+            return if route {
+                messages
+                    .append_publish(client_id, message, None)
+                    .map(|appended| appended.record_on(message))
+            } else {
+                None
+            };
+        }
+        loop {
+            let mut state = self.session.state.lock();
             state.qos2_received.insert(packet_id);
-            if state.expiry_interval_s > 0 {
-                durable_rx = Some(packet_id);
+            // Only a session that can outlive this connection needs its received set on disk:
+            // one with expiry 0 ends with the connection and is never resumed (a takeover
+            // replaces it, `registry::attach`), and a DISCONNECT may not raise its expiry
+            // (MQTT-3.14.2-2). Within the connection the ack pipeline orders a retry's PUBREC
+            // after the original's write. Without the record its PUBREL writes nothing either
+            // (`qos2_released`).
+            let durable_rx = (state.expiry_interval_s > 0).then_some(packet_id);
+            let ticket = if route {
+                match messages.try_append_publish(client_id, message, durable_rx) {
+                    Ok(appended) => appended.map(|appended| appended.record_on(message)),
+                    Err(crate::model::QueueFull) => {
+                        // Nothing written: no retry may find the id meanwhile. (None can
+                        // come: a later connection of this client reads nothing before this
+                        // one has routed everything, `ConnCtl::routed`.)
+                        state.qos2_received.remove(packet_id);
+                        drop(state);
+                        messages.wait_for_room(client_id, message, durable_rx.is_some());
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            if ticket
+                .as_ref()
+                .is_some_and(crate::model::Ticket::is_refused)
+            {
+                // Refused at once (the stream failed on an earlier EIO): no record exists for
+                // a retry to wait on (`qos2_retry`), so the id leaves the received set again
+                // and the publisher's resend is handled, and refused, as new, never PUBREC'd
+                // with nothing durable (found by the broker simulator with `--eio`,
+                // docs/simulation.md finding 6).
+                state.qos2_received.remove(packet_id);
             }
+            return ticket;
         }
-        let ticket = if route {
-            self.shared
-                .store
-                .messages
-                .append_publish(&self.session.client_id, message, durable_rx)
-                .map(|appended| appended.record_on(message))
-        } else {
-            None
-        };
-        if let (Some(state), Some(true)) = (
-            state.as_mut(),
-            ticket.as_ref().map(crate::model::Ticket::is_refused),
-        ) {
-            // Refused at once (the stream failed on an earlier EIO): no record exists for a
-            // retry to wait on (`qos2_retry`), so the id leaves the received set again and the
-            // publisher's resend is handled, and refused, as new, never PUBREC'd with nothing
-            // durable (found by the broker simulator with `--eio`, docs/simulation.md
-            // finding 6).
-            state.qos2_received.remove(packet_id);
-        }
-        ticket
     }
 
     pub(super) fn on_pubrel(&mut self, ack: Ack) -> Result<(), Close> {

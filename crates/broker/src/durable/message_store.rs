@@ -3,7 +3,7 @@
 //! share groups, wills, reclamation in their modules).
 
 use crate::hash::Map;
-use crate::model::{Appended, WriterWakes};
+use crate::model::{Appended, QueueFull, WriterWakes};
 use std::sync::atomic::Ordering;
 
 use tern_store::NewRecord;
@@ -18,79 +18,34 @@ impl MessageLog for DurableStore {
         message: &Message,
         qos2_packet_id: Option<u16>,
     ) -> Option<Appended> {
-        let (index, slot) = self.writes(&message.topic, message.qos)?;
-        let mut meta = codec::Meta::new();
-        codec::encode_meta(message, &mut meta);
-        let record = NewRecord {
-            topic: message.topic.as_bytes(),
-            properties: &meta,
-            payload: &message.payload,
-            time_ns: None,
-        };
-        let incarnation = match qos2_packet_id {
-            Some(_) => self
-                .mirror
-                .lock()
-                .get(client_id)
-                .map_or(0, |r| r.incarnation),
-            None => 0,
-        };
-        let mut unrouted = slot.unrouted.lock();
-        let result = match qos2_packet_id {
-            Some(packet_id) => {
-                let rx_topic = format!("{RX_PREFIX}{client_id}");
-                let mut pi = [0u8; 10];
-                pi[..2].copy_from_slice(&packet_id.to_be_bytes());
-                pi[2..].copy_from_slice(&incarnation.to_be_bytes());
-                slot.stream.append_batch(&[
-                    record,
-                    NewRecord {
-                        topic: rx_topic.as_bytes(),
-                        payload: &pi,
-                        ..NewRecord::default()
-                    },
-                ])
-            }
-            None => slot.stream.append_batch(&[record]),
-        };
-        let ticket = match result {
-            Ok(ticket) => ticket,
-            Err(error) => {
-                drop(unrouted);
-                return Some(Appended::unplaced(Ticket::failed(io_error(error))));
-            }
-        };
-        if self.disk_budget.is_some() {
-            let estimate = (message.topic.len() + meta.len() + message.payload.len()) as u64
-                + RECORD_OVERHEAD_ESTIMATE * (1 + u64::from(qos2_packet_id.is_some()));
-            self.disk_used.fetch_add(estimate, Ordering::Relaxed);
+        match self.append_publish_with(client_id, message, qos2_packet_id, true) {
+            Ok(appended) => appended,
+            // A waiting append finds room, or fails otherwise: never seen.
+            Err(QueueFull) => Some(Appended::unplaced(Ticket::failed(PersistError(
+                QueueFull.to_string(),
+            )))),
         }
-        let seq = ticket.first_seq();
-        unrouted.seqs.insert(seq);
-        unrouted.next_seq = ticket.seq() + 1;
-        drop(unrouted);
-        let stream = index as u16;
-        if let Some(packet_id) = qos2_packet_id {
-            let rx_ref = StoreRef {
-                stream,
-                seq: ticket.seq(),
-            };
-            let mut rx = self.rx.lock();
-            match rx.get_mut(client_id) {
-                Some(m) => {
-                    m.insert(packet_id, rx_ref);
-                }
-                None => {
-                    rx.insert(client_id.to_string(), Map::from_iter([(packet_id, rx_ref)]));
-                }
-            }
-            // Under the rx lock (see `reclaim`): limits never remove an open rx record.
-            self.pin(rx_ref);
-        }
-        Some(Appended::at(
-            StoreRef { stream, seq },
-            Ticket::from_store(ticket),
-        ))
+    }
+
+    fn try_append_publish(
+        &self,
+        client_id: &str,
+        message: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Result<Option<Appended>, QueueFull> {
+        self.append_publish_with(client_id, message, qos2_packet_id, false)
+    }
+
+    fn wait_for_room(&self, client_id: &str, message: &Message, qos2: bool) {
+        let Some((_, slot)) = self.writes(&message.topic, message.qos) else {
+            return;
+        };
+        // The same records as the append (the rx record's payload is of fixed length), so the
+        // same room: an error here (a failed stream) is the append's to report.
+        let qos2 = qos2.then_some((0, 0));
+        let _ = with_publish_records(client_id, message, qos2, |records| {
+            slot.stream.wait_for_room(records)
+        });
     }
 
     fn defer_writer_wakes(&self) -> WriterWakes {
@@ -180,6 +135,11 @@ impl SessionStore for DurableStore {
     ) -> Option<Ticket> {
         let record = {
             let mut mirror = self.mirror.lock();
+            if !mirror.contains_key(client_id) {
+                // A new session pins everything until its cursor is written: the minimum of
+                // the cursors falls.
+                self.cursors_changed();
+            }
             let record = mirror.entry(client_id.to_string()).or_default();
             if fresh {
                 record.subscriptions.clear();
@@ -195,9 +155,9 @@ impl SessionStore for DurableStore {
             self.reset_rx(client_id);
             let floors = self.floors();
             self.write_cursor(client_id, &floors);
-            self.written_cursors
-                .lock()
-                .insert(client_id.to_string(), floors);
+            let mut written = self.written_cursors.lock();
+            written.insert(client_id.to_string(), floors);
+            self.cursors_changed();
         }
         // The `s` record goes after the cursor (the same stream) and the rx resets (a reset
         // lost with it leaves the old rx records void anyway: they carry the old
@@ -224,11 +184,19 @@ impl SessionStore for DurableStore {
             .lock()
             .remove(client_id)
             .is_some_and(|m| !m.is_empty());
-        let persistent = self.mirror.lock().remove(client_id).is_some();
+        let persistent = {
+            let mut mirror = self.mirror.lock();
+            self.cursors_changed();
+            mirror.remove(client_id).is_some()
+        };
         if !persistent {
             return;
         }
-        self.written_cursors.lock().remove(client_id);
+        {
+            let mut written = self.written_cursors.lock();
+            written.remove(client_id);
+            self.cursors_changed();
+        }
         let _ = self.sessions.delete(client_id.as_bytes());
         let _ = self.cursors.delete(client_id.as_bytes());
         self.forget_exchanges(client_id);
@@ -400,6 +368,7 @@ impl CursorStore for DurableStore {
                 }
             }
             written.insert(client_id.to_string(), cursor.clone());
+            self.cursors_changed();
             self.write_cursor(client_id, &cursor);
         }
         self.clear_passed(client_id, &self.done_floor(client_id, &cursor));
@@ -475,4 +444,113 @@ fn client_fingerprint(client_id: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     client_id.hash(&mut h);
     h.finish()
+}
+
+impl DurableStore {
+    /// [`MessageLog::append_publish`], waiting for room in the writer queue or not (`wait`).
+    /// The unrouted lock is held across the append (see the module invariants).
+    fn append_publish_with(
+        &self,
+        client_id: &str,
+        message: &Message,
+        qos2_packet_id: Option<u16>,
+        wait: bool,
+    ) -> Result<Option<Appended>, QueueFull> {
+        let Some((index, slot)) = self.writes(&message.topic, message.qos) else {
+            return Ok(None);
+        };
+        let incarnation = match qos2_packet_id {
+            Some(_) => self
+                .mirror
+                .lock()
+                .get(client_id)
+                .map_or(0, |r| r.incarnation),
+            None => 0,
+        };
+        let qos2 = qos2_packet_id.map(|packet_id| (packet_id, incarnation));
+        let mut meta_len = 0;
+        let mut unrouted = slot.unrouted.lock();
+        let result = with_publish_records(client_id, message, qos2, |records| {
+            meta_len = records.first().map_or(0, |r| r.properties.len());
+            if wait {
+                slot.stream.append_batch(records)
+            } else {
+                slot.stream.try_append_batch(records)
+            }
+        });
+        let ticket = match result {
+            Ok(ticket) => ticket,
+            Err(StoreError::QueueFull { .. }) => return Err(QueueFull),
+            Err(error) => {
+                drop(unrouted);
+                return Ok(Some(Appended::unplaced(Ticket::failed(io_error(error)))));
+            }
+        };
+        if self.disk_budget.is_some() {
+            let estimate = (message.topic.len() + meta_len + message.payload.len()) as u64
+                + RECORD_OVERHEAD_ESTIMATE * (1 + u64::from(qos2_packet_id.is_some()));
+            self.disk_used.fetch_add(estimate, Ordering::Relaxed);
+        }
+        let seq = ticket.first_seq();
+        unrouted.seqs.insert(seq);
+        unrouted.next_seq = ticket.seq() + 1;
+        drop(unrouted);
+        let stream = index as u16;
+        if let Some(packet_id) = qos2_packet_id {
+            let rx_ref = StoreRef {
+                stream,
+                seq: ticket.seq(),
+            };
+            let mut rx = self.rx.lock();
+            match rx.get_mut(client_id) {
+                Some(m) => {
+                    m.insert(packet_id, rx_ref);
+                }
+                None => {
+                    rx.insert(client_id.to_string(), Map::from_iter([(packet_id, rx_ref)]));
+                }
+            }
+            // Under the rx lock (see `reclaim`): limits never remove an open rx record.
+            self.pin(rx_ref);
+        }
+        Ok(Some(Appended::at(
+            StoreRef { stream, seq },
+            Ticket::from_store(ticket),
+        )))
+    }
+}
+
+/// Calls `f` with the records of a stored PUBLISH: the message, and with `qos2` (packet id,
+/// session incarnation) its "(session, pi) received" record in the same batch.
+fn with_publish_records<R>(
+    client_id: &str,
+    message: &Message,
+    qos2: Option<(u16, u64)>,
+    f: impl FnOnce(&[NewRecord<'_>]) -> R,
+) -> R {
+    let mut meta = codec::Meta::new();
+    codec::encode_meta(message, &mut meta);
+    let record = NewRecord {
+        topic: message.topic.as_bytes(),
+        properties: &meta,
+        payload: &message.payload,
+        time_ns: None,
+    };
+    match qos2 {
+        Some((packet_id, incarnation)) => {
+            let rx_topic = format!("{RX_PREFIX}{client_id}");
+            let mut pi = [0u8; 10];
+            pi[..2].copy_from_slice(&packet_id.to_be_bytes());
+            pi[2..].copy_from_slice(&incarnation.to_be_bytes());
+            f(&[
+                record,
+                NewRecord {
+                    topic: rx_topic.as_bytes(),
+                    payload: &pi,
+                    ..NewRecord::default()
+                },
+            ])
+        }
+        None => f(&[record]),
+    }
 }

@@ -138,6 +138,10 @@ pub struct DurableStore {
     exchanges: Mutex<Map<String, ClientExchanges>>,
     /// Cursors as last written, per client.
     written_cursors: Mutex<Map<String, Vec<u64>>>,
+    /// Bumped under the `mirror` or `written_cursors` lock whenever a persistent session
+    /// appears or goes or a cursor is written: reclamation reuses its minimum of the
+    /// sessions' cursors while this stays (`reclaim`).
+    cursors_generation: AtomicU64,
     /// Share-group cursors (`shared` module), by `$share/{group}/{filter}`.
     groups: Keyspace,
     /// Share-group cursors as last written: the groups the store keeps.
@@ -287,6 +291,7 @@ impl DurableStore {
             releasing: Mutex::new(std::collections::BTreeMap::new()),
             exchanges: Mutex::new(Map::default()),
             written_cursors: Mutex::new(Map::default()),
+            cursors_generation: AtomicU64::new(0),
             group_cursors: Mutex::new(Map::default()),
             will_state: Mutex::new(Map::default()),
             will_tokens: AtomicU64::new(1),
@@ -370,6 +375,13 @@ impl DurableStore {
     /// is lost in a crash and handed out again afterwards, to another message; a cursor
     /// written past it would mark that new message as done (the crash test found QoS 1 and
     /// QoS 2 replayed wrongly after cursors had moved back from such a floor).
+    /// A persistent session appeared or went, or a cursor was written: called under the
+    /// `mirror` or `written_cursors` lock that saw the change (see `cursors_generation`).
+    fn cursors_changed(&self) {
+        self.cursors_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn floors(&self) -> Vec<u64> {
         self.slots
             .iter()

@@ -148,7 +148,12 @@ pub(crate) fn flush_member(shared: &Shared, session: &Session) {
 pub(crate) fn redistribute(shared: &Shared, from: &Arc<Session>) {
     let router = shared.router.read();
     let mut groups = shared.groups.map.lock();
-    let items = from.state.lock().out.take_shared();
+    let items = {
+        let mut state = from.state.lock();
+        let items = state.out.take_shared();
+        shared.changed_sessions.note(from, &state);
+        items
+    };
     if items.is_empty() {
         return;
     }

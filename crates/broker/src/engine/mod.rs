@@ -17,6 +17,8 @@
 //! - [`sys`]: the `$SYS/broker/...` topics.
 
 pub(crate) mod checkpoint;
+#[cfg(test)]
+mod checkpoint_tests;
 pub(crate) mod expiry;
 pub(crate) mod groups;
 pub(crate) mod live_tasks;

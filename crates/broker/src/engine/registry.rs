@@ -129,6 +129,7 @@ fn take_over(
     state.pending_will = None;
     state.out.count_into(shared.metrics.queued.clone());
     state.out.attach(request.window);
+    shared.changed_sessions.note(session, &state);
     let mut connack = request.connack.clone();
     connack.session_present = session_present;
     let mut scratch = bytes::BytesMut::new();
@@ -150,6 +151,7 @@ pub(crate) fn detach(shared: &Arc<Shared>, session: &Arc<Session>, conn_gen: u64
         state.conn = None;
         session.set_online(false);
         state.out.detach();
+        shared.changed_sessions.note(session, &state);
         state.expiry_interval_s
     };
     groups::redistribute(shared, session);

@@ -51,6 +51,7 @@ fn drop_unreadable_queued(shared: &Shared, sessions: &[Arc<Session>]) -> usize {
         dropped += state
             .out
             .drop_queued_where(|item| !acl.allows(who, &item.message.topic, Access::Read));
+        shared.changed_sessions.note(session, &state);
     }
     if dropped > 0 {
         Metrics::add(&shared.metrics.acl_denied_deliver, dropped as u64);

@@ -88,6 +88,7 @@ fn restore_session(shared: &Shared, stored: StoredSession) {
         // the broker-wide total, which only drops QoS 0) the oldest are dropped, counted.
         state.out.push(item, false, &shared.config, now);
     }
+    shared.changed_sessions.note(&session, &state);
     let dropped = state.out.dropped_oldest + stored.dropped_queue_limit;
     drop(state);
     if dropped > 0 {

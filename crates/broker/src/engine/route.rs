@@ -107,6 +107,7 @@ fn deliver_with(
         let online = state.conn.is_some();
         let before = state.out.dropped_oldest;
         let result = state.out.push(item, online, &shared.config, now);
+        shared.changed_sessions.note(session, &state);
         let dropped_now = state.out.dropped_oldest - before;
         let mut first_kick = false;
         if let Some(conn) = &state.conn {

@@ -19,6 +19,7 @@ use crate::state::keep_alive::KeepAlive;
 use crate::state::registry::Registry;
 use crate::state::retained::Retained;
 use crate::state::router::Router;
+use crate::state::session::ChangedSessions;
 
 /// State every connection task shares.
 pub struct Shared {
@@ -28,6 +29,8 @@ pub struct Shared {
     pub(crate) retained: RwLock<Retained>,
     /// Share-group queues (messages waiting for a member to come online).
     pub(crate) groups: Groups,
+    /// Persistent sessions changed since the checkpointer last looked at them.
+    pub(crate) changed_sessions: ChangedSessions,
     /// Wills recovered from the store, armed when the broker starts serving.
     pub(crate) recovered_wills: Mutex<Vec<StoredWill>>,
     pub(crate) metrics: Metrics,
@@ -101,6 +104,7 @@ impl Shared {
             router: RwLock::new(Router::default()),
             retained: RwLock::new(Retained::default()),
             groups: Groups::default(),
+            changed_sessions: ChangedSessions::default(),
             recovered_wills: Mutex::new(Vec::new()),
             metrics: Metrics::default(),
             auth: crate::auth::Auth::default(),

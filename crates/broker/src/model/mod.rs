@@ -27,8 +27,8 @@ pub use message::Message;
 pub use recovered::{Recovered, StoredGroup, StoredInflight, StoredSession, StoredWill};
 pub use seam::{
     Appended, CursorStore, ExchangeStore, FullStore, HeldSeqs, MemoryStore, MessageLog,
-    OutboundSent, Persistence, Recovery, RetainedStore, SessionStore, StoreAdmin, StoreRef,
-    WillStore, WriterWakes,
+    OutboundSent, Persistence, QueueFull, Recovery, RetainedStore, SessionStore, StoreAdmin,
+    StoreRef, WillStore, WriterWakes,
 };
 pub use stats::{ActionError, StreamStats};
 pub use sub_record::SubRecord;

@@ -132,6 +132,22 @@ pub trait MessageLog: Send + Sync + 'static {
         message: &Message,
         qos2_packet_id: Option<u16>,
     ) -> Option<Appended>;
+    /// [`MessageLog::append_publish`] that never waits for room in the store's writer queue:
+    /// `Err(QueueFull)`, with nothing written, when there is none. For a caller holding a lock
+    /// that others wait on (a QoS 2 PUBLISH under its session's lock, which routers delivering
+    /// to that session take): it lets go of the lock, waits with
+    /// [`MessageLog::wait_for_room`] and tries again.
+    fn try_append_publish(
+        &self,
+        client_id: &str,
+        message: &Message,
+        qos2_packet_id: Option<u16>,
+    ) -> Result<Option<Appended>, QueueFull>;
+    /// Blocks until the writer queue `message` would be written to has room for it (with the
+    /// QoS 2 record of `client_id` if `qos2`), as [`MessageLog::append_publish`] would wait.
+    /// Returns at once for a store that writes no such message or has no queue; may return
+    /// with the room taken again by another writer by the time the caller tries.
+    fn wait_for_room(&self, client_id: &str, message: &Message, qos2: bool);
     /// A QoS 2 PUBLISH on a packet id still in the session's received set: a retry, answered
     /// with PUBREC only. The PUBREC must still wait for the original's write (the original
     /// may be in flight on a connection that died): its ticket, if one is pending.
@@ -221,6 +237,12 @@ pub trait RetainedStore: Send + Sync + 'static {
     /// that made the change leaves once the write is durable.
     fn retained_changed(&self, topic: &str, message: Option<&Message>) -> Option<Ticket>;
 }
+
+/// The store's writer queue has no room for a write (`try_append_publish`); nothing was
+/// written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the store's writer queue is full")]
+pub struct QueueFull;
 
 /// Wills, for sessions of every expiry (ARCHITECTURE §5, "Wills survive a crash").
 pub trait WillStore: Send + Sync + 'static {
@@ -357,6 +379,15 @@ impl MessageLog for MemoryStore {
     fn append_publish(&self, _: &str, _: &Message, _: Option<u16>) -> Option<Appended> {
         None
     }
+    fn try_append_publish(
+        &self,
+        _: &str,
+        _: &Message,
+        _: Option<u16>,
+    ) -> Result<Option<Appended>, QueueFull> {
+        Ok(None)
+    }
+    fn wait_for_room(&self, _: &str, _: &Message, _: bool) {}
     fn qos2_retry(&self, _: &str, _: u16) -> Option<Ticket> {
         None
     }

@@ -1,7 +1,10 @@
 //! One session and the control block of the connection attached to it.
 
+pub(crate) mod changed;
 mod received;
 pub(crate) mod signal;
+
+pub(crate) use changed::ChangedSessions;
 
 pub(crate) use received::ReceivedIds;
 
@@ -189,6 +192,9 @@ pub struct Session {
     /// session twice and routing must merge the copies. Saturates at `u32::MAX` (only "above
     /// 1" matters); 4 bytes beside `online` where 8 would cost every session's block 8.
     pub(crate) plain_subscriptions: AtomicU32,
+    /// A change since the checkpointer's last visit was announced ([`ChangedSessions`]); in
+    /// the padding beside `online`, so no session grows.
+    checkpoint_changed: AtomicBool,
     pub state: Mutex<SessionState>,
 }
 
@@ -227,6 +233,7 @@ impl Session {
             client_id,
             online: AtomicBool::new(false),
             plain_subscriptions: AtomicU32::new(0),
+            checkpoint_changed: AtomicBool::new(false),
             state: Mutex::new(SessionState {
                 conn: None,
                 conn_gen: 0,

@@ -215,7 +215,18 @@ impl Stream {
         )
     }
 
-    fn enqueue(&self, recs: &[NewRecord<'_>], flags: u8, wait: bool) -> Result<Ticket> {
+    /// Waits, as `append_batch` would, until the writer queue has room for `records`, without
+    /// queueing them. A caller that must not wait while it holds a lock of its own calls this
+    /// without it, then `try_append_batch` under it (another appender may take the room
+    /// first: then it waits again). Fails as `append_batch` would.
+    pub fn wait_for_room(&self, records: &[NewRecord<'_>]) -> Result<()> {
+        let total = Self::batch_bytes(records)?;
+        drop(self.room(total, true)?);
+        Ok(())
+    }
+
+    /// The bytes `recs` take in the writer queue, or why they cannot be appended.
+    fn batch_bytes(recs: &[NewRecord<'_>]) -> Result<usize> {
         if recs.is_empty() {
             return Err(StoreError::InvalidBatch("no records"));
         }
@@ -247,12 +258,13 @@ impl Stream {
                 limit_bytes: MAX_BATCH_BYTES,
             });
         }
+        Ok(total)
+    }
+
+    /// The writer queue once it has room for `total_bytes` (waiting for it if `wait`, else
+    /// `QueueFull`), or why nothing can be queued.
+    fn room(&self, total: usize, wait: bool) -> Result<std::sync::MutexGuard<'_, Queue>> {
         let sh = self.sh();
-        let now = if recs.iter().any(|r| r.time_ns.is_none()) {
-            sh.vfs.now_ns()
-        } else {
-            0
-        };
         let mut q = lock(&sh.queue);
         loop {
             if sh.failed.load(std::sync::atomic::Ordering::SeqCst) {
@@ -262,7 +274,7 @@ impl Stream {
                 return Err(StoreError::Closed(sh.name.clone()));
             }
             if q.buf.is_empty() || q.buf.len() + total <= sh.config.max_queue_bytes {
-                break;
+                return Ok(q);
             }
             if !wait {
                 return Err(StoreError::QueueFull {
@@ -281,6 +293,17 @@ impl Stream {
             q = sh.space_cv.wait(q).unwrap_or_else(|e| e.into_inner());
             q.appenders_waiting -= 1;
         }
+    }
+
+    fn enqueue(&self, recs: &[NewRecord<'_>], flags: u8, wait: bool) -> Result<Ticket> {
+        let total = Self::batch_bytes(recs)?;
+        let sh = self.sh();
+        let now = if recs.iter().any(|r| r.time_ns.is_none()) {
+            sh.vfs.now_ns()
+        } else {
+            0
+        };
+        let mut q = self.room(total, wait)?;
         let first = q.next_seq;
         let queued_before = q.buf.len();
         let n = recs.len();

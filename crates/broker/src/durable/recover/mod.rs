@@ -306,4 +306,5 @@ fn keep_open_state(store: &DurableStore, inputs: Vec<sessions::SessionInput<'_>>
             .insert(client.clone(), input.record.clone());
         store.written_cursors.lock().insert(client, input.cursor_of);
     }
+    store.cursors_changed();
 }
