@@ -29,6 +29,7 @@ use tern_store::{
     FilterSet, KvStream, NewRecord, Store, StoreError, Stream, StreamConfig, SyncPolicy,
 };
 
+use crate::inject::{self, Bug};
 use crate::types::{Entry, LogId, LogIndex, StorageError, TypeConfig, Vote, decode, encode};
 
 /// The log stream's name in the node's store.
@@ -98,11 +99,30 @@ impl Index {
     }
 }
 
+/// The injected bug `DeliverUncommitted`: what hands each appended entry to the application
+/// at once (set by the node only under the bug).
+pub(crate) type EarlyDelivery = Arc<dyn Fn(&Entry) + Send + Sync>;
+
+#[derive(Default)]
+struct Early(Option<EarlyDelivery>);
+
+impl Debug for Early {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Early(set)"
+        } else {
+            "Early"
+        })
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     log: Stream,
     meta: KvStream,
     index: Mutex<Index>,
+    /// Set under the injected bug `DeliverUncommitted` only.
+    early: Mutex<Early>,
     /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
     /// are released.
     canary: Arc<()>,
@@ -129,10 +149,15 @@ impl LogStore {
                 ..StreamConfig::default()
             },
         )?;
+        let meta_sync = if inject::on(Bug::VoteNotSynced) {
+            SyncPolicy::Never
+        } else {
+            SyncPolicy::Always
+        };
         let meta = store.kv(
             META_KV,
             StreamConfig {
-                sync: SyncPolicy::Always,
+                sync: meta_sync,
                 ..StreamConfig::default()
             },
         )?;
@@ -150,9 +175,15 @@ impl LogStore {
                 log,
                 meta,
                 index: Mutex::new(index),
+                early: Mutex::default(),
                 canary: Arc::new(()),
             }),
         })
+    }
+
+    /// The injected bug `DeliverUncommitted`: every appended entry goes to `deliver` too.
+    pub(crate) fn deliver_early(&self, deliver: EarlyDelivery) {
+        self.inner.early.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(deliver);
     }
 
     /// Gone once every clone is dropped and with them the streams and the store's lock.
@@ -396,6 +427,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
             .map_err(|e| StorageIOError::write_logs(store_err(e)))?;
         let first_seq = seqs.first().copied().unwrap_or(0);
+        let early = self
+            .inner
+            .early
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone();
+        if let Some(deliver) = early {
+            entries.iter().for_each(|e| deliver(e));
+        }
         {
             let mut ix = self.index();
             ix.cut_from(entries[0].log_id.index);

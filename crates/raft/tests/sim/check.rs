@@ -1,0 +1,85 @@
+//! The checker, once the healed cluster has settled: acknowledged means committed on a
+//! majority and never lost; every node applied one log; at most one leader per term. (The
+//! apply contract and the vote's durability are checked as they happen: `app.rs`,
+//! `World::start`.)
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use tern_raft::LogIndex;
+
+use crate::app::show;
+use crate::run::Acked;
+use crate::world::{World, id};
+
+pub fn check(w: &World, acked: &[Acked], barrier: LogIndex) {
+    let states: Vec<BTreeMap<LogIndex, Vec<Bytes>>> = w
+        .apps
+        .iter()
+        .map(|a| {
+            a.lock()
+                .unwrap()
+                .applied
+                .range(..=barrier)
+                .map(|(i, o)| (*i, o.clone()))
+                .collect()
+        })
+        .collect();
+    // One log: every node applied the same batches at the same indexes.
+    for i in 1..w.n {
+        if states[i] != states[0] {
+            let diff = (states[0].keys().chain(states[i].keys()))
+                .find(|k| states[0].get(k) != states[i].get(k));
+            w.violation(format!(
+                "nodes {} and {} applied different logs: first difference at index {diff:?}: {} vs {}",
+                id(0),
+                id(i),
+                diff.and_then(|k| states[0].get(k)).map_or("nothing".into(), |o| show(o)),
+                diff.and_then(|k| states[i].get(k)).map_or("nothing".into(), |o| show(o)),
+            ));
+        }
+    }
+    // Acknowledged: applied on every node, at the index `propose` answered.
+    for a in acked {
+        for (i, s) in states.iter().enumerate() {
+            if s.get(&a.index) != Some(&a.ops) {
+                w.violation(format!(
+                    "acknowledged batch {} at index {} lost: node {} applied {} there",
+                    show(&a.ops),
+                    a.index,
+                    id(i),
+                    s.get(&a.index).map_or("nothing".into(), |o| show(o)),
+                ));
+                break;
+            }
+        }
+    }
+    // Exactly once: every operation is unique to one proposal.
+    for (i, s) in states.iter().enumerate() {
+        let mut seen: BTreeMap<&Bytes, LogIndex> = BTreeMap::new();
+        for (index, ops) in s {
+            for op in ops {
+                if let Some(first) = seen.insert(op, *index) {
+                    w.violation(format!(
+                        "node {} applied {} twice (indexes {first} and {index})",
+                        id(i),
+                        String::from_utf8_lossy(op)
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Two nodes sent AppendEntries as leaders of the same term.
+pub fn one_leader_per_term(w: &World) {
+    let seen = w.net.seen.lock().unwrap();
+    for (term, leaders) in &seen.leaders {
+        if leaders.len() > 1 {
+            w.violations
+                .lock()
+                .unwrap()
+                .push(format!("term {term} had leaders {leaders:?}"));
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! One seed: form the cluster, run clients through the plan's faults, heal, settle, check.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tern_raft::{Consensus, ConsensusError, LogIndex, Role};
+use tern_store::sim::SimRng;
+
+use crate::check;
+use crate::plan::{Fault, Plan};
+use crate::world::{World, id};
+
+/// A client gives up on a call after this long (its outcome is then unknown).
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the healed cluster has to commit a last batch and apply it everywhere.
+const SETTLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// A batch whose `propose` answered Ok: it must be committed and never lost.
+#[derive(Debug, Clone)]
+pub struct Acked {
+    pub index: LogIndex,
+    pub ops: Vec<Bytes>,
+}
+
+pub struct Outcome {
+    pub plan: Plan,
+    pub acked: usize,
+    pub violations: Vec<String>,
+    pub log: Vec<String>,
+}
+
+pub async fn run_seed(seed: u64) -> Outcome {
+    let plan = Plan::new(seed);
+    let mut w = World::new(seed, plan.nodes).await;
+    {
+        let mut l = w.net.links.lock().unwrap();
+        l.drop_pct = plan.base_drop_pct;
+        l.max_delay_ms = plan.base_delay_ms;
+    }
+    // Highest id first: the lowest forms the cluster once the others are there to vote.
+    for i in (0..plan.nodes).rev() {
+        w.start(i).await;
+    }
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..plan.clients)
+        .map(|c| {
+            tokio::spawn(client(
+                w.nodes.clone(),
+                SimRng::keyed(&[seed, 0x636c69, c as u64]),
+                c,
+                acked.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let mut log = Vec::new();
+    let t0 = tokio::time::Instant::now();
+    for (wait, fault) in &plan.faults {
+        tokio::time::sleep(Duration::from_millis(*wait)).await;
+        log.push(format!("at {}ms: {fault:?}", t0.elapsed().as_millis()));
+        trace(&format!("{fault:?}"));
+        inflict(&mut w, &plan, fault).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        let _ = c.await;
+    }
+    trace("settling");
+    let barrier = settle(&w).await;
+    trace(&format!("settled at {barrier:?}"));
+    let acked = acked.lock().unwrap().clone();
+    match barrier {
+        Some(b) => check::check(&w, &acked, b),
+        None => w.violation(format!(
+            "no settling: the healed cluster did not commit and apply a batch everywhere within {SETTLE_LIMIT:?}"
+        )),
+    }
+    check::one_leader_per_term(&w);
+    let violations = w.violations.lock().unwrap().clone();
+    let seen = w.net.seen.lock().unwrap();
+    log.push(format!(
+        "messages={} dropped={} terms={}",
+        seen.messages,
+        seen.dropped,
+        seen.leaders.len()
+    ));
+    drop(seen);
+    w.stop().await;
+    Outcome {
+        plan,
+        acked: acked.len(),
+        violations,
+        log,
+    }
+}
+
+async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) {
+    let ms = |m: u64| Duration::from_millis(m);
+    match fault {
+        Fault::Crash {
+            node,
+            power_loss,
+            down_ms,
+        } => {
+            w.kill(*node, *power_loss).await;
+            tokio::time::sleep(ms(*down_ms)).await;
+            w.start(*node).await;
+        }
+        Fault::ClusterPowerLoss { down_ms } => {
+            for i in 0..plan.nodes {
+                w.disks[i].power_loss();
+            }
+            for i in 0..plan.nodes {
+                w.kill(i, true).await;
+            }
+            tokio::time::sleep(ms(*down_ms)).await;
+            for i in (0..plan.nodes).rev() {
+                w.start(i).await;
+            }
+        }
+        Fault::Isolate { node, ms: t } => {
+            w.net.links.lock().unwrap().side.insert(id(*node), 1);
+            tokio::time::sleep(ms(*t)).await;
+            w.net.links.lock().unwrap().side.clear();
+        }
+        Fault::Split { side, ms: t } => {
+            for n in side {
+                w.net.links.lock().unwrap().side.insert(id(*n), 1);
+            }
+            tokio::time::sleep(ms(*t)).await;
+            w.net.links.lock().unwrap().side.clear();
+        }
+        Fault::Pause { node, ms: t } => {
+            w.net.links.lock().unwrap().paused.insert(id(*node), true);
+            tokio::time::sleep(ms(*t)).await;
+            w.net.links.lock().unwrap().paused.clear();
+        }
+        Fault::Storm {
+            drop_pct,
+            max_delay_ms,
+            ms: t,
+        } => {
+            {
+                let mut l = w.net.links.lock().unwrap();
+                l.drop_pct = *drop_pct;
+                l.max_delay_ms = *max_delay_ms;
+            }
+            tokio::time::sleep(ms(*t)).await;
+            let mut l = w.net.links.lock().unwrap();
+            l.drop_pct = plan.base_drop_pct;
+            l.max_delay_ms = plan.base_delay_ms;
+        }
+    }
+}
+
+/// Proposes batches to the node it believes leads, following `NotLeader` hints; each attempt
+/// carries fresh operations (a re-sent batch would be a new one: dedupe is the broker's).
+async fn client(
+    nodes: Arc<Mutex<Vec<Option<Arc<tern_raft::RaftNode>>>>>,
+    mut rng: SimRng,
+    c: usize,
+    acked: Arc<Mutex<Vec<Acked>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let n = nodes.lock().unwrap().len() as u64;
+    let mut guess = rng.below(n) as usize;
+    let mut k = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let node = nodes.lock().unwrap()[guess].clone();
+        if let Some(node) = node {
+            let ops: Vec<Bytes> = (0..rng.range(1, 4))
+                .map(|j| Bytes::from(format!("c{c}-{k}-{j}")))
+                .collect();
+            k += 1;
+            match tokio::time::timeout(CALL_TIMEOUT, node.propose(ops.clone())).await {
+                Ok(Ok(done)) => acked.lock().unwrap().push(Acked {
+                    index: done.index,
+                    ops,
+                }),
+                Ok(Err(ConsensusError::NotLeader {
+                    leader: Some((l, _)),
+                })) if l.0 >= 1 && l.0 <= n => guess = (l.0 - 1) as usize,
+                _ => guess = rng.below(n) as usize,
+            }
+        } else {
+            guess = rng.below(n) as usize;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.range(1, 30))).await;
+    }
+}
+
+/// Commits one more batch through whichever node leads (so the last term has an entry of
+/// its own), then waits until every node has applied it. Returns its index.
+async fn settle(w: &World) -> Option<LogIndex> {
+    let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
+    let mut attempt = 0u64;
+    let index = loop {
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        let leader = (0..w.n)
+            .filter_map(|i| w.node(i))
+            .find(|n| n.status().role == Role::Leader);
+        if let Some(l) = leader {
+            attempt += 1;
+            let ops = vec![Bytes::from(format!("barrier-{attempt}"))];
+            if let Ok(Ok(done)) = tokio::time::timeout(CALL_TIMEOUT, l.propose(ops)).await {
+                break done.index;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    loop {
+        let all = (0..w.n).all(|i| {
+            w.node(i)
+                .is_some_and(|n| n.status().applied_index.is_some_and(|a| a >= index))
+        });
+        if all {
+            return Some(index);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// With TERN_CSIM_TRACE set, prints progress (with the virtual time) as it happens.
+pub fn trace(what: &str) {
+    if std::env::var("TERN_CSIM_TRACE").is_ok() {
+        eprintln!("[{:?}] {what}", tokio::time::Instant::now());
+    }
+}
