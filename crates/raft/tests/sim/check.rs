@@ -1,5 +1,5 @@
 //! The checker, once the healed cluster has settled: acknowledged means committed on a
-//! majority and never lost; every node applied one log; at most one leader per term. (The
+//! majority and never lost; every node applied one log. (The
 //! apply contract and the vote's durability are checked as they happen: `app.rs`,
 //! `World::start`.)
 
@@ -71,15 +71,11 @@ pub fn check(w: &World, acked: &[Acked], barrier: LogIndex) {
     }
 }
 
-/// Two nodes sent AppendEntries as leaders of the same term.
-pub fn one_leader_per_term(w: &World) {
+/// Terms that had more than one leader (seen sending AppendEntries). Not a violation:
+/// openraft 0.9 identifies a leader by (term, node id), its default "advanced" leader ids,
+/// and a term may have one leader per node id (standard Raft's one leader per term is its
+/// `single-term-leader` feature, which tern-raft does not enable). Reported as a statistic.
+pub fn terms_with_several_leaders(w: &World) -> usize {
     let seen = w.net.seen.lock().unwrap();
-    for (term, leaders) in &seen.leaders {
-        if leaders.len() > 1 {
-            w.violations
-                .lock()
-                .unwrap()
-                .push(format!("term {term} had leaders {leaders:?}"));
-        }
-    }
+    seen.leaders.values().filter(|l| l.len() > 1).count()
 }

@@ -146,7 +146,7 @@ fn cluster_seeds() {
     let ran = next.load(Ordering::Relaxed).min(base + count) - base;
     let v = failing.load(Ordering::Relaxed);
     if let Some(s) = *first.lock().unwrap() {
-        println!("first failing seed: {s}");
+        println!("sim: first failing seed {s}");
     }
     println!(
         "cluster: {ran} seeds in {:.1}s ({:.2}s per seed, {jobs} jobs)",

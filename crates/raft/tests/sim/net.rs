@@ -1,8 +1,8 @@
 //! The simulated network: every RPC is a message that a seeded RNG delays (so messages
 //! overtake one another), drops, or holds while an endpoint is paused; partitions cut links.
-//! It also watches the traffic for the checker: who sends AppendEntries in which term (one
-//! leader per term), and which vote each node has answered with (a vote a node has shown
-//! must survive its power loss).
+//! It also watches the traffic for the checker: which vote each node has answered a candidate
+//! with (a vote a node has shown must survive its power loss), and who sent AppendEntries as
+//! leader of which term.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -36,9 +36,12 @@ pub struct Links {
 /// What the network saw, for the checker.
 #[derive(Default)]
 pub struct Seen {
-    /// Term -> the nodes that sent AppendEntries as its leader.
+    /// Term -> the nodes that sent AppendEntries as its leader. openraft 0.9 (without its
+    /// `single-term-leader` feature, as tern-raft builds it) identifies a leader by (term,
+    /// node id): several leaders in one term are legal there, one per node id.
     pub leaders: BTreeMap<u64, Vec<NodeId>>,
-    /// Per node, the highest vote it answered a VoteRequest with (delivered to the candidate).
+    /// Per node, the highest vote it answered a VoteRequest with (delivered to the candidate),
+    /// in openraft's order of votes.
     pub votes_shown: BTreeMap<NodeId, Vote>,
     pub messages: u64,
     pub dropped: u64,
@@ -177,8 +180,10 @@ impl RaftNetwork<TypeConfig> for Client {
         {
             Response::Vote(Ok(r)) => {
                 let mut seen = self.net.seen.lock().unwrap();
+                // openraft 0.9's votes are totally ordered (term, then node id, then
+                // committed): the highest one shown is what the node's disk must not be behind.
                 let shown = seen.votes_shown.entry(self.target).or_insert(r.vote);
-                if r.vote.leader_id().term >= shown.leader_id().term {
+                if r.vote > *shown {
                     *shown = r.vote;
                 }
                 Ok(r)

@@ -156,12 +156,7 @@ impl World {
                 return;
             }
         };
-        let (st, sv) = (shown.leader_id().term, shown.leader_id().voted_for());
-        let ok = durable.is_some_and(|d| {
-            let (dt, dv) = (d.leader_id().term, d.leader_id().voted_for());
-            dt > st || (dt == st && (dv == sv || sv.is_none()))
-        });
-        if !ok {
+        if !durable.is_some_and(|d| d >= shown) {
             self.violation(format!(
                 "vote went backwards: node {} answered a candidate with vote {shown}, its disk \
                  holds {} after the restart",
