@@ -35,6 +35,9 @@ pub struct Plan {
     pub clients: usize,
     pub base_drop_pct: u64,
     pub base_delay_ms: u64,
+    /// Entries between snapshots, and kept behind one (None: the defaults, more than a
+    /// seed writes): small values make lagging nodes catch up by snapshot.
+    pub snapshots: Option<(u64, u64)>,
     /// (wait before, fault).
     pub faults: Vec<(u64, Fault)>,
 }
@@ -85,11 +88,13 @@ impl Plan {
             };
             faults.push((wait, f));
         }
+        let snapshots = (r.below(3) == 0).then(|| (r.range(20, 300), r.range(0, 50)));
         Plan {
             nodes,
             clients: r.range(1, 4) as usize,
             base_drop_pct: r.below(3),
             base_delay_ms: r.range(1, 20),
+            snapshots,
             faults,
         }
     }
@@ -99,8 +104,8 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "nodes={} clients={} drop={}% delay<={}ms faults:",
-            self.nodes, self.clients, self.base_drop_pct, self.base_delay_ms
+            "nodes={} clients={} drop={}% delay<={}ms snapshots={:?} faults:",
+            self.nodes, self.clients, self.base_drop_pct, self.base_delay_ms, self.snapshots
         )?;
         for (wait, fault) in &self.faults {
             write!(f, " +{wait}ms {fault:?};")?;

@@ -34,6 +34,7 @@ pub struct Outcome {
 pub async fn run_seed(seed: u64) -> Outcome {
     let plan = Plan::new(seed);
     let mut w = World::new(seed, plan.nodes).await;
+    w.snapshots = plan.snapshots;
     {
         let mut l = w.net.links.lock().unwrap();
         l.drop_pct = plan.base_drop_pct;
@@ -91,6 +92,15 @@ pub async fn run_seed(seed: u64) -> Outcome {
         )
     };
     log.push(stats);
+    let installs: Vec<u64> = w
+        .apps
+        .iter()
+        .map(|a| a.lock().unwrap().snapshots_installed)
+        .collect();
+    let replays: Vec<u64> = w.apps.iter().map(|a| a.lock().unwrap().replays).collect();
+    log.push(format!(
+        "snapshots installed per node: {installs:?}, replayed indexes skipped: {replays:?}"
+    ));
     w.stop().await;
     Outcome {
         plan,

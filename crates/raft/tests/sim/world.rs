@@ -24,6 +24,8 @@ pub fn id(i: usize) -> NodeId {
 
 pub struct World {
     pub n: usize,
+    /// Entries between snapshots and kept behind one, if not the defaults.
+    pub snapshots: Option<(u64, u64)>,
     pub net: Net,
     pub dirs: Vec<tempfile::TempDir>,
     pub disks: Vec<SimDisk>,
@@ -63,6 +65,7 @@ impl World {
         let stepper = tokio::spawn(step_stores(stepping.clone(), clock));
         World {
             n,
+            snapshots: None,
             net,
             dirs,
             disks,
@@ -83,6 +86,10 @@ impl World {
         let peers = (0..self.n).map(|j| (id(j), World::addr(j))).collect();
         let mut cfg = NodeConfig::new(id(i), World::addr(i), peers, self.dirs[i].path().into());
         cfg.sync = SyncPolicy::Always;
+        if let Some((every, kept)) = self.snapshots {
+            cfg.snapshot_every_entries = every;
+            cfg.log_kept_behind_snapshot = kept;
+        }
         cfg
     }
 
