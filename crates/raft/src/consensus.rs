@@ -11,6 +11,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 
 use crate::error::ConsensusError;
+#[cfg(feature = "inject")]
 use crate::inject::{self, Bug};
 use crate::node::RaftNode;
 use crate::types::{Batch, LogIndex, MAX_BATCH_OPS, MAX_PROPOSAL_BYTES, NodeId};
@@ -162,6 +163,7 @@ impl RaftNode {
     }
 }
 
+#[cfg(feature = "inject")]
 impl RaftNode {
     /// The injected bug `AckBeforeCommit`: answers once this node's log holds the entry (its
     /// last log index moved past where it was), not once a majority does. Proposals are
@@ -208,6 +210,7 @@ impl Consensus for RaftNode {
                 "a batch of {bytes} bytes (at most {MAX_PROPOSAL_BYTES})"
             )));
         }
+        #[cfg(feature = "inject")]
         if inject::on(Bug::AckBeforeCommit) {
             return self.propose_local_only(ops).await;
         }

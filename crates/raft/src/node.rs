@@ -156,6 +156,7 @@ pub struct RaftNode {
     /// The node's store (held so that it closes when the node is dropped).
     _store: Store,
     /// Serializes proposals under the injected bug `AckBeforeCommit` only.
+    #[cfg(feature = "inject")]
     pub(crate) inject_serial: tokio::sync::Mutex<()>,
     /// The log store's and state machine's canaries, gone once the core's tasks have all let
     /// go of them and their streams are closed.
@@ -253,6 +254,7 @@ impl RaftNode {
             elections,
             tasks,
             _store: store,
+            #[cfg(feature = "inject")]
             inject_serial: tokio::sync::Mutex::new(()),
             storage,
         };

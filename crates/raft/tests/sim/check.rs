@@ -12,7 +12,10 @@ use crate::app::show;
 use crate::run::Acked;
 use crate::world::{World, id};
 
-pub fn check(w: &World, acked: &[Acked], barrier: LogIndex) {
+/// `members`: the nodes in the final membership (each has applied up to `barrier`); the
+/// others (a removed voter, a spare that never joined) must agree with them where they
+/// applied anything.
+pub fn check(w: &World, acked: &[Acked], barrier: LogIndex, members: &[usize]) {
     let states: Vec<BTreeMap<LogIndex, Vec<Bytes>>> = w
         .apps
         .iter()
@@ -25,23 +28,38 @@ pub fn check(w: &World, acked: &[Acked], barrier: LogIndex) {
                 .collect()
         })
         .collect();
-    // One log: every node applied the same batches at the same indexes.
-    for i in 1..w.n {
-        if states[i] != states[0] {
-            let diff = (states[0].keys().chain(states[i].keys()))
-                .find(|k| states[0].get(k) != states[i].get(k));
+    let Some(&m0) = members.first() else {
+        w.violation("no members after settling".into());
+        return;
+    };
+    // One log: every member applied the same batches at the same indexes.
+    for &i in &members[1..] {
+        if states[i] != states[m0] {
+            let diff = (states[m0].keys().chain(states[i].keys()))
+                .find(|k| states[m0].get(k) != states[i].get(k));
             w.violation(format!(
                 "nodes {} and {} applied different logs: first difference at index {diff:?}: {} vs {}",
-                id(0),
+                id(m0),
                 id(i),
-                diff.and_then(|k| states[0].get(k)).map_or("nothing".into(), |o| show(o)),
+                diff.and_then(|k| states[m0].get(k)).map_or("nothing".into(), |o| show(o)),
                 diff.and_then(|k| states[i].get(k)).map_or("nothing".into(), |o| show(o)),
             ));
         }
     }
+    for i in (0..w.total()).filter(|i| !members.contains(i)) {
+        if let Some((k, o)) = states[i].iter().find(|(k, o)| states[m0].get(k) != Some(o)) {
+            w.violation(format!(
+                "node {} (not a member at the end) applied {} at index {k}, the members {}",
+                id(i),
+                show(o),
+                states[m0].get(k).map_or("nothing".into(), |m| show(m)),
+            ));
+        }
+    }
+    let states: Vec<_> = members.iter().map(|&i| (i, &states[i])).collect();
     // Acknowledged: applied on every node, at the index `propose` answered.
     for a in acked {
-        for (i, s) in states.iter().enumerate() {
+        for &(i, s) in &states {
             if s.get(&a.index) != Some(&a.ops) {
                 w.violation(format!(
                     "acknowledged batch {} at index {} lost: node {} applied {} there",
@@ -55,7 +73,7 @@ pub fn check(w: &World, acked: &[Acked], barrier: LogIndex) {
         }
     }
     // Exactly once: every operation is unique to one proposal.
-    for (i, s) in states.iter().enumerate() {
+    for &(i, s) in &states {
         let mut seen: BTreeMap<&Bytes, LogIndex> = BTreeMap::new();
         for (index, ops) in s {
             for op in ops {

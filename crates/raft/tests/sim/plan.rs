@@ -21,6 +21,9 @@ pub enum Fault {
     Split { side: Vec<usize>, ms: u64 },
     /// A node stops sending and receiving (a long GC pause, a stopped VM).
     Pause { node: usize, ms: u64 },
+    /// A membership change under load: the spare node joins as a learner, is promoted once
+    /// caught up, and voter `old` is removed (at most once a seed).
+    Replace { old: usize },
     /// Bad weather: messages lost and delayed more than usual.
     Storm {
         drop_pct: u64,
@@ -47,9 +50,16 @@ impl Plan {
         let mut r = SimRng::keyed(&[seed, 0x706c616e]);
         let nodes = if r.below(4) == 0 { 5 } else { 3 };
         let mut faults = Vec::new();
+        let mut replaced = false;
         for _ in 0..r.range(3, 8) {
             let wait = r.range(100, 2_000);
-            let f = match r.below(12) {
+            let f = match r.below(13) {
+                12 if !replaced => {
+                    replaced = true;
+                    Fault::Replace {
+                        old: r.below(nodes as u64) as usize,
+                    }
+                }
                 0..=2 => Fault::Crash {
                     node: r.below(nodes as u64) as usize,
                     power_loss: r.below(3) != 0,

@@ -14,6 +14,8 @@ use crate::world::{World, id};
 
 /// A client gives up on a call after this long (its outcome is then unknown).
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a membership change may take before the plan moves on.
+const MEMBERSHIP_LIMIT: Duration = Duration::from_secs(10);
 /// How long the healed cluster has to commit a last batch and apply it everywhere.
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
@@ -63,7 +65,9 @@ pub async fn run_seed(seed: u64) -> Outcome {
         tokio::time::sleep(Duration::from_millis(*wait)).await;
         log.push(format!("at {}ms: {fault:?}", t0.elapsed().as_millis()));
         trace(&format!("{fault:?}"));
-        inflict(&mut w, &plan, fault).await;
+        if let Some(note) = inflict(&mut w, &plan, fault).await {
+            log.push(format!("    {note}"));
+        }
     }
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     stop.store(true, Ordering::Relaxed);
@@ -75,7 +79,7 @@ pub async fn run_seed(seed: u64) -> Outcome {
     trace(&format!("settled at {barrier:?}"));
     let acked = acked.lock().unwrap().clone();
     match barrier {
-        Some(b) => check::check(&w, &acked, b),
+        Some((b, members)) => check::check(&w, &acked, b, &members),
         None => w.violation(format!(
             "no settling: the healed cluster did not commit and apply a batch everywhere within {SETTLE_LIMIT:?}"
         )),
@@ -110,7 +114,8 @@ pub async fn run_seed(seed: u64) -> Outcome {
     }
 }
 
-async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) {
+/// Inflicts `fault` and heals it; returns a note for the seed's log, if any.
+async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) -> Option<String> {
     let ms = |m: u64| Duration::from_millis(m);
     match fault {
         Fault::Crash {
@@ -123,14 +128,16 @@ async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) {
             w.start(*node).await;
         }
         Fault::ClusterPowerLoss { down_ms } => {
-            for i in 0..plan.nodes {
+            let up: Vec<usize> = (0..w.total()).filter(|&i| w.is_up(i)).collect();
+            // All at once, before any node is stopped; stopping them is then a formality.
+            for &i in &up {
                 w.disks[i].power_loss();
             }
-            for i in 0..plan.nodes {
-                w.kill(i, true).await;
+            for &i in &up {
+                w.kill(i, false).await;
             }
             tokio::time::sleep(ms(*down_ms)).await;
-            for i in (0..plan.nodes).rev() {
+            for &i in up.iter().rev() {
                 w.start(i).await;
             }
         }
@@ -151,6 +158,14 @@ async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) {
             tokio::time::sleep(ms(*t)).await;
             w.net.links.lock().unwrap().paused.clear();
         }
+        Fault::Replace { old } => {
+            let done = replace(w, *old).await;
+            return Some(format!(
+                "membership: {done} of 3 steps (add learner {}, promote it, remove {})",
+                id(w.n),
+                id(*old)
+            ));
+        }
         Fault::Storm {
             drop_pct,
             max_delay_ms,
@@ -167,6 +182,44 @@ async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) {
             l.max_delay_ms = plan.base_delay_ms;
         }
     }
+    None
+}
+
+/// Adds the spare as a learner, promotes it, removes voter `old`, each step retried through
+/// whichever node leads until it succeeds or [`MEMBERSHIP_LIMIT`] passes (then the change
+/// stays partial: the checker reads the final membership from the leader).
+async fn replace(w: &mut World, old: usize) -> usize {
+    let spare = w.n;
+    if !w.is_up(spare) {
+        w.start(spare).await;
+    }
+    let deadline = tokio::time::Instant::now() + MEMBERSHIP_LIMIT;
+    let mut step = 0;
+    while step < 3 && tokio::time::Instant::now() < deadline {
+        let leader = (0..w.total())
+            .filter_map(|i| w.node(i))
+            .find(|n| n.status().role == Role::Leader);
+        if let Some(l) = leader {
+            let call = async {
+                match step {
+                    0 => l.add_learner(id(spare), World::addr(spare)).await,
+                    1 => l.promote(id(spare)).await,
+                    _ => l.remove(id(old)).await,
+                }
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, call).await {
+                Ok(Ok(())) => {
+                    trace(&format!("membership step {step} done"));
+                    step += 1;
+                    continue;
+                }
+                Ok(Err(e)) => trace(&format!("membership step {step}: {e}")),
+                Err(_) => trace(&format!("membership step {step}: timed out")),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    step
 }
 
 /// Proposes batches to the node it believes leads, following `NotLeader` hints; each attempt
@@ -206,33 +259,38 @@ async fn client(
 }
 
 /// Commits one more batch through whichever node leads (so the last term has an entry of
-/// its own), then waits until every node has applied it. Returns its index.
-async fn settle(w: &World) -> Option<LogIndex> {
+/// its own), then waits until every member (voter or learner, as the leader sees them) has
+/// applied it. Returns its index and the members' positions.
+async fn settle(w: &World) -> Option<(LogIndex, Vec<usize>)> {
     let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
     let mut attempt = 0u64;
-    let index = loop {
+    let (index, members) = loop {
         if tokio::time::Instant::now() >= deadline {
             return None;
         }
-        let leader = (0..w.n)
+        let leader = (0..w.total())
             .filter_map(|i| w.node(i))
             .find(|n| n.status().role == Role::Leader);
         if let Some(l) = leader {
             attempt += 1;
             let ops = vec![Bytes::from(format!("barrier-{attempt}"))];
             if let Ok(Ok(done)) = tokio::time::timeout(CALL_TIMEOUT, l.propose(ops)).await {
-                break done.index;
+                let st = l.status();
+                let members: Vec<usize> = (0..w.total())
+                    .filter(|&i| st.voters.contains(&id(i)) || st.learners.contains(&id(i)))
+                    .collect();
+                break (done.index, members);
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     loop {
-        let all = (0..w.n).all(|i| {
+        let all = members.iter().all(|&i| {
             w.node(i)
                 .is_some_and(|n| n.status().applied_index.is_some_and(|a| a >= index))
         });
         if all {
-            return Some(index);
+            return Some((index, members));
         }
         if tokio::time::Instant::now() >= deadline {
             return None;

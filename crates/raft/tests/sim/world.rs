@@ -23,6 +23,7 @@ pub fn id(i: usize) -> NodeId {
 }
 
 pub struct World {
+    /// The initial voters; one more node (position `n`) is a spare, started only to join.
     pub n: usize,
     /// Entries between snapshots and kept behind one, if not the defaults.
     pub snapshots: Option<(u64, u64)>,
@@ -43,7 +44,8 @@ pub struct World {
 impl World {
     pub async fn new(seed: u64, n: usize) -> World {
         let net = Net::new(seed);
-        let dirs: Vec<_> = (0..n)
+        let total = n + 1;
+        let dirs: Vec<_> = (0..total)
             .map(|_| tempfile::tempdir().expect("tempdir"))
             .collect();
         let clock = Arc::new(AtomicU64::new(0));
@@ -69,16 +71,21 @@ impl World {
             net,
             dirs,
             disks,
-            nodes: Arc::new(Mutex::new((0..n).map(|_| None).collect())),
+            nodes: Arc::new(Mutex::new((0..total).map(|_| None).collect())),
             stepping,
-            boots: vec![0; n],
-            apps: (0..n).map(|_| app::Shared::default()).collect(),
+            boots: vec![0; total],
+            apps: (0..total).map(|_| app::Shared::default()).collect(),
             violations: Arc::default(),
             stepper,
         }
     }
 
-    fn addr(i: usize) -> SocketAddr {
+    /// Every node, the spare included.
+    pub fn total(&self) -> usize {
+        self.n + 1
+    }
+
+    pub fn addr(i: usize) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 7001 + i as u16))
     }
 
@@ -209,7 +216,7 @@ impl World {
     }
 
     pub async fn stop(mut self) {
-        for i in 0..self.n {
+        for i in 0..self.total() {
             if self.is_up(i) {
                 self.kill(i, false).await;
             }
