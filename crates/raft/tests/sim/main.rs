@@ -56,6 +56,57 @@ fn one(seed: u64) -> Result<run::Outcome, String> {
     })
 }
 
+/// Runs `seed`; returns whether it violated a guarantee, and what to print for it: its plan,
+/// log and violations (with the replay command) if it failed or `verbose`, else nothing.
+fn run_and_report(seed: u64, verbose: bool, inject_name: &str) -> (bool, String) {
+    use std::fmt::Write;
+    let t = std::time::Instant::now();
+    let (violations, line, details) = match one(seed) {
+        Ok(o) => (
+            o.violations.clone(),
+            format!(
+                "seed {seed}: acked={} violations={} ({:.2}s) {}",
+                o.acked,
+                o.violations.len(),
+                t.elapsed().as_secs_f64(),
+                o.plan
+            ),
+            o.log,
+        ),
+        Err(p) => (
+            vec![format!("panic: {p}")],
+            format!("seed {seed}: panicked"),
+            Vec::new(),
+        ),
+    };
+    let mut out = String::new();
+    if !verbose && violations.is_empty() {
+        return (false, out);
+    }
+    let _ = writeln!(out, "{line}");
+    for d in &details {
+        let _ = writeln!(out, "    {d}");
+    }
+    for v in violations.iter().take(10) {
+        let _ = writeln!(out, "  VIOLATION {v}");
+    }
+    if violations.len() > 10 {
+        let _ = writeln!(out, "  ... and {} more", violations.len() - 10);
+    }
+    if !violations.is_empty() {
+        let inject = if inject_name.is_empty() {
+            String::new()
+        } else {
+            format!(" --inject {inject_name}")
+        };
+        let _ = writeln!(
+            out,
+            "  replay: scripts/sim.sh --cluster --seed {seed}{inject}"
+        );
+    }
+    (!violations.is_empty(), out)
+}
+
 #[test]
 fn cluster_seeds() {
     let inject_name = std::env::var("TERN_CSIM_INJECT").unwrap_or_default();
@@ -89,52 +140,18 @@ fn cluster_seeds() {
                     if seed >= base + count {
                         return;
                     }
-                    let t = std::time::Instant::now();
-                    let (violations, line, details) = match one(seed) {
-                        Ok(o) => (
-                            o.violations.clone(),
-                            format!(
-                                "seed {seed}: acked={} violations={} ({:.2}s) {}",
-                                o.acked,
-                                o.violations.len(),
-                                t.elapsed().as_secs_f64(),
-                                o.plan
-                            ),
-                            o.log,
-                        ),
-                        Err(p) => (
-                            vec![format!("panic: {p}")],
-                            format!("seed {seed}: panicked"),
-                            Vec::new(),
-                        ),
-                    };
-                    let _g = out.lock().unwrap();
-                    if verbose || !violations.is_empty() {
-                        println!("{line}");
-                        for d in &details {
-                            println!("    {d}");
-                        }
-                        for v in violations.iter().take(10) {
-                            println!("  VIOLATION {v}");
-                        }
-                        if violations.len() > 10 {
-                            println!("  ... and {} more", violations.len() - 10);
-                        }
+                    let (failed, report) = run_and_report(seed, verbose, &inject_name);
+                    {
+                        // One seed's lines together.
+                        let _g = out.lock().unwrap();
+                        print!("{report}");
                     }
-                    if !violations.is_empty() {
+                    if failed {
                         failing.fetch_add(1, Ordering::Relaxed);
                         let mut f = first.lock().unwrap();
                         if f.is_none_or(|s| seed < s) {
                             *f = Some(seed);
                         }
-                        println!(
-                            "  replay: scripts/sim.sh --cluster --seed {seed}{}",
-                            if inject_name.is_empty() {
-                                String::new()
-                            } else {
-                                format!(" --inject {inject_name}")
-                            }
-                        );
                         if stop_at_first {
                             stop.store(true, Ordering::Relaxed);
                         }
