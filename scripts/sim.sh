@@ -46,6 +46,7 @@
 #       ack-before-commit                  propose answers once the leader's own log has the entry
 #       vote-not-synced                    the Raft vote is written but never fsynced
 #       deliver-uncommitted                entries reach the Applier as they are appended, before commit
+#       flush-before-sync                  the log reports an append flushed before its fsync
 #                 A cluster seed's plan (faults, workload) is the seed's, but its execution is
 #                 not replayed exactly (openraft's election timeouts use a random source of its own).
 # Prints each seed's line with its digest (the disk's trace and every client packet: equal
@@ -89,7 +90,7 @@ while [ $# -gt 0 ]; do
     --all) ALL=1; shift ;;
     --cluster) CLUSTER=1; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -98,7 +99,7 @@ for n in "$SEEDS" "$BASE" "$JOBS" ${SEED:+"$SEED"}; do
 done
 if [ "$CLUSTER" = 1 ]; then
   case "$INJECT" in
-    ''|ack-before-commit|vote-not-synced|deliver-uncommitted) ;;
+    ''|ack-before-commit|vote-not-synced|deliver-uncommitted|flush-before-sync) ;;
     *) echo "sim.sh: unknown cluster bug '$INJECT' (see --help)" >&2; exit 2 ;;
   esac
   cd "$ROOT"

@@ -20,6 +20,10 @@ pub enum Bug {
     /// Entries are handed to the `Applier` as soon as they are appended to this node's log,
     /// before they are committed (`state_machine.rs`, fed by `log_store.rs`).
     DeliverUncommitted = 4,
+    /// The log's flush callback fires as soon as the entries are handed to the store, before
+    /// its group commit has made them durable: a node's copy counts toward the majority
+    /// while it is still in the page cache (`log_store.rs`).
+    FlushBeforeSync = 8,
 }
 
 #[cfg(feature = "inject")]

@@ -181,6 +181,21 @@ impl LogStore {
         })
     }
 
+    /// The records `first_seq..=last_seq` are durable: their entries are served from the
+    /// store from now on, not from memory.
+    fn durable(&self, first_seq: u64, last_seq: u64) {
+        // Live slots' sequences grow with their index: walk back to this append.
+        let mut ix = self.index();
+        for s in ix.slots.values_mut().rev() {
+            if s.seq < first_seq {
+                break;
+            }
+            if s.seq <= last_seq {
+                s.pending = None;
+            }
+        }
+    }
+
     /// The injected bug `DeliverUncommitted`: every appended entry goes to `deliver` too.
     pub(crate) fn deliver_early(&self, deliver: EarlyDelivery) {
         self.inner.early.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(deliver);
@@ -461,21 +476,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Flushed off the Raft core's task: the callback fires when the store's group commit
         // has made the batch durable under the log's sync policy.
         let this = self.clone();
+        let last_seq = ticket.seq();
+        if inject::on(Bug::FlushBeforeSync) {
+            callback.log_io_completed(Ok(()));
+            tokio::spawn(async move {
+                if ticket.await.is_ok() {
+                    this.durable(first_seq, last_seq);
+                }
+            });
+            return Ok(());
+        }
         tokio::spawn(async move {
-            let last_seq = ticket.seq();
             match ticket.await {
                 Ok(_) => {
-                    // Live slots' sequences grow with their index: walk back to this append.
-                    let mut ix = this.index();
-                    for s in ix.slots.values_mut().rev() {
-                        if s.seq < first_seq {
-                            break;
-                        }
-                        if s.seq <= last_seq {
-                            s.pending = None;
-                        }
-                    }
-                    drop(ix);
+                    this.durable(first_seq, last_seq);
                     callback.log_io_completed(Ok(()));
                 }
                 Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),

@@ -33,6 +33,7 @@ fn bug(name: &str) -> Option<Bug> {
         "ack-before-commit" => Some(Bug::AckBeforeCommit),
         "vote-not-synced" => Some(Bug::VoteNotSynced),
         "deliver-uncommitted" => Some(Bug::DeliverUncommitted),
+        "flush-before-sync" => Some(Bug::FlushBeforeSync),
         other => panic!("unknown cluster bug {other:?}"),
     }
 }

@@ -41,6 +41,9 @@ pub struct Plan {
     /// Entries between snapshots, and kept behind one (None: the defaults, more than a
     /// seed writes): small values make lagging nodes catch up by snapshot.
     pub snapshots: Option<(u64, u64)>,
+    /// Virtual ms between two rounds of the stores' writer turns (the disk's latency: how
+    /// long a write waits in the page cache before its fsync).
+    pub disk_step_ms: u64,
     /// (wait before, fault).
     pub faults: Vec<(u64, Fault)>,
 }
@@ -105,6 +108,7 @@ impl Plan {
             base_drop_pct: r.below(3),
             base_delay_ms: r.range(1, 20),
             snapshots,
+            disk_step_ms: r.range(1, 10),
             faults,
         }
     }
@@ -114,8 +118,13 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "nodes={} clients={} drop={}% delay<={}ms snapshots={:?} faults:",
-            self.nodes, self.clients, self.base_drop_pct, self.base_delay_ms, self.snapshots
+            "nodes={} clients={} drop={}% delay<={}ms disk_step={}ms snapshots={:?} faults:",
+            self.nodes,
+            self.clients,
+            self.base_drop_pct,
+            self.base_delay_ms,
+            self.disk_step_ms,
+            self.snapshots
         )?;
         for (wait, fault) in &self.faults {
             write!(f, " +{wait}ms {fault:?};")?;

@@ -35,7 +35,7 @@ pub struct Outcome {
 
 pub async fn run_seed(seed: u64) -> Outcome {
     let plan = Plan::new(seed);
-    let mut w = World::new(seed, plan.nodes).await;
+    let mut w = World::new(seed, plan.nodes, plan.disk_step_ms).await;
     w.snapshots = plan.snapshots;
     {
         let mut l = w.net.links.lock().unwrap();

@@ -1,7 +1,7 @@
 //! One seed's cluster: N nodes, each on a simulated disk of its own (stepped writers, so the
 //! store runs no thread), on the simulated network, driven on one thread by tokio's paused
 //! clock. Nodes crash and restart from their disks; a stepper task runs the stores' writer
-//! turns every millisecond of virtual time (the disk's latency).
+//! turns every 1-9 ms of virtual time (the seed's disk latency).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +42,7 @@ pub struct World {
 }
 
 impl World {
-    pub async fn new(seed: u64, n: usize) -> World {
+    pub async fn new(seed: u64, n: usize, disk_step_ms: u64) -> World {
         let net = Net::new(seed);
         let total = n + 1;
         let dirs: Vec<_> = (0..total)
@@ -64,7 +64,7 @@ impl World {
             })
             .collect();
         let stepping: Arc<Mutex<Vec<(usize, u64, Store)>>> = Arc::default();
-        let stepper = tokio::spawn(step_stores(stepping.clone(), clock));
+        let stepper = tokio::spawn(step_stores(stepping.clone(), clock, disk_step_ms));
         World {
             n,
             snapshots: None,
@@ -228,9 +228,13 @@ impl World {
 /// Bounds one round of a store's turns (a store with work left is stepped again next round).
 const MAX_TURNS_PER_ROUND: usize = 64;
 
-/// Runs the stores' writer turns, one round per millisecond of virtual time, and gives the
+/// Runs the stores' writer turns, one round every `step_ms` of virtual time, and gives the
 /// disks the virtual clock.
-async fn step_stores(stepping: Arc<Mutex<Vec<(usize, u64, Store)>>>, clock: Arc<AtomicU64>) {
+async fn step_stores(
+    stepping: Arc<Mutex<Vec<(usize, u64, Store)>>>,
+    clock: Arc<AtomicU64>,
+    step_ms: u64,
+) {
     let start = tokio::time::Instant::now();
     loop {
         clock.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -248,6 +252,6 @@ async fn step_stores(stepping: Arc<Mutex<Vec<(usize, u64, Store)>>>, clock: Arc<
             }
         }
         drop(stores);
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(Duration::from_millis(step_ms)).await;
     }
 }
