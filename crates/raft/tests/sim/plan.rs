@@ -108,7 +108,7 @@ impl Plan {
             base_drop_pct: r.below(3),
             base_delay_ms: r.range(1, 20),
             snapshots,
-            disk_step_ms: r.range(1, 10),
+            disk_step_ms: r.range(1, 10), // inclusive, as every `range`
             faults,
         }
     }

@@ -1,7 +1,7 @@
 //! One seed's cluster: N nodes, each on a simulated disk of its own (stepped writers, so the
 //! store runs no thread), on the simulated network, driven on one thread by tokio's paused
 //! clock. Nodes crash and restart from their disks; a stepper task runs the stores' writer
-//! turns every 1-9 ms of virtual time (the seed's disk latency).
+//! turns every 1-10 ms of virtual time (the seed's disk latency).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
