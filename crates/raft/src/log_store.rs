@@ -442,15 +442,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
             .map_err(|e| StorageIOError::write_logs(store_err(e)))?;
         let first_seq = seqs.first().copied().unwrap_or(0);
-        let early = self
-            .inner
-            .early
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .0
-            .clone();
-        if let Some(deliver) = early {
-            entries.iter().for_each(|e| deliver(e));
+        // Folds away unless the bug is compiled in (feature `inject`) and switched on.
+        if inject::on(Bug::DeliverUncommitted) {
+            let early = self.inner.early.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(deliver) = early.0.clone() {
+                drop(early);
+                entries.iter().for_each(|e| deliver(e));
+            }
         }
         {
             let mut ix = self.index();
