@@ -5,7 +5,7 @@
 # losses and process crashes, and a checker of at-least-once / exactly-once / order / open
 # exchanges / retained values. Release.
 #
-# Usage: scripts/sim.sh [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--no-bounds] [--all] [--writer-threads[-raw]] [--jobs J] [--first] [--verbose]
+# Usage: scripts/sim.sh [--cluster] [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--no-bounds] [--all] [--writer-threads[-raw]] [--jobs J] [--first] [--verbose]
 #   --seeds N     run N seeds (default 100), from --base (default 0)
 #   --seed S      run seed S alone: a seed is one execution, so this replays it exactly
 #                 (the same digest on the seed's line, the same violations)
@@ -42,6 +42,18 @@
 #   --jobs J      seeds run at once (default: one per core; a seed is CPU-bound, virtual time)
 #   --first       stop at the first failing seed (how many seeds a bug takes to find)
 #   --verbose     print every seed's plan and fault log, not only the failing ones'
+#   --cluster     run the cluster seeds instead (issue 23; crates/raft/tests/sim, docs/simulation.md
+#                 "Cluster seeds"): 3 or 5 tern-raft nodes on simulated disks and a simulated
+#                 network, with node crashes, per-node and whole-cluster power losses,
+#                 partitions, paused nodes, lost, delayed and reordered messages. Takes
+#                 --seeds, --base, --seed, --inject, --jobs, --first, --verbose; cluster bugs
+#                 (tern-raft feature `inject`, crates/raft/src/inject.rs):
+#       ack-before-commit                  propose answers once the leader's own log has the entry
+#       vote-not-synced                    the Raft vote is written but never fsynced
+#       deliver-uncommitted                entries reach the Applier as they are appended, before commit
+#       flush-before-sync                  the log reports an append flushed before its fsync
+#                 A cluster seed's plan (faults, workload) is the seed's, but its execution is
+#                 not replayed exactly (openraft's election timeouts use a random source of its own).
 # Prints each seed's line with its digest (the disk's trace and every client packet: equal
 # digests, the same run), each failing seed (violations, replay command, plan, faults, the disk's events),
 # then the first failing seed, and ends with the line `sim: seeds=N violations=V` (V: seeds
@@ -64,6 +76,7 @@ SHARE_GROUPS=0  # not GROUPS: bash ignores assignments to its own $GROUPS (the u
 RETENTION=0
 ALL=0
 WRITER_THREADS=0
+CLUSTER=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --seeds) SEEDS="${2:-}"; shift 2 ;;
@@ -83,14 +96,44 @@ while [ $# -gt 0 ]; do
     --all) ALL=1; shift ;;
     --writer-threads) WRITER_THREADS=1; shift ;;
     --writer-threads-raw) WRITER_THREADS=raw; shift ;;
+    --cluster) CLUSTER=1; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,60p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 for n in "$SEEDS" "$BASE" "$JOBS" ${SEED:+"$SEED"}; do
   case "$n" in ''|*[!0-9]*) echo "sim.sh: --seeds, --base, --jobs and --seed want a number" >&2; exit 2 ;; esac
 done
+if [ "$CLUSTER" = 1 ]; then
+  case "$INJECT" in
+    ''|ack-before-commit|vote-not-synced|deliver-uncommitted|flush-before-sync) ;;
+    *) echo "sim.sh: unknown cluster bug '$INJECT' (see --help)" >&2; exit 2 ;;
+  esac
+  cd "$ROOT"
+  cargo test -q --release -p tern-raft --test sim --no-run 2>/dev/null \
+    || cargo test --release -p tern-raft --test sim --no-run
+  export TERN_CSIM_SEEDS="$SEEDS" TERN_CSIM_SEED_BASE="$BASE" TERN_CSIM_INJECT="$INJECT" TERN_CSIM_VERBOSE="$VERBOSE" TERN_CSIM_STOP_AT_FIRST="$FIRST" TERN_CSIM_JOBS="$JOBS"
+  if [ -n "$SEED" ]; then export TERN_CSIM_SEED="$SEED"; else unset TERN_CSIM_SEED; fi
+  LOG="$(mktemp)"
+  trap 'rm -f "$LOG"' EXIT
+  set +e
+  cargo test -q --release -p tern-raft --test sim -- --exact cluster_seeds --nocapture >"$LOG" 2>&1
+  STATUS=$?
+  set -e
+  grep -e '^seed ' -e '^    ' -e '^  VIOLATION' -e '^  replay' -e '^  \.\.\.' -e '^sim: first failing' -e '^cluster: ' "$LOG" || true
+  SUMMARY="$(grep '^sim: seeds=' "$LOG" | tail -n 1 || true)"
+  if [ -z "$SUMMARY" ]; then
+    echo "sim.sh: the cluster test did not finish (status $STATUS); its output:" >&2
+    cat "$LOG" >&2
+    echo "sim: seeds=$SEEDS violations=unknown"
+    exit 1
+  fi
+  echo "$SUMMARY"
+  V="${SUMMARY##*violations=}"
+  [ "$V" = 0 ]
+  exit $?
+fi
 case "$INJECT" in
   ''|ack-before-fsync|skip-dir-sync-on-roll|skip-sync-on-roll) ;;
   ignore-received-set-after-restart|random-pubrel-order|retention-removes-open-qos2|drop-share-queue-on-leave) ;;

@@ -11,6 +11,8 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 
 use crate::error::ConsensusError;
+#[cfg(feature = "inject")]
+use crate::inject::{self, Bug};
 use crate::node::RaftNode;
 use crate::types::{Batch, LogIndex, MAX_BATCH_OPS, MAX_PROPOSAL_BYTES, NodeId};
 
@@ -161,6 +163,39 @@ impl RaftNode {
     }
 }
 
+#[cfg(feature = "inject")]
+impl RaftNode {
+    /// The injected bug `AckBeforeCommit`: answers once this node's log holds the entry (its
+    /// last log index moved past where it was), not once a majority does. Proposals are
+    /// serialized so that the index it answers is the entry's.
+    async fn propose_local_only(&self, ops: Vec<Bytes>) -> Result<Committed, ConsensusError> {
+        let _one_at_a_time = self.inject_serial.lock().await;
+        let mut rx = self.raft.metrics();
+        let before = rx.borrow().last_log_index;
+        let raft = self.raft.clone();
+        let mut write = tokio::spawn(async move { raft.client_write(Batch(ops)).await });
+        loop {
+            let last = rx.borrow().last_log_index;
+            if last > before && rx.borrow().state == ServerState::Leader {
+                return Ok(Committed {
+                    index: last.unwrap_or(0),
+                });
+            }
+            tokio::select! {
+                r = &mut write => {
+                    let r = r.map_err(|e| ConsensusError::Shutdown(e.to_string()))?;
+                    return r.map(|resp| Committed { index: resp.log_id.index }).map_err(write_error);
+                }
+                c = rx.changed() => {
+                    if c.is_err() {
+                        return Err(ConsensusError::Shutdown("metrics closed".into()));
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Consensus for RaftNode {
     async fn propose(&self, ops: Vec<Bytes>) -> Result<Committed, ConsensusError> {
         if ops.is_empty() || ops.len() > MAX_BATCH_OPS {
@@ -174,6 +209,10 @@ impl Consensus for RaftNode {
             return Err(ConsensusError::Invalid(format!(
                 "a batch of {bytes} bytes (at most {MAX_PROPOSAL_BYTES})"
             )));
+        }
+        #[cfg(feature = "inject")]
+        if inject::on(Bug::AckBeforeCommit) {
+            return self.propose_local_only(ops).await;
         }
         let resp = self
             .raft

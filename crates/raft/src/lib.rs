@@ -4,7 +4,7 @@
 //!
 //! Module map, one layer per line, lowest first: a module imports only its own line and the
 //! lines before it (`crates/server/tests/layering.rs` holds the same order and enforces it).
-//! - [`error`]: typed errors; [`types`]: node ids, the openraft type configuration, the entry
+//! - [`error`]: typed errors; [`inject`]: test-only bugs for the simulator; [`types`]: node ids, the openraft type configuration, the entry
 //!   payload (a batch of opaque operations), the binary codec.
 //! - [`log_store`]: the Raft log on a tern-store stream, the vote in an always-synced kv;
 //!   [`state_machine`]: committed batches to the [`Applier`], snapshots from its state;
@@ -21,6 +21,7 @@
 
 pub mod consensus;
 pub mod error;
+pub mod inject;
 pub mod log_store;
 pub mod network;
 pub mod node;

@@ -29,6 +29,7 @@ use tern_store::{
     FilterSet, KvStream, NewRecord, Store, StoreError, Stream, StreamConfig, SyncPolicy,
 };
 
+use crate::inject::{self, Bug};
 use crate::types::{Entry, LogId, LogIndex, StorageError, TypeConfig, Vote, decode, encode};
 
 /// The log stream's name in the node's store.
@@ -98,11 +99,30 @@ impl Index {
     }
 }
 
+/// The injected bug `DeliverUncommitted`: what hands each appended entry to the application
+/// at once (set by the node only under the bug).
+pub(crate) type EarlyDelivery = Arc<dyn Fn(&Entry) + Send + Sync>;
+
+#[derive(Default)]
+struct Early(Option<EarlyDelivery>);
+
+impl Debug for Early {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Early(set)"
+        } else {
+            "Early"
+        })
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     log: Stream,
     meta: KvStream,
     index: Mutex<Index>,
+    /// Set under the injected bug `DeliverUncommitted` only.
+    early: Mutex<Early>,
     /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
     /// are released.
     canary: Arc<()>,
@@ -129,10 +149,15 @@ impl LogStore {
                 ..StreamConfig::default()
             },
         )?;
+        let meta_sync = if inject::on(Bug::VoteNotSynced) {
+            SyncPolicy::Never
+        } else {
+            SyncPolicy::Always
+        };
         let meta = store.kv(
             META_KV,
             StreamConfig {
-                sync: SyncPolicy::Always,
+                sync: meta_sync,
                 ..StreamConfig::default()
             },
         )?;
@@ -150,9 +175,30 @@ impl LogStore {
                 log,
                 meta,
                 index: Mutex::new(index),
+                early: Mutex::default(),
                 canary: Arc::new(()),
             }),
         })
+    }
+
+    /// The records `first_seq..=last_seq` are durable: their entries are served from the
+    /// store from now on, not from memory.
+    fn durable(&self, first_seq: u64, last_seq: u64) {
+        // Live slots' sequences grow with their index: walk back to this append.
+        let mut ix = self.index();
+        for s in ix.slots.values_mut().rev() {
+            if s.seq < first_seq {
+                break;
+            }
+            if s.seq <= last_seq {
+                s.pending = None;
+            }
+        }
+    }
+
+    /// The injected bug `DeliverUncommitted`: every appended entry goes to `deliver` too.
+    pub(crate) fn deliver_early(&self, deliver: EarlyDelivery) {
+        self.inner.early.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(deliver);
     }
 
     /// Gone once every clone is dropped and with them the streams and the store's lock.
@@ -396,6 +442,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
             .map_err(|e| StorageIOError::write_logs(store_err(e)))?;
         let first_seq = seqs.first().copied().unwrap_or(0);
+        // Folds away unless the bug is compiled in (feature `inject`) and switched on.
+        if inject::on(Bug::DeliverUncommitted) {
+            let early = self.inner.early.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(deliver) = early.0.clone() {
+                drop(early);
+                entries.iter().for_each(|e| deliver(e));
+            }
+        }
         {
             let mut ix = self.index();
             ix.cut_from(entries[0].log_id.index);
@@ -420,21 +474,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Flushed off the Raft core's task: the callback fires when the store's group commit
         // has made the batch durable under the log's sync policy.
         let this = self.clone();
+        let last_seq = ticket.seq();
+        if inject::on(Bug::FlushBeforeSync) {
+            callback.log_io_completed(Ok(()));
+            tokio::spawn(async move {
+                if ticket.await.is_ok() {
+                    this.durable(first_seq, last_seq);
+                }
+            });
+            return Ok(());
+        }
         tokio::spawn(async move {
-            let last_seq = ticket.seq();
             match ticket.await {
                 Ok(_) => {
-                    // Live slots' sequences grow with their index: walk back to this append.
-                    let mut ix = this.index();
-                    for s in ix.slots.values_mut().rev() {
-                        if s.seq < first_seq {
-                            break;
-                        }
-                        if s.seq <= last_seq {
-                            s.pending = None;
-                        }
-                    }
-                    drop(ix);
+                    this.durable(first_seq, last_seq);
                     callback.log_io_completed(Ok(()));
                 }
                 Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),

@@ -21,6 +21,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::error::ConsensusError;
+use crate::inject::{self, Bug};
 use crate::log_store::LogStore;
 use crate::network::{self, Request, Response, TcpNetwork, serve};
 use crate::state_machine::{Applier, StateMachine};
@@ -152,6 +153,11 @@ pub struct RaftNode {
     local_addr: SocketAddr,
     pub(crate) elections: Arc<AtomicU64>,
     tasks: Vec<JoinHandle<()>>,
+    /// The node's store (held so that it closes when the node is dropped).
+    _store: Store,
+    /// Serializes proposals under the injected bug `AckBeforeCommit` only.
+    #[cfg(feature = "inject")]
+    pub(crate) inject_serial: tokio::sync::Mutex<()>,
     /// The log store's and state machine's canaries, gone once the core's tasks have all let
     /// go of them and their streams are closed.
     storage: Vec<Weak<()>>,
@@ -193,9 +199,10 @@ impl RaftNode {
             context: "listener address".into(),
             source,
         })?;
-        let (raft, storage) = open(&config, applier, TcpNetwork, vfs).await?;
+        let store = open_store(&config, vfs)?;
+        let (raft, store, storage) = open(&config, applier, TcpNetwork, store).await?;
         let serving = tokio::spawn(serve(listener, raft.clone()));
-        RaftNode::run(config, raft, storage, local_addr, Some(serving)).await
+        RaftNode::run(config, raft, (store, storage), local_addr, Some(serving)).await
     }
 
     /// Starts with another transport (a simulated network): `network` carries this node's
@@ -206,15 +213,30 @@ impl RaftNode {
         network: N,
         vfs: Option<Arc<dyn Vfs>>,
     ) -> Result<RaftNode, ConsensusError> {
-        let (raft, storage) = open(&config, applier, network, vfs).await?;
+        let store = open_store(&config, vfs)?;
+        RaftNode::start_with_store(config, applier, network, store).await
+    }
+
+    /// [`RaftNode::start_with`] on a store the caller opened on `config.data_dir`. A
+    /// simulator whose disk has stepped writers (tern-store's `SimConfig::stepped_writers`)
+    /// keeps a clone to run their turns (`Store::step`), from before the node starts (forming
+    /// the cluster writes) until it has shut down; the clone holds the store's lock until it
+    /// is dropped.
+    pub async fn start_with_store<N: RaftNetworkFactory<TypeConfig>>(
+        config: NodeConfig,
+        applier: Box<dyn Applier>,
+        network: N,
+        store: Store,
+    ) -> Result<RaftNode, ConsensusError> {
+        let (raft, store, storage) = open(&config, applier, network, store).await?;
         let addr = config.bind;
-        RaftNode::run(config, raft, storage, addr, None).await
+        RaftNode::run(config, raft, (store, storage), addr, None).await
     }
 
     async fn run(
         config: NodeConfig,
         raft: Raft,
-        storage: Vec<Weak<()>>,
+        (store, storage): (Store, Vec<Weak<()>>),
         local_addr: SocketAddr,
         serving: Option<JoinHandle<()>>,
     ) -> Result<RaftNode, ConsensusError> {
@@ -231,6 +253,9 @@ impl RaftNode {
             local_addr,
             elections,
             tasks,
+            _store: store,
+            #[cfg(feature = "inject")]
+            inject_serial: tokio::sync::Mutex::new(()),
             storage,
         };
         node.bootstrap().await?;
@@ -241,6 +266,13 @@ impl RaftNode {
     /// each frame it reads).
     pub async fn handle(&self, req: Request) -> Response {
         network::handle(&self.raft, req).await
+    }
+
+    /// What a transport hands peers' requests to (with [`network::handle`]): a handle on
+    /// the Raft core that does not keep the node alive. Once the node is shut down, requests
+    /// fail.
+    pub fn peer_handler(&self) -> Raft {
+        self.raft.clone()
     }
 
     /// The lowest initial voter forms the cluster when its log is empty.
@@ -306,20 +338,27 @@ impl Drop for RaftNode {
     }
 }
 
-/// Opens the node's store, log and state machine, and starts the Raft core.
+/// Opens the node's store directory, through `vfs` if given.
+fn open_store(config: &NodeConfig, vfs: Option<Arc<dyn Vfs>>) -> Result<Store, ConsensusError> {
+    Ok(match vfs {
+        Some(v) => Store::open_with_vfs(&config.data_dir, v)?,
+        None => Store::open(&config.data_dir)?,
+    })
+}
+
+/// Opens the node's log and state machine in `store`, and starts the Raft core.
 async fn open<N: RaftNetworkFactory<TypeConfig>>(
     config: &NodeConfig,
     applier: Box<dyn Applier>,
     network: N,
-    vfs: Option<Arc<dyn Vfs>>,
-) -> Result<(Raft, Vec<Weak<()>>), ConsensusError> {
+    store: Store,
+) -> Result<(Raft, Store, Vec<Weak<()>>), ConsensusError> {
     config.validate()?;
-    let store = match vfs {
-        Some(v) => Store::open_with_vfs(&config.data_dir, v)?,
-        None => Store::open(&config.data_dir)?,
-    };
     let log = LogStore::open(&store, config.sync)?;
     let sm = StateMachine::open(&store, config.sync, applier)?;
+    if inject::on(Bug::DeliverUncommitted) {
+        log.deliver_early(Arc::new(sm.early_delivery()));
+    }
     let storage = vec![log.liveness(), sm.liveness()];
     let raft = Raft::new(
         config.node_id,
@@ -330,7 +369,7 @@ async fn open<N: RaftNetworkFactory<TypeConfig>>(
     )
     .await
     .map_err(|e| ConsensusError::Shutdown(e.to_string()))?;
-    Ok((raft, storage))
+    Ok((raft, store, storage))
 }
 
 /// Counts the elections this node started (turns into a candidate), for the metrics.

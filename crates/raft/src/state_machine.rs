@@ -116,6 +116,17 @@ impl StateMachine {
         })
     }
 
+    /// The injected bug `DeliverUncommitted`: hands a normal entry to the applier as it is
+    /// appended to the log, committed or not (the real apply comes again later).
+    pub(crate) fn early_delivery(&self) -> impl Fn(&Entry) + Send + Sync + 'static {
+        let inner = Arc::downgrade(&self.inner);
+        move |e: &Entry| {
+            if let (Some(inner), EntryPayload::Normal(batch)) = (inner.upgrade(), &e.payload) {
+                let _ = lock(&inner.applier).apply(e.log_id.index, &batch.0);
+            }
+        }
+    }
+
     /// Gone once every clone is dropped and with them the kv stream and the store's lock.
     pub(crate) fn liveness(&self) -> Weak<()> {
         Arc::downgrade(&self.inner.canary)

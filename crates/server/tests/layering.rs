@@ -189,7 +189,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "raft",
         &[
-            &["error", "types"],
+            &["error", "types", "inject"],
             &["log_store", "state_machine", "network"],
             &["node"],
             &["consensus"],

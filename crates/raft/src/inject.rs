@@ -1,0 +1,55 @@
+//! Known bugs, injectable for the cluster simulator (`crates/raft/tests/sim.rs`, issue 23):
+//! each one breaks a guarantee the simulator must then find. Compiled in only with the
+//! test-only cargo feature `inject`; without it [`on`] is a constant `false` and every check
+//! folds away, so production code keeps one path.
+//!
+//! The switch is process-wide: the simulator sets it once for a run of seeds (all with the
+//! same bug); nothing in tern-raft turns it on.
+
+/// A bug the simulator can inject.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Bug {
+    /// `propose` completes once the leader has appended the entry to its own log, without
+    /// waiting for the commit (`consensus.rs`).
+    AckBeforeCommit = 1,
+    /// The vote kv is never synced: a vote can be forgotten in a power loss
+    /// (`log_store.rs`).
+    VoteNotSynced = 2,
+    /// Entries are handed to the `Applier` as soon as they are appended to this node's log,
+    /// before they are committed (`state_machine.rs`, fed by `log_store.rs`).
+    DeliverUncommitted = 4,
+    /// The log's flush callback fires as soon as the entries are handed to the store, before
+    /// its group commit has made them durable: a node's copy counts toward the majority
+    /// while it is still in the page cache (`log_store.rs`).
+    FlushBeforeSync = 8,
+}
+
+#[cfg(feature = "inject")]
+static ACTIVE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Whether `bug` is injected.
+#[doc(hidden)]
+#[inline(always)]
+pub fn on(bug: Bug) -> bool {
+    #[cfg(feature = "inject")]
+    {
+        ACTIVE.load(std::sync::atomic::Ordering::Relaxed) & bug as u32 != 0
+    }
+    #[cfg(not(feature = "inject"))]
+    {
+        let _ = bug;
+        false
+    }
+}
+
+/// Sets the injected bug (`None`: none), process-wide.
+#[doc(hidden)]
+#[cfg(feature = "inject")]
+pub fn set(bug: Option<Bug>) {
+    ACTIVE.store(
+        bug.map_or(0, |b| b as u32),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
