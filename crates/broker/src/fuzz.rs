@@ -124,6 +124,45 @@ async fn run_inner(input: &[u8]) -> Result<Outcome, RunError> {
         let _ = writer.shutdown().await;
         writer
     });
+    let reply = read_reply(&mut reader, written_rx, eof_tx).await?;
+    drop(writing.await);
+
+    // Not wedged: a new client is served.
+    let probe = connect_v5(addr, "fuzz-probe")
+        .await
+        .map_err(|_| RunError::Wedged)?;
+    drop(probe);
+    // What the watcher got (it is disconnected by the shutdown below).
+    let _ = watcher.shutdown().await;
+    let mut delivered = Vec::new();
+    let _ = tokio::time::timeout(
+        Duration::from_millis(RUN_TIMEOUT_MS / 2),
+        watcher.read_to_end(&mut delivered),
+    )
+    .await;
+    let _ = stop_tx.send(());
+    serving
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))??;
+    let queued = broker.shared().metrics.queued.bytes.load(Ordering::Relaxed);
+    // Persistent sessions (clean start 0) keep their QoS>0 queues by design; the memory store
+    // keeps nothing else. Everything queued must be within the broker's own bound.
+    if queued > broker.shared().config.max_queued_bytes_total {
+        return Err(RunError::Leaked(queued));
+    }
+    Ok(Outcome {
+        reply_bytes: reply.len(),
+        delivered_bytes: delivered.len(),
+    })
+}
+
+/// Reads what the broker answers the input with: until it goes quiet after the input was
+/// written (then EOF is sent, a client that vanished) and on to the end of the stream.
+async fn read_reply(
+    reader: &mut tokio::net::tcp::OwnedReadHalf,
+    written_rx: tokio::sync::oneshot::Receiver<()>,
+    eof_tx: tokio::sync::oneshot::Sender<()>,
+) -> Result<Vec<u8>, RunError> {
     let mut written = Some(written_rx);
     let mut eof = Some(eof_tx);
     let mut reply = Vec::new();
@@ -155,35 +194,7 @@ async fn run_inner(input: &[u8]) -> Result<Outcome, RunError> {
         }
     }
     drop(eof);
-    drop(writing.await);
-
-    // Not wedged: a new client is served.
-    let probe = connect_v5(addr, "fuzz-probe")
-        .await
-        .map_err(|_| RunError::Wedged)?;
-    drop(probe);
-    // What the watcher got (it is disconnected by the shutdown below).
-    let _ = watcher.shutdown().await;
-    let mut delivered = Vec::new();
-    let _ = tokio::time::timeout(
-        Duration::from_millis(RUN_TIMEOUT_MS / 2),
-        watcher.read_to_end(&mut delivered),
-    )
-    .await;
-    let _ = stop_tx.send(());
-    serving
-        .await
-        .map_err(|e| io::Error::other(e.to_string()))??;
-    let queued = broker.shared().metrics.queued.bytes.load(Ordering::Relaxed);
-    // Persistent sessions (clean start 0) keep their QoS>0 queues by design; the memory store
-    // keeps nothing else. Everything queued must be within the broker's own bound.
-    if queued > broker.shared().config.max_queued_bytes_total {
-        return Err(RunError::Leaked(queued));
-    }
-    Ok(Outcome {
-        reply_bytes: reply.len(),
-        delivered_bytes: delivered.len(),
-    })
+    Ok(reply)
 }
 
 /// A v5 client with clean start, after its CONNACK.

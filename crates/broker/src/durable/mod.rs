@@ -221,27 +221,11 @@ impl DurableStore {
         config.validate().map_err(StoreError::InvalidConfig)?;
         let config = config.with_default_stream();
         let store = Store::open_with_vfs(dir, vfs.clone())?;
-        let mut slots = Vec::with_capacity(config.streams.len());
-        for spec in &config.streams {
-            let mut stream_config = spec.store.clone();
-            // Control records are one topic per client: a per-topic limit must not count them,
-            // and no limit may remove open state before recovery has found it.
-            stream_config.limits.per_topic_exempt_prefix =
-                Some(crate::model::topics::INTERNAL_PREFIX.as_bytes().to_vec());
-            stream_config.start_pinned = true;
-            let stream = store.stream(&spec.name, stream_config)?;
-            report_damage(&stream);
-            let next_seq = stream.info().last_seq.map_or(1, |s| s + 1);
-            slots.push(Slot {
-                filters: FilterSet::new(spec.filters.iter()),
-                spec: spec.clone(),
-                stream,
-                unrouted: Mutex::new(Unrouted {
-                    seqs: BTreeSet::new(),
-                    next_seq,
-                }),
-            });
-        }
+        let slots = config
+            .streams
+            .iter()
+            .map(|spec| open_slot(&store, spec))
+            .collect::<Result<Vec<_>, _>>()?;
         // State streams are small: every checksum is verified at start-up, so damage is
         // quarantined (and reported) before they are read.
         let state = StreamConfig {
@@ -259,20 +243,7 @@ impl DurableStore {
         // later write (say, clearing an entry the cursor passed) never durable before an
         // earlier one (that cursor).
         let session_state = kv("tern.sessions")?;
-        let names: Vec<&str> = config.streams.iter().map(|s| s.name.as_str()).collect();
-        let syncs: Vec<String> = config
-            .streams
-            .iter()
-            .map(|s| format!("{}={:?}", s.name, s.store.sync))
-            .collect();
-        tracing::info!(
-            "store opened: message streams {names:?}; state streams sync {:?}; message streams sync {}",
-            config.state_sync,
-            syncs.join(" ")
-        );
-        if let Some(budget) = config.max_disk_bytes {
-            tracing::info!(max_disk_bytes = budget, "disk budget");
-        }
+        log_opened(&config);
         let durable = DurableStore {
             sessions: Keyspace::new(&session_state, b's'),
             cursors: Keyspace::new(&session_state, b'c'),
@@ -442,3 +413,44 @@ impl DurableStore {
 mod budget_tests;
 #[cfg(test)]
 mod reclaim_tests;
+
+/// Opens one message stream of the configuration, pinned until recovery has found its open
+/// state.
+fn open_slot(store: &Store, spec: &StreamSpec) -> Result<Slot, StoreError> {
+    let mut stream_config = spec.store.clone();
+    // Control records are one topic per client: a per-topic limit must not count them, and no
+    // limit may remove open state before recovery has found it.
+    stream_config.limits.per_topic_exempt_prefix =
+        Some(crate::model::topics::INTERNAL_PREFIX.as_bytes().to_vec());
+    stream_config.start_pinned = true;
+    let stream = store.stream(&spec.name, stream_config)?;
+    report_damage(&stream);
+    let next_seq = stream.info().last_seq.map_or(1, |s| s + 1);
+    Ok(Slot {
+        filters: FilterSet::new(spec.filters.iter()),
+        spec: spec.clone(),
+        stream,
+        unrouted: Mutex::new(Unrouted {
+            seqs: BTreeSet::new(),
+            next_seq,
+        }),
+    })
+}
+
+/// What the operator reads at start-up: the message streams, the sync policies, the budget.
+fn log_opened(config: &DurableConfig) {
+    let names: Vec<&str> = config.streams.iter().map(|s| s.name.as_str()).collect();
+    let syncs: Vec<String> = config
+        .streams
+        .iter()
+        .map(|s| format!("{}={:?}", s.name, s.store.sync))
+        .collect();
+    tracing::info!(
+        "store opened: message streams {names:?}; state streams sync {:?}; message streams sync {}",
+        config.state_sync,
+        syncs.join(" ")
+    );
+    if let Some(budget) = config.max_disk_bytes {
+        tracing::info!(max_disk_bytes = budget, "disk budget");
+    }
+}

@@ -38,6 +38,7 @@ use tokio::time::Instant;
 
 use super::{DurableStore, Keep};
 use crate::durable::config::Durability;
+use crate::hash::Map;
 
 /// How often the floors are computed (each is applied at the next computation).
 pub(crate) const RECLAIM_INTERVAL_MS: u64 = 250;
@@ -166,19 +167,8 @@ impl DurableStore {
             let floor = match sessions_floor {
                 Some((g, floor)) if *g == generation && floor.len() == n => floor,
                 _ => {
-                    let floor = &mut sessions_floor.insert((generation, vec![u64::MAX; n])).1;
-                    for client in mirror.keys() {
-                        match written.get(client) {
-                            Some(cursor) => {
-                                for (f, &c) in floor.iter_mut().zip(cursor) {
-                                    *f = (*f).min(c);
-                                }
-                            }
-                            // No cursor written yet: it may need anything.
-                            None => floor.iter_mut().for_each(|f| *f = 1),
-                        }
-                    }
-                    floor
+                    let floor = min_of_cursors(mirror.keys(), &written, n);
+                    &mut sessions_floor.insert((generation, floor)).1
                 }
             };
             for (f, &c) in interest.iter_mut().zip(floor.iter()) {
@@ -268,6 +258,27 @@ impl DurableStore {
             }
         }
     }
+}
+
+/// Per stream, the lowest cursor of the sessions `clients` (1 for a session with no cursor
+/// written yet: it may need anything); `u64::MAX` where there is no session.
+fn min_of_cursors<'a>(
+    clients: impl Iterator<Item = &'a String>,
+    written: &Map<String, Vec<u64>>,
+    n: usize,
+) -> Vec<u64> {
+    let mut floor = vec![u64::MAX; n];
+    for client in clients {
+        match written.get(client) {
+            Some(cursor) => {
+                for (f, &c) in floor.iter_mut().zip(cursor) {
+                    *f = (*f).min(c);
+                }
+            }
+            None => floor.iter_mut().for_each(|f| *f = 1),
+        }
+    }
+    floor
 }
 
 #[cfg(test)]

@@ -280,51 +280,72 @@ fn security(e: &mut TextEncoder, m: &Metrics) {
 /// A per-stream family: name, type, help, and how to read its value.
 type PerStream = (&'static str, Kind, &'static str, fn(&StreamStats) -> u64);
 
+/// The per-stream gauges and counters of `/metrics`.
+const STORE_PER_STREAM: [PerStream; 6] = [
+    (
+        "store_disk_bytes",
+        Kind::Gauge,
+        "Bytes of the stream's block files on disk.",
+        |s| s.info.disk_bytes,
+    ),
+    (
+        "store_records",
+        Kind::Gauge,
+        "Live records in the stream.",
+        |s| s.info.msgs,
+    ),
+    (
+        "store_appends_total",
+        Kind::Counter,
+        "Records appended to the stream since it was opened.",
+        |s| s.metrics.records,
+    ),
+    (
+        "store_syncs_total",
+        Kind::Counter,
+        "fdatasync calls on the stream's block files.",
+        |s| s.metrics.syncs,
+    ),
+    (
+        "store_bytes_written_total",
+        Kind::Counter,
+        "Bytes written to the stream's block files.",
+        |s| s.metrics.bytes_written,
+    ),
+    (
+        "store_failed",
+        Kind::Gauge,
+        "1 if the stream failed a write or sync and refuses writes until restarted.",
+        |s| u64::from(s.info.failed),
+    ),
+];
+
 fn store(e: &mut TextEncoder, shared: &Shared, streams: &[StreamStats]) {
-    let gauges: [PerStream; 6] = [
-        (
-            "store_disk_bytes",
-            Kind::Gauge,
-            "Bytes of the stream's block files on disk.",
-            |s| s.info.disk_bytes,
-        ),
-        (
-            "store_records",
-            Kind::Gauge,
-            "Live records in the stream.",
-            |s| s.info.msgs,
-        ),
-        (
-            "store_appends_total",
-            Kind::Counter,
-            "Records appended to the stream since it was opened.",
-            |s| s.metrics.records,
-        ),
-        (
-            "store_syncs_total",
-            Kind::Counter,
-            "fdatasync calls on the stream's block files.",
-            |s| s.metrics.syncs,
-        ),
-        (
-            "store_bytes_written_total",
-            Kind::Counter,
-            "Bytes written to the stream's block files.",
-            |s| s.metrics.bytes_written,
-        ),
-        (
-            "store_failed",
-            Kind::Gauge,
-            "1 if the stream failed a write or sync and refuses writes until restarted.",
-            |s| u64::from(s.info.failed),
-        ),
-    ];
-    for (name, kind, help, value) in gauges {
+    for (name, kind, help, value) in STORE_PER_STREAM {
         e.family(name, kind, help);
         for s in streams {
             e.sample(name, &[("stream", &s.name)], value(s));
         }
     }
+    store_histograms(e, streams);
+    if let Some((used, budget)) = shared.store.admin.disk_usage() {
+        e.single(
+            "store_disk_budget_bytes",
+            Kind::Gauge,
+            "[store] max_disk_bytes.",
+            budget,
+        );
+        e.single(
+            "store_disk_used_bytes",
+            Kind::Gauge,
+            "Disk use as measured against the budget (the message streams; not the state streams, bounded by their compaction).",
+            used,
+        );
+    }
+}
+
+/// The writers' fsync latency and group-commit size, per stream.
+fn store_histograms(e: &mut TextEncoder, streams: &[StreamStats]) {
     e.family(
         "store_fsync_seconds",
         Kind::Histogram,
@@ -349,20 +370,6 @@ fn store(e: &mut TextEncoder, shared: &Shared, streams: &[StreamStats]) {
             &[("stream", &s.name)],
             &s.batch_records,
             1.0,
-        );
-    }
-    if let Some((used, budget)) = shared.store.admin.disk_usage() {
-        e.single(
-            "store_disk_budget_bytes",
-            Kind::Gauge,
-            "[store] max_disk_bytes.",
-            budget,
-        );
-        e.single(
-            "store_disk_used_bytes",
-            Kind::Gauge,
-            "Disk use as measured against the budget (the message streams; not the state streams, bounded by their compaction).",
-            used,
         );
     }
 }
