@@ -1,4 +1,4 @@
-//! One network connection: the CONNECT handshake (`connect`), then the read loop
+//! One network connection: the CONNECT handshake (`connect`, with what it is granted in `terms`), then the read loop
 //! (`event_loop`) that decodes packets and dispatches them (`publish`, `acks`, `subscribe`),
 //! then the close
 //! (`close`): final DISCONNECT, will, session detach. The same task writes: between reads it
@@ -38,6 +38,7 @@ mod quota;
 mod read;
 mod strict;
 mod subscribe;
+mod terms;
 
 use std::future::Future;
 use std::io;

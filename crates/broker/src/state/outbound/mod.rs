@@ -1,7 +1,8 @@
 //! The outbound side of a session: control packets, the ordered delivery queue, the in-flight
 //! window, the release gate of packets that wait for a store write (`gate`), and the
 //! connection's `Outflow` (`connection::outflow`) that drains them into the socket with vectored
-//! writes; `writer` keeps the per-connection encoder state.
+//! writes; `writer` keeps the per-connection encoder state; `acks` takes the subscriber's PUBACK,
+//! PUBREC and PUBCOMP.
 //!
 //! Publishers push [`Outgoing`] items under the session lock and wake the connection's task
 //! ([`crate::state::session::ConnCtl::wake`]); its `Outflow` takes a batch under the same lock
@@ -39,6 +40,7 @@
 //! the limit for `slow_subscriber_timeout_ms` reports [`PushResult::SlowSubscriber`] and the
 //! router disconnects the subscriber (0x97, `slow_subscribers_disconnected`).
 
+mod acks;
 mod batch;
 mod gate;
 mod holds;
@@ -47,15 +49,13 @@ mod writer;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use tern_wire::{QoS, ReasonCode};
+use tern_wire::QoS;
 use tokio::time::Instant;
 
 use crate::config::BrokerConfig;
 use crate::metrics::QueuedTotals;
-use crate::model::Ticket;
 use crate::model::message::Message;
 use crate::state::packet_ids::PacketIds;
 
@@ -478,99 +478,6 @@ impl Outbound {
         let item = self.queues.pop_queued()?;
         self.account_removed(&item);
         Some(item)
-    }
-
-    /// PUBACK from the subscriber. `None` for an unknown id (ignored, as the spec allows).
-    pub fn on_puback(&mut self, packet_id: u16) -> Option<Inflight> {
-        self.remove_inflight(packet_id, |e| {
-            e.phase == Phase::AwaitingAck && e.item.qos == QoS::AtLeastOnce
-        })
-    }
-
-    /// Queues a PUBREL behind the ones before it; it leaves once `ticket` (the durable "PUBREL
-    /// pending", if one was written) completes. PUBRELs leave in PUBREC order [MQTT-4.6.0-3].
-    pub(crate) fn hold_pubrel(
-        &mut self,
-        packet_id: u16,
-        reason: ReasonCode,
-        ticket: Option<Ticket>,
-    ) {
-        if let Some(entry) = self
-            .queues
-            .inflight_mut()
-            .find(|e| e.packet_id == packet_id)
-        {
-            entry.held = true;
-        }
-        self.queues
-            .push_gate(ticket, HeldPacket::PubRel { packet_id, reason });
-    }
-
-    /// Ready when the oldest write the gate waits for completed (the writer then runs a batch).
-    pub fn poll_gate(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        self.queues.poll_gate(cx)
-    }
-
-    /// True while packets wait in the gate (or its failure is pending).
-    pub(crate) fn gate_holds_packets(&self) -> bool {
-        !self.queues.gate.is_empty()
-    }
-
-    /// True once a store write the gate waited for failed (the connection must close).
-    pub(crate) fn gate_failed(&self) -> bool {
-        self.queues.gate.failed()
-    }
-
-    /// PUBREC from the subscriber: true if the id was awaiting it (or already PUBREL pending:
-    /// a duplicate PUBREC is answered with PUBREL again).
-    pub fn on_pubrec(&mut self, packet_id: u16, accepted: bool) -> bool {
-        let Some(index) =
-            self.queues.inflight.iter().position(|e| {
-                e.packet_id == packet_id && e.item.qos == QoS::ExactlyOnce && !e.held
-            })
-        else {
-            return false;
-        };
-        if !accepted {
-            // v5 PUBREC with a failure reason ends the exchange ([MQTT-4.3.3-4] note).
-            if let Some(entry) = self.queues.remove_inflight(index) {
-                self.packet_ids.release(entry.packet_id);
-            }
-            return true;
-        }
-        if let Some(entry) = self.queues.inflight_mut().nth(index) {
-            entry.phase = Phase::PubRelPending;
-            entry.needs_send = false;
-        }
-        true
-    }
-
-    /// The store position of the in-flight message `packet_id`, if it was stored.
-    pub(crate) fn stored_ref(&self, packet_id: u16) -> Option<crate::model::StoreRef> {
-        self.queues
-            .inflight
-            .iter()
-            .find(|e| e.packet_id == packet_id)
-            .and_then(|e| e.item.message.store_ref())
-    }
-
-    pub fn on_pubcomp(&mut self, packet_id: u16) -> Option<Inflight> {
-        self.remove_inflight(packet_id, |e| e.phase == Phase::PubRelPending)
-    }
-
-    fn remove_inflight(
-        &mut self,
-        packet_id: u16,
-        accept: impl Fn(&Inflight) -> bool,
-    ) -> Option<Inflight> {
-        let index = self
-            .queues
-            .inflight
-            .iter()
-            .position(|e| e.packet_id == packet_id && !e.held && accept(e))?;
-        let entry = self.queues.remove_inflight(index)?;
-        self.packet_ids.release(packet_id);
-        Some(entry)
     }
 
     /// Queues a control packet (ack, SUBACK, PINGRESP, PUBREL) behind every delivery already
