@@ -85,15 +85,20 @@ pub(crate) fn attach(shared: &Arc<Shared>, request: AttachRequest<'_>) -> Attach
     }
     sessions.insert(request.client_id.clone(), session.clone());
     let ctl = Arc::new(ConnCtl::default());
-    let conn_gen = take_over(shared, &session, &ctl, &request, session_present);
+    let (client_id, protocol, expiry_interval_s) = (
+        request.client_id,
+        request.protocol,
+        request.expiry_interval_s,
+    );
+    let conn_gen = take_over(shared, &session, &ctl, request, session_present);
     session.set_online(true);
     drop(sessions);
-    let durable = if request.expiry_interval_s > 0 {
+    let durable = if expiry_interval_s > 0 {
         // Persistent: the CONNACK leaves once the session record is durable.
         shared.store.sessions.session_opened(
-            request.client_id,
-            request.protocol,
-            request.expiry_interval_s,
+            client_id,
+            protocol,
+            expiry_interval_s,
             !session_present,
         )
     } else {
@@ -116,21 +121,21 @@ fn take_over(
     shared: &Shared,
     session: &Session,
     ctl: &Arc<ConnCtl>,
-    request: &AttachRequest<'_>,
+    request: AttachRequest<'_>,
     session_present: bool,
 ) -> u64 {
     let mut state = session.state.lock();
     state.conn_gen += 1;
     state.conn = Some(ctl.clone());
     state.protocol = request.protocol;
-    state.username = request.username.clone();
+    state.username = request.username;
     state.expiry_interval_s = request.expiry_interval_s;
     // A reconnect within the will delay cancels the will (MQTT-3.1.3-9).
     state.pending_will = None;
     state.out.count_into(shared.metrics.queued.clone());
     state.out.attach(request.window);
     shared.changed_sessions.note(session, &state);
-    let mut connack = request.connack.clone();
+    let mut connack = request.connack;
     connack.session_present = session_present;
     let mut scratch = bytes::BytesMut::new();
     if let Some(bytes) = encode_packet(&Packet::ConnAck(connack), request.protocol, &mut scratch) {
