@@ -57,6 +57,10 @@ pub struct Common {
     /// Broker MQTT port.
     #[arg(long, short = 'p', default_value_t = 1883)]
     pub port: u16,
+    /// Subscribers connect to these ports of --host instead of --port, subscriber i to the
+    /// (i mod count)-th: a cluster's nodes, with the publishers on --port (pubsub and fanout).
+    #[arg(long, value_delimiter = ',', value_name = "PORT,...")]
+    pub sub_ports: Vec<u16>,
     /// MQTT protocol version: 3 (3.1.1) or 5.
     #[arg(long = "mqtt", value_enum, default_value = "3")]
     pub protocol: ProtocolArg,
@@ -278,6 +282,16 @@ mod tests {
         assert_eq!(args.publishers, 4);
         assert_eq!(args.topics, TopicMode::PerPublisher);
         assert!(args.common.json);
+    }
+
+    #[test]
+    fn parses_subscriber_ports() {
+        let cli =
+            Cli::try_parse_from(["tern-bench", "fanout", "--sub-ports", "1884,1885"]).unwrap();
+        let Command::Fanout(args) = cli.args.command else {
+            panic!("not fanout")
+        };
+        assert_eq!(args.common.sub_ports, vec![1884, 1885]);
     }
 
     #[test]

@@ -93,9 +93,24 @@ pub fn run_tag() -> String {
     )
 }
 
+/// The subscribers' addresses: `--sub-ports` on `--host`, or the one `--port` address.
+async fn subscriber_addrs(common: &Common, addr: SocketAddr) -> anyhow::Result<Vec<SocketAddr>> {
+    let mut addrs = Vec::with_capacity(common.sub_ports.len().max(1));
+    for &port in &common.sub_ports {
+        let mut one = common.clone();
+        one.port = port;
+        addrs.push(resolve(&one).await?);
+    }
+    if addrs.is_empty() {
+        addrs.push(addr);
+    }
+    Ok(addrs)
+}
+
+/// Connects client `ids[i]` to `addrs[i % addrs.len()]` (`addrs` is never empty).
 async fn connect_many(
     common: &Common,
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     ids: Vec<String>,
     subscribe_to: Option<(Vec<String>, Qos)>,
 ) -> anyhow::Result<Vec<Conn>> {
@@ -109,6 +124,7 @@ async fn connect_many(
         let limit = limit.clone();
         let tls = tls.clone();
         let subscribe_to = subscribe_to.clone();
+        let addr = addrs[index % addrs.len()];
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await;
             let options = ConnectOptions {
@@ -168,12 +184,19 @@ pub async fn run(
     let sub_ids = (0..plan.subscribers)
         .map(|i| format!("{}-{tag}-s{i}", common.prefix))
         .collect();
-    let subscribers = connect_many(common, addr, sub_ids, Some((topics.clone(), plan.qos))).await?;
+    let sub_addrs = subscriber_addrs(common, addr).await?;
+    let subscribers = connect_many(
+        common,
+        &sub_addrs,
+        sub_ids,
+        Some((topics.clone(), plan.qos)),
+    )
+    .await?;
     progress.phase(&format!("connecting {} publishers", plan.publishers));
     let pub_ids = (0..plan.publishers)
         .map(|i| format!("{}-{tag}-p{i}", common.prefix))
         .collect();
-    let publishers = connect_many(common, addr, pub_ids, None).await?;
+    let publishers = connect_many(common, &[addr], pub_ids, None).await?;
     let effective_window = publishers
         .iter()
         .map(|conn| {
