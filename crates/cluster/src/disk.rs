@@ -92,6 +92,8 @@ struct Inner {
     work: Condvar,
     proposals: AtomicU64,
     proposed_bytes: AtomicU64,
+    /// The proposer thread, until [`ReplicatedDisk::join_proposer`] takes it.
+    proposer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -274,17 +276,35 @@ impl ReplicatedDisk {
             work: Condvar::new(),
             proposals: AtomicU64::new(0),
             proposed_bytes: AtomicU64::new(0),
+            proposer: Mutex::new(None),
         });
         let proposer = inner.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("tern-propose".into())
             .spawn(move || propose_loop(&proposer, consensus.as_ref(), term, &runtime))?;
+        *inner.proposer.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
         Ok(ReplicatedDisk { inner })
     }
 
     /// Stops the disk for good: later changes and syncs fail, waiting syncs return an error.
     pub fn fail(&self, reason: &str) {
         self.inner.fail(reason);
+    }
+
+    /// After [`ReplicatedDisk::fail`]: waits (blocking) until the proposer has stopped, so
+    /// that no proposal of this disk can enter the log after this returns (a proposal in
+    /// flight is waited for). Call it from a blocking thread.
+    pub fn join_proposer(&self) {
+        debug_assert!(self.failure().is_some(), "join_proposer before fail");
+        let thread = self
+            .inner
+            .proposer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 
     /// Why the disk failed, if it has.

@@ -116,6 +116,7 @@ impl ClusterNode {
         shutdown: impl std::future::Future<Output = ()>,
         started: impl FnOnce(ClusterNode),
     ) -> Result<(), ClusterError> {
+        tracing::info!(node = %config.raft.node_id, "cluster: node starting");
         let sync = config.raft.sync != tern_store::SyncPolicy::Never;
         let replica = Replica::open(config.data_dir.join("replica"), sync)
             .map_err(|e| ClusterError::io("opening the replica", e))?;
@@ -329,7 +330,14 @@ impl ClusterNode {
                 None => (None, false),
             }
         };
-        let leading = status.role == Role::Leader;
+        // A leader that has not heard from a majority for this long (twice the election
+        // timeout: a loaded machine's fsync stalls must not restart the engine) is on the
+        // minority side of a partition: its engine stops, and its clients go elsewhere.
+        let quorum_lost = status.role == Role::Leader
+            && status
+                .quorum_ack_age_ms
+                .is_none_or(|ms| ms > 2 * status.quorum_ack_max_age_ms);
+        let leading = status.role == Role::Leader && !quorum_lost;
         if running_term.is_some() && (!leading || running_term != Some(status.term) || failed) {
             self.stop_engine("leadership lost or engine failed").await;
         }
@@ -343,8 +351,12 @@ impl ClusterNode {
 
     async fn start_engine(&self, term: u64) -> Result<(), ClusterError> {
         let sh = &self.shared;
-        // Everything committed before this term is applied here before the copy.
-        sh.raft.catch_up().await?;
+        // Everything in the log before the barrier (a previous engine's tail too, which a
+        // leader restarted in the same term still commits) is applied here before the copy.
+        let barrier = crate::ops::Op::Barrier
+            .encode()
+            .map_err(|e| ClusterError::Engine(e.to_string()))?;
+        sh.raft.propose(vec![barrier]).await?;
         let replica = sh.replica.clone();
         let live = sh.live_dir.clone();
         let applied = tokio::task::spawn_blocking(move || replica.copy_to(&live))
@@ -410,6 +422,9 @@ impl ClusterNode {
         if stopped.is_err() {
             tracing::warn!("cluster: engine did not stop in time");
         }
+        // No proposal of the old engine may enter the log after the next engine's barrier.
+        let disk = engine.disk.clone();
+        let _ = tokio::task::spawn_blocking(move || disk.join_proposer()).await;
         let live = self.shared.live_dir.clone();
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(live)).await;
         tracing::info!(why, term = engine.term, "cluster: engine stopped");

@@ -79,6 +79,10 @@ pub(crate) enum Op {
         to: RelPath,
     },
     CreateDir(RelPath),
+    /// Changes nothing. A node that starts leading proposes one and waits for it to be
+    /// applied: every entry before it in the log (a dead engine's tail included) is then in
+    /// the replica it copies.
+    Barrier,
 }
 
 impl Op {

@@ -241,6 +241,7 @@ fn apply_op(st: &mut State, op: &Op) -> io::Result<()> {
             }
             fs::hard_link(&f, &t)
         }
+        Op::Barrier => Ok(()),
         Op::CreateDir(p) => {
             let path = path_of(st, p)?;
             st.touched_dirs.insert(parent_of(&path));

@@ -30,7 +30,11 @@ impl EngineFactory for ServerEngine {
     fn open(&self, dir: &Path, vfs: Arc<dyn Vfs>) -> Result<Broker, String> {
         let store = DurableStore::open_with_vfs(dir, durable_config(&self.file), vfs)
             .map_err(|e| format!("opening the store: {e}"))?;
-        let broker = Broker::with_store(self.file.broker.clone(), Arc::new(store))
+        let config = tern_broker::BrokerConfig {
+            deliver_after_durable: true,
+            ..self.file.broker.clone()
+        };
+        let broker = Broker::with_store(config, Arc::new(store))
             .map_err(|e| format!("invalid limits: {e}"))?;
         // The files as they are now: a SIGHUP since the start has changed them perhaps.
         let rules = auth_config::load_rules(&self.file.auth, self.allow_anonymous)

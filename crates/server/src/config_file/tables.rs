@@ -98,9 +98,11 @@ impl ClusterTable {
 /// `[cluster] heartbeat_interval_ms` by default: openraft's 50 ms doubled, for a loaded
 /// machine whose fsyncs stall the Raft tasks.
 const DEFAULT_HEARTBEAT_MS: u64 = 100;
-/// `[cluster] election_timeout_min_ms` by default (the maximum is twice it): a leader is
-/// declared lost after 0.6-1.2 s, inside the 3 s a failover may take.
-const DEFAULT_ELECTION_MIN_MS: u64 = 600;
+/// `[cluster] election_timeout_min_ms` by default (the maximum is twice it). openraft 0.9's
+/// voters refuse a candidate until their leader lease (the maximum) has run out, so a dead
+/// leader is replaced after 0.6-1.2 s: inside the 3 s a failover may take, engine start
+/// included.
+const DEFAULT_ELECTION_MIN_MS: u64 = 300;
 
 /// `[listener]` (one table: `bind` only) or `[[listener]]` (any number of full tables).
 #[derive(Debug)]
