@@ -11,10 +11,11 @@ use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::auth::AuthRules;
@@ -23,12 +24,25 @@ use crate::engine::Shared;
 use crate::engine::live_tasks::{LiveTask, LiveTasks};
 use crate::metrics::Metrics;
 use crate::model::{FullStore, Persistence};
-use crate::transport::{ConnectionInfo, Listener, ListenerContext, Transport, poll_accept_any};
+use crate::transport::{
+    ConnectionInfo, Listener, ListenerContext, Transport, Upgrade, poll_accept_any,
+};
 
 /// How long shutdown waits for connections to send their DISCONNECT and close.
 pub(crate) const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 3_000;
 /// Pause after a failed accept (e.g. out of file descriptors) before trying again.
 const ACCEPT_ERROR_BACKOFF_MS: u64 = 100;
+
+/// A socket someone accepted for this broker, with the listener it came in on: its context
+/// (limits, transport, authentication rules) and its upgrade (TLS, WebSocket), which the
+/// broker runs as for its own listeners.
+pub struct Accepted {
+    pub socket: TcpStream,
+    /// The client's address (for a forwarded connection, the address the forwarding node saw).
+    pub peer: SocketAddr,
+    pub context: Arc<ListenerContext>,
+    pub upgrade: Option<Arc<dyn Upgrade>>,
+}
 
 /// The tasks [`Broker::start_background`] started; dropping it aborts them.
 pub struct Background {
@@ -142,32 +156,67 @@ impl Broker {
         listeners: Vec<Listener>,
         shutdown: impl Future<Output = ()>,
     ) -> io::Result<()> {
+        let mut next_listener = 0;
+        // Owns the listeners: `serve_from` drops it, closing them, as soon as it stops
+        // accepting.
+        let accept = move |cx: &mut Context<'_>| {
+            poll_accept_any(&listeners, &mut next_listener, cx).map(|(index, accepted)| {
+                Some(accepted.map(|(socket, peer)| Accepted {
+                    socket,
+                    peer,
+                    context: listeners[index].context.clone(),
+                    upgrade: listeners[index].upgrade.clone(),
+                }))
+            })
+        };
+        self.serve_from(accept, shutdown).await
+    }
+
+    /// [`Broker::serve_listeners`] for sockets accepted by someone else (a cluster node owns
+    /// the listeners and hands this node's engine the connections it accepted or that other
+    /// nodes forwarded): serves each socket received until `shutdown` resolves or the sender
+    /// is gone, then shuts down the same way.
+    pub async fn serve_accepted(
+        &self,
+        mut accepted: mpsc::Receiver<Accepted>,
+        shutdown: impl Future<Output = ()>,
+    ) -> io::Result<()> {
+        let next = move |cx: &mut Context<'_>| accepted.poll_recv(cx).map(|a| a.map(Ok));
+        self.serve_from(next, shutdown).await
+    }
+
+    /// The accept loop over `next` (`None`: no more sockets) and the shutdown that follows.
+    async fn serve_from(
+        &self,
+        mut next: impl FnMut(&mut Context<'_>) -> Poll<Option<io::Result<Accepted>>>,
+        shutdown: impl Future<Output = ()>,
+    ) -> io::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let connections = Arc::new(LiveTasks::default());
         let background = self.start_background(stop_rx.clone());
         tokio::pin!(shutdown);
-        let mut next_listener = 0;
         self.shared.set_ready(true);
         loop {
-            let accept = poll_fn(|cx| poll_accept_any(&listeners, &mut next_listener, cx));
+            let accept = poll_fn(&mut next);
             // `biased` (as every select in this crate): branches are polled in order, not from
             // a random start, so a simulated run is one execution.
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                (index, accepted) = accept => match accepted {
-                    Ok((stream, peer)) => {
+                accepted = accept => match accepted {
+                    None => break,
+                    Some(Ok(accepted)) => {
                         let live = LiveTask::new(&connections);
-                        self.spawn_connection(live, &listeners[index], stream, peer, &stop_rx);
+                        self.spawn_connection(live, accepted, &stop_rx);
                     }
-                    Err(error) => {
+                    Some(Err(error)) => {
                         tracing::warn!(%error, "accept failed");
                         tokio::time::sleep(Duration::from_millis(ACCEPT_ERROR_BACKOFF_MS)).await;
                     }
                 },
             }
         }
-        drop(listeners);
+        drop(next);
         self.shared.set_ready(false);
         tracing::info!(connections = connections.alive(), "shutting down");
         let _ = stop_tx.send(true);
@@ -239,20 +288,19 @@ impl Broker {
     }
 
     /// Starts the task of one accepted socket, counted by `live`, unless its listener is full.
-    fn spawn_connection(
-        &self,
-        live: LiveTask,
-        listener: &Listener,
-        socket: TcpStream,
-        peer: SocketAddr,
-        stop: &watch::Receiver<bool>,
-    ) {
-        let Ok(slot) = listener.context.admit() else {
+    fn spawn_connection(&self, live: LiveTask, accepted: Accepted, stop: &watch::Receiver<bool>) {
+        let Accepted {
+            socket,
+            peer,
+            context,
+            upgrade,
+        } = accepted;
+        let Ok(slot) = context.admit() else {
             let refused = Metrics::add_get(&self.shared.metrics.connections_refused_listener, 1);
             if refused.is_power_of_two() {
                 tracing::warn!(
-                    listener = %listener.context.name,
-                    limit = listener.context.max_connections,
+                    listener = %context.name,
+                    limit = context.max_connections,
                     %peer,
                     refused,
                     "listener max_connections reached; connection closed"
@@ -261,9 +309,9 @@ impl Broker {
             return; // dropping the socket closes it
         };
         let shared = self.shared.clone();
-        let mut info = ConnectionInfo::new(listener.context.clone(), peer);
+        let mut info = ConnectionInfo::new(context, peer);
         let mut stop = stop.clone();
-        let Some(upgrade) = listener.upgrade.clone() else {
+        let Some(upgrade) = upgrade else {
             match slot {
                 // The plain path: the task is the connection's future, nothing around it (a
                 // wrapper would keep its captures beside it: measured +80 B per connection).

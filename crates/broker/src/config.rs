@@ -67,6 +67,12 @@ pub struct BrokerConfig {
     /// U+0001..U+001F and U+007F..U+009F in topics, filters, client ids and usernames are
     /// malformed (connection closed), as in mosquitto. MQTT 5 §1.5.4 allows either.
     pub reject_control_chars: bool,
+    /// Every inbound message is delivered onward only once its write is durable, and so is
+    /// every message behind it from the same connection (the order holds). The single node
+    /// delivers QoS 0 and 1 at once and QoS 2 after its write (ARCHITECTURE §3); a cluster
+    /// sets this, so that nothing is delivered that a majority has not committed (a failover
+    /// would otherwise show a subscriber a message the cluster then does not have).
+    pub deliver_after_durable: bool,
 }
 
 impl Default for BrokerConfig {
@@ -96,6 +102,7 @@ impl Default for BrokerConfig {
             max_connect_rate_per_ip: 0,
             connect_rate_burst: 10,
             reject_control_chars: true,
+            deliver_after_durable: false,
         }
     }
 }

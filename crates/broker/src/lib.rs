@@ -58,7 +58,7 @@ pub use admin::{
     ClientInfo, MAX_PAGE_LIMIT, Page, RetainedInfo, SessionInfo, SubscriptionInfo, page, page_limit,
 };
 pub use auth::{Access, Acl, AclError, AuthRules, PasswdError, PasswordFile, Who, hash_argon2id};
-pub use broker::{Background, Broker};
+pub use broker::{Accepted, Background, Broker};
 pub use config::{BrokerConfig, ConfigError};
 pub use durable::{
     DiskBudgetError, Durability, DurableConfig, DurableStore, Keep, MIN_DISK_BUDGET_BYTES,

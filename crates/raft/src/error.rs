@@ -14,6 +14,10 @@ pub enum ConsensusError {
     NotLeader {
         leader: Option<(NodeId, Option<SocketAddr>)>,
     },
+    /// The leader could not hear from a majority (a read index or a write cannot be
+    /// confirmed).
+    #[error("no quorum: {0}")]
+    NoQuorum(String),
     /// A disk error in the Raft log, vote or state machine.
     #[error("storage: {0}")]
     Storage(String),

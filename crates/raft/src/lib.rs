@@ -30,6 +30,6 @@ pub mod types;
 
 pub use consensus::{ClusterStatus, Committed, Consensus, PeerReplication, Role};
 pub use error::ConsensusError;
-pub use node::{NodeConfig, RaftNode};
+pub use node::{Member, NodeConfig, RaftNode, StatusChanges};
 pub use state_machine::{Applier, ApplyError};
 pub use types::{Batch, LogIndex, NodeId};

@@ -36,6 +36,18 @@ pub const MAX_INBOUND_CONNECTIONS: usize = 64;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Upper bound of one request and its response (openraft's own deadline may be shorter).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first four bytes of a connection on the cluster port that is not Raft traffic but a
+/// client connection forwarded by another node (the cluster layer reads the rest). A Raft
+/// frame starts with its length, big-endian, and this prefix read as a length is far above
+/// [`MAX_FRAME_BYTES`], so the two cannot be confused.
+pub const FORWARD_MAGIC: [u8; 4] = *b"TMQT";
+const _: () = assert!(u32::from_be_bytes(FORWARD_MAGIC) as usize > MAX_FRAME_BYTES);
+/// How long a new connection on the cluster port may take to send its first four bytes.
+pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where [`serve`] hands connections that start with [`FORWARD_MAGIC`] (unread).
+pub type Forwarded = tokio::sync::mpsc::Sender<(TcpStream, std::net::SocketAddr)>;
+
 /// How long openraft waits before retrying an unreachable peer (its default is 500 ms, longer
 /// than an election timeout: a peer that comes back would start an election first).
 pub const RETRY_BACKOFF: Duration = Duration::from_millis(100);
@@ -104,7 +116,10 @@ fn invalid(e: postcard::Error) -> std::io::Error {
 /// Serves peers' requests from `listener` until the task is aborted. The connections' tasks
 /// belong to it: aborting it closes them (a stopped node must not keep answering for its old
 /// core on connections peers still hold).
-pub async fn serve(listener: TcpListener, raft: Raft) {
+///
+/// A connection whose first bytes are [`FORWARD_MAGIC`] goes, unread, to `forward` if given
+/// (and is closed otherwise, or when the receiver is full or gone).
+pub async fn serve(listener: TcpListener, raft: Raft, forward: Option<Forwarded>) {
     let slots = Arc::new(Semaphore::new(MAX_INBOUND_CONNECTIONS));
     let mut connections = JoinSet::new();
     loop {
@@ -122,14 +137,41 @@ pub async fn serve(listener: TcpListener, raft: Raft) {
             }
         };
         let raft = raft.clone();
+        let forward = forward.clone();
         connections.spawn(async move {
             let _permit = permit;
             let _ = stream.set_nodelay(true);
+            if is_forwarded(&stream).await {
+                // The slot is given back at once: the forwarded connection lives elsewhere.
+                if let Some(forward) = forward {
+                    let _ = forward.try_send((stream, peer));
+                }
+                return;
+            }
             if let Err(e) = serve_connection(&mut stream, &raft).await {
                 tracing::debug!(%peer, error = %e, "raft: peer connection closed");
             }
         });
     }
+}
+
+/// Peeks (does not read) the connection's first four bytes: true if they are
+/// [`FORWARD_MAGIC`]. A connection that sends fewer within [`FIRST_BYTES_TIMEOUT`] is
+/// treated as Raft traffic (whose frame read then fails or waits as before).
+async fn is_forwarded(stream: &TcpStream) -> bool {
+    let mut first = [0u8; 4];
+    let peeked = tokio::time::timeout(FIRST_BYTES_TIMEOUT, async {
+        loop {
+            match stream.peek(&mut first).await {
+                Ok(n) if n >= first.len() => return true,
+                // Fewer bytes so far (or EOF, 0): wait for more unless the peer closed.
+                Ok(0) | Err(_) => return false,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    })
+    .await;
+    matches!(peeked, Ok(true)) && first == FORWARD_MAGIC
 }
 
 async fn serve_connection(stream: &mut TcpStream, raft: &Raft) -> std::io::Result<()> {

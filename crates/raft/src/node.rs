@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use openraft::error::{InitializeError, RaftError};
+use openraft::error::{CheckIsLeaderError, InitializeError, RaftError};
 use openraft::{BasicNode, RaftNetworkFactory, ServerState, SnapshotPolicy};
 use tern_store::vfs::Vfs;
 use tern_store::{Store, SyncPolicy};
@@ -144,6 +144,25 @@ impl NodeConfig {
     }
 }
 
+/// One member of the cluster, as the membership records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub id: NodeId,
+    /// `None` if the recorded address does not parse (it was added by this code, so never).
+    pub addr: Option<SocketAddr>,
+    pub voter: bool,
+}
+
+/// See [`RaftNode::status_changes`].
+pub struct StatusChanges(tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, BasicNode>>);
+
+impl StatusChanges {
+    /// Waits for the next change; `false` once the node has stopped.
+    pub async fn changed(&mut self) -> bool {
+        self.0.changed().await.is_ok()
+    }
+}
+
 /// A running node. Dropping it stops its listener; [`RaftNode::shutdown`] also waits for the
 /// Raft core to stop (and so for the store to be released).
 pub struct RaftNode {
@@ -195,13 +214,25 @@ impl RaftNode {
         applier: Box<dyn Applier>,
         vfs: Option<Arc<dyn Vfs>>,
     ) -> Result<RaftNode, ConsensusError> {
+        RaftNode::start_forwarding(config, listener, applier, vfs, None).await
+    }
+
+    /// [`RaftNode::start_on`], handing the connections on the cluster port that are
+    /// forwarded client connections ([`network::FORWARD_MAGIC`]) to `forward`.
+    pub async fn start_forwarding(
+        config: NodeConfig,
+        listener: TcpListener,
+        applier: Box<dyn Applier>,
+        vfs: Option<Arc<dyn Vfs>>,
+        forward: Option<network::Forwarded>,
+    ) -> Result<RaftNode, ConsensusError> {
         let local_addr = listener.local_addr().map_err(|source| ConsensusError::Io {
             context: "listener address".into(),
             source,
         })?;
         let store = open_store(&config, vfs)?;
         let (raft, store, storage) = open(&config, applier, TcpNetwork, store).await?;
-        let serving = tokio::spawn(serve(listener, raft.clone()));
+        let serving = tokio::spawn(serve(listener, raft.clone(), forward));
         RaftNode::run(config, raft, (store, storage), local_addr, Some(serving)).await
     }
 
@@ -301,6 +332,58 @@ impl RaftNode {
 
     pub fn id(&self) -> NodeId {
         self.id
+    }
+
+    /// The members (voters and learners) with the cluster addresses they were added with,
+    /// and whether each votes.
+    pub fn members(&self) -> Vec<Member> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        let membership = m.membership();
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| Member {
+                id: *id,
+                addr: node.addr.parse().ok(),
+                voter: voters.contains(id),
+            })
+            .collect()
+    }
+
+    /// The cluster address of member `id`, if it is one and its address parses.
+    pub fn member_addr(&self, id: NodeId) -> Option<SocketAddr> {
+        self.members()
+            .into_iter()
+            .find(|m| m.id == id)
+            .and_then(|m| m.addr)
+    }
+
+    /// On the leader: waits until this node has applied everything committed before the
+    /// call (a read index: the leader confirms it still leads with a quorum, then waits for
+    /// its state machine). `NotLeader` elsewhere.
+    pub async fn catch_up(&self) -> Result<(), ConsensusError> {
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => {
+                    let addr = f.leader_node.and_then(|n| n.addr.parse().ok());
+                    ConsensusError::NotLeader {
+                        leader: f.leader_id.map(|id| (id, addr)),
+                    }
+                }
+                RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => {
+                    ConsensusError::NoQuorum(q.to_string())
+                }
+                RaftError::Fatal(f) => ConsensusError::Shutdown(f.to_string()),
+            })
+    }
+
+    /// Resolves at this node's next change of role, term, leader, log or membership (any
+    /// change of openraft's metrics); `false` once the node has stopped.
+    pub fn status_changes(&self) -> StatusChanges {
+        StatusChanges(self.raft.metrics())
     }
 
     /// The address peers reach this node on.

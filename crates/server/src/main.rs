@@ -9,6 +9,7 @@
 
 mod auth_config;
 mod cli;
+mod cluster;
 mod config_file;
 mod http;
 mod listeners;
@@ -180,6 +181,20 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
 }
 
+/// One line per listener, in config order: the first line is the first listener.
+fn print_listening(listeners: &[tern_broker::Listener]) -> anyhow::Result<()> {
+    for listener in listeners {
+        let local = listener
+            .socket
+            .local_addr()
+            .context("listener has no address")?;
+        print_line(&format!("tern listening on {local}"))?;
+        let context = &listener.context;
+        tracing::info!(%local, transport = ?context.transport, tls = context.tls, "listening");
+    }
+    Ok(())
+}
+
 fn print_line(line: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{line}").context("stdout")?;
@@ -187,20 +202,21 @@ fn print_line(line: &str) -> anyhow::Result<()> {
 }
 
 fn open_store(data_dir: &Path, file: &config_file::FileConfig) -> anyhow::Result<DurableStore> {
-    DurableStore::open(
-        data_dir,
-        DurableConfig {
-            streams: file.streams.clone(),
-            sessions: SessionLimits {
-                max_pending_per_session: file.broker.max_queued_messages,
-                max_pending_bytes_per_session: file.broker.max_queued_bytes,
-                max_inflight_per_session: usize::from(file.broker.max_inflight_messages),
-            },
-            state_sync: file.state_sync,
-            max_disk_bytes: file.max_disk_bytes,
+    DurableStore::open(data_dir, durable_config(file))
+        .with_context(|| format!("cannot open the data directory {}", data_dir.display()))
+}
+
+fn durable_config(file: &config_file::FileConfig) -> DurableConfig {
+    DurableConfig {
+        streams: file.streams.clone(),
+        sessions: SessionLimits {
+            max_pending_per_session: file.broker.max_queued_messages,
+            max_pending_bytes_per_session: file.broker.max_queued_bytes,
+            max_inflight_per_session: usize::from(file.broker.max_inflight_messages),
         },
-    )
-    .with_context(|| format!("cannot open the data directory {}", data_dir.display()))
+        state_sync: file.state_sync,
+        max_disk_bytes: file.max_disk_bytes,
+    }
 }
 
 fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
@@ -226,6 +242,19 @@ fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
             }
             None => None,
         };
+        if let Some(node) = file.cluster.clone() {
+            let shutdown = signals::install().context("cannot install signal handlers")?;
+            return cluster::run(
+                node,
+                data_dir,
+                file,
+                prepared,
+                allow_anonymous,
+                http,
+                shutdown,
+            )
+            .await;
+        }
         let store = Arc::new(open_store(data_dir, &file)?);
         let broker = Broker::with_store(file.broker, store).context("invalid limits")?;
         broker.replace_auth(rules);
@@ -244,16 +273,7 @@ fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
         }
         // Ready before the lines: whoever reads them may probe `/readyz` at once.
         broker.mark_ready();
-        // One line per listener, in config order: the first line is the first listener.
-        for listener in &listeners {
-            let local = listener
-                .socket
-                .local_addr()
-                .context("listener has no address")?;
-            print_line(&format!("tern listening on {local}"))?;
-            let context = &listener.context;
-            tracing::info!(%local, transport = ?context.transport, tls = context.tls, "listening");
-        }
+        print_listening(&listeners)?;
         broker.serve_listeners(listeners, shutdown).await?;
         tracing::info!("stopped");
         Ok(())

@@ -55,6 +55,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("broker", &["tern-wire", "tern-topic", "tern-store"]),
     // Consensus sits on the store and below the broker (issue 23).
     ("raft", &["tern-store"]),
+    // The cluster replicates the broker's store through consensus and runs the broker.
+    ("cluster", &["tern-store", "tern-raft", "tern-broker"]),
 ];
 
 fn crates_dir() -> PathBuf {
@@ -193,6 +195,14 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
             &["log_store", "state_machine", "network"],
             &["node"],
             &["consensus"],
+        ],
+    ),
+    (
+        "cluster",
+        &[
+            &["error", "ops"],
+            &["disk", "replica", "forward"],
+            &["node"],
         ],
     ),
 ];

@@ -51,7 +51,8 @@ impl Conn {
             reason,
             ticket,
             deliver: route.then_some(message),
-            deliver_after_durable: qos == QoS::ExactlyOnce,
+            deliver_after_durable: qos == QoS::ExactlyOnce
+                || self.shared.config.deliver_after_durable,
             counted,
         });
         Ok(())

@@ -33,6 +33,8 @@ pub struct FileConfig {
     pub auth: crate::auth_config::AuthConfig,
     /// `[http]`: the admin HTTP listener (`crate::http::config`).
     pub http: Option<crate::http::HttpSection>,
+    /// `[cluster]`, checked (its `data_dir` is filled in from `--data-dir` at start).
+    pub cluster: Option<tern_raft::NodeConfig>,
 }
 
 impl Default for FileConfig {
@@ -46,6 +48,7 @@ impl Default for FileConfig {
             max_disk_bytes: None,
             auth: Default::default(),
             http: None,
+            cluster: None,
         }
     }
 }

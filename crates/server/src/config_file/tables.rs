@@ -34,7 +34,75 @@ pub(super) struct FileTables {
     auth: AuthConfig,
     #[serde(default)]
     stream: StreamTables,
+    cluster: Option<ClusterTable>,
 }
+
+/// `[cluster]`: this node's place in a cluster (docs/cluster.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterTable {
+    node_id: u64,
+    bind: String,
+    peers: Vec<String>,
+    heartbeat_interval_ms: Option<u64>,
+    election_timeout_min_ms: Option<u64>,
+    election_timeout_max_ms: Option<u64>,
+    snapshot_every_entries: Option<u64>,
+}
+
+impl ClusterTable {
+    fn into_config(self, sync: SyncPolicy) -> Result<tern_raft::NodeConfig, ConfigFileError> {
+        let table = "[cluster]";
+        if self.node_id == 0 {
+            return Err(bad("node_id", table, "must be 1 or more".into()));
+        }
+        let mut node = tern_raft::NodeConfig::from_cluster(
+            self.node_id,
+            &self.bind,
+            &self.peers,
+            std::path::PathBuf::new(),
+        )
+        .map_err(|e| bad("bind/peers", table, e.to_string()))?;
+        if node.peers.iter().any(|(id, _)| id.0 == 0) {
+            return Err(bad("peers", table, "node ids must be 1 or more".into()));
+        }
+        node.sync = sync;
+        node.heartbeat_interval_ms = self.heartbeat_interval_ms.unwrap_or(DEFAULT_HEARTBEAT_MS);
+        node.election_timeout_min_ms = self
+            .election_timeout_min_ms
+            .unwrap_or(DEFAULT_ELECTION_MIN_MS);
+        node.election_timeout_max_ms = self
+            .election_timeout_max_ms
+            .unwrap_or(node.election_timeout_min_ms * 2);
+        if node.heartbeat_interval_ms == 0
+            || node.election_timeout_min_ms <= node.heartbeat_interval_ms
+            || node.election_timeout_max_ms <= node.election_timeout_min_ms
+        {
+            let reason = "want 0 < heartbeat_interval_ms < election_timeout_min_ms < election_timeout_max_ms";
+            return Err(bad("election_timeout_min_ms", table, reason.into()));
+        }
+        if let Some(n) = self.snapshot_every_entries {
+            if n == 0 {
+                return Err(bad(
+                    "snapshot_every_entries",
+                    table,
+                    "must be above 0".into(),
+                ));
+            }
+            node.snapshot_every_entries = n;
+        }
+        Ok(node)
+    }
+}
+
+/// `[cluster] heartbeat_interval_ms` by default: openraft's 50 ms doubled, for a loaded
+/// machine whose fsyncs stall the Raft tasks.
+const DEFAULT_HEARTBEAT_MS: u64 = 100;
+/// `[cluster] election_timeout_min_ms` by default (the maximum is twice it). openraft 0.9's
+/// voters refuse a candidate until their leader lease (the maximum) has run out, so a dead
+/// leader is replaced after 0.6-1.2 s: inside the 3 s a failover may take, engine start
+/// included.
+const DEFAULT_ELECTION_MIN_MS: u64 = 300;
 
 /// `[listener]` (one table: `bind` only) or `[[listener]]` (any number of full tables).
 #[derive(Debug)]
@@ -293,6 +361,10 @@ impl FileTables {
         config.max_disk_bytes = self.store.max_disk_bytes.filter(|&bytes| bytes != 0);
         config.http = self.http;
         config.auth = self.auth;
+        config.cluster = match self.cluster {
+            Some(table) => Some(table.into_config(config.state_sync)?),
+            None => None,
+        };
         config.streams = self
             .stream
             .0

@@ -279,6 +279,7 @@ fn every_key_sets_its_field() {
         max_connect_rate_per_ip: 30,
         connect_rate_burst: 31,
         reject_control_chars: false,
+        deliver_after_durable: false,
     };
     assert_eq!(c.broker, limits);
     assert_eq!(

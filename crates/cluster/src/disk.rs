@@ -1,0 +1,453 @@
+//! The replicated disk: the [`Vfs`] the leader's broker opens its store on. Every change to
+//! the store's files is made locally (in the leader's working copy, `live/`) and recorded, in
+//! the order it was made; an `fsync` of a file or directory proposes everything recorded so
+//! far through consensus and returns once a majority has committed it. So the store's own
+//! rule, "a ticket completes after the fsync", becomes "after a majority has it on disk",
+//! with no change to the store or the broker (ARCHITECTURE §8).
+//!
+//! # Invariants
+//! - Operations are recorded under the same lock as the local change they describe, so the
+//!   recorded order is the order the changes were made in (two writer threads cannot swap).
+//! - `committed <= recorded`, both only grow; a sync returns `Ok` only once `committed`
+//!   covers every operation recorded before the sync began.
+//! - Once failed (a proposal failed, leadership was lost, or the engine stopped), the disk
+//!   stays failed: no later operation is made or proposed, so the log never holds a later
+//!   change without an earlier one (a gap that replicas could not recover from).
+//! - The local copy is never fsynced: it is thrown away whenever this node stops leading,
+//!   and the next leader starts from its replica, which holds exactly what was committed.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use tern_raft::{Consensus, Role};
+use tern_store::vfs::{RealVfs, VFile, Vfs};
+
+use crate::ops::{Op, RelPath};
+
+/// Most bytes of recorded operations not yet proposed; a writer waits for room beyond it.
+pub const MAX_PENDING_BYTES: usize = 64 << 20;
+/// Largest piece one write is recorded as (bigger writes are split): a proposal must fit
+/// tern-raft's `MAX_PROPOSAL_BYTES`.
+pub const MAX_WRITE_PIECE_BYTES: usize = 1 << 20;
+/// Most bytes of operations in one proposal.
+pub const MAX_BATCH_BYTES: usize = tern_raft::types::MAX_PROPOSAL_BYTES / 2;
+const _: () = assert!(MAX_WRITE_PIECE_BYTES * 2 <= MAX_BATCH_BYTES);
+/// Most operations in one proposal.
+pub const MAX_BATCH_OPS: usize = 16_384;
+const _: () = assert!(MAX_BATCH_OPS <= tern_raft::types::MAX_BATCH_OPS);
+
+/// An operation waiting to be proposed; a write's data grows while later writes continue it.
+enum PendingOp {
+    Write {
+        path: RelPath,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Other(Op),
+}
+
+impl PendingOp {
+    fn size_bytes(&self) -> usize {
+        match self {
+            PendingOp::Write { data, .. } => 64 + data.len(),
+            PendingOp::Other(op) => op.size_bytes(),
+        }
+    }
+
+    fn into_op(self) -> Op {
+        match self {
+            PendingOp::Write { path, offset, data } => Op::Write {
+                path,
+                offset,
+                data: Bytes::from(data),
+            },
+            PendingOp::Other(op) => op,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Recorded, not yet taken by the proposer; each with the `recorded` count it covers.
+    pending: VecDeque<(PendingOp, u64)>,
+    pending_bytes: usize,
+    /// Operations recorded since the disk opened.
+    recorded: u64,
+    /// Recorded operations a committed proposal covers.
+    committed: u64,
+    failed: Option<String>,
+}
+
+struct Inner {
+    root: PathBuf,
+    state: Mutex<State>,
+    /// Signalled when `committed` moves, room frees up, or the disk fails.
+    progress: Condvar,
+    /// Signalled when there is something to propose, or the disk fails.
+    work: Condvar,
+    proposals: AtomicU64,
+    proposed_bytes: AtomicU64,
+    /// The proposer thread, until [`ReplicatedDisk::join_proposer`] takes it.
+    proposer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn failed_error(reason: &str) -> io::Error {
+    io::Error::other(format!("replicated disk failed: {reason}"))
+}
+
+impl Inner {
+    fn rel(&self, path: &Path) -> io::Result<RelPath> {
+        RelPath::under(&self.root, path).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is outside the replicated root", path.display()),
+            )
+        })
+    }
+
+    /// Makes a change locally with `change` and records `op` for it, in one step under the
+    /// lock; waits first for room among the pending operations.
+    fn change<T>(&self, op: PendingOp, change: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(reason) = &st.failed {
+                return Err(failed_error(reason));
+            }
+            if st.pending_bytes < MAX_PENDING_BYTES {
+                break;
+            }
+            st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        let out = change()?;
+        st.recorded += 1;
+        let recorded = st.recorded;
+        st.pending_bytes += op.size_bytes();
+        // A write that continues the last one is merged into it: a stream appends records
+        // one after another, and one operation per record would cost a header each.
+        if let (
+            PendingOp::Write { path, offset, data },
+            Some((
+                PendingOp::Write {
+                    path: p,
+                    offset: o,
+                    data: d,
+                },
+                upto,
+            )),
+        ) = (&op, st.pending.back_mut())
+            && p == path
+            && *o + d.len() as u64 == *offset
+            && d.len() + data.len() <= MAX_WRITE_PIECE_BYTES
+        {
+            d.extend_from_slice(data);
+            *upto = recorded;
+        } else {
+            st.pending.push_back((op, recorded));
+        }
+        drop(st);
+        self.work.notify_one();
+        Ok(out)
+    }
+
+    fn write(&self, path: &RelPath, file: &dyn VFile, buf: &[u8], offset: u64) -> io::Result<()> {
+        // Large writes are recorded in pieces, each made and recorded together.
+        let mut done = 0usize;
+        loop {
+            let end = (done + MAX_WRITE_PIECE_BYTES).min(buf.len());
+            let piece = &buf[done..end];
+            let at = offset + done as u64;
+            let op = PendingOp::Write {
+                path: path.clone(),
+                offset: at,
+                data: piece.to_vec(),
+            };
+            self.change(op, || file.write_all_at(piece, at))?;
+            done = end;
+            if done >= buf.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Returns once every operation recorded before the call is committed.
+    fn sync(&self) -> io::Result<()> {
+        let mut st = lock(&self.state);
+        let target = st.recorded;
+        loop {
+            if st.committed >= target {
+                return Ok(());
+            }
+            if let Some(reason) = &st.failed {
+                return Err(failed_error(reason));
+            }
+            st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn fail(&self, reason: &str) {
+        let mut st = lock(&self.state);
+        if st.failed.is_none() {
+            st.failed = Some(reason.to_string());
+        }
+        drop(st);
+        self.progress.notify_all();
+        self.work.notify_all();
+    }
+
+    /// Waits for operations and takes one proposal's worth: the encoded operations and the
+    /// `recorded` count they cover. `None` once failed.
+    fn take(&self) -> Option<Result<(Vec<Bytes>, u64), String>> {
+        let mut st = lock(&self.state);
+        while st.pending.is_empty() && st.failed.is_none() {
+            st = self.work.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.failed.is_some() {
+            return None;
+        }
+        let (mut ops, mut bytes, mut upto) = (Vec::new(), 0usize, st.committed);
+        while let Some((op, _)) = st.pending.front() {
+            let size = op.size_bytes();
+            if !ops.is_empty() && (bytes + size > MAX_BATCH_BYTES || ops.len() >= MAX_BATCH_OPS) {
+                break;
+            }
+            let Some((op, covers)) = st.pending.pop_front() else {
+                break;
+            };
+            st.pending_bytes -= size;
+            bytes += size;
+            upto = covers;
+            match op.into_op().encode() {
+                Ok(b) => ops.push(b),
+                Err(e) => return Some(Err(format!("encoding an operation: {e}"))),
+            }
+        }
+        drop(st);
+        // Room was freed for writers waiting on the pending limit.
+        self.progress.notify_all();
+        Some(Ok((ops, upto)))
+    }
+
+    fn committed(&self, upto: u64) {
+        let mut st = lock(&self.state);
+        debug_assert!(upto >= st.committed && upto <= st.recorded);
+        st.committed = st.committed.max(upto);
+        drop(st);
+        self.progress.notify_all();
+    }
+}
+
+/// The leader's store disk; see the module documentation. Cheap to clone.
+#[derive(Clone)]
+pub struct ReplicatedDisk {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for ReplicatedDisk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplicatedDisk")
+            .field("root", &self.inner.root)
+            .finish()
+    }
+}
+
+impl ReplicatedDisk {
+    /// A disk over the files below `root`, proposing through `consensus` while this node
+    /// leads in `term`. The proposer runs on a thread of its own (writers block in `fsync`
+    /// on theirs), driving the proposals on `runtime`.
+    pub fn start<C: Consensus + 'static>(
+        root: PathBuf,
+        consensus: Arc<C>,
+        term: u64,
+        runtime: tokio::runtime::Handle,
+    ) -> io::Result<ReplicatedDisk> {
+        let inner = Arc::new(Inner {
+            root,
+            state: Mutex::new(State::default()),
+            progress: Condvar::new(),
+            work: Condvar::new(),
+            proposals: AtomicU64::new(0),
+            proposed_bytes: AtomicU64::new(0),
+            proposer: Mutex::new(None),
+        });
+        let proposer = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("tern-propose".into())
+            .spawn(move || propose_loop(&proposer, consensus.as_ref(), term, &runtime))?;
+        *inner.proposer.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+        Ok(ReplicatedDisk { inner })
+    }
+
+    /// Stops the disk for good: later changes and syncs fail, waiting syncs return an error.
+    pub fn fail(&self, reason: &str) {
+        self.inner.fail(reason);
+    }
+
+    /// After [`ReplicatedDisk::fail`]: waits (blocking) until the proposer has stopped, so
+    /// that no proposal of this disk can enter the log after this returns (a proposal in
+    /// flight is waited for). Call it from a blocking thread.
+    pub fn join_proposer(&self) {
+        debug_assert!(self.failure().is_some(), "join_proposer before fail");
+        let thread = self
+            .inner
+            .proposer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+
+    /// Why the disk failed, if it has.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.inner.state).failed.clone()
+    }
+
+    /// Proposals made and the bytes of operations they carried.
+    pub fn proposals(&self) -> (u64, u64) {
+        (
+            self.inner.proposals.load(Ordering::Relaxed),
+            self.inner.proposed_bytes.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The proposer: one proposal at a time (the next one gathers whatever was recorded while
+/// this one was in flight, the group commit of the single node one level up), each only
+/// while this node still leads in `term`.
+fn propose_loop<C: Consensus>(
+    inner: &Inner,
+    consensus: &C,
+    term: u64,
+    runtime: &tokio::runtime::Handle,
+) {
+    while let Some(taken) = inner.take() {
+        let (ops, upto) = match taken {
+            Ok(t) => t,
+            Err(reason) => return inner.fail(&reason),
+        };
+        let status = consensus.status();
+        if status.role != Role::Leader || status.term != term {
+            return inner.fail(&format!("no longer the leader of term {term}"));
+        }
+        let bytes: usize = ops.iter().map(Bytes::len).sum();
+        match runtime.block_on(consensus.propose(ops)) {
+            Ok(_) => {
+                inner.proposals.fetch_add(1, Ordering::Relaxed);
+                inner
+                    .proposed_bytes
+                    .fetch_add(bytes as u64, Ordering::Relaxed);
+                inner.committed(upto);
+            }
+            Err(e) => return inner.fail(&format!("proposal failed: {e}")),
+        }
+    }
+}
+
+struct ReplicatedFile {
+    path: RelPath,
+    file: Arc<dyn VFile>,
+    disk: Arc<Inner>,
+}
+
+impl fmt::Debug for ReplicatedFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ReplicatedFile({})", self.path.as_str())
+    }
+}
+
+impl VFile for ReplicatedFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.disk.write(&self.path, self.file.as_ref(), buf, offset)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.disk.sync()
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        self.file.file_len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let op = PendingOp::Other(Op::SetLen {
+            path: self.path.clone(),
+            len,
+        });
+        self.disk.change(op, || self.file.set_len(len))
+    }
+    fn allocate(&self, len_bytes: u64) -> io::Result<()> {
+        let op = PendingOp::Other(Op::Allocate {
+            path: self.path.clone(),
+            len: len_bytes,
+        });
+        self.disk.change(op, || self.file.allocate(len_bytes))
+    }
+}
+
+impl Vfs for ReplicatedDisk {
+    fn open_rw(&self, path: &Path, create_new: bool) -> io::Result<Arc<dyn VFile>> {
+        let rel = self.inner.rel(path)?;
+        let file = if create_new {
+            let op = PendingOp::Other(Op::Create(rel.clone()));
+            self.inner.change(op, || RealVfs.open_rw(path, true))?
+        } else {
+            RealVfs.open_rw(path, false)?
+        };
+        Ok(Arc::new(ReplicatedFile {
+            path: rel,
+            file,
+            disk: self.inner.clone(),
+        }))
+    }
+    fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
+        RealVfs.read_file(path)
+    }
+    fn write_file(&self, path: &Path, data: &[u8]) -> io::Result<()> {
+        let op = PendingOp::Other(Op::WriteFile {
+            path: self.inner.rel(path)?,
+            data: Bytes::copy_from_slice(data),
+        });
+        self.inner.change(op, || RealVfs.write_file(path, data))
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let op = PendingOp::Other(Op::Remove(self.inner.rel(path)?));
+        self.inner.change(op, || RealVfs.remove_file(path))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let op = PendingOp::Other(Op::Rename {
+            from: self.inner.rel(from)?,
+            to: self.inner.rel(to)?,
+        });
+        self.inner.change(op, || RealVfs.rename(from, to))
+    }
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let op = PendingOp::Other(Op::HardLink {
+            from: self.inner.rel(from)?,
+            to: self.inner.rel(to)?,
+        });
+        self.inner.change(op, || RealVfs.hard_link(from, to))
+    }
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        if dir == self.inner.root {
+            return RealVfs.create_dir_all(dir);
+        }
+        let op = PendingOp::Other(Op::CreateDir(self.inner.rel(dir)?));
+        self.inner.change(op, || RealVfs.create_dir_all(dir))
+    }
+    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+        RealVfs.list_dir(dir)
+    }
+}

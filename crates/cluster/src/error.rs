@@ -1,0 +1,24 @@
+//! The cluster layer's errors.
+
+use tern_raft::ConsensusError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("consensus: {0}")]
+    Consensus(#[from] ConsensusError),
+    #[error("{context}: {source}")]
+    Io {
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The broker engine could not be opened or stopped with an error.
+    #[error("engine: {0}")]
+    Engine(String),
+}
+
+impl ClusterError {
+    pub(crate) fn io(context: &'static str, source: std::io::Error) -> ClusterError {
+        ClusterError::Io { context, source }
+    }
+}

@@ -1,0 +1,432 @@
+//! One cluster node: its Raft node, its replica, the client listeners, and the broker engine
+//! it runs while (and only while) it leads.
+//!
+//! # Invariants
+//! - At most one engine runs per node, and only for the term it was started in: a change of
+//!   term or role stops it (its disk fails first, so nothing it writes later is proposed)
+//!   before another starts.
+//! - An engine starts from a copy of the replica taken after this node, as leader, has
+//!   applied everything committed before its term (a read index), so it sees every write
+//!   any earlier leader had acknowledged.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tern_broker::{Accepted, Broker, Listener, ListenerContext, Upgrade};
+use tern_raft::{ClusterStatus, Consensus, NodeConfig, RaftNode, Role};
+use tern_store::vfs::Vfs;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::disk::ReplicatedDisk;
+use crate::error::ClusterError;
+use crate::forward::{self, Preamble};
+use crate::replica::Replica;
+
+/// Most client connections this node forwards to the leader at once.
+pub const MAX_FORWARDED_CONNECTIONS: usize = 65_536;
+/// Most forwarded connections from other nodes waiting to be handed to the engine.
+pub const MAX_FORWARD_QUEUE: usize = 1024;
+/// Most accepted sockets waiting for the engine's accept loop.
+pub const MAX_ACCEPT_QUEUE: usize = 4096;
+/// How long a client connection waits for a leader (or this node's engine) to appear before
+/// it is closed.
+pub const LEADER_WAIT_MS: u64 = 10_000;
+/// How often the lifecycle looks at the role even without a change (a failed engine start is
+/// tried again at this pace).
+pub const ROLE_CHECK_INTERVAL_MS: u64 = 200;
+/// Longest an engine's stop waits for its connections to drain and its store to close.
+pub const ENGINE_STOP_WAIT_MS: u64 = 10_000;
+
+/// What the node needs from the application to run an engine: a broker over a store opened
+/// on the given disk in the given directory, and to hear which broker serves now (the HTTP
+/// endpoints' broker).
+pub trait EngineFactory: Send + Sync + 'static {
+    /// Opens the store in `dir` doing every I/O through `vfs`, and a broker over it
+    /// (recovery runs here; its repairs are writes like any other).
+    fn open(&self, dir: &Path, vfs: Arc<dyn Vfs>) -> Result<Broker, String>;
+    /// The broker now serving on this node, or `None` when it stopped.
+    fn serving(&self, broker: Option<Broker>);
+}
+
+/// `[cluster]`, resolved: the Raft node's configuration and this node's directories.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub raft: NodeConfig,
+    /// Holds `raft/` (log, vote, applied point), `replica/` and, while leading, `live/`.
+    pub data_dir: PathBuf,
+}
+
+impl ClusterConfig {
+    pub fn new(mut raft: NodeConfig, data_dir: PathBuf) -> ClusterConfig {
+        raft.data_dir = data_dir.join("raft");
+        ClusterConfig { raft, data_dir }
+    }
+}
+
+/// A listener's identity for connections accepted on it.
+#[derive(Clone)]
+struct Door {
+    context: Arc<ListenerContext>,
+    upgrade: Option<Arc<dyn Upgrade>>,
+}
+
+struct Engine {
+    term: u64,
+    accept: mpsc::Sender<Accepted>,
+    stop: oneshot::Sender<()>,
+    disk: ReplicatedDisk,
+    serving: JoinHandle<()>,
+}
+
+struct Shared {
+    raft: Arc<RaftNode>,
+    replica: Replica,
+    factory: Arc<dyn EngineFactory>,
+    doors: Vec<Door>,
+    engine: Mutex<Option<Engine>>,
+    live_dir: PathBuf,
+    forwards: Semaphore,
+    forwarded_total: AtomicU64,
+    engines_started: AtomicU64,
+}
+
+fn lock(m: &Mutex<Option<Engine>>) -> MutexGuard<'_, Option<Engine>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running cluster node; see the module documentation.
+#[derive(Clone)]
+pub struct ClusterNode {
+    shared: Arc<Shared>,
+}
+
+impl ClusterNode {
+    /// Starts the Raft node on `cluster_listener` and serves clients on `listeners` until
+    /// `shutdown` resolves.
+    pub async fn run(
+        config: ClusterConfig,
+        cluster_listener: TcpListener,
+        listeners: Vec<Listener>,
+        factory: Arc<dyn EngineFactory>,
+        shutdown: impl std::future::Future<Output = ()>,
+        started: impl FnOnce(ClusterNode),
+    ) -> Result<(), ClusterError> {
+        tracing::info!(node = %config.raft.node_id, "cluster: node starting");
+        let sync = config.raft.sync != tern_store::SyncPolicy::Never;
+        let replica = Replica::open(config.data_dir.join("replica"), sync)
+            .map_err(|e| ClusterError::io("opening the replica", e))?;
+        let (forward_tx, forward_rx) = mpsc::channel(MAX_FORWARD_QUEUE);
+        let raft = RaftNode::start_forwarding(
+            config.raft.clone(),
+            cluster_listener,
+            replica.applier(),
+            None,
+            Some(forward_tx),
+        )
+        .await?;
+        let doors = listeners
+            .iter()
+            .map(|l| Door {
+                context: l.context.clone(),
+                upgrade: l.upgrade.clone(),
+            })
+            .collect();
+        let node = ClusterNode {
+            shared: Arc::new(Shared {
+                raft: Arc::new(raft),
+                replica,
+                factory,
+                doors,
+                engine: Mutex::new(None),
+                live_dir: config.data_dir.join("live"),
+                forwards: Semaphore::new(MAX_FORWARDED_CONNECTIONS),
+                forwarded_total: AtomicU64::new(0),
+                engines_started: AtomicU64::new(0),
+            }),
+        };
+        let mut tasks = Vec::new();
+        for (index, listener) in listeners.into_iter().enumerate() {
+            tasks.push(tokio::spawn(
+                node.clone().accept_loop(index, listener.socket),
+            ));
+        }
+        tasks.push(tokio::spawn(node.clone().forwarded_loop(forward_rx)));
+        let lifecycle = tokio::spawn(node.clone().lifecycle());
+        started(node.clone());
+        shutdown.await;
+        for t in &tasks {
+            t.abort();
+        }
+        lifecycle.abort();
+        let _ = lifecycle.await;
+        node.stop_engine("shutting down").await;
+        Ok(())
+    }
+
+    /// This node's view of the cluster.
+    pub fn status(&self) -> ClusterStatus {
+        self.shared.raft.status()
+    }
+
+    /// The Raft node (membership changes, members).
+    pub fn raft(&self) -> &Arc<RaftNode> {
+        &self.shared.raft
+    }
+
+    /// Client connections this node forwarded to another node's engine.
+    pub fn forwarded_connections(&self) -> u64 {
+        self.shared.forwarded_total.load(Ordering::Relaxed)
+    }
+
+    /// Engines this node started (one per term it led).
+    pub fn engines_started(&self) -> u64 {
+        self.shared.engines_started.load(Ordering::Relaxed)
+    }
+
+    /// True while this node's engine serves clients.
+    pub fn serving(&self) -> bool {
+        lock(&self.shared.engine).is_some()
+    }
+
+    async fn accept_loop(self, index: usize, socket: TcpListener) {
+        loop {
+            match socket.accept().await {
+                Ok((stream, peer)) => self.route(index, stream, peer),
+                Err(error) => {
+                    tracing::warn!(%error, "cluster: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Hands a socket to this node's engine if it runs; otherwise forwards it to the leader.
+    fn route(&self, index: usize, stream: TcpStream, peer: SocketAddr) {
+        let Some(stream) = self.to_engine(index, stream, peer) else {
+            return;
+        };
+        let Ok(permit) = self.shared.forwards.try_acquire() else {
+            tracing::warn!(%peer, "cluster: MAX_FORWARDED_CONNECTIONS reached; connection closed");
+            return;
+        };
+        permit.forget();
+        let node = self.clone();
+        tokio::spawn(async move {
+            node.forward(index, stream, peer).await;
+            node.shared.forwards.add_permits(1);
+        });
+    }
+
+    /// Gives the socket to the running engine; hands it back if there is none.
+    fn to_engine(&self, index: usize, stream: TcpStream, peer: SocketAddr) -> Option<TcpStream> {
+        let Some(door) = self.shared.doors.get(index) else {
+            return None; // a forwarded connection naming a listener this node lacks
+        };
+        let engine = lock(&self.shared.engine);
+        let Some(engine) = engine.as_ref() else {
+            return Some(stream);
+        };
+        let accepted = Accepted {
+            socket: stream,
+            peer,
+            context: door.context.clone(),
+            upgrade: door.upgrade.clone(),
+        };
+        match engine.accept.try_send(accepted) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::warn!(%peer, "cluster: MAX_ACCEPT_QUEUE full; connection closed");
+                None
+            }
+            Err(mpsc::error::TrySendError::Closed(a)) => Some(a.socket),
+        }
+    }
+
+    /// Waits for a leader, then pipes the connection to it (or to this node's engine, if
+    /// this node became the leader meanwhile).
+    async fn forward(&self, index: usize, mut stream: TcpStream, peer: SocketAddr) {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
+        loop {
+            let status = self.status();
+            match status.leader {
+                Some(leader) if leader == status.node_id => {
+                    match self.to_engine(index, stream, peer) {
+                        None => return,
+                        Some(s) => stream = s,
+                    }
+                }
+                Some(leader) => {
+                    if let Some(addr) = self.shared.raft.member_addr(leader) {
+                        let listener = u16::try_from(index).unwrap_or(u16::MAX);
+                        let pre = Preamble { listener, peer };
+                        match forward::connect(addr, &pre).await {
+                            Ok(upstream) => {
+                                self.shared.forwarded_total.fetch_add(1, Ordering::Relaxed);
+                                forward::pipe(stream, upstream).await;
+                                return;
+                            }
+                            Err(error) => {
+                                tracing::debug!(%leader, %error, "cluster: leader unreachable");
+                            }
+                        }
+                    }
+                }
+                None => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::info!(%peer, "cluster: no leader to serve the client; connection closed");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Connections other nodes forwarded here.
+    async fn forwarded_loop(self, mut rx: mpsc::Receiver<(TcpStream, SocketAddr)>) {
+        while let Some((mut stream, from)) = rx.recv().await {
+            let node = self.clone();
+            tokio::spawn(async move {
+                let pre = match forward::read_preamble(&mut stream).await {
+                    Ok(p) => p,
+                    Err(error) => {
+                        tracing::debug!(%from, %error, "cluster: bad forwarded connection");
+                        return;
+                    }
+                };
+                // Not the leader (any more): closing makes the client reconnect, and its
+                // node forwards it to whoever leads now.
+                let _ = node.to_engine(usize::from(pre.listener), stream, pre.peer);
+            });
+        }
+    }
+
+    /// Starts and stops the engine as the role changes.
+    async fn lifecycle(self) {
+        let mut changes = self.shared.raft.status_changes();
+        loop {
+            self.reconcile().await;
+            let tick = tokio::time::sleep(Duration::from_millis(ROLE_CHECK_INTERVAL_MS));
+            tokio::select! {
+                alive = changes.changed() => if !alive { return },
+                _ = tick => {}
+            }
+        }
+    }
+
+    async fn reconcile(&self) {
+        let status = self.status();
+        let (running_term, failed) = {
+            let engine = lock(&self.shared.engine);
+            match engine.as_ref() {
+                Some(e) => (
+                    Some(e.term),
+                    e.disk.failure().is_some() || e.serving.is_finished(),
+                ),
+                None => (None, false),
+            }
+        };
+        // A leader that has not heard from a majority for this long (twice the election
+        // timeout: a loaded machine's fsync stalls must not restart the engine) is on the
+        // minority side of a partition: its engine stops, and its clients go elsewhere.
+        let quorum_lost = status.role == Role::Leader
+            && status
+                .quorum_ack_age_ms
+                .is_none_or(|ms| ms > 2 * status.quorum_ack_max_age_ms);
+        let leading = status.role == Role::Leader && !quorum_lost;
+        if running_term.is_some() && (!leading || running_term != Some(status.term) || failed) {
+            self.stop_engine("leadership lost or engine failed").await;
+        }
+        if leading && (running_term.is_none() || running_term != Some(status.term) || failed) {
+            if let Err(error) = self.start_engine(status.term).await {
+                tracing::warn!(%error, term = status.term, "cluster: engine did not start");
+                self.stop_engine("start failed").await;
+            }
+        }
+    }
+
+    async fn start_engine(&self, term: u64) -> Result<(), ClusterError> {
+        let sh = &self.shared;
+        // Everything in the log before the barrier (a previous engine's tail too, which a
+        // leader restarted in the same term still commits) is applied here before the copy.
+        let barrier = crate::ops::Op::Barrier
+            .encode()
+            .map_err(|e| ClusterError::Engine(e.to_string()))?;
+        sh.raft.propose(vec![barrier]).await?;
+        let replica = sh.replica.clone();
+        let live = sh.live_dir.clone();
+        let applied = tokio::task::spawn_blocking(move || replica.copy_to(&live))
+            .await
+            .map_err(|e| ClusterError::Engine(e.to_string()))?
+            .map_err(|e| ClusterError::io("copying the replica", e))?;
+        let disk = ReplicatedDisk::start(
+            sh.live_dir.clone(),
+            sh.raft.clone(),
+            term,
+            tokio::runtime::Handle::current(),
+        )
+        .map_err(|e| ClusterError::io("starting the proposer", e))?;
+        let factory = sh.factory.clone();
+        let (dir, vfs): (PathBuf, Arc<dyn Vfs>) = (sh.live_dir.clone(), Arc::new(disk.clone()));
+        let opened = tokio::task::spawn_blocking(move || factory.open(&dir, vfs)).await;
+        let broker = match opened {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
+                disk.fail("the engine did not open");
+                return Err(ClusterError::Engine(e));
+            }
+            Err(e) => {
+                disk.fail("the engine did not open");
+                return Err(ClusterError::Engine(e.to_string()));
+            }
+        };
+        let (accept, accept_rx) = mpsc::channel(MAX_ACCEPT_QUEUE);
+        let (stop, stop_rx) = oneshot::channel::<()>();
+        let serving_broker = broker.clone();
+        let serving = tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop_rx.await;
+            };
+            if let Err(error) = serving_broker.serve_accepted(accept_rx, stopped).await {
+                tracing::warn!(%error, "cluster: engine stopped with an error");
+            }
+        });
+        *lock(&sh.engine) = Some(Engine {
+            term,
+            accept,
+            stop,
+            disk,
+            serving,
+        });
+        sh.engines_started.fetch_add(1, Ordering::Relaxed);
+        sh.factory.serving(Some(broker));
+        tracing::info!(term, ?applied, "cluster: leading; engine serving");
+        Ok(())
+    }
+
+    async fn stop_engine(&self, why: &str) {
+        let Some(engine) = lock(&self.shared.engine).take() else {
+            return;
+        };
+        // The disk first: whatever the engine writes from now on is never proposed.
+        engine.disk.fail(why);
+        self.shared.factory.serving(None);
+        let _ = engine.stop.send(());
+        drop(engine.accept);
+        let stopped =
+            tokio::time::timeout(Duration::from_millis(ENGINE_STOP_WAIT_MS), engine.serving).await;
+        if stopped.is_err() {
+            tracing::warn!("cluster: engine did not stop in time");
+        }
+        // No proposal of the old engine may enter the log after the next engine's barrier.
+        let disk = engine.disk.clone();
+        let _ = tokio::task::spawn_blocking(move || disk.join_proposer()).await;
+        let live = self.shared.live_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(live)).await;
+        tracing::info!(why, term = engine.term, "cluster: engine stopped");
+    }
+}

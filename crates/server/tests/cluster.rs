@@ -1,0 +1,202 @@
+//! Three `tern serve` processes as a cluster (issue 23, docs/cluster.md): clients on every
+//! node, the leader killed with SIGKILL under QoS 1 and QoS 2 load, and the checks of the
+//! single node's crash tests: nothing acknowledged lost, no QoS 2 message delivered twice
+//! (MQTT-4.3.3-2 across a failover), no first delivery out of order (MQTT-4.6.0-2).
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use common::durable::{Publisher, Subscriber, duplicates, first_time_order_violations};
+use tern_wire::Protocol;
+
+const NODES: usize = 3;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+struct Cluster {
+    nodes: Vec<Broker>,
+    addrs: Vec<SocketAddr>,
+}
+
+fn node_config(id: usize, mqtt_port: u16, cluster_ports: &[u16]) -> String {
+    let peers: Vec<String> = cluster_ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("\"{}=127.0.0.1:{p}\"", i + 1))
+        .collect();
+    format!(
+        "[listener]\nbind = \"127.0.0.1:{mqtt_port}\"\n\n[cluster]\nnode_id = {id}\nbind = \"127.0.0.1:{}\"\npeers = [{}]\n",
+        cluster_ports[id - 1],
+        peers.join(", ")
+    )
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let cluster_ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
+        let mqtt_ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
+        let nodes: Vec<Broker> = (0..NODES)
+            .map(|i| {
+                Broker::start_with_args(&node_config(i + 1, mqtt_ports[i], &cluster_ports), &[])
+            })
+            .collect();
+        let addrs = nodes.iter().map(|n| n.addr).collect();
+        Cluster { nodes, addrs }
+    }
+
+    /// The node whose log says it leads now (its last engine line is "leading").
+    fn leader(&self) -> Option<usize> {
+        self.nodes.iter().position(|n| {
+            let all = n.log_tail(100_000);
+            // This process's lines only (the log file is appended to across restarts).
+            let log = &all[all.rfind("cluster: node starting").unwrap_or(0)..];
+            let lead = log.rfind("cluster: leading");
+            let stop = log.rfind("cluster: engine stopped");
+            matches!((lead, stop), (Some(l), s) if s.is_none_or(|s| s < l))
+        })
+    }
+
+    fn wait_leader(&self, bound: Duration) -> usize {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(l) = self.leader() {
+                return l;
+            }
+            assert!(Instant::now() < deadline, "no leader within {bound:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Runs `p` against the nodes in turn (the next one when its connection drops) until done.
+async fn publish_all(
+    mut p: Publisher,
+    addrs: Vec<SocketAddr>,
+    first: usize,
+    stop: Instant,
+) -> Publisher {
+    let mut i = first;
+    while !p.done() && Instant::now() < stop {
+        p = p
+            .run(addrs[i % addrs.len()], Duration::from_secs(2), true)
+            .await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p
+}
+
+async fn receive_all(
+    mut s: Subscriber,
+    addrs: Vec<SocketAddr>,
+    first: usize,
+    stop: Instant,
+    wanted: Arc<Mutex<Option<HashSet<u64>>>>,
+) -> Subscriber {
+    let mut i = first;
+    while Instant::now() < stop {
+        let until = wanted.lock().unwrap().clone();
+        if let Some(w) = &until {
+            if w.is_subset(&s.have) {
+                break;
+            }
+        }
+        s = s
+            .run(addrs[i % addrs.len()], Duration::from_secs(2), until)
+            .await;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s
+}
+
+#[test]
+fn acknowledged_messages_survive_leader_kills_exactly_once_and_in_order() {
+    let mut cluster = Cluster::start();
+    let first = cluster.wait_leader(Duration::from_secs(20));
+    eprintln!("leader: node {}", first + 1);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let addrs = cluster.addrs.clone();
+    let stop = Instant::now() + Duration::from_secs(150);
+    const N: u64 = 20_000;
+    let wanted2 = Arc::new(Mutex::new(None));
+    let wanted1 = Arc::new(Mutex::new(None));
+    let mut p2 = Publisher::new("c-pub-2", Protocol::V5, 2, "c/q2");
+    p2.limit = N;
+    let mut p1 = Publisher::new("c-pub-1", Protocol::V3_1_1, 1, "c/q1");
+    p1.limit = N;
+    let s2 = Subscriber::new("c-sub-2", Protocol::V5, 2, "c/q2");
+    let s1 = Subscriber::new("c-sub-1", Protocol::V3_1_1, 1, "c/q1");
+    // The subscribers' sessions exist before the first publish.
+    let (s2, s1) = rt.block_on(async {
+        let s2 = s2.run(addrs[1], Duration::from_millis(500), None).await;
+        let s1 = s1.run(addrs[2], Duration::from_millis(500), None).await;
+        (s2, s1)
+    });
+    assert!(s2.subscribed && s1.subscribed, "SUBACK through followers");
+    let h_p2 = rt.spawn(publish_all(p2, addrs.clone(), 0, stop));
+    let h_p1 = rt.spawn(publish_all(p1, addrs.clone(), 1, stop));
+    let h_s2 = rt.spawn(receive_all(s2, addrs.clone(), 1, stop, wanted2.clone()));
+    let h_s1 = rt.spawn(receive_all(s1, addrs.clone(), 2, stop, wanted1.clone()));
+    let mut kills = 0;
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(1000));
+        let leader = cluster.wait_leader(Duration::from_secs(20));
+        eprintln!("kill -9 node {}", leader + 1);
+        cluster.nodes[leader].kill();
+        kills += 1;
+        std::thread::sleep(Duration::from_millis(1500));
+        cluster.nodes[leader].restart_after_kill();
+    }
+    let (p2, p1) = rt.block_on(async { (h_p2.await.unwrap(), h_p1.await.unwrap()) });
+    assert!(
+        p2.done() && p1.done(),
+        "publishers finished: {} and {} acked",
+        p2.acked.len(),
+        p1.acked.len()
+    );
+    *wanted2.lock().unwrap() = Some(p2.acked.clone());
+    *wanted1.lock().unwrap() = Some(p1.acked.clone());
+    let (s2, s1) = rt.block_on(async { (h_s2.await.unwrap(), h_s1.await.unwrap()) });
+    let lost2: Vec<u64> = p2.acked.difference(&s2.have).copied().collect();
+    let lost1: Vec<u64> = p1.acked.difference(&s1.have).copied().collect();
+    let dup2 = duplicates(&s2.got);
+    let order2 = first_time_order_violations(&s2.got);
+    let order1 = first_time_order_violations(&s1.got);
+    eprintln!(
+        "kills={kills} qos2: acked={} got={} lost={} dup={} reordered={}; qos1: acked={} got={} lost={} reordered={}",
+        p2.acked.len(),
+        s2.got.len(),
+        lost2.len(),
+        dup2.len(),
+        order2.len(),
+        p1.acked.len(),
+        s1.got.len(),
+        lost1.len(),
+        order1.len()
+    );
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        let log = n.log_tail(100_000);
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains("cluster:")).collect();
+        eprintln!("node {}: {}", i + 1, lines.join("\n   "));
+    }
+    assert!(
+        lost2.is_empty() && lost1.is_empty(),
+        "lost: qos2 {lost2:?} qos1 {lost1:?}"
+    );
+    assert!(dup2.is_empty(), "QoS 2 duplicates: {dup2:?}");
+    assert!(
+        order2.is_empty() && order1.is_empty(),
+        "reordered: {order2:?} {order1:?}"
+    );
+}
