@@ -89,6 +89,7 @@ class Run:
         self.pauses = []
         self.partitions = []  # {"node", "from", "to"}
         self.stop = threading.Event()
+        self.exits = []  # nodes that exited without our SIGKILL
         self.pubs, self.subs = [], []
 
     # ---- brokers -----------------------------------------------------------------------
@@ -110,6 +111,18 @@ class Run:
         log(f"{count} {a.broker} node(s) up: "
             + ", ".join(f"{n.name}={n.host}:{n.mqtt_port}" for n in self.nodes)
             + f"; work dir {self.work}")
+
+    def note_exits(self):
+        """Nodes that died without being killed by us (a crash, or a signal from elsewhere):
+        logged with their exit status and restarted."""
+        for node in self.nodes:
+            if node.proc is not None and node.proc.poll() is not None:
+                code = node.proc.returncode
+                self.exits.append({"t": round(self.clock.now(), 3), "node": node.index,
+                                   "status": code})
+                log(f"{node.name} exited by itself with status {code} (negative: signal); "
+                    f"restarting it; see {node.log_path}")
+                self.restart(node)
 
     def wait_for_leader(self, timeout_s=30.0):
         deadline = time.monotonic() + timeout_s
@@ -172,6 +185,7 @@ class Run:
 
     # ---- faults ------------------------------------------------------------------------
     def do_kill(self):
+        self.note_exits()
         victim, known = cn.pick_victim(self.nodes, self.rng)
         if victim is None:
             return
@@ -223,13 +237,16 @@ class Run:
         for i, ev in enumerate(events):
             due = gap * (i + 1)
             while self.clock.now() - self.t_load < due:
+                self.note_exits()
                 time.sleep(0.05)
             {"kill": self.do_kill, "pause": self.do_pause, "partition": self.do_partition}[ev]()
         while self.clock.now() - self.t_load < end:
+            self.note_exits()
             time.sleep(0.1)
 
     # ---- the run -----------------------------------------------------------------------
     def finish_and_drain(self):
+        self.note_exits()
         for n in self.nodes:
             n.resume()
             if not n.alive():
@@ -300,8 +317,16 @@ class Run:
                             examples.append(f"{s.client_id}: {p.client_id}:{n} x{c}")
                     elif c > 1:
                         dup_q1 += c - 1
+        cut_sent = majority = 0
         for cut in self.partitions:
             for p in self.pubs:
+                for n, sent in list(p.first_sent.items()):
+                    if cut["from"] < sent < cut["to"] and p.first_node.get(n) == cut["node"]:
+                        cut_sent += 1
+                for (n, at, _dialed, node) in p.acks:
+                    if node != cut["node"] and cut["from"] < p.first_sent.get(n, -1) \
+                            and at < cut["to"]:
+                        majority += 1
                 for (n, at, _dialed, node) in p.acks:
                     sent = p.first_sent.get(n, -1)
                     if node == cut["node"] and cut["from"] < sent and at < cut["to"]:
@@ -310,7 +335,8 @@ class Run:
                             examples.append(f"{p.client_id}:{n} sent {sent:.3f} acked {at:.3f} "
                                             f"by cut n{node} ({cut['from']:.3f}..{cut['to']:.3f})")
         return {"lost": lost, "duplicates": dups, "reordered": reordered,
-                "minority_acks": minority, "qos1_duplicates": dup_q1,
+                "minority_acks": minority, "sent_to_cut_node": cut_sent,
+                "majority_acks_during_cut": majority, "qos1_duplicates": dup_q1,
                 "client_resent_after_pubrel": by_client, "examples": examples}
 
     def main(self):
@@ -346,9 +372,11 @@ class Run:
             "sessions_lost": sum(s.sessions_lost for s in self.subs),
             "reconnects": sum(max(0, c.conn_seq - 1) for c in self.pubs + self.subs),
             "failovers_s": fail, "seconds": a.seconds,
+            "unexpected_exits": len(self.exits), "exits": self.exits,
         })
         ok = (result["lost"] == 0 and result["duplicates"] == 0 and result["reordered"] == 0
               and result["minority_acks"] == 0 and result["unfinished_publishers"] == 0
+              and not self.exits
               and (not fail or max(fail) <= FAILOVER_LIMIT_S))
         result["ok"] = ok
         if a.keep:

@@ -189,6 +189,7 @@ class Publisher(BaseClient):
         self.next = 0
         self.by_mid = {}  # mid -> n, published and not completed
         self.first_sent = {}  # n -> time of its first PUBLISH
+        self.first_node = {}  # n -> the node it was first sent to
         # (n, time, when its connection was dialed, node index) at PUBACK / PUBREC
         self.acks = []
         self.acked = set()
@@ -257,6 +258,7 @@ class Publisher(BaseClient):
             self.publishing = None
             self.by_mid[info.mid] = n
             self.first_sent[n] = now
+            self.first_node[n] = self.node_now()
             self.next += 1
 
 

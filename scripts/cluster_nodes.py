@@ -232,17 +232,29 @@ class TernNode(Node):
     def command(self):
         cmd = [self.binary, "serve", "--config", self.config, "--data-dir", self.data_dir,
                "--bind", f"{self.host}:{self.mqtt_port}", "--http", f"{self.host}:{self.http_port}",
-               "--log", "warn"]
+               "--log", "warn,tern=info,tern_cluster=info"]
         if self.sync:
             cmd += ["--sync", self.sync]
         return cmd
+
+    def leads_by_log(self):
+        """Whether this process's log says it leads now: its last engine line is "leading"
+        (as crates/server/tests/cluster.rs reads it), for builds without /api/v1/cluster."""
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return False
+        text = text[max(0, text.rfind("cluster: node starting")):]
+        lead, stop = text.rfind("cluster: leading"), text.rfind("cluster: engine stopped")
+        return lead >= 0 and stop < lead
 
     def leader_view(self):
         if not self.alive() or self.paused:
             return None
         view = self.http_json("/api/v1/cluster")
-        if not isinstance(view, dict):
-            return None
+        if not isinstance(view, dict) or "node_id" not in view:
+            return (self.index, 0) if self.peers and self.leads_by_log() else None
         leader = view.get("leader_id")
         if view.get("role") == "leader":
             leader = view.get("node_id", self.index)
