@@ -68,9 +68,10 @@ def mark(runs):
     """Runs that did not pass: a failover run's losses, else the exit status."""
     notes = []
     for r in runs or []:
-        lost = (r.get("report") or {}).get("lost")
-        if lost:
-            notes.append(f"lost {lost}")
+        report = r.get("report") or {}
+        found = [f"{k} {report[k]}" for k in ("lost", "duplicates", "reordered") if report.get(k)]
+        if found:
+            notes += found
         elif r["exit"] not in (0, 1) or (r["exit"] == 1 and r["cell"] != "failover"):
             notes.append(f"exit {r['exit']}")
     return f" ({', '.join(notes)})" if notes else ""
@@ -130,8 +131,9 @@ def build(systems, machine, runs, command):
         "replicas) has the message in memory, syncing every 2 minutes by default.",
         "",
         "In parentheses: the system's figure divided by the three-node Tern's. A failover "
-        "cell's \"lost N\": acknowledged QoS 1 messages that a persistent subscriber never "
-        "got (scripts/cluster_check.py).",
+        "cell's notes are scripts/cluster_check.py's findings in that run: lost (acknowledged, "
+        "never delivered to a persistent subscriber), duplicates (QoS 2 delivered twice), "
+        "reordered (first deliveries out of a publisher's order).",
         "",
         header, rule,
         row("QoS 1, window 256 (msgs/s)", "q1w256", rate, ints),
