@@ -100,6 +100,34 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Records `op`, merging a write that continues the last one into it: a stream appends
+/// records one after another, and one operation per record would cost a header each.
+fn push(st: &mut State, op: PendingOp) {
+    st.recorded += 1;
+    let recorded = st.recorded;
+    st.pending_bytes += op.size_bytes();
+    if let (
+        PendingOp::Write { path, offset, data },
+        Some((
+            PendingOp::Write {
+                path: p,
+                offset: o,
+                data: d,
+            },
+            upto,
+        )),
+    ) = (&op, st.pending.back_mut())
+        && p == path
+        && *o + d.len() as u64 == *offset
+        && d.len() + data.len() <= MAX_WRITE_PIECE_BYTES
+    {
+        d.extend_from_slice(data);
+        *upto = recorded;
+    } else {
+        st.pending.push_back((op, recorded));
+    }
+}
+
 fn failed_error(reason: &str) -> io::Error {
     io::Error::other(format!("replicated disk failed: {reason}"))
 }
@@ -117,6 +145,14 @@ impl Inner {
     /// Makes a change locally with `change` and records `op` for it, in one step under the
     /// lock; waits first for room among the pending operations.
     fn change<T>(&self, op: PendingOp, change: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        self.change_then(|| change().map(|out| (out, vec![op])))
+    }
+
+    /// [`Inner::change`] for a change whose operations are known only once it is made.
+    fn change_then<T>(
+        &self,
+        change: impl FnOnce() -> io::Result<(T, Vec<PendingOp>)>,
+    ) -> io::Result<T> {
         let mut st = lock(&self.state);
         loop {
             if let Some(reason) = &st.failed {
@@ -127,35 +163,41 @@ impl Inner {
             }
             st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        let out = change()?;
-        st.recorded += 1;
-        let recorded = st.recorded;
-        st.pending_bytes += op.size_bytes();
-        // A write that continues the last one is merged into it: a stream appends records
-        // one after another, and one operation per record would cost a header each.
-        if let (
-            PendingOp::Write { path, offset, data },
-            Some((
-                PendingOp::Write {
-                    path: p,
-                    offset: o,
-                    data: d,
-                },
-                upto,
-            )),
-        ) = (&op, st.pending.back_mut())
-            && p == path
-            && *o + d.len() as u64 == *offset
-            && d.len() + data.len() <= MAX_WRITE_PIECE_BYTES
-        {
-            d.extend_from_slice(data);
-            *upto = recorded;
-        } else {
-            st.pending.push_back((op, recorded));
+        let (out, ops) = change()?;
+        for op in ops {
+            push(&mut st, op);
         }
         drop(st);
         self.work.notify_one();
         Ok(out)
+    }
+
+    /// The operations that make `to` a copy of the file now at `path` (the local rename or
+    /// link already made): a create, its non-zero chunks, its length.
+    fn copy_ops(&self, path: &Path, to: &RelPath) -> io::Result<Vec<PendingOp>> {
+        let file = RealVfs.open_rw(path, false)?;
+        let len = file.file_len()?;
+        let mut ops = vec![PendingOp::Other(Op::Create(to.clone()))];
+        let mut buf = vec![0u8; MAX_WRITE_PIECE_BYTES];
+        let mut at = 0u64;
+        while at < len {
+            let n = usize::try_from((len - at).min(MAX_WRITE_PIECE_BYTES as u64))
+                .unwrap_or(MAX_WRITE_PIECE_BYTES);
+            file.read_exact_at(&mut buf[..n], at)?;
+            if buf[..n].iter().any(|&b| b != 0) {
+                ops.push(PendingOp::Write {
+                    path: to.clone(),
+                    offset: at,
+                    data: buf[..n].to_vec(),
+                });
+            }
+            at += n as u64;
+        }
+        ops.push(PendingOp::Other(Op::SetLen {
+            path: to.clone(),
+            len,
+        }));
+        Ok(ops)
     }
 
     fn write(&self, path: &RelPath, file: &dyn VFile, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -424,18 +466,22 @@ impl Vfs for ReplicatedDisk {
         self.inner.change(op, || RealVfs.remove_file(path))
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let op = PendingOp::Other(Op::Rename {
-            from: self.inner.rel(from)?,
-            to: self.inner.rel(to)?,
-        });
-        self.inner.change(op, || RealVfs.rename(from, to))
+        let (rel_from, rel_to) = (self.inner.rel(from)?, self.inner.rel(to)?);
+        self.inner.change_then(|| {
+            RealVfs.rename(from, to)?;
+            let mut ops = self.inner.copy_ops(to, &rel_to)?;
+            ops.push(PendingOp::Other(Op::Remove(rel_from)));
+            Ok(((), ops))
+        })
     }
+    /// Replicated as a copy: the replica's file does not follow later writes to `from` (the
+    /// store links only sealed blocks, into snapshots, which nothing writes again).
     fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let op = PendingOp::Other(Op::HardLink {
-            from: self.inner.rel(from)?,
-            to: self.inner.rel(to)?,
-        });
-        self.inner.change(op, || RealVfs.hard_link(from, to))
+        let rel_to = self.inner.rel(to)?;
+        self.inner.change_then(|| {
+            RealVfs.hard_link(from, to)?;
+            Ok(((), self.inner.copy_ops(to, &rel_to)?))
+        })
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         if dir == self.inner.root {
@@ -451,3 +497,7 @@ impl Vfs for ReplicatedDisk {
         RealVfs.list_dir(dir)
     }
 }
+
+#[cfg(test)]
+#[path = "disk_tests.rs"]
+mod tests;

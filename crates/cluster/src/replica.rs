@@ -183,9 +183,9 @@ fn ignore_missing(r: io::Result<()>) -> io::Result<()> {
 }
 
 /// Applies one operation. Replaying a suffix of the log over files that already hold part of
-/// it converges: writes, lengths and whole-file writes are idempotent; a create truncates,
-/// and every later write to that file is replayed too; a remove, rename or link whose source
-/// is already gone was done before and is skipped.
+/// it converges (`replaying_any_suffix_after_a_crash_converges_to_the_same_files`): writes,
+/// lengths and whole-file writes set what they set whatever was there; a create truncates,
+/// and every later write to that file is replayed too; removing a missing file is done.
 fn apply_op(st: &mut State, op: &Op) -> io::Result<()> {
     match op {
         Op::Create(p) => {
@@ -218,28 +218,6 @@ fn apply_op(st: &mut State, op: &Op) -> io::Result<()> {
             let path = path_of(st, p)?;
             st.touched_dirs.insert(parent_of(&path));
             ignore_missing(fs::remove_file(&path))
-        }
-        Op::Rename { from, to } => {
-            st.files.remove(from);
-            st.files.remove(to);
-            st.touched_files.remove(from);
-            let (f, t) = (path_of(st, from)?, path_of(st, to)?);
-            st.touched_dirs.insert(parent_of(&f));
-            st.touched_dirs.insert(parent_of(&t));
-            st.touched_files.insert(to.clone());
-            if f.exists() {
-                fs::rename(&f, &t)
-            } else {
-                Ok(())
-            }
-        }
-        Op::HardLink { from, to } => {
-            let (f, t) = (path_of(st, from)?, path_of(st, to)?);
-            st.touched_dirs.insert(parent_of(&t));
-            if !f.exists() || t.exists() {
-                return Ok(());
-            }
-            fs::hard_link(&f, &t)
         }
         Op::Barrier => Ok(()),
         Op::CreateDir(p) => {
@@ -388,3 +366,7 @@ fn copy_tree(src: &Path, dest: &Path) -> io::Result<()> {
     let tree = read_tree(src)?;
     write_tree(dest, &tree, false)
 }
+
+#[cfg(test)]
+#[path = "replica_tests.rs"]
+mod tests;
