@@ -20,6 +20,7 @@ use super::cluster::{ClusterControl, ClusterError, ClusterResult};
 use super::{HttpSettings, HttpState, router};
 
 mod actions;
+mod browser;
 mod probes;
 
 #[allow(
