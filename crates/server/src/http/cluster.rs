@@ -36,13 +36,13 @@ use super::HttpState;
 ///   [`forwarded_connections`](Self::forwarded_connections) do no I/O and do not block: they
 ///   are called on every `/readyz`, `/metrics` and `/api/v1/cluster` request.
 /// - The actions run on this node and may be called on any node: one that cannot do it here
-///   (not the leader) answers [`ClusterError::NotLeader`] naming the leader if it knows one,
+///   (not the leader) answers [`ClusterActionError::NotLeader`] naming the leader if it knows one,
 ///   or forwards the action to the leader itself. Their futures complete when the change is
 ///   committed (a membership change is in the Raft log on a majority), not when it was asked.
 /// - [`add_member`](Self::add_member) adds `id` as a learner at `addr`, waits until it has
 ///   caught up, then promotes it to voter; it completes after the promotion is committed
 ///   (the HTTP request stays open that long).
-/// - [`transfer_leader`](Self::transfer_leader) answers [`ClusterError::Unsupported`] when the
+/// - [`transfer_leader`](Self::transfer_leader) answers [`ClusterActionError::Unsupported`] when the
 ///   consensus engine cannot transfer (openraft 0.9 has no leader transfer).
 pub trait ClusterControl: Send + Sync + 'static {
     /// This node's view of the cluster (no I/O).
@@ -60,11 +60,11 @@ pub trait ClusterControl: Send + Sync + 'static {
 }
 
 /// What a cluster action answers.
-pub type ClusterResult = Result<(), ClusterError>;
+pub type ClusterResult = Result<(), ClusterActionError>;
 
-/// Why a cluster action failed; each maps to one HTTP status ([`ClusterError::status`]).
+/// Why a cluster action failed; each maps to one HTTP status ([`ClusterActionError::status`]).
 #[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
+pub enum ClusterActionError {
     /// A bad argument (400).
     #[error("{0}")]
     Invalid(String),
@@ -75,7 +75,7 @@ pub enum ClusterError {
     /// leader as `leader_id` when known).
     #[error("this node is not the leader (leader: {})", leader.map_or("unknown".to_string(), |l| format!("node {l}")))]
     NotLeader { leader: Option<NodeId> },
-    /// The membership does not allow it (409): already a member, a learner not caught up, ...
+    /// The membership does not allow it (409): a voter already, an address taken, ...
     #[error("{0}")]
     Conflict(String),
     /// The cluster cannot do it now (503): no quorum, the node is stopping.
@@ -89,41 +89,45 @@ pub enum ClusterError {
     Internal(String),
 }
 
-impl ClusterError {
+impl ClusterActionError {
     fn status(&self) -> StatusCode {
         match self {
-            ClusterError::Invalid(_) => StatusCode::BAD_REQUEST,
-            ClusterError::NotFound(_) => StatusCode::NOT_FOUND,
-            ClusterError::NotLeader { .. } | ClusterError::Conflict(_) => StatusCode::CONFLICT,
-            ClusterError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ClusterError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
-            ClusterError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ClusterActionError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ClusterActionError::NotFound(_) => StatusCode::NOT_FOUND,
+            ClusterActionError::NotLeader { .. } | ClusterActionError::Conflict(_) => {
+                StatusCode::CONFLICT
+            }
+            ClusterActionError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ClusterActionError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+            ClusterActionError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }
 
-impl From<ConsensusError> for ClusterError {
+impl From<ConsensusError> for ClusterActionError {
     fn from(e: ConsensusError) -> Self {
         let message = e.to_string();
         match e {
-            ConsensusError::NotLeader { leader } => ClusterError::NotLeader {
+            ConsensusError::NotLeader { leader } => ClusterActionError::NotLeader {
                 leader: leader.map(|(id, _)| id),
             },
-            ConsensusError::Membership(_) => ClusterError::Conflict(message),
-            ConsensusError::Unsupported(_) => ClusterError::Unsupported(message),
-            ConsensusError::Invalid(_) => ClusterError::Invalid(message),
-            ConsensusError::Shutdown(_) => ClusterError::Unavailable(message),
+            ConsensusError::Membership(_) => ClusterActionError::Conflict(message),
+            ConsensusError::Unsupported(_) => ClusterActionError::Unsupported(message),
+            ConsensusError::Invalid(_) => ClusterActionError::Invalid(message),
+            ConsensusError::NoQuorum(_) | ConsensusError::Shutdown(_) => {
+                ClusterActionError::Unavailable(message)
+            }
             ConsensusError::Storage(_) | ConsensusError::Io { .. } => {
-                ClusterError::Internal(message)
+                ClusterActionError::Internal(message)
             }
         }
     }
 }
 
-impl IntoResponse for ClusterError {
+impl IntoResponse for ClusterActionError {
     fn into_response(self) -> Response {
         let mut body = json!({ "error": self.to_string() });
-        if let ClusterError::NotLeader { leader } = &self {
+        if let ClusterActionError::NotLeader { leader } = &self {
             body["leader_id"] = json!(leader.map(|l| l.0));
         }
         (self.status(), Json(body)).into_response()
@@ -175,9 +179,9 @@ pub(super) const ROLES: [Role; 5] = [
 ];
 
 impl HttpState {
-    fn cluster(&self) -> Result<&Arc<dyn ClusterControl>, ClusterError> {
+    fn cluster(&self) -> Result<&Arc<dyn ClusterControl>, ClusterActionError> {
         self.cluster.get().ok_or_else(|| {
-            ClusterError::NotFound(
+            ClusterActionError::NotFound(
                 "this node runs without [cluster]: there is no cluster to show or change".into(),
             )
         })
@@ -186,7 +190,7 @@ impl HttpState {
 
 /// `GET /api/v1/cluster`: the JSON, plus `lag_entries` per member (the leader's
 /// count of entries the member lacks, for the dashboard).
-async fn cluster(State(state): State<Arc<HttpState>>) -> Result<Json<Value>, ClusterError> {
+async fn cluster(State(state): State<Arc<HttpState>>) -> Result<Json<Value>, ClusterActionError> {
     let cluster = state.cluster()?;
     Ok(Json(cluster_json(
         &cluster.status(),
@@ -263,28 +267,30 @@ struct TransferLeader {
     id: u64,
 }
 
-fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ClusterError> {
+fn body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ClusterActionError> {
     body.map(|Json(b)| b)
-        .map_err(|r| ClusterError::Invalid(format!("body: {}", r.body_text())))
+        .map_err(|r| ClusterActionError::Invalid(format!("body: {}", r.body_text())))
 }
 
 /// A node id as given: `>= 1` (`[cluster] node_id`'s rule).
-fn node_id(id: u64) -> Result<NodeId, ClusterError> {
+fn node_id(id: u64) -> Result<NodeId, ClusterActionError> {
     if id == 0 {
-        return Err(ClusterError::Invalid("id: node ids start at 1".into()));
+        return Err(ClusterActionError::Invalid(
+            "id: node ids start at 1".into(),
+        ));
     }
     Ok(NodeId(id))
 }
 
 /// A cluster address other nodes can dial.
-fn cluster_addr(addr: &str) -> Result<SocketAddr, ClusterError> {
+fn cluster_addr(addr: &str) -> Result<SocketAddr, ClusterActionError> {
     let parsed: SocketAddr = addr.parse().map_err(|_| {
-        ClusterError::Invalid(format!(
+        ClusterActionError::Invalid(format!(
             "addr: `{addr}` is not an address like 127.0.0.1:7004"
         ))
     })?;
     if parsed.ip().is_unspecified() || parsed.port() == 0 {
-        return Err(ClusterError::Invalid(format!(
+        return Err(ClusterActionError::Invalid(format!(
             "addr: {parsed} cannot be dialed (give the node's own IP and its [cluster] bind port)"
         )));
     }
@@ -294,20 +300,27 @@ fn cluster_addr(addr: &str) -> Result<SocketAddr, ClusterError> {
 async fn add_member(
     State(state): State<Arc<HttpState>>,
     request: Result<Json<AddMember>, JsonRejection>,
-) -> Result<Json<Value>, ClusterError> {
+) -> Result<Json<Value>, ClusterActionError> {
     let cluster = state.cluster()?;
     let request = body(request)?;
     let id = node_id(request.id)?;
     let addr = cluster_addr(&request.addr)?;
     let status = cluster.status();
     let members = cluster.member_addrs();
-    if status.voters.contains(&id) || status.learners.contains(&id) {
-        return Err(ClusterError::Conflict(format!(
-            "node {id} is already a member"
+    if status.voters.contains(&id) {
+        return Err(ClusterActionError::Conflict(format!(
+            "node {id} is a voter already"
         )));
     }
-    if let Some((other, _)) = members.iter().find(|(_, a)| *a == addr) {
-        return Err(ClusterError::Conflict(format!(
+    // A learner at the same address is let through: a request dropped while its learner
+    // caught up is resumed by sending it again.
+    if let Some((other, _)) = members.iter().find(|(o, a)| (*a == addr) != (*o == id)) {
+        if *other == id {
+            return Err(ClusterActionError::Conflict(format!(
+                "node {id} is a learner at another address; remove it first"
+            )));
+        }
+        return Err(ClusterActionError::Conflict(format!(
             "{addr} is node {other}'s address"
         )));
     }
@@ -318,16 +331,18 @@ async fn add_member(
 async fn remove_member(
     State(state): State<Arc<HttpState>>,
     id: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, ClusterError> {
+) -> Result<Json<Value>, ClusterActionError> {
     let cluster = state.cluster()?;
-    let Path(id) = id.map_err(|r| ClusterError::Invalid(r.body_text()))?;
+    let Path(id) = id.map_err(|r| ClusterActionError::Invalid(r.body_text()))?;
     let id = id
         .parse::<u64>()
-        .map_err(|_| ClusterError::Invalid(format!("id: `{id}` is not a node id")))
+        .map_err(|_| ClusterActionError::Invalid(format!("id: `{id}` is not a node id")))
         .and_then(node_id)?;
     let status = cluster.status();
     if !status.voters.contains(&id) && !status.learners.contains(&id) {
-        return Err(ClusterError::NotFound(format!("node {id} is not a member")));
+        return Err(ClusterActionError::NotFound(format!(
+            "node {id} is not a member"
+        )));
     }
     cluster.remove_member(id).await?;
     Ok(Json(json!({ "removed": id.0 })))
@@ -336,11 +351,11 @@ async fn remove_member(
 async fn transfer_leader(
     State(state): State<Arc<HttpState>>,
     request: Result<Json<TransferLeader>, JsonRejection>,
-) -> Result<Json<Value>, ClusterError> {
+) -> Result<Json<Value>, ClusterActionError> {
     let cluster = state.cluster()?;
     let to = node_id(body(request)?.id)?;
     if !cluster.status().voters.contains(&to) {
-        return Err(ClusterError::Conflict(format!(
+        return Err(ClusterActionError::Conflict(format!(
             "node {to} is not a voter: only a voter can lead"
         )));
     }

@@ -20,11 +20,18 @@
 mod api;
 pub mod cluster;
 mod cluster_metrics;
+#[allow(
+    dead_code,
+    reason = "cluster.rs hands a NodeControl to set_cluster (the lead's part)"
+)]
+pub mod cluster_node;
 #[cfg(test)]
 mod cluster_tests;
 pub mod config;
 
 use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -45,8 +52,9 @@ const DASHBOARD_HTML: &str = include_str!("dashboard.html");
 /// What the handlers share.
 pub struct HttpState {
     settings: HttpSettings,
-    /// Set once recovery is done and the MQTT listener is bound.
-    served: OnceLock<Served>,
+    /// The broker serving now: set once recovery is done and the MQTT listener is bound. In a
+    /// cluster it comes and goes with leadership (a new broker each term this node leads).
+    served: RwLock<Option<Arc<Served>>>,
     /// Set once when the node is in a cluster; never on a single node.
     cluster: OnceLock<Arc<dyn ClusterControl>>,
 }
@@ -58,16 +66,33 @@ struct Served {
 }
 
 impl HttpState {
-    /// Hands the broker to the HTTP side once it is built and its listener bound.
+    /// Hands the broker to the HTTP side once it is built and its listener bound; replaces
+    /// the one set before, if any (a cluster node's broker of an earlier term).
     pub fn set_broker(&self, broker: Broker, listeners: Vec<Arc<ListenerContext>>) {
-        let _ = self.served.set(Served { broker, listeners });
+        *self.served.write() = Some(Arc::new(Served { broker, listeners }));
+    }
+
+    /// Forgets the broker: a cluster node stopped leading and its broker stopped. The lists
+    /// answer 503 and `/metrics` shows the cluster's families alone until the next
+    /// [`set_broker`](Self::set_broker).
+    #[allow(
+        dead_code,
+        reason = "cluster.rs calls it when the engine stops (the lead's part)"
+    )]
+    pub fn clear_broker(&self) {
+        *self.served.write() = None;
+    }
+
+    /// The broker serving now, if any (cloned out: no lock is held across an await).
+    fn served(&self) -> Option<Arc<Served>> {
+        self.served.read().clone()
     }
 
     /// Hands the cluster this node belongs to to the HTTP side (once; later calls are
     /// ignored). From then on `/readyz` asks the cluster, not the broker.
     #[allow(
         dead_code,
-        reason = "main.rs calls it once [cluster] is wired in (the lead's part)"
+        reason = "cluster.rs calls it once [cluster] is wired in (the lead's part)"
     )]
     pub fn set_cluster(&self, cluster: Arc<dyn ClusterControl>) {
         let _ = self.cluster.set(cluster);
@@ -76,13 +101,13 @@ impl HttpState {
     fn new(settings: HttpSettings) -> HttpState {
         HttpState {
             settings,
-            served: OnceLock::new(),
+            served: RwLock::new(None),
             cluster: OnceLock::new(),
         }
     }
 
-    fn broker(&self) -> Result<&Broker, ApiError> {
-        self.served.get().map(|s| &s.broker).ok_or_else(|| {
+    fn broker(&self) -> Result<Broker, ApiError> {
+        self.served().map(|s| s.broker.clone()).ok_or_else(|| {
             let message = match self.cluster.get().map(|c| c.status()) {
                 Some(s) if s.role != tern_raft::Role::Leader => format!(
                     "this node runs no broker: it is a {} and the leader (node {}) serves the lists",
@@ -220,7 +245,7 @@ async fn readyz(State(state): State<Arc<HttpState>>) -> Response {
         };
         return (status, axum::Json(body)).into_response();
     }
-    let ready = state.served.get().is_some_and(|s| s.broker.is_ready());
+    let ready = state.served().is_some_and(|s| s.broker.is_ready());
     let status = if ready {
         StatusCode::OK
     } else {
@@ -232,7 +257,7 @@ async fn readyz(State(state): State<Arc<HttpState>>) -> Response {
 /// The broker's families, then the cluster's. A follower has no broker: its page is the
 /// cluster's families alone. A single node without its broker yet answers 503.
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
-    let served = state.served.get();
+    let served = state.served();
     let cluster = state.cluster.get();
     if served.is_none() && cluster.is_none() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the broker is starting");

@@ -237,6 +237,23 @@ async fn actions_reach_the_cluster_and_its_errors_keep_their_status() {
     )
     .await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
+    // A learner left by a dropped request: the same request resumes it, another address not.
+    fake.status.lock().learners.push(NodeId(4));
+    fake.addrs.lock().push((NodeId(4), addr("127.0.0.1:7004")));
+    let r = post(
+        &app,
+        "/api/v1/cluster/members",
+        r#"{"id": 4, "addr": "127.0.0.1:7004"}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let r = post(
+        &app,
+        "/api/v1/cluster/members",
+        r#"{"id": 4, "addr": "127.0.0.1:7005"}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
     let r = call(&app, "DELETE", "/api/v1/cluster/members/9", Some(TOKEN), "").await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
     let r = call(&app, "DELETE", "/api/v1/cluster/members/3", Some(TOKEN), "").await;
@@ -275,6 +292,7 @@ async fn actions_reach_the_cluster_and_its_errors_keep_their_status() {
         *fake.calls.lock(),
         [
             "add 4 127.0.0.1:7004",
+            "add 4 127.0.0.1:7004",
             "remove 3",
             "transfer 2",
             "remove 3",
@@ -297,6 +315,10 @@ fn consensus_errors_map_to_their_status() {
             C::Shutdown("stopped".into()),
             StatusCode::SERVICE_UNAVAILABLE,
         ),
+        (
+            C::NoQuorum("1 of 3".into()),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
         (C::Storage("disk".into()), StatusCode::INTERNAL_SERVER_ERROR),
         (
             C::Io {
@@ -307,7 +329,7 @@ fn consensus_errors_map_to_their_status() {
         ),
     ] {
         let shown = error.to_string();
-        let response = axum::response::IntoResponse::into_response(ClusterError::from(error));
+        let response = axum::response::IntoResponse::into_response(ClusterActionError::from(error));
         assert_eq!(response.status(), status, "{shown}");
     }
 }

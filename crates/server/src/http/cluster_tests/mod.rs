@@ -16,11 +16,12 @@ use tern_broker::{Broker, BrokerConfig};
 use tern_raft::{ClusterStatus, NodeId, PeerReplication, Role};
 use tower::ServiceExt;
 
-use super::cluster::{ClusterControl, ClusterError, ClusterResult};
+use super::cluster::{ClusterActionError, ClusterControl, ClusterResult};
 use super::{HttpSettings, HttpState, router};
 
 mod actions;
 mod browser;
+mod node;
 mod probes;
 
 #[allow(
@@ -44,7 +45,7 @@ enum Answer {
 
 struct Fake {
     status: Mutex<ClusterStatus>,
-    addrs: Vec<(NodeId, SocketAddr)>,
+    addrs: Mutex<Vec<(NodeId, SocketAddr)>>,
     answer: Mutex<Answer>,
     /// The actions that reached the fake, in order.
     calls: Mutex<Vec<String>>,
@@ -57,7 +58,7 @@ impl Fake {
             .collect();
         Arc::new(Fake {
             status: Mutex::new(status),
-            addrs,
+            addrs: Mutex::new(addrs),
             answer: Mutex::new(Answer::Ok),
             calls: Mutex::new(Vec::new()),
         })
@@ -67,10 +68,10 @@ impl Fake {
         self.calls.lock().push(call);
         let result = match *self.answer.lock() {
             Answer::Ok => Ok(()),
-            Answer::NotLeader(leader) => Err(ClusterError::NotLeader {
+            Answer::NotLeader(leader) => Err(ClusterActionError::NotLeader {
                 leader: leader.map(NodeId),
             }),
-            Answer::Unavailable => Err(ClusterError::Unavailable("no quorum".into())),
+            Answer::Unavailable => Err(ClusterActionError::Unavailable("no quorum".into())),
         };
         Box::pin(async move { result })
     }
@@ -81,7 +82,7 @@ impl ClusterControl for Fake {
         self.status.lock().clone()
     }
     fn member_addrs(&self) -> Vec<(NodeId, SocketAddr)> {
-        self.addrs.clone()
+        self.addrs.lock().clone()
     }
     fn forwarded_connections(&self) -> u64 {
         7

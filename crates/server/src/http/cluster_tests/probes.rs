@@ -2,6 +2,7 @@
 
 use axum::http::StatusCode;
 use serde_json::json;
+use tern_broker::{Broker, BrokerConfig};
 use tern_raft::Role;
 
 use super::*;
@@ -164,4 +165,47 @@ async fn a_leader_exposes_lag_per_peer_beside_the_brokers_families() {
     let page = scrape(&get(&app, "/metrics").await);
     assert_eq!(page.value("tern_cluster_leader_id", &[]), Some(0.0));
     assert_eq!(page.value("tern_cluster_quorum_reachable", &[]), Some(0.0));
+}
+
+/// In a cluster the broker comes and goes with leadership: the HTTP side serves the one set
+/// last, and none after `clear_broker`.
+#[tokio::test]
+async fn the_broker_is_replaced_and_cleared_with_leadership() {
+    let fake = Fake::new(leader(Some(10)));
+    let (state, app) = app(&fake);
+    let first = Broker::new(BrokerConfig::default()).expect("broker");
+    // Tells the two brokers apart: only the first is marked ready.
+    first.mark_ready();
+    state.set_broker(first, Vec::new());
+    assert_eq!(get(&app, "/api/v1/clients").await.status, StatusCode::OK);
+    // Leadership lost: the broker stopped.
+    *fake.status.lock() = follower();
+    state.clear_broker();
+    let r = get(&app, "/api/v1/clients").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.body.contains("the leader (node 2)"), "{}", r.body);
+    let page = scrape(&get(&app, "/metrics").await);
+    assert!(
+        !page.types.contains_key("tern_uptime_seconds"),
+        "no stale broker families"
+    );
+    // Leading again, with a new broker: it is the one served, not the first.
+    *fake.status.lock() = leader(Some(10));
+    let second = Broker::new(BrokerConfig::default()).expect("broker");
+    state.set_broker(second, Vec::new());
+    assert!(
+        state.served().is_some_and(|s| !s.broker.is_ready()),
+        "the second broker is served"
+    );
+    // Replaced without a clear in between (a missed step-down): the newest wins.
+    let third = Broker::new(BrokerConfig::default()).expect("broker");
+    third.mark_ready();
+    state.set_broker(third, Vec::new());
+    assert!(
+        state.served().is_some_and(|s| s.broker.is_ready()),
+        "the third broker is served"
+    );
+    assert_eq!(get(&app, "/api/v1/clients").await.status, StatusCode::OK);
+    let page = scrape(&get(&app, "/metrics").await);
+    assert!(page.types.contains_key("tern_uptime_seconds"));
 }
