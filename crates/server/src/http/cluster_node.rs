@@ -22,6 +22,13 @@ use super::cluster::{ClusterActionError, ClusterControl, ClusterResult};
 /// store over a slow link takes minutes).
 pub const CATCH_UP_MAX_WAIT_S: u64 = 600;
 
+/// `ClusterNode::run`'s `started` hook: hands the node to the HTTP side, if there is one.
+pub fn attach(http: Option<&super::HttpState>, node: ClusterNode) {
+    if let Some(http) = http {
+        http.set_cluster(Arc::new(NodeControl::new(node)));
+    }
+}
+
 /// The HTTP side's handle on this node's cluster.
 pub struct NodeControl {
     node: ClusterNode,

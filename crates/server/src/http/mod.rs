@@ -20,10 +20,6 @@
 mod api;
 pub mod cluster;
 mod cluster_metrics;
-#[allow(
-    dead_code,
-    reason = "cluster.rs hands a NodeControl to set_cluster (the lead's part)"
-)]
 pub mod cluster_node;
 #[cfg(test)]
 mod cluster_tests;
@@ -75,10 +71,6 @@ impl HttpState {
     /// Forgets the broker: a cluster node stopped leading and its broker stopped. The lists
     /// answer 503 and `/metrics` shows the cluster's families alone until the next
     /// [`set_broker`](Self::set_broker).
-    #[allow(
-        dead_code,
-        reason = "cluster.rs calls it when the engine stops (the lead's part)"
-    )]
     pub fn clear_broker(&self) {
         *self.served.write() = None;
     }
@@ -90,10 +82,6 @@ impl HttpState {
 
     /// Hands the cluster this node belongs to to the HTTP side (once; later calls are
     /// ignored). From then on `/readyz` asks the cluster, not the broker.
-    #[allow(
-        dead_code,
-        reason = "cluster.rs calls it once [cluster] is wired in (the lead's part)"
-    )]
     pub fn set_cluster(&self, cluster: Arc<dyn ClusterControl>) {
         let _ = self.cluster.set(cluster);
     }
