@@ -8,9 +8,10 @@
 //!   404 `{"error": ...}` and `/readyz` and `/metrics` behave as on a single node.
 //! - Input is checked here before it reaches the cluster: ids are `>= 1`, an address is a
 //!   dialable `IP:port` (not unspecified, port not 0). The obvious conflicts this node can see
-//!   in [`ClusterControl::status`] are refused here with a clear answer (adding a member
-//!   twice, removing a stranger, leadership to a non-voter); the implementation stays the
-//!   authority, since the membership may change between that check and the action.
+//!   in [`ClusterControl::status`] are refused here with a clear answer (adding a voter
+//!   again, a learner at another address or a taken address, removing a stranger,
+//!   leadership to a non-voter); the implementation stays the authority, since the membership
+//!   may change between that check and the action.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,7 +42,8 @@ use super::HttpState;
 ///   committed (a membership change is in the Raft log on a majority), not when it was asked.
 /// - [`add_member`](Self::add_member) adds `id` as a learner at `addr`, waits until it has
 ///   caught up, then promotes it to voter; it completes after the promotion is committed
-///   (the HTTP request stays open that long).
+///   (the HTTP request stays open that long). Called for a learner already at `addr` (a
+///   request that gave up or was dropped), it resumes: the wait, then the promotion.
 /// - [`transfer_leader`](Self::transfer_leader) answers [`ClusterActionError::Unsupported`] when the
 ///   consensus engine cannot transfer (openraft 0.9 has no leader transfer).
 pub trait ClusterControl: Send + Sync + 'static {
