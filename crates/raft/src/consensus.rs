@@ -275,12 +275,20 @@ impl Consensus for RaftNode {
                 leader: st.leader.map(|l| (l, None)),
             });
         }
+        // A learner the leader has never heard from is not caught up, however young the
+        // log: its lag would read as `last + 1`, and promoting an unreachable node can leave
+        // a two-voter cluster unable to commit.
         let lag = st
             .replication
             .iter()
             .find(|p| p.id == id)
-            .map(|p| p.lag_entries);
+            .map(|p| p.matched_index.map_or(u64::MAX, |_| p.lag_entries));
         match lag {
+            Some(u64::MAX) => {
+                return Err(ConsensusError::Membership(format!(
+                    "learner {id} has not answered the leader yet"
+                )));
+            }
             Some(l) if l <= PROMOTE_MAX_LAG_ENTRIES => {}
             Some(l) => {
                 return Err(ConsensusError::Membership(format!(
