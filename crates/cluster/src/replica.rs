@@ -104,14 +104,19 @@ impl Applier for ReplicaApplier {
             let op = Op::decode(bytes).map_err(|e| apply_error(index, e))?;
             apply_op(&mut st, &op).map_err(|e| apply_error(index, format!("{op:?}: {e}")))?;
         }
+        st.applied = Some(index);
+        Ok(())
+    }
+
+    fn persist(&mut self) -> Result<(), ApplyError> {
+        let mut st = lock(&self.0.state);
         if st.sync {
-            sync_touched(&mut st).map_err(|e| apply_error(index, e))?;
+            sync_touched(&mut st).map_err(|e| ApplyError(format!("replica: fsync: {e}")))
         } else {
             st.touched_files.clear();
             st.touched_dirs.clear();
+            Ok(())
         }
-        st.applied = Some(index);
-        Ok(())
     }
 
     fn snapshot(&mut self) -> Result<Vec<u8>, ApplyError> {

@@ -31,6 +31,12 @@ impl Applier for Nothing {
     fn install_snapshot(&mut self, _index: LogIndex, _data: &[u8]) -> Result<(), ApplyError> {
         Ok(())
     }
+
+    /// This state outlives restarts by itself (it stands for state kept with its own
+    /// applied point): nothing to make durable.
+    fn persist(&mut self) -> Result<(), ApplyError> {
+        Ok(())
+    }
 }
 
 /// Starts node `id` on `listener`; the initial voters are `voters`.
