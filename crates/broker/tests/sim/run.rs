@@ -64,8 +64,9 @@ fn broker_software(
             // threads it flushes every stream instead: the threads complete tickets while the
             // tasks run, but virtual time cannot run ahead of them (a thread the machine left
             // unscheduled for a few real milliseconds would otherwise let whole seconds of
-            // virtual time pass, and an interval sync's timer runs in real time). The flush
-            // also hides finding 9 (docs/simulation.md), which `--writer-threads-raw` shows.
+            // virtual time pass, and an interval sync's timer runs in real time). Without the
+            // flush (`--writer-threads-raw`) subscribers fall behind in virtual time, which is
+            // how finding 9 (docs/simulation.md, the checker's stop) showed.
             let writers = store.clone();
             let threads = writer_threads() && !writer_threads_raw();
             tokio::spawn(async move {
@@ -131,8 +132,8 @@ pub(super) fn writer_threads() -> bool {
 
 /// `TERN_SIM_WRITER_THREADS=raw` (`scripts/sim.sh --writer-threads-raw`): writer threads
 /// without the flush at each disk tick, as the runner where finding 9 showed. Virtual time
-/// can then run ahead of the threads (interval-sync seeds stall: the harness's), and seed 718
-/// shows finding 9's symptom in about a third of its runs.
+/// can then run ahead of the threads (interval-sync seeds stall: the harness's); seed 718
+/// failed in 14 of 20 runs there until finding 9's fix (a subscriber stopped mid-exchange).
 fn writer_threads_raw() -> bool {
     std::env::var("TERN_SIM_WRITER_THREADS").is_ok_and(|v| v == "raw")
 }
