@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tern_raft::{Consensus, Role};
+use tern_raft::{Consensus, Proposal, Role};
 use tern_store::vfs::{RealVfs, VFile, Vfs};
 
 use crate::ops::{Op, RelPath};
@@ -37,6 +37,8 @@ pub const MAX_WRITE_PIECE_BYTES: usize = 1 << 20;
 /// Most bytes of operations in one proposal.
 pub const MAX_BATCH_BYTES: usize = tern_raft::types::MAX_PROPOSAL_BYTES / 2;
 const _: () = assert!(MAX_WRITE_PIECE_BYTES * 2 <= MAX_BATCH_BYTES);
+/// Most proposals submitted and not yet committed.
+pub const MAX_PROPOSALS_IN_FLIGHT: usize = 8;
 /// Most operations in one proposal.
 pub const MAX_BATCH_OPS: usize = 16_384;
 const _: () = assert!(MAX_BATCH_OPS <= tern_raft::types::MAX_BATCH_OPS);
@@ -363,26 +365,67 @@ impl ReplicatedDisk {
     }
 }
 
-/// The proposer: one proposal at a time (the next one gathers whatever was recorded while
-/// this one was in flight, the group commit of the single node one level up), each only
-/// while this node still leads in `term`.
+/// The proposer: submits what was recorded, in order, with at most
+/// [`MAX_PROPOSALS_IN_FLIGHT`] batches uncommitted (each one gathers whatever was recorded
+/// while the ones before it were in flight: the group commit of the single node, one level
+/// up, pipelined); each only while this node still leads in `term`. The committer thread
+/// waits for them in order and moves `committed`.
 fn propose_loop<C: Consensus>(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     consensus: &C,
     term: u64,
     runtime: &tokio::runtime::Handle,
 ) {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Proposal, u64, usize)>(MAX_PROPOSALS_IN_FLIGHT);
+    let committer = inner.clone();
+    let handle = runtime.clone();
+    let committing = std::thread::Builder::new()
+        .name("tern-commit".into())
+        .spawn(move || commit_loop(&committer, &rx, &handle));
+    let Ok(committing) = committing else {
+        return inner.fail("cannot start the committer thread");
+    };
     while let Some(taken) = inner.take() {
         let (ops, upto) = match taken {
             Ok(t) => t,
-            Err(reason) => return inner.fail(&reason),
+            Err(reason) => {
+                inner.fail(&reason);
+                break;
+            }
         };
         let status = consensus.status();
         if status.role != Role::Leader || status.term != term {
-            return inner.fail(&format!("no longer the leader of term {term}"));
+            inner.fail(&format!("no longer the leader of term {term}"));
+            break;
+        }
+        if lock(&inner.state).failed.is_some() {
+            break; // a batch before this one failed: none after it may enter the log
         }
         let bytes: usize = ops.iter().map(Bytes::len).sum();
-        match runtime.block_on(consensus.propose(ops)) {
+        match runtime.block_on(consensus.submit(ops)) {
+            Ok(proposal) => {
+                // Blocks while MAX_PROPOSALS_IN_FLIGHT are uncommitted.
+                if tx.send((proposal, upto, bytes)).is_err() {
+                    break; // the committer stopped on a failure
+                }
+            }
+            Err(e) => {
+                inner.fail(&format!("proposal failed: {e}"));
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let _ = committing.join();
+}
+
+fn commit_loop(
+    inner: &Inner,
+    rx: &std::sync::mpsc::Receiver<(Proposal, u64, usize)>,
+    runtime: &tokio::runtime::Handle,
+) {
+    while let Ok((proposal, upto, bytes)) = rx.recv() {
+        match runtime.block_on(proposal) {
             Ok(_) => {
                 inner.proposals.fetch_add(1, Ordering::Relaxed);
                 inner
