@@ -122,6 +122,7 @@ impl Applier for ReplicaApplier {
     fn snapshot(&mut self) -> Result<Vec<u8>, ApplyError> {
         let st = lock(&self.0.state);
         let files = read_tree(&st.root).map_err(|e| ApplyError(format!("snapshot: {e}")))?;
+        tracing::info!(applied = ?st.applied, files = files.files.len(), "cluster: snapshot of the replica built");
         postcard::to_allocvec(&files).map_err(|e| ApplyError(format!("snapshot: {e}")))
     }
 
@@ -141,6 +142,11 @@ impl Applier for ReplicaApplier {
         }
         write_tree(&root, &tree, st.sync).map_err(|e| bad(&e))?;
         st.applied = Some(index);
+        tracing::info!(
+            index,
+            files = tree.files.len(),
+            "cluster: replica replaced by a snapshot"
+        );
         Ok(())
     }
 }
