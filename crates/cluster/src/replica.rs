@@ -372,10 +372,34 @@ fn write_tree(root: &Path, tree: &Tree, sync: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// Copies `src` to `dest` (which must not exist), leaving zero chunks as holes.
+/// Copies `src` to `dest` (which must not exist) file by file, a chunk at a time (no size
+/// limit: the working copy is as large as the state), leaving zero chunks as holes.
 fn copy_tree(src: &Path, dest: &Path) -> io::Result<()> {
-    let tree = read_tree(src)?;
-    write_tree(dest, &tree, false)
+    fs::create_dir_all(dest)?;
+    let mut entries: Vec<_> = fs::read_dir(src)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    for e in entries {
+        let (from, to) = (e.path(), dest.join(e.file_name()));
+        let kind = e.file_type()?;
+        if kind.is_dir() {
+            copy_tree(&from, &to)?;
+        } else if kind.is_file() {
+            let (r, w) = (File::open(&from)?, File::create(&to)?);
+            let len = r.metadata()?.len();
+            w.set_len(len)?;
+            let mut at = 0u64;
+            while at < len {
+                let n = usize::try_from((len - at).min(CHUNK_BYTES as u64)).unwrap_or(CHUNK_BYTES);
+                r.read_exact_at(&mut buf[..n], at)?;
+                if buf[..n].iter().any(|&b| b != 0) {
+                    w.write_all_at(&buf[..n], at)?;
+                }
+                at += n as u64;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
