@@ -2,6 +2,7 @@
 # Debian packages the tests use, installed when missing: mosquitto-clients (mosquitto_pub,
 # mosquitto_sub) and mosquitto (mosquitto_passwd, which makes the `$6$` / `$7$` password files
 # of crates/server/tests/auth.rs and acl.rs), chromium and npm (crates/server/tests/browser.rs,
+# dashboard.rs and src/http/cluster_tests/browser.rs;
 # with MQTT.js from scripts/jsdeps.sh), and make (jemalloc, the `tern` binary's allocator, is
 # built from C by tikv-jemalloc-sys with cc and make). Run by .ci/run before any cargo build.
 set -euo pipefail

@@ -38,7 +38,7 @@
 #                 stream flushed each disk tick): tickets complete while tasks run, as in
 #                 production; a seed is no longer one execution (finding 9)
 #   --writer-threads-raw  the same without the flush: virtual time may outrun the threads
-#                 (interval-sync seeds stall, the harness's); seed 718 shows finding 9
+#                 (interval-sync seeds stall, the harness's); finding 9 showed here
 #   --jobs J      seeds run at once (default: one per core; a seed is CPU-bound, virtual time)
 #   --first       stop at the first failing seed (how many seeds a bug takes to find)
 #   --verbose     print every seed's plan and fault log, not only the failing ones'

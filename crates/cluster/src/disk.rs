@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use tern_raft::{Consensus, Role};
+use tern_raft::{Consensus, Proposal, Role};
 use tern_store::vfs::{RealVfs, VFile, Vfs};
 
 use crate::ops::{Op, RelPath};
@@ -37,6 +37,8 @@ pub const MAX_WRITE_PIECE_BYTES: usize = 1 << 20;
 /// Most bytes of operations in one proposal.
 pub const MAX_BATCH_BYTES: usize = tern_raft::types::MAX_PROPOSAL_BYTES / 2;
 const _: () = assert!(MAX_WRITE_PIECE_BYTES * 2 <= MAX_BATCH_BYTES);
+/// Most proposals submitted and not yet committed.
+pub const MAX_PROPOSALS_IN_FLIGHT: usize = 8;
 /// Most operations in one proposal.
 pub const MAX_BATCH_OPS: usize = 16_384;
 const _: () = assert!(MAX_BATCH_OPS <= tern_raft::types::MAX_BATCH_OPS);
@@ -100,6 +102,34 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Records `op`, merging a write that continues the last one into it: a stream appends
+/// records one after another, and one operation per record would cost a header each.
+fn push(st: &mut State, op: PendingOp) {
+    st.recorded += 1;
+    let recorded = st.recorded;
+    st.pending_bytes += op.size_bytes();
+    if let (
+        PendingOp::Write { path, offset, data },
+        Some((
+            PendingOp::Write {
+                path: p,
+                offset: o,
+                data: d,
+            },
+            upto,
+        )),
+    ) = (&op, st.pending.back_mut())
+        && p == path
+        && *o + d.len() as u64 == *offset
+        && d.len() + data.len() <= MAX_WRITE_PIECE_BYTES
+    {
+        d.extend_from_slice(data);
+        *upto = recorded;
+    } else {
+        st.pending.push_back((op, recorded));
+    }
+}
+
 fn failed_error(reason: &str) -> io::Error {
     io::Error::other(format!("replicated disk failed: {reason}"))
 }
@@ -117,6 +147,14 @@ impl Inner {
     /// Makes a change locally with `change` and records `op` for it, in one step under the
     /// lock; waits first for room among the pending operations.
     fn change<T>(&self, op: PendingOp, change: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        self.change_then(|| change().map(|out| (out, vec![op])))
+    }
+
+    /// [`Inner::change`] for a change whose operations are known only once it is made.
+    fn change_then<T>(
+        &self,
+        change: impl FnOnce() -> io::Result<(T, Vec<PendingOp>)>,
+    ) -> io::Result<T> {
         let mut st = lock(&self.state);
         loop {
             if let Some(reason) = &st.failed {
@@ -127,35 +165,41 @@ impl Inner {
             }
             st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        let out = change()?;
-        st.recorded += 1;
-        let recorded = st.recorded;
-        st.pending_bytes += op.size_bytes();
-        // A write that continues the last one is merged into it: a stream appends records
-        // one after another, and one operation per record would cost a header each.
-        if let (
-            PendingOp::Write { path, offset, data },
-            Some((
-                PendingOp::Write {
-                    path: p,
-                    offset: o,
-                    data: d,
-                },
-                upto,
-            )),
-        ) = (&op, st.pending.back_mut())
-            && p == path
-            && *o + d.len() as u64 == *offset
-            && d.len() + data.len() <= MAX_WRITE_PIECE_BYTES
-        {
-            d.extend_from_slice(data);
-            *upto = recorded;
-        } else {
-            st.pending.push_back((op, recorded));
+        let (out, ops) = change()?;
+        for op in ops {
+            push(&mut st, op);
         }
         drop(st);
         self.work.notify_one();
         Ok(out)
+    }
+
+    /// The operations that make `to` a copy of the file now at `path` (the local rename or
+    /// link already made): a create, its non-zero chunks, its length.
+    fn copy_ops(&self, path: &Path, to: &RelPath) -> io::Result<Vec<PendingOp>> {
+        let file = RealVfs.open_rw(path, false)?;
+        let len = file.file_len()?;
+        let mut ops = vec![PendingOp::Other(Op::Create(to.clone()))];
+        let mut buf = vec![0u8; MAX_WRITE_PIECE_BYTES];
+        let mut at = 0u64;
+        while at < len {
+            let n = usize::try_from((len - at).min(MAX_WRITE_PIECE_BYTES as u64))
+                .unwrap_or(MAX_WRITE_PIECE_BYTES);
+            file.read_exact_at(&mut buf[..n], at)?;
+            if buf[..n].iter().any(|&b| b != 0) {
+                ops.push(PendingOp::Write {
+                    path: to.clone(),
+                    offset: at,
+                    data: buf[..n].to_vec(),
+                });
+            }
+            at += n as u64;
+        }
+        ops.push(PendingOp::Other(Op::SetLen {
+            path: to.clone(),
+            len,
+        }));
+        Ok(ops)
     }
 
     fn write(&self, path: &RelPath, file: &dyn VFile, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -321,26 +365,67 @@ impl ReplicatedDisk {
     }
 }
 
-/// The proposer: one proposal at a time (the next one gathers whatever was recorded while
-/// this one was in flight, the group commit of the single node one level up), each only
-/// while this node still leads in `term`.
+/// The proposer: submits what was recorded, in order, with at most
+/// [`MAX_PROPOSALS_IN_FLIGHT`] batches uncommitted (each one gathers whatever was recorded
+/// while the ones before it were in flight: the group commit of the single node, one level
+/// up, pipelined); each only while this node still leads in `term`. The committer thread
+/// waits for them in order and moves `committed`.
 fn propose_loop<C: Consensus>(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     consensus: &C,
     term: u64,
     runtime: &tokio::runtime::Handle,
 ) {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Proposal, u64, usize)>(MAX_PROPOSALS_IN_FLIGHT);
+    let committer = inner.clone();
+    let handle = runtime.clone();
+    let committing = std::thread::Builder::new()
+        .name("tern-commit".into())
+        .spawn(move || commit_loop(&committer, &rx, &handle));
+    let Ok(committing) = committing else {
+        return inner.fail("cannot start the committer thread");
+    };
     while let Some(taken) = inner.take() {
         let (ops, upto) = match taken {
             Ok(t) => t,
-            Err(reason) => return inner.fail(&reason),
+            Err(reason) => {
+                inner.fail(&reason);
+                break;
+            }
         };
         let status = consensus.status();
         if status.role != Role::Leader || status.term != term {
-            return inner.fail(&format!("no longer the leader of term {term}"));
+            inner.fail(&format!("no longer the leader of term {term}"));
+            break;
+        }
+        if lock(&inner.state).failed.is_some() {
+            break; // a batch before this one failed: none after it may enter the log
         }
         let bytes: usize = ops.iter().map(Bytes::len).sum();
-        match runtime.block_on(consensus.propose(ops)) {
+        match runtime.block_on(consensus.submit(ops)) {
+            Ok(proposal) => {
+                // Blocks while MAX_PROPOSALS_IN_FLIGHT are uncommitted.
+                if tx.send((proposal, upto, bytes)).is_err() {
+                    break; // the committer stopped on a failure
+                }
+            }
+            Err(e) => {
+                inner.fail(&format!("proposal failed: {e}"));
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let _ = committing.join();
+}
+
+fn commit_loop(
+    inner: &Inner,
+    rx: &std::sync::mpsc::Receiver<(Proposal, u64, usize)>,
+    runtime: &tokio::runtime::Handle,
+) {
+    while let Ok((proposal, upto, bytes)) = rx.recv() {
+        match runtime.block_on(proposal) {
             Ok(_) => {
                 inner.proposals.fetch_add(1, Ordering::Relaxed);
                 inner
@@ -424,18 +509,22 @@ impl Vfs for ReplicatedDisk {
         self.inner.change(op, || RealVfs.remove_file(path))
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let op = PendingOp::Other(Op::Rename {
-            from: self.inner.rel(from)?,
-            to: self.inner.rel(to)?,
-        });
-        self.inner.change(op, || RealVfs.rename(from, to))
+        let (rel_from, rel_to) = (self.inner.rel(from)?, self.inner.rel(to)?);
+        self.inner.change_then(|| {
+            RealVfs.rename(from, to)?;
+            let mut ops = self.inner.copy_ops(to, &rel_to)?;
+            ops.push(PendingOp::Other(Op::Remove(rel_from)));
+            Ok(((), ops))
+        })
     }
+    /// Replicated as a copy: the replica's file does not follow later writes to `from` (the
+    /// store links only sealed blocks, into snapshots, which nothing writes again).
     fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let op = PendingOp::Other(Op::HardLink {
-            from: self.inner.rel(from)?,
-            to: self.inner.rel(to)?,
-        });
-        self.inner.change(op, || RealVfs.hard_link(from, to))
+        let rel_to = self.inner.rel(to)?;
+        self.inner.change_then(|| {
+            RealVfs.hard_link(from, to)?;
+            Ok(((), self.inner.copy_ops(to, &rel_to)?))
+        })
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         if dir == self.inner.root {
@@ -451,3 +540,7 @@ impl Vfs for ReplicatedDisk {
         RealVfs.list_dir(dir)
     }
 }
+
+#[cfg(test)]
+#[path = "disk_tests.rs"]
+mod tests;

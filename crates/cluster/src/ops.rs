@@ -45,6 +45,13 @@ impl RelPath {
 }
 
 /// One change to the files of a store.
+///
+/// Every operation, applied again over files that already hold its effect and whatever
+/// followed it, converges once the operations after it are applied again too (a crash
+/// between applying a batch and recording the applied point replays it). So there is no
+/// rename or hard link here: their result depends on the source, which a later operation
+/// may have changed; the disk records them as a copy (a create, the writes, the length) and
+/// a remove of the source (see `disk::Inner::copy_ops`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Op {
     /// A file opened with `create_new`: exists and is empty.
@@ -70,14 +77,6 @@ pub(crate) enum Op {
         len: u64,
     },
     Remove(RelPath),
-    Rename {
-        from: RelPath,
-        to: RelPath,
-    },
-    HardLink {
-        from: RelPath,
-        to: RelPath,
-    },
     CreateDir(RelPath),
     /// Changes nothing. A node that starts leading proposes one and waits for it to be
     /// applied: every entry before it in the log (a dead engine's tail included) is then in

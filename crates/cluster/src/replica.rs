@@ -104,19 +104,25 @@ impl Applier for ReplicaApplier {
             let op = Op::decode(bytes).map_err(|e| apply_error(index, e))?;
             apply_op(&mut st, &op).map_err(|e| apply_error(index, format!("{op:?}: {e}")))?;
         }
+        st.applied = Some(index);
+        Ok(())
+    }
+
+    fn persist(&mut self) -> Result<(), ApplyError> {
+        let mut st = lock(&self.0.state);
         if st.sync {
-            sync_touched(&mut st).map_err(|e| apply_error(index, e))?;
+            sync_touched(&mut st).map_err(|e| ApplyError(format!("replica: fsync: {e}")))
         } else {
             st.touched_files.clear();
             st.touched_dirs.clear();
+            Ok(())
         }
-        st.applied = Some(index);
-        Ok(())
     }
 
     fn snapshot(&mut self) -> Result<Vec<u8>, ApplyError> {
         let st = lock(&self.0.state);
         let files = read_tree(&st.root).map_err(|e| ApplyError(format!("snapshot: {e}")))?;
+        tracing::info!(applied = ?st.applied, files = files.files.len(), "cluster: snapshot of the replica built");
         postcard::to_allocvec(&files).map_err(|e| ApplyError(format!("snapshot: {e}")))
     }
 
@@ -136,6 +142,11 @@ impl Applier for ReplicaApplier {
         }
         write_tree(&root, &tree, st.sync).map_err(|e| bad(&e))?;
         st.applied = Some(index);
+        tracing::info!(
+            index,
+            files = tree.files.len(),
+            "cluster: replica replaced by a snapshot"
+        );
         Ok(())
     }
 }
@@ -183,9 +194,9 @@ fn ignore_missing(r: io::Result<()>) -> io::Result<()> {
 }
 
 /// Applies one operation. Replaying a suffix of the log over files that already hold part of
-/// it converges: writes, lengths and whole-file writes are idempotent; a create truncates,
-/// and every later write to that file is replayed too; a remove, rename or link whose source
-/// is already gone was done before and is skipped.
+/// it converges (`replaying_any_suffix_after_a_crash_converges_to_the_same_files`): writes,
+/// lengths and whole-file writes set what they set whatever was there; a create truncates,
+/// and every later write to that file is replayed too; removing a missing file is done.
 fn apply_op(st: &mut State, op: &Op) -> io::Result<()> {
     match op {
         Op::Create(p) => {
@@ -218,28 +229,6 @@ fn apply_op(st: &mut State, op: &Op) -> io::Result<()> {
             let path = path_of(st, p)?;
             st.touched_dirs.insert(parent_of(&path));
             ignore_missing(fs::remove_file(&path))
-        }
-        Op::Rename { from, to } => {
-            st.files.remove(from);
-            st.files.remove(to);
-            st.touched_files.remove(from);
-            let (f, t) = (path_of(st, from)?, path_of(st, to)?);
-            st.touched_dirs.insert(parent_of(&f));
-            st.touched_dirs.insert(parent_of(&t));
-            st.touched_files.insert(to.clone());
-            if f.exists() {
-                fs::rename(&f, &t)
-            } else {
-                Ok(())
-            }
-        }
-        Op::HardLink { from, to } => {
-            let (f, t) = (path_of(st, from)?, path_of(st, to)?);
-            st.touched_dirs.insert(parent_of(&t));
-            if !f.exists() || t.exists() {
-                return Ok(());
-            }
-            fs::hard_link(&f, &t)
         }
         Op::Barrier => Ok(()),
         Op::CreateDir(p) => {
@@ -383,8 +372,36 @@ fn write_tree(root: &Path, tree: &Tree, sync: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// Copies `src` to `dest` (which must not exist), leaving zero chunks as holes.
+/// Copies `src` to `dest` (which must not exist) file by file, a chunk at a time (no size
+/// limit: the working copy is as large as the state), leaving zero chunks as holes.
 fn copy_tree(src: &Path, dest: &Path) -> io::Result<()> {
-    let tree = read_tree(src)?;
-    write_tree(dest, &tree, false)
+    fs::create_dir_all(dest)?;
+    let mut entries: Vec<_> = fs::read_dir(src)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    for e in entries {
+        let (from, to) = (e.path(), dest.join(e.file_name()));
+        let kind = e.file_type()?;
+        if kind.is_dir() {
+            copy_tree(&from, &to)?;
+        } else if kind.is_file() {
+            let (r, w) = (File::open(&from)?, File::create(&to)?);
+            let len = r.metadata()?.len();
+            w.set_len(len)?;
+            let mut at = 0u64;
+            while at < len {
+                let n = usize::try_from((len - at).min(CHUNK_BYTES as u64)).unwrap_or(CHUNK_BYTES);
+                r.read_exact_at(&mut buf[..n], at)?;
+                if buf[..n].iter().any(|&b| b != 0) {
+                    w.write_all_at(&buf[..n], at)?;
+                }
+                at += n as u64;
+            }
+        }
+    }
+    Ok(())
 }
+
+#[cfg(test)]
+#[path = "replica_tests.rs"]
+mod tests;

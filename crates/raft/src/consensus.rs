@@ -4,7 +4,9 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use openraft::error::{ClientWriteError, RaftError};
@@ -93,6 +95,25 @@ pub struct Committed {
     pub index: LogIndex,
 }
 
+/// A submitted batch ([`Consensus::submit`]): completes once committed and applied here.
+pub struct Proposal(Pin<Box<dyn Future<Output = Result<Committed, ConsensusError>> + Send>>);
+
+impl Proposal {
+    /// A proposal from any future (a test's consensus).
+    pub fn new(
+        f: impl Future<Output = Result<Committed, ConsensusError>> + Send + 'static,
+    ) -> Self {
+        Proposal(Box::pin(f))
+    }
+}
+
+impl Future for Proposal {
+    type Output = Result<Committed, ConsensusError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
 /// What the broker needs from consensus.
 ///
 /// Contract: the future of [`Consensus::propose`] completes with `Ok` only after the batch is
@@ -106,6 +127,16 @@ pub trait Consensus: Send + Sync {
         &self,
         ops: Vec<Bytes>,
     ) -> impl Future<Output = Result<Committed, ConsensusError>> + Send;
+    /// Sends one batch as one Raft entry and returns once it is handed to the Raft core,
+    /// without waiting for the commit: the returned [`Proposal`] completes as `propose`
+    /// would. Batches submitted one after another (each call awaited before the next) enter
+    /// the log in that order, so a caller can keep several in flight and still know that
+    /// the log holds them in its order; a batch that fails means none after it commits in
+    /// this term either (the leader lost its leadership).
+    fn submit(
+        &self,
+        ops: Vec<Bytes>,
+    ) -> impl Future<Output = Result<Proposal, ConsensusError>> + Send;
     /// This node's view of the cluster (no I/O).
     fn status(&self) -> ClusterStatus;
     /// Adds a node that receives the log but does not vote.
@@ -196,20 +227,46 @@ impl RaftNode {
     }
 }
 
+/// A batch within [`MAX_BATCH_OPS`] and [`MAX_PROPOSAL_BYTES`].
+fn check_batch(ops: &[Bytes]) -> Result<(), ConsensusError> {
+    if ops.is_empty() || ops.len() > MAX_BATCH_OPS {
+        return Err(ConsensusError::Invalid(format!(
+            "a batch of {} operations (1..={MAX_BATCH_OPS})",
+            ops.len()
+        )));
+    }
+    let bytes: usize = ops.iter().map(Bytes::len).sum();
+    if bytes > MAX_PROPOSAL_BYTES {
+        return Err(ConsensusError::Invalid(format!(
+            "a batch of {bytes} bytes (at most {MAX_PROPOSAL_BYTES})"
+        )));
+    }
+    Ok(())
+}
+
 impl Consensus for RaftNode {
+    async fn submit(&self, ops: Vec<Bytes>) -> Result<Proposal, ConsensusError> {
+        check_batch(&ops)?;
+        let rx = self
+            .raft
+            .client_write_ff(Batch(ops))
+            .await
+            .map_err(|f| ConsensusError::Shutdown(f.to_string()))?;
+        Ok(Proposal::new(async move {
+            match rx.await {
+                Ok(Ok(resp)) => Ok(Committed {
+                    index: resp.log_id.index,
+                }),
+                Ok(Err(e)) => Err(write_error(RaftError::APIError(e))),
+                Err(_) => Err(ConsensusError::Shutdown(
+                    "the Raft core dropped the proposal".into(),
+                )),
+            }
+        }))
+    }
+
     async fn propose(&self, ops: Vec<Bytes>) -> Result<Committed, ConsensusError> {
-        if ops.is_empty() || ops.len() > MAX_BATCH_OPS {
-            return Err(ConsensusError::Invalid(format!(
-                "a batch of {} operations (1..={MAX_BATCH_OPS})",
-                ops.len()
-            )));
-        }
-        let bytes: usize = ops.iter().map(Bytes::len).sum();
-        if bytes > MAX_PROPOSAL_BYTES {
-            return Err(ConsensusError::Invalid(format!(
-                "a batch of {bytes} bytes (at most {MAX_PROPOSAL_BYTES})"
-            )));
-        }
+        check_batch(&ops)?;
         #[cfg(feature = "inject")]
         if inject::on(Bug::AckBeforeCommit) {
             return self.propose_local_only(ops).await;
@@ -275,12 +332,20 @@ impl Consensus for RaftNode {
                 leader: st.leader.map(|l| (l, None)),
             });
         }
+        // A learner the leader has never heard from is not caught up, however young the
+        // log: its lag would read as `last + 1`, and promoting an unreachable node can leave
+        // a two-voter cluster unable to commit.
         let lag = st
             .replication
             .iter()
             .find(|p| p.id == id)
-            .map(|p| p.lag_entries);
+            .map(|p| p.matched_index.map_or(u64::MAX, |_| p.lag_entries));
         match lag {
+            Some(u64::MAX) => {
+                return Err(ConsensusError::Membership(format!(
+                    "learner {id} has not answered the leader yet"
+                )));
+            }
             Some(l) if l <= PROMOTE_MAX_LAG_ENTRIES => {}
             Some(l) => {
                 return Err(ConsensusError::Membership(format!(

@@ -28,8 +28,8 @@ pub mod node;
 pub mod state_machine;
 pub mod types;
 
-pub use consensus::{ClusterStatus, Committed, Consensus, PeerReplication, Role};
+pub use consensus::{ClusterStatus, Committed, Consensus, PeerReplication, Proposal, Role};
 pub use error::ConsensusError;
 pub use node::{Member, NodeConfig, RaftNode, StatusChanges};
-pub use state_machine::{Applier, ApplyError};
+pub use state_machine::{Applier, ApplyError, RECORD_APPLIED_INTERVAL_MS};
 pub use types::{Batch, LogIndex, NodeId};

@@ -44,8 +44,19 @@ pub trait Applier: Send + 'static {
     /// The application's state as of the last applied index, as bytes (a snapshot).
     fn snapshot(&mut self) -> Result<Vec<u8>, ApplyError>;
     /// Replaces the application's state with a snapshot taken at `index` by another node.
+    /// Durable when it returns.
     fn install_snapshot(&mut self, index: LogIndex, data: &[u8]) -> Result<(), ApplyError>;
+    /// Makes every batch applied so far durable. `apply` need not be: the state machine
+    /// calls this before it records the applied point, which it does at most every
+    /// [`RECORD_APPLIED_INTERVAL_MS`] and before each snapshot (so that one fsync serves
+    /// many batches, and the ack of a proposal waits for none).
+    fn persist(&mut self) -> Result<(), ApplyError>;
 }
+
+/// Longest time between two records of the applied point while entries are applied. After
+/// a crash, what was applied since the last record is applied again (the [`Applier`]
+/// contract).
+pub const RECORD_APPLIED_INTERVAL_MS: u64 = 200;
 
 /// The applied point, as recorded in `raft-applied`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -65,6 +76,8 @@ struct Inner {
     /// one from the application's state when it needs one).
     current: Mutex<Option<(Meta, Vec<u8>)>>,
     snapshots_built: AtomicU64,
+    /// When the applied point was last recorded.
+    recorded_at: Mutex<std::time::Instant>,
     /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
     /// are released.
     canary: Arc<()>,
@@ -111,6 +124,7 @@ impl StateMachine {
                 kv,
                 current: Mutex::new(None),
                 snapshots_built: AtomicU64::new(0),
+                recorded_at: Mutex::new(std::time::Instant::now()),
                 canary: Arc::new(()),
             }),
         })
@@ -130,6 +144,20 @@ impl StateMachine {
     /// Gone once every clone is dropped and with them the kv stream and the store's lock.
     pub(crate) fn liveness(&self) -> Weak<()> {
         Arc::downgrade(&self.inner.canary)
+    }
+
+    /// Makes the applier's state durable, then records the applied point (under the sync
+    /// policy): the point never runs ahead of the state it names.
+    async fn persist_and_record(&self) -> Result<(), StorageError> {
+        let applied = {
+            let mut applier = lock(&self.inner.applier);
+            applier
+                .persist()
+                .map_err(|e| StorageIOError::write_state_machine(any(e)))?;
+            lock(&self.inner.applied).clone()
+        };
+        *lock(&self.inner.recorded_at) = std::time::Instant::now();
+        self.record(applied).await
     }
 
     /// Records `applied` durably (under the sync policy).
@@ -172,6 +200,9 @@ impl StateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        // The log before the snapshot may be purged next: the applied point must not be
+        // older than it after a crash.
+        self.persist_and_record().await?;
         let (data, applied) = {
             let mut applier = lock(&self.inner.applier);
             let applied = lock(&self.inner.applied).clone();
@@ -209,8 +240,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let (applied, n) = self.apply_entries(entries.into_iter().collect())?;
-        self.record(applied).await?;
+        let (_, n) = self.apply_entries(entries.into_iter().collect())?;
+        let due = lock(&self.inner.recorded_at).elapsed()
+            >= std::time::Duration::from_millis(RECORD_APPLIED_INTERVAL_MS);
+        if due {
+            self.persist_and_record().await?;
+        }
         Ok(vec![(); n])
     }
 

@@ -45,8 +45,10 @@ impl EngineFactory for ServerEngine {
     }
 
     fn serving(&self, broker: Option<Broker>) {
-        if let (Some(http), Some(b)) = (&self.http, &broker) {
-            http.set_broker(b.clone(), self.listener_contexts.clone());
+        match (&self.http, &broker) {
+            (Some(http), Some(b)) => http.set_broker(b.clone(), self.listener_contexts.clone()),
+            (Some(http), None) => http.clear_broker(),
+            (None, _) => {}
         }
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = broker;
     }
@@ -75,6 +77,7 @@ pub(crate) async fn run(
     ])
     .context("cannot install the SIGHUP handler")?;
     let bound = listeners::bind(prepared, max_packet_size).await?;
+    let http_hook = http.clone();
     let engine = ServerEngine {
         allow_anonymous,
         current,
@@ -90,7 +93,7 @@ pub(crate) async fn run(
         bound,
         Arc::new(engine),
         shutdown,
-        |_node| {},
+        move |node| crate::http::cluster_node::attach(http_hook.as_deref(), node),
     )
     .await?;
     tracing::info!("stopped");

@@ -64,8 +64,9 @@ fn broker_software(
             // threads it flushes every stream instead: the threads complete tickets while the
             // tasks run, but virtual time cannot run ahead of them (a thread the machine left
             // unscheduled for a few real milliseconds would otherwise let whole seconds of
-            // virtual time pass, and an interval sync's timer runs in real time). The flush
-            // also hides finding 9 (docs/simulation.md), which `--writer-threads-raw` shows.
+            // virtual time pass, and an interval sync's timer runs in real time). Without the
+            // flush (`--writer-threads-raw`) subscribers fall behind in virtual time, which is
+            // how finding 9 (docs/simulation.md, the checker's stop) showed.
             let writers = store.clone();
             let threads = writer_threads() && !writer_threads_raw();
             tokio::spawn(async move {
@@ -131,8 +132,8 @@ pub(super) fn writer_threads() -> bool {
 
 /// `TERN_SIM_WRITER_THREADS=raw` (`scripts/sim.sh --writer-threads-raw`): writer threads
 /// without the flush at each disk tick, as the runner where finding 9 showed. Virtual time
-/// can then run ahead of the threads (interval-sync seeds stall: the harness's), and seed 718
-/// shows finding 9's symptom in about a third of its runs.
+/// can then run ahead of the threads (interval-sync seeds stall: the harness's); seed 718
+/// failed in 14 of 20 runs there until finding 9's fix (a subscriber stopped mid-exchange).
 fn writer_threads_raw() -> bool {
     std::env::var("TERN_SIM_WRITER_THREADS").is_ok_and(|v| v == "raw")
 }
@@ -274,6 +275,29 @@ pub fn run_seed(seed: u64, injected: Injected, crash_only: bool, linger: bool) -
         elapsed: started.elapsed(),
         digest,
     }
+}
+
+/// Runs `seed` without letting the workload finish: the clients are stopped right after the
+/// faults, while the publishers still publish and the broker still feeds the subscribers.
+/// Returns the QoS 2 exchanges left open at a subscriber (client id, packet ids): the stop
+/// itself must leave none (finding 9 in docs/simulation.md, the checker's).
+pub fn stop_mid_flow(seed: u64) -> Vec<(String, Vec<u16>)> {
+    let injected = super::plan::bugs(None).expect("no bug");
+    let mut s = SeedRun::new(seed, injected, false, false);
+    assert!(s.step_until_up(), "seed {seed}: the broker did not start");
+    let clients = s.start_clients(seed);
+    assert!(s.strike_faults(&clients), "seed {seed}: a restart failed");
+    s.run
+        .step_until(Duration::from_secs(30), |_| clients.pubs_done());
+    s.stop_clients(&clients);
+    clients
+        .subs
+        .iter()
+        .filter_map(|(spec, st)| {
+            let open: Vec<u16> = st.lock().received.keys().copied().collect();
+            (!open.is_empty()).then(|| (spec.client_id(), open))
+        })
+        .collect()
 }
 
 impl SeedRun {
@@ -505,19 +529,27 @@ impl SeedRun {
     /// exchange: one that started after the run was complete (a share group passing a
     /// message on while its members come and go) finishes first; one the broker forgot
     /// stays open until the timeout and is reported (finding 9 in docs/simulation.md).
+    /// The broker may still be feeding a subscriber then (a backlog it drains at its
+    /// Receive Maximum): a subscriber takes no delivery that comes after the stop, and
+    /// leaves only once what it holds open is closed (`run_subscriber`), which is waited
+    /// for here: a stopped client abandons no exchange (finding 9, the checker's).
     fn stop_clients(&mut self, clients: &Clients) {
         let net = self.net.clone();
-        self.run.step_until(Duration::from_secs(5), |_| {
-            let idle = clients
+        let idle = || {
+            clients
                 .subs
                 .iter()
-                .all(|(_, s)| s.lock().received.is_empty());
+                .all(|(_, s)| s.lock().received.is_empty())
+        };
+        self.run.step_until(Duration::from_secs(5), |_| {
+            let idle = idle();
             if idle {
                 net.stop.store(true, Ordering::Relaxed);
             }
             idle
         });
         net.stop.store(true, Ordering::Relaxed);
+        self.run.step_until(Duration::from_secs(5), |_| idle());
         // Every client sees the stop within a poll interval or a reconnect back-off.
         self.run.step_for(Duration::from_millis(100));
     }

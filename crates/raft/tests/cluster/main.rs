@@ -375,3 +375,29 @@ async fn a_whole_cluster_restarted_on_its_directories_goes_on() {
         .await;
     }
 }
+
+/// A learner the leader never heard from is refused promotion, however young the log (its
+/// lag reads as the log's length, below `PROMOTE_MAX_LAG_ENTRIES`): promoting a dead node
+/// could leave the cluster unable to commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_learner_is_not_promoted() {
+    let c = Cluster::start(3, 1).await;
+    let leader = c.leader().await;
+    // Nothing listens there: the address of a listener bound and dropped at once.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("an address");
+    c.node(leader)
+        .add_learner(id(3), dead)
+        .await
+        .expect("add learner");
+    assert!(matches!(
+        c.node(leader).promote(id(3)).await,
+        Err(ConsensusError::Membership(_))
+    ));
+    assert_eq!(c.status(leader).voters, vec![id(0), id(1), id(2)]);
+    c.node(leader)
+        .propose(vec![op("still committing")])
+        .await
+        .expect("propose");
+}

@@ -48,6 +48,7 @@ struct ClusterTable {
     election_timeout_min_ms: Option<u64>,
     election_timeout_max_ms: Option<u64>,
     snapshot_every_entries: Option<u64>,
+    log_kept_behind_snapshot: Option<u64>,
 }
 
 impl ClusterTable {
@@ -90,6 +91,9 @@ impl ClusterTable {
                 ));
             }
             node.snapshot_every_entries = n;
+        }
+        if let Some(n) = self.log_kept_behind_snapshot {
+            node.log_kept_behind_snapshot = n;
         }
         Ok(node)
     }

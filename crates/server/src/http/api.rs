@@ -67,7 +67,7 @@ fn list<T>(
     let broker = state.broker()?;
     let q = list_query(query)?;
     let page = fetch(
-        broker,
+        &broker,
         q.after.as_deref(),
         page_limit(q.limit, DEFAULT_PAGE_LIMIT),
     );
@@ -215,7 +215,7 @@ async fn purge(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     // The purge waits for the stream's writer (a removal and a directory fsync).
-    let worker = state.broker()?.clone();
+    let worker = state.broker()?;
     let removed = tokio::task::spawn_blocking(move || worker.purge_stream(&name))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
@@ -239,7 +239,7 @@ async fn backup(
         .label
         .unwrap_or_else(|| format!("backup-{}", unix_ms(SystemTime::now())));
     // Waits for each stream's writer to take its copy between two group commits.
-    let worker = state.broker()?.clone();
+    let worker = state.broker()?;
     let path = tokio::task::spawn_blocking(move || worker.backup(&label))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?

@@ -2,6 +2,9 @@
 //! - `GET /metrics` (Prometheus text), `GET /healthz` (the process is up), `GET /readyz`
 //!   (recovery done and the MQTT listener open: 503 before);
 //! - `/api/v1/...` JSON lists and actions ([`api`]);
+//! - with `[cluster]` (`HttpState::set_cluster`): `/api/v1/cluster` and its actions
+//!   ([`cluster`]), `tern_cluster_*` families on `/metrics` ([`cluster_metrics`]), and
+//!   `/readyz` asks the cluster instead of the broker (a follower runs no broker);
 //! - `GET /` the dashboard, embedded in the binary (`dashboard.html`).
 //!
 //! It starts before the store is recovered, so that `/healthz` answers and `/readyz` says
@@ -15,9 +18,16 @@
 //! - Every error is a JSON body `{"error": "..."}` with its status.
 
 mod api;
+pub mod cluster;
+mod cluster_metrics;
+pub mod cluster_node;
+#[cfg(test)]
+mod cluster_tests;
 pub mod config;
 
 use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -29,6 +39,7 @@ use tern_broker::Broker;
 use tern_broker::ListenerContext;
 use tokio::net::TcpListener;
 
+pub use cluster::ClusterControl;
 pub use config::{HttpSection, HttpSettings};
 
 /// The dashboard page (HTML, CSS and JS in one file, no external resources).
@@ -37,8 +48,11 @@ const DASHBOARD_HTML: &str = include_str!("dashboard.html");
 /// What the handlers share.
 pub struct HttpState {
     settings: HttpSettings,
-    /// Set once recovery is done and the MQTT listener is bound.
-    served: OnceLock<Served>,
+    /// The broker serving now: set once recovery is done and the MQTT listener is bound. In a
+    /// cluster it comes and goes with leadership (a new broker each term this node leads).
+    served: RwLock<Option<Arc<Served>>>,
+    /// Set once when the node is in a cluster; never on a single node.
+    cluster: OnceLock<Arc<dyn ClusterControl>>,
 }
 
 struct Served {
@@ -48,16 +62,50 @@ struct Served {
 }
 
 impl HttpState {
-    /// Hands the broker to the HTTP side once it is built and its listener bound.
+    /// Hands the broker to the HTTP side once it is built and its listener bound; replaces
+    /// the one set before, if any (a cluster node's broker of an earlier term).
     pub fn set_broker(&self, broker: Broker, listeners: Vec<Arc<ListenerContext>>) {
-        let _ = self.served.set(Served { broker, listeners });
+        *self.served.write() = Some(Arc::new(Served { broker, listeners }));
     }
 
-    fn broker(&self) -> Result<&Broker, ApiError> {
-        self.served
-            .get()
-            .map(|s| &s.broker)
-            .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the broker is starting"))
+    /// Forgets the broker: a cluster node stopped leading and its broker stopped. The lists
+    /// answer 503 and `/metrics` shows the cluster's families alone until the next
+    /// [`set_broker`](Self::set_broker).
+    pub fn clear_broker(&self) {
+        *self.served.write() = None;
+    }
+
+    /// The broker serving now, if any (cloned out: no lock is held across an await).
+    fn served(&self) -> Option<Arc<Served>> {
+        self.served.read().clone()
+    }
+
+    /// Hands the cluster this node belongs to to the HTTP side (once; later calls are
+    /// ignored). From then on `/readyz` asks the cluster, not the broker.
+    pub fn set_cluster(&self, cluster: Arc<dyn ClusterControl>) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    fn new(settings: HttpSettings) -> HttpState {
+        HttpState {
+            settings,
+            served: RwLock::new(None),
+            cluster: OnceLock::new(),
+        }
+    }
+
+    fn broker(&self) -> Result<Broker, ApiError> {
+        self.served().map(|s| s.broker.clone()).ok_or_else(|| {
+            let message = match self.cluster.get().map(|c| c.status()) {
+                Some(s) if s.role != tern_raft::Role::Leader => format!(
+                    "this node runs no broker: it is a {} and the leader (node {}) serves the lists",
+                    cluster::role_name(s.role),
+                    s.leader.map_or("unknown".to_string(), |l| l.to_string()),
+                ),
+                _ => "the broker is starting".to_string(),
+            };
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+        })
     }
 }
 
@@ -100,10 +148,7 @@ pub async fn start(
     let local = listener
         .local_addr()
         .context("http listener has no address")?;
-    let state = Arc::new(HttpState {
-        settings,
-        served: OnceLock::new(),
-    });
+    let state = Arc::new(HttpState::new(settings));
     let app = router(state.clone());
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
@@ -120,6 +165,7 @@ fn router(state: Arc<HttpState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(api::routes())
+        .merge(cluster::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
@@ -175,8 +221,19 @@ async fn healthz() -> Response {
         .into_response()
 }
 
+/// Single node: the broker accepts. In a cluster: [`cluster::readiness`], whatever the broker
+/// says.
 async fn readyz(State(state): State<Arc<HttpState>>) -> Response {
-    let ready = state.served.get().is_some_and(|s| s.broker.is_ready());
+    if let Some(cluster) = state.cluster.get() {
+        let (ready, body) = cluster::readiness(cluster.as_ref());
+        let status = if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        return (status, axum::Json(body)).into_response();
+    }
+    let ready = state.served().is_some_and(|s| s.broker.is_ready());
     let status = if ready {
         StatusCode::OK
     } else {
@@ -185,11 +242,18 @@ async fn readyz(State(state): State<Arc<HttpState>>) -> Response {
     (status, axum::Json(serde_json::json!({ "ready": ready }))).into_response()
 }
 
+/// The broker's families, then the cluster's. A follower has no broker: its page is the
+/// cluster's families alone. A single node without its broker yet answers 503.
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
-    let Some(served) = state.served.get() else {
+    let served = state.served();
+    let cluster = state.cluster.get();
+    if served.is_none() && cluster.is_none() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the broker is starting");
-    };
-    let text = served.broker.metrics_text(&served.listeners);
+    }
+    let mut text = served.map_or_else(String::new, |s| s.broker.metrics_text(&s.listeners));
+    if let Some(cluster) = cluster {
+        text.push_str(&cluster_metrics::render(cluster.as_ref()));
+    }
     (
         [(
             header::CONTENT_TYPE,

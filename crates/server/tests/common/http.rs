@@ -29,13 +29,30 @@ impl Response {
 
 /// Sends `method path` with an optional bearer token and returns the whole response.
 pub fn request(addr: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Response {
+    request_json(addr, method, path, token, "")
+}
+
+/// [`request`] with a JSON body (none if `body` is empty).
+pub fn request_json(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Response {
     let mut stream = TcpStream::connect(addr).expect("connect to the http listener");
     stream.set_read_timeout(Some(WAIT)).expect("timeout");
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
+    let kind = if body.is_empty() {
+        ""
+    } else {
+        "Content-Type: application/json\r\n"
+    };
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}{kind}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     );
     stream.write_all(head.as_bytes()).expect("send request");
     let mut raw = Vec::new();

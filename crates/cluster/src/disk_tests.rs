@@ -1,0 +1,286 @@
+//! The replicated disk against a consensus that the tests control, and against the replica
+//! it feeds: what a fsync waits for, the order and merging of operations, failure for good,
+//! and live files equal to the replica's once committed (the store running on top).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tern_raft::{
+    Applier, ClusterStatus, Committed, Consensus, ConsensusError, LogIndex, NodeId, Proposal, Role,
+};
+use tern_store::vfs::Vfs;
+
+use super::ReplicatedDisk;
+use crate::ops::Op;
+use crate::replica::Replica;
+
+/// A consensus of one: batches enter the log when submitted, commit (and are applied to
+/// `applier`, if any) when not `held`, and fail while `failing`.
+#[derive(Default)]
+struct FakeState {
+    held: AtomicBool,
+    failing: AtomicBool,
+    term: AtomicU64,
+    log: Mutex<Vec<Vec<Bytes>>>,
+    applier: Mutex<Option<Box<dyn Applier>>>,
+}
+
+#[derive(Default)]
+struct Fake(Arc<FakeState>);
+
+impl std::ops::Deref for Fake {
+    type Target = FakeState;
+    fn deref(&self) -> &FakeState {
+        &self.0
+    }
+}
+
+impl Fake {
+    fn ops(&self) -> Vec<Op> {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .flatten()
+            .map(|b| Op::decode(b).unwrap())
+            .collect()
+    }
+}
+
+impl Consensus for Fake {
+    async fn submit(&self, ops: Vec<Bytes>) -> Result<Proposal, ConsensusError> {
+        let index = {
+            let mut log = self.log.lock().unwrap();
+            log.push(ops.clone());
+            log.len() as LogIndex
+        };
+        let state = self.0.clone();
+        Ok(Proposal::new(async move {
+            while state.held.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            if state.failing.load(Ordering::SeqCst) {
+                return Err(ConsensusError::NotLeader { leader: None });
+            }
+            if let Some(a) = state.applier.lock().unwrap().as_mut() {
+                a.apply(index, &ops).unwrap();
+            }
+            Ok(Committed { index })
+        }))
+    }
+    async fn propose(&self, ops: Vec<Bytes>) -> Result<Committed, ConsensusError> {
+        self.submit(ops).await?.await
+    }
+    fn status(&self) -> ClusterStatus {
+        ClusterStatus {
+            node_id: NodeId(1),
+            role: Role::Leader,
+            term: self.term.load(Ordering::SeqCst),
+            leader: Some(NodeId(1)),
+            last_log_index: None,
+            applied_index: None,
+            snapshot_index: None,
+            purged_index: None,
+            voters: vec![NodeId(1)],
+            learners: vec![],
+            replication: vec![],
+            quorum_ack_age_ms: Some(0),
+            elections_started: 0,
+            quorum_ack_max_age_ms: 1000,
+        }
+    }
+    async fn add_learner(&self, _: NodeId, _: SocketAddr) -> Result<(), ConsensusError> {
+        Err(ConsensusError::Unsupported("fake"))
+    }
+    async fn promote(&self, _: NodeId) -> Result<(), ConsensusError> {
+        Err(ConsensusError::Unsupported("fake"))
+    }
+    async fn remove(&self, _: NodeId) -> Result<(), ConsensusError> {
+        Err(ConsensusError::Unsupported("fake"))
+    }
+    async fn transfer_leader(&self, _: NodeId) -> Result<(), ConsensusError> {
+        Err(ConsensusError::Unsupported("fake"))
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn start(fake: &Arc<Fake>, root: &Path, rt: &tokio::runtime::Runtime) -> ReplicatedDisk {
+    std::fs::create_dir_all(root).unwrap();
+    ReplicatedDisk::start(root.to_path_buf(), fake.clone(), 0, rt.handle().clone()).unwrap()
+}
+
+#[test]
+fn a_sync_returns_only_once_the_writes_before_it_are_committed() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    fake.held.store(true, Ordering::SeqCst);
+    let disk = start(&fake, dir.path(), &rt);
+    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    f.write_all_at(b"hello", 0).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let syncing = f.clone();
+    std::thread::spawn(move || tx.send(syncing.sync_data().is_ok()).unwrap());
+    // Held: the proposal cannot commit, so the sync must not return.
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "sync before commit"
+    );
+    fake.held.store(false, Ordering::SeqCst);
+    assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+    assert_eq!(
+        fake.ops(),
+        vec![
+            Op::Create(crate::ops::RelPath::under(dir.path(), &dir.path().join("a")).unwrap()),
+            Op::Write {
+                path: crate::ops::RelPath::under(dir.path(), &dir.path().join("a")).unwrap(),
+                offset: 0,
+                data: Bytes::from_static(b"hello"),
+            },
+        ]
+    );
+}
+
+#[test]
+fn contiguous_writes_merge_and_others_keep_their_order() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    fake.held.store(true, Ordering::SeqCst);
+    let disk = start(&fake, dir.path(), &rt);
+    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    // The proposer may take the create alone while held; what follows queues behind it.
+    std::thread::sleep(Duration::from_millis(50));
+    f.write_all_at(b"ab", 0).unwrap();
+    f.write_all_at(b"cd", 2).unwrap();
+    f.write_all_at(b"zz", 10).unwrap();
+    f.set_len(12).unwrap();
+    fake.held.store(false, Ordering::SeqCst);
+    f.sync_data().unwrap();
+    let writes: Vec<(u64, Vec<u8>)> = fake
+        .ops()
+        .into_iter()
+        .filter_map(|op| match op {
+            Op::Write { offset, data, .. } => Some((offset, data.to_vec())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(writes, vec![(0, b"abcd".to_vec()), (10, b"zz".to_vec())]);
+    assert!(matches!(
+        fake.ops().last(),
+        Some(Op::SetLen { len: 12, .. })
+    ));
+}
+
+#[test]
+fn a_failed_proposal_fails_the_disk_for_good() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    let disk = start(&fake, dir.path(), &rt);
+    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    f.write_all_at(b"1", 0).unwrap();
+    f.sync_data().unwrap();
+    fake.failing.store(true, Ordering::SeqCst);
+    f.write_all_at(b"2", 1).unwrap();
+    assert!(f.sync_data().is_err(), "a sync over a failed proposal");
+    let submitted = fake.ops().len();
+    fake.failing.store(false, Ordering::SeqCst);
+    // Nothing after the gap is made or proposed, even once consensus works again.
+    assert!(f.write_all_at(b"3", 2).is_err());
+    assert!(f.sync_data().is_err());
+    assert!(disk.failure().is_some());
+    disk.join_proposer();
+    assert_eq!(fake.ops().len(), submitted);
+}
+
+#[test]
+fn a_disk_of_an_old_term_proposes_nothing() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    let disk = start(&fake, dir.path(), &rt);
+    fake.term.store(1, Ordering::SeqCst); // a new term began (this disk leads term 0)
+    // The create may already find the disk failed (its proposal was refused).
+    if let Ok(f) = disk.open_rw(&dir.path().join("a"), true) {
+        let _ = f.write_all_at(b"x", 0);
+        assert!(f.sync_data().is_err());
+    }
+    assert!(disk.sync_dir(dir.path()).is_err());
+    assert!(fake.ops().is_empty());
+}
+
+fn tree(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+                out.insert(format!("{rel}/"), Vec::new());
+            } else if rel != "LOCK" && !rel.ends_with(".lock") {
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_replica_holds_the_live_files_once_the_store_has_synced() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let (live, copy) = (dir.path().join("live"), dir.path().join("replica"));
+    let replica = Replica::open(copy.clone(), true).unwrap();
+    let fake = Arc::new(Fake::default());
+    *fake.applier.lock().unwrap() = Some(replica.applier());
+    let disk = start(&fake, &live, &rt);
+    {
+        let store = tern_store::Store::open_with_vfs(&live, Arc::new(disk.clone())).unwrap();
+        let stream = store
+            .stream("m", tern_store::StreamConfig::default())
+            .unwrap();
+        let kv = store.kv("k", tern_store::StreamConfig::default()).unwrap();
+        for i in 0..2_000u32 {
+            let t = stream.append(b"t/x", b"", &i.to_be_bytes()).unwrap();
+            if i % 100 == 0 {
+                kv.put(b"cursor", &i.to_be_bytes()).unwrap().wait().unwrap();
+                t.wait().unwrap();
+            }
+        }
+        stream.append(b"t/x", b"", b"last").unwrap().wait().unwrap();
+    }
+    // Renames and links are replicated as copies, whatever the source became afterwards.
+    let vfs: &dyn Vfs = &disk;
+    let f = vfs.open_rw(&live.join("tmp"), true).unwrap();
+    f.write_all_at(b"rewritten block", 0).unwrap();
+    vfs.rename(&live.join("tmp"), &live.join("renamed"))
+        .unwrap();
+    vfs.hard_link(&live.join("renamed"), &live.join("linked"))
+        .unwrap();
+    let g = vfs.open_rw(&live.join("tmp"), true).unwrap();
+    g.write_all_at(b"a new tmp", 0).unwrap();
+    vfs.sync_dir(&live).unwrap();
+    let (l, r) = (tree(&live), tree(&copy));
+    let lock_files: Vec<&String> = l.keys().filter(|k| !r.contains_key(*k)).collect();
+    assert!(
+        lock_files.len() <= 1,
+        "only the lock file is local: {lock_files:?}"
+    );
+    for (k, v) in &r {
+        assert_eq!(l.get(k), Some(v), "{k} differs between live and replica");
+    }
+}

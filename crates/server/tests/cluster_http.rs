@@ -1,0 +1,208 @@
+//! The cluster's operator surface on three real `tern serve` processes (issue 23 §5 and
+//! "Interface"): `/api/v1/cluster` agrees on every node, `/readyz` is 200 on followers that
+//! run no broker and 503 on a node left without a quorum, `/metrics` carries the
+//! `tern_cluster_*` families (a follower's page has them alone), a fourth node is added as a
+//! learner and promoted, then removed, and leader transfer answers 501 (openraft 0.9).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use common::http::{Response, get, request, request_json};
+use serde_json::Value;
+
+const TOKEN: &str = "test-token-0123456789";
+/// Bound on each wait for something that must happen (elections on a loaded machine).
+const MUST_WITHIN: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Node `id`'s config; `peers` are the initial voters (a node not among them is a newcomer).
+fn node_config(id: u16, cluster_port: u16, peers: &[u16]) -> String {
+    let peers: Vec<String> = peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("\"{}=127.0.0.1:{p}\"", i + 1))
+        .collect();
+    format!(
+        "[listener]\nbind = \"127.0.0.1:{}\"\n\n[http]\ntoken = \"{TOKEN}\"\n\n\
+         [cluster]\nnode_id = {id}\nbind = \"127.0.0.1:{cluster_port}\"\npeers = [{}]\n",
+        free_port(),
+        peers.join(", ")
+    )
+}
+
+fn start(id: u16, cluster_port: u16, peers: &[u16]) -> Broker {
+    let config = node_config(id, cluster_port, peers);
+    Broker::start_with_args(&config, &["--http", "127.0.0.1:0"])
+}
+
+fn http(node: &Broker) -> SocketAddr {
+    node.http.expect("the node printed `tern http on ADDR`")
+}
+
+/// Polls `f` until it gives a value, for at most [`MUST_WITHIN`].
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + MUST_WITHIN;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {MUST_WITHIN:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn cluster_view(node: &Broker) -> Value {
+    let r = get(http(node), "/api/v1/cluster");
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+fn voters(view: &Value) -> Vec<u64> {
+    let members = view["members"].as_array().expect("members");
+    members
+        .iter()
+        .filter(|m| m["voter"] == true)
+        .filter_map(|m| m["id"].as_u64())
+        .collect()
+}
+
+fn post(node: &Broker, path: &str, body: &str) -> Response {
+    request_json(http(node), "POST", path, Some(TOKEN), body)
+}
+
+#[test]
+fn the_operator_surface_on_three_processes() {
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut nodes: Vec<Broker> = (0..3u16)
+        .map(|i| start(i + 1, ports[usize::from(i)], &ports))
+        .collect();
+    wait_for("every node ready (a leader with its quorum)", || {
+        nodes
+            .iter()
+            .all(|n| get(http(n), "/readyz").status == 200)
+            .then_some(())
+    });
+    let leader_id = wait_for("one leader that every node names", || {
+        let views: Vec<Value> = nodes.iter().map(cluster_view).collect();
+        let leader = views[0]["leader_id"].as_u64()?;
+        let leaders = views.iter().filter(|v| v["role"] == "leader").count();
+        let agree = views.iter().all(|v| v["leader_id"] == leader);
+        (agree && leaders == 1).then_some(leader)
+    });
+    let leader = &nodes[usize::try_from(leader_id).expect("id") - 1];
+    // A follower may be ready (it knows the leader) before the leader heard its match.
+    let view = wait_for("the leader knows every member's match index", || {
+        let view = cluster_view(leader);
+        let members = view["members"].as_array()?;
+        members
+            .iter()
+            .all(|m| m["match_index"].is_u64())
+            .then_some(view)
+    });
+    assert_eq!(voters(&view), vec![1, 2, 3], "{view}");
+    for m in view["members"].as_array().expect("members") {
+        let id = usize::try_from(m["id"].as_u64().expect("id")).expect("id");
+        assert_eq!(m["addr"], format!("127.0.0.1:{}", ports[id - 1]), "{view}");
+    }
+    assert!(
+        view["commit_index"].is_u64() && view["term"].as_u64() >= Some(1),
+        "{view}"
+    );
+
+    // A follower: no broker, ready, and a metrics page of the cluster's families alone.
+    let follower = nodes
+        .iter()
+        .find(|n| cluster_view(n)["role"] == "follower")
+        .expect("a follower");
+    let page =
+        common::prom::parse(&get(http(follower), "/metrics").body).expect("valid exposition");
+    assert_eq!(
+        page.value("tern_cluster_role", &[("role", "follower")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        page.value("tern_cluster_leader_id", &[]),
+        Some(leader_id as f64)
+    );
+    assert!(
+        !page.types.contains_key("tern_uptime_seconds"),
+        "a follower runs no broker"
+    );
+    assert_eq!(
+        cluster_view(follower)["members"][0]["match_index"],
+        Value::Null
+    );
+    let lists = get(http(follower), "/api/v1/clients");
+    assert_eq!(lists.status, 503, "{}", lists.body);
+    // The leader: once its engine started, the broker's families and the cluster's.
+    wait_for("the leader's broker serves the lists", || {
+        (get(http(leader), "/api/v1/clients").status == 200).then_some(())
+    });
+    let page = common::prom::parse(&get(http(leader), "/metrics").body).expect("valid exposition");
+    assert!(page.types.contains_key("tern_uptime_seconds"));
+    let peers = page
+        .samples
+        .keys()
+        .filter(|(n, _)| n == "tern_cluster_replication_lag_entries")
+        .count();
+    assert_eq!(peers, 2, "one lag per peer");
+
+    // Leader transfer: openraft 0.9 has none.
+    let other = (leader_id % 3) + 1;
+    let r = post(
+        leader,
+        "/api/v1/cluster/leader",
+        &format!("{{\"id\": {other}}}"),
+    );
+    assert_eq!(r.status, 501, "{}", r.body);
+
+    // A fourth node: a newcomer, added as a learner and promoted, then removed.
+    let port4 = free_port();
+    let newcomer = start(4, port4, &ports);
+    let add = format!("{{\"id\": 4, \"addr\": \"127.0.0.1:{port4}\"}}");
+    assert_eq!(
+        request_json(http(leader), "POST", "/api/v1/cluster/members", None, &add).status,
+        401
+    );
+    let r = post(leader, "/api/v1/cluster/members", &add);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(voters(&cluster_view(leader)), vec![1, 2, 3, 4]);
+    wait_for("the newcomer knows the leader", || {
+        (cluster_view(&newcomer)["leader_id"] == leader_id).then_some(())
+    });
+    let r = request(
+        http(leader),
+        "DELETE",
+        "/api/v1/cluster/members/4",
+        Some(TOKEN),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(voters(&cluster_view(leader)), vec![1, 2, 3]);
+    drop(newcomer);
+
+    // Two of three nodes gone: the survivor has no quorum and says so, whatever it was.
+    let survivor = nodes.pop().expect("node 3");
+    for mut n in nodes {
+        n.kill();
+    }
+    let body = wait_for("the survivor not ready", || {
+        let r = get(http(&survivor), "/readyz");
+        (r.status == 503).then(|| r.json())
+    });
+    assert_eq!(body["ready"], false, "{body}");
+    let page =
+        common::prom::parse(&get(http(&survivor), "/metrics").body).expect("valid exposition");
+    assert_eq!(page.value("tern_cluster_quorum_reachable", &[]), Some(0.0));
+}
