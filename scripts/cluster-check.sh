@@ -13,10 +13,12 @@
 #   --kills N       SIGKILL the leader N times (found with GET /api/v1/cluster; a random live
 #                   node when no node answers), restarted after --restart-after-s (1 s)
 #   --pauses N      SIGSTOP a random node for 1-3 s, then SIGCONT, N times
-#   --partition     once, cut the leader from the other two for --partition-s (6 s): every node
-#                   in its own network namespace (root, `ip netns`), blackhole routes between
-#                   the leader and the others; clients still reach the cut node, which must not
-#                   acknowledge anything sent after the cut (minority_acks)
+#   --partition     once, cut the leader from the other two for --partition-s (10 s): every
+#                   node in its own network namespace (root, `ip netns`), blackhole routes
+#                   between the leader and the others; clients still reach the cut node, which
+#                   must not acknowledge anything sent after the cut (minority_acks), and the
+#                   other two must acknowledge something before the heal
+#                   (partition_writes_after_s: from the cut to their first acknowledgement)
 #   --seconds S     length of the load phase; the faults are spread evenly over it (default 40)
 #   --keep          keep the work directory (configs, data dirs, broker logs)
 #   --broker B      tern (default: three nodes with [cluster]); tern-single (one node without
@@ -44,7 +46,7 @@ BIN=""
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,40p' "$0"; exit 0 ;;
     --self-test) # the checker alone, on made-up records with known faults
       exec "$(bash "$ROOT/scripts/pydeps.sh" | tail -1)" "$ROOT/scripts/cluster_check.py" --self-test ;;
     --broker) BROKER="$2"; ARGS+=("$1" "$2"); shift 2 ;;

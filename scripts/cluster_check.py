@@ -69,7 +69,7 @@ def parse_args(argv):
     p.add_argument("--netns", choices=["auto", "on", "off"], default="auto",
                    help="nodes in network namespaces (root); needed by --partition")
     p.add_argument("--restart-after-s", type=float, default=1.0)
-    p.add_argument("--partition-s", type=float, default=6.0)
+    p.add_argument("--partition-s", type=float, default=10.0)
     p.add_argument("--rate", type=float, default=100.0, help="messages/s per publisher")
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--seed", type=int, default=None)
@@ -168,13 +168,14 @@ class Run:
         for p in self.pubs:
             p.start()
 
-    def acks_after(self, t):
+    def acks_after(self, t, not_via=None):
         """Time of the first acknowledgement after t of a message first sent after t or on a
-        connection dialed after t, over all publishers; None if none yet."""
+        connection dialed after t, over all publishers (not counting connections to node
+        `not_via`); None if none yet."""
         best = None
         for p in self.pubs:
-            for (n, at, dialed_at, _node) in list(p.acks):
-                if at <= t:
+            for (n, at, dialed_at, node) in list(p.acks):
+                if at <= t or node == not_via:
                     continue
                 # Not an acknowledgement the dead node sent before it died (still in the
                 # socket's receive buffer when the kill came).
@@ -223,8 +224,11 @@ class Run:
         time.sleep(self.args.partition_s)
         t1 = self.clock.now()  # still cut until heal() has run
         self.netns.heal()
-        self.partitions.append({"node": leader.index, "from": t0, "to": t1})
-        log("  healed")
+        first = self.acks_after(t0, not_via=leader.index)
+        writes_s = round(first - t0, 3) if first else None
+        self.partitions.append({"node": leader.index, "from": t0, "to": t1,
+                                "majority_writes_after_s": writes_s})
+        log(f"  healed; the majority acknowledged again {writes_s} s after the cut")
 
     def faults(self):
         a = self.args
@@ -365,6 +369,12 @@ class Run:
             "failover_max_s": max(fail) if fail else None,
             "kills": len(self.kills), "pauses": len(self.pauses),
             "partitions": len(self.partitions),
+            # From the cut to the first new acknowledgement through the other nodes. None (no
+            # acknowledgement through the majority before the heal) fails the run: the
+            # majority must go on. Clients whose connection a follower forwards to the cut
+            # leader notice only by their keep alive (3 s; paho gives up after up to 2x), so
+            # the cut lasts 10 s by default.
+            "partition_writes_after_s": [c.get("majority_writes_after_s") for c in self.partitions],
             "leader_unknown_kills": sum(1 for k in self.kills if not k["leader_known"]),
             "acked": sum(len(p.acked) for p in self.pubs),
             "published": sum(p.next for p in self.pubs),
@@ -380,6 +390,7 @@ class Run:
         ok = (result["lost"] == 0 and result["duplicates"] == 0 and result["reordered"] == 0
               and result["minority_acks"] == 0 and result["unfinished_publishers"] == 0
               and not self.exits
+              and all(c.get("majority_writes_after_s") is not None for c in self.partitions)
               and (not fail or max(fail) <= FAILOVER_LIMIT_S))
         result["ok"] = ok
         if a.keep:
