@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tern_broker::{Accepted, Broker, Listener, ListenerContext, Upgrade};
-use tern_raft::{ClusterStatus, Consensus, NodeConfig, RaftNode, Role};
+use tern_raft::{ClusterStatus, Consensus, NodeConfig, NodeId, RaftNode, Role};
 use tern_store::vfs::Vfs;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -267,7 +267,13 @@ impl ClusterNode {
                         match forward::connect(addr, &pre).await {
                             Ok(upstream) => {
                                 self.shared.forwarded_total.fetch_add(1, Ordering::Relaxed);
-                                forward::pipe(stream, upstream).await;
+                                // Closed when the leader changes: a partition may keep the
+                                // old leader's close from ever arriving, and the client would
+                                // wait out its keep-alive instead of reconnecting.
+                                tokio::select! {
+                                    _ = forward::pipe(stream, upstream) => {}
+                                    _ = self.leader_moves_from(leader) => {}
+                                }
                                 return;
                             }
                             Err(error) => {
@@ -283,6 +289,16 @@ impl ClusterNode {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Resolves once this node sees a leader other than `leader` (or none), or stops.
+    async fn leader_moves_from(&self, leader: NodeId) {
+        let mut changes = self.shared.raft.status_changes();
+        while self.status().leader == Some(leader) {
+            if !changes.changed().await {
+                return;
+            }
         }
     }
 
