@@ -93,6 +93,9 @@ struct Shared {
     forwards: Semaphore,
     forwarded_total: AtomicU64,
     engines_started: AtomicU64,
+    /// Set while this node hands its leadership over: no engine runs (its writes would renew
+    /// the followers' leases and the chosen node could not win).
+    transferring: std::sync::atomic::AtomicBool,
 }
 
 fn lock(m: &Mutex<Option<Engine>>) -> MutexGuard<'_, Option<Engine>> {
@@ -147,6 +150,7 @@ impl ClusterNode {
                 forwards: Semaphore::new(MAX_FORWARDED_CONNECTIONS),
                 forwarded_total: AtomicU64::new(0),
                 engines_started: AtomicU64::new(0),
+                transferring: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         let mut tasks = Vec::new();
@@ -176,6 +180,21 @@ impl ClusterNode {
     /// The Raft node (membership changes, members).
     pub fn raft(&self) -> &Arc<RaftNode> {
         &self.shared.raft
+    }
+
+    /// Hands the leadership to voter `to` (this node must lead): stops this node's engine
+    /// (its clients reconnect, and reach the new leader), then asks consensus to move the
+    /// leadership (`Consensus::transfer_leader`). On failure this node leads on and its
+    /// engine starts again.
+    pub async fn transfer_leader(&self, to: NodeId) -> Result<(), ClusterError> {
+        if to == self.status().node_id {
+            return Ok(());
+        }
+        self.shared.transferring.store(true, Ordering::SeqCst);
+        self.stop_engine("leadership handed over").await;
+        let moved = self.shared.raft.transfer_leader(to).await;
+        self.shared.transferring.store(false, Ordering::SeqCst);
+        moved.map_err(ClusterError::from)
     }
 
     /// Client connections this node forwarded to another node's engine.
@@ -353,7 +372,9 @@ impl ClusterNode {
             && status
                 .quorum_ack_age_ms
                 .is_none_or(|ms| ms > 2 * status.quorum_ack_max_age_ms);
-        let leading = status.role == Role::Leader && !quorum_lost;
+        let leading = status.role == Role::Leader
+            && !quorum_lost
+            && !self.shared.transferring.load(Ordering::SeqCst);
         if running_term.is_some() && (!leading || running_term != Some(status.term) || failed) {
             self.stop_engine("leadership lost or engine failed").await;
         }

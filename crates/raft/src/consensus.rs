@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use openraft::error::{ClientWriteError, RaftError};
@@ -371,9 +372,51 @@ impl Consensus for RaftNode {
         }
     }
 
-    async fn transfer_leader(&self, _to: NodeId) -> Result<(), ConsensusError> {
-        Err(ConsensusError::Unsupported(
-            "leader transfer: openraft 0.9 has none (0.10's trigger().transfer_leader)",
-        ))
+    /// openraft 0.9 has no leader transfer (0.10 has); this one is made of its runtime
+    /// switches: the other voters hold their elections, this leader stops its heartbeats,
+    /// and once the leases run out `to` is the only node that campaigns; it wins, having the
+    /// whole log. The caller stops proposing first (writes renew the leases as heartbeats
+    /// do). Fails, leaving this node the leader, if `to` did not take over in time.
+    async fn transfer_leader(&self, to: NodeId) -> Result<(), ConsensusError> {
+        let st = self.status();
+        if st.role != Role::Leader {
+            return Err(ConsensusError::NotLeader {
+                leader: st.leader.map(|l| (l, self.member_addr(l))),
+            });
+        }
+        if to == self.id {
+            return Ok(());
+        }
+        if !st.voters.contains(&to) {
+            return Err(ConsensusError::Membership(format!("{to} is not a voter")));
+        }
+        let hold_ms = 4 * self.config.election_timeout_max_ms;
+        for v in st.voters.iter().filter(|v| **v != to && **v != self.id) {
+            if let Some(addr) = self.member_addr(*v) {
+                let req = crate::network::Request::HoldElections { for_ms: hold_ms };
+                if let Err(e) = crate::network::call(addr, &req).await {
+                    tracing::warn!(peer = %v, error = %e, "raft: could not hold a voter's elections");
+                }
+            }
+        }
+        crate::network::hold_elections(&self.raft, hold_ms);
+        self.raft.runtime_config().heartbeat(false);
+        let mut changes = self.status_changes();
+        let moved = tokio::time::timeout(Duration::from_millis(hold_ms), async {
+            while self.status().leader != Some(to) {
+                if !changes.changed().await {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        self.raft.runtime_config().heartbeat(true);
+        match moved {
+            Ok(true) => Ok(()),
+            _ => Err(ConsensusError::TransferTimedOut(format!(
+                "{to} did not take the leadership within {hold_ms} ms"
+            ))),
+        }
     }
 }

@@ -18,6 +18,9 @@ pub enum ConsensusError {
     /// confirmed).
     #[error("no quorum: {0}")]
     NoQuorum(String),
+    /// A leader transfer whose chosen node did not take over in time (this node leads on).
+    #[error("leader transfer timed out: {0}")]
+    TransferTimedOut(String),
     /// A disk error in the Raft log, vote or state machine.
     #[error("storage: {0}")]
     Storage(String),

@@ -61,6 +61,12 @@ pub enum Request {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// From a leader handing its leadership over (`RaftNode::transfer_leader`): do not start
+    /// an election for `for_ms` (at most [`MAX_HOLD_MS`]), so that only the chosen node does.
+    /// Voting is not held.
+    HoldElections {
+        for_ms: u64,
+    },
 }
 
 /// The answer to a [`Request`], of the same kind.
@@ -69,6 +75,7 @@ pub enum Response {
     Append(Result<AppendEntriesResponse<NodeId>, Err>),
     Vote(Result<VoteResponse<NodeId>, Err>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, SnapErr>),
+    Held,
 }
 
 /// Runs `req` on the local Raft node.
@@ -77,7 +84,63 @@ pub async fn handle(raft: &Raft, req: Request) -> Response {
         Request::Append(r) => Response::Append(raft.append_entries(r).await),
         Request::Vote(r) => Response::Vote(raft.vote(r).await),
         Request::Snapshot(r) => Response::Snapshot(raft.install_snapshot(r).await),
+        Request::HoldElections { for_ms } => {
+            hold_elections(raft, for_ms);
+            Response::Held
+        }
     }
+}
+
+/// Longest a node holds its elections at a peer's request (a peer that asks again extends it).
+pub const MAX_HOLD_MS: u64 = 10_000;
+
+/// Until when each node of this process holds its elections.
+static HOLDS: std::sync::Mutex<Vec<(NodeId, tokio::time::Instant)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Stops this node from starting elections for `for_ms` (at most [`MAX_HOLD_MS`]); they
+/// start again by themselves once the last hold has run out.
+pub(crate) fn hold_elections(raft: &Raft, for_ms: u64) {
+    let id = raft.metrics().borrow().id;
+    let until = tokio::time::Instant::now() + Duration::from_millis(for_ms.min(MAX_HOLD_MS));
+    {
+        let mut holds = HOLDS.lock().unwrap_or_else(|e| e.into_inner());
+        match holds.iter_mut().find(|(n, _)| *n == id) {
+            Some((_, u)) => *u = (*u).max(until),
+            None => holds.push((id, until)),
+        }
+    }
+    raft.runtime_config().elect(false);
+    let raft = raft.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep_until(until).await;
+        let mut holds = HOLDS.lock().unwrap_or_else(|e| e.into_inner());
+        let over = holds
+            .iter()
+            .find(|(n, _)| *n == id)
+            .is_none_or(|(_, u)| *u <= tokio::time::Instant::now());
+        if over {
+            holds.retain(|(n, _)| *n != id);
+            raft.runtime_config().elect(true);
+        }
+    });
+}
+
+/// One request to the peer at `addr` on a connection of its own (what is not openraft's
+/// traffic: [`Request::HoldElections`]).
+pub async fn call(addr: std::net::SocketAddr, req: &Request) -> std::io::Result<Response> {
+    let exchange = async {
+        let mut s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))??;
+        s.set_nodelay(true)?;
+        write_frame(&mut s, &encode(req).map_err(invalid)?).await?;
+        let frame = read_frame(&mut s).await?;
+        decode(&frame).map_err(invalid)
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out"))?
 }
 
 async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {

@@ -159,15 +159,6 @@ fn the_operator_surface_on_three_processes() {
         .count();
     assert_eq!(peers, 2, "one lag per peer");
 
-    // Leader transfer: openraft 0.9 has none.
-    let other = (leader_id % 3) + 1;
-    let r = post(
-        leader,
-        "/api/v1/cluster/leader",
-        &format!("{{\"id\": {other}}}"),
-    );
-    assert_eq!(r.status, 501, "{}", r.body);
-
     // A fourth node: a newcomer, added as a learner and promoted, then removed.
     let port4 = free_port();
     let newcomer = start(4, port4, &ports);
@@ -191,6 +182,23 @@ fn the_operator_surface_on_three_processes() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(voters(&cluster_view(leader)), vec![1, 2, 3]);
     drop(newcomer);
+
+    // Leader transfer: the chosen voter leads afterwards (asked on the leader, answered once
+    // it has taken over), and every node says so.
+    let other = (leader_id % 3) + 1;
+    let r = post(
+        leader,
+        "/api/v1/cluster/leader",
+        &format!("{{\"id\": {other}}}"),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["leader_id"], other);
+    for n in &nodes {
+        wait_for("every node sees the new leader", || {
+            let c = get(http(n), "/api/v1/cluster");
+            (c.status == 200 && c.json()["leader_id"] == other).then_some(())
+        });
+    }
 
     // Two of three nodes gone: the survivor has no quorum and says so, whatever it was.
     let survivor = nodes.pop().expect("node 3");

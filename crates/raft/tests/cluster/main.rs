@@ -265,8 +265,8 @@ async fn a_learner_catches_up_and_is_promoted_then_removed() {
     c.node(leader).remove(id(3)).await.expect("remove");
     assert_eq!(c.status(leader).voters, vec![id(0), id(1), id(2)]);
     assert!(matches!(
-        c.node(leader).transfer_leader(id(1)).await,
-        Err(ConsensusError::Unsupported(_))
+        c.node(leader).transfer_leader(id(3)).await,
+        Err(ConsensusError::Membership(_))
     ));
 }
 
@@ -400,4 +400,48 @@ async fn an_unreachable_learner_is_not_promoted() {
         .propose(vec![op("still committing")])
         .await
         .expect("propose");
+}
+
+/// Leadership handed to a chosen voter (openraft 0.9 has no transfer: the others hold their
+/// elections and the leader its heartbeats until the chosen node wins), then back; the log
+/// goes on under each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leadership_is_transferred_to_the_chosen_voter() {
+    let c = Cluster::start(3, 0).await;
+    let first = c.leader().await;
+    c.node(first)
+        .propose(vec![op("before")])
+        .await
+        .expect("propose");
+    let to = (first + 1) % 3;
+    c.node(first)
+        .transfer_leader(id(to))
+        .await
+        .expect("transfer");
+    wait_until("the chosen voter leads", || {
+        (c.status(to).role == tern_raft::Role::Leader).then_some(())
+    })
+    .await;
+    assert_ne!(c.status(first).role, tern_raft::Role::Leader);
+    c.node(to)
+        .propose(vec![op("after")])
+        .await
+        .expect("propose on the new leader");
+    // And back, to the node that led first.
+    c.node(to)
+        .transfer_leader(id(first))
+        .await
+        .expect("transfer back");
+    wait_until("the first leader leads again", || {
+        (c.status(first).role == tern_raft::Role::Leader).then_some(())
+    })
+    .await;
+    c.node(first)
+        .propose(vec![op("again")])
+        .await
+        .expect("propose");
+    wait_until("every node applied the three", || {
+        (0..3).all(|n| c.ops(n).len() == 3).then_some(())
+    })
+    .await;
 }

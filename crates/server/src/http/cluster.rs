@@ -83,7 +83,7 @@ pub enum ClusterActionError {
     /// The cluster cannot do it now (503): no quorum, the node is stopping.
     #[error("{0}")]
     Unavailable(String),
-    /// The consensus engine cannot do it at all (501), e.g. leader transfer on openraft 0.9.
+    /// The consensus engine cannot do it at all (501).
     #[error("{0}")]
     Unsupported(String),
     /// A storage or I/O failure on this node (500).
@@ -116,9 +116,9 @@ impl From<ConsensusError> for ClusterActionError {
             ConsensusError::Membership(_) => ClusterActionError::Conflict(message),
             ConsensusError::Unsupported(_) => ClusterActionError::Unsupported(message),
             ConsensusError::Invalid(_) => ClusterActionError::Invalid(message),
-            ConsensusError::NoQuorum(_) | ConsensusError::Shutdown(_) => {
-                ClusterActionError::Unavailable(message)
-            }
+            ConsensusError::NoQuorum(_)
+            | ConsensusError::Shutdown(_)
+            | ConsensusError::TransferTimedOut(_) => ClusterActionError::Unavailable(message),
             ConsensusError::Storage(_) | ConsensusError::Io { .. } => {
                 ClusterActionError::Internal(message)
             }

@@ -73,8 +73,13 @@ impl ClusterControl for NodeControl {
     }
 
     fn transfer_leader(&self, to: NodeId) -> BoxFuture<'static, ClusterResult> {
-        let raft = self.raft();
-        Box::pin(async move { Ok(raft.transfer_leader(to).await?) })
+        let node = self.node.clone();
+        Box::pin(async move {
+            node.transfer_leader(to).await.map_err(|e| match e {
+                tern_cluster::ClusterError::Consensus(c) => c.into(),
+                other => ClusterActionError::Internal(other.to_string()),
+            })
+        })
     }
 }
 

@@ -137,16 +137,13 @@ async fn a_learner_that_never_catches_up_stays_a_learner_and_says_so() {
         (status.voters, status.learners),
         (vec![NodeId(1)], vec![NodeId(3)])
     );
-    // Removing it, and leader transfer (none in openraft 0.9): 501 over HTTP.
+    // Removing it; a transfer to a node that is no voter is a conflict (409).
     leader.remove(NodeId(3)).await.expect("remove the learner");
     assert!(leader.status().learners.is_empty());
     let transfer: ClusterActionError = leader
-        .transfer_leader(NodeId(1))
+        .transfer_leader(NodeId(3))
         .await
-        .expect_err("unsupported")
+        .expect_err("not a voter")
         .into();
-    assert_eq!(
-        transfer.into_response().status(),
-        StatusCode::NOT_IMPLEMENTED
-    );
+    assert_eq!(transfer.into_response().status(), StatusCode::CONFLICT);
 }
