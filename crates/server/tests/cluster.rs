@@ -15,6 +15,7 @@ use common::durable::{Publisher, Subscriber, duplicates, first_time_order_violat
 use tern_wire::Protocol;
 
 const NODES: usize = 3;
+const TOKEN: &str = "test-token-0123456789";
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -35,7 +36,7 @@ fn node_config(id: usize, mqtt_port: u16, cluster_ports: &[u16]) -> String {
         .map(|(i, p)| format!("\"{}=127.0.0.1:{p}\"", i + 1))
         .collect();
     format!(
-        "[listener]\nbind = \"127.0.0.1:{mqtt_port}\"\n\n[cluster]\nnode_id = {id}\nbind = \"127.0.0.1:{}\"\npeers = [{}]\n",
+        "[listener]\nbind = \"127.0.0.1:{mqtt_port}\"\n\n[http]\nbind = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\n[cluster]\nnode_id = {id}\nbind = \"127.0.0.1:{}\"\npeers = [{}]\n",
         cluster_ports[id - 1],
         peers.join(", ")
     )
@@ -134,7 +135,7 @@ fn acknowledged_messages_survive_leader_kills_exactly_once_and_in_order() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let addrs = cluster.addrs.clone();
     let stop = Instant::now() + Duration::from_secs(150);
-    const N: u64 = 20_000;
+    const N: u64 = 30_000;
     let wanted2 = Arc::new(Mutex::new(None));
     let wanted1 = Arc::new(Mutex::new(None));
     let mut p2 = Publisher::new("c-pub-2", Protocol::V5, 2, "c/q2");
@@ -163,6 +164,23 @@ fn acknowledged_messages_survive_leader_kills_exactly_once_and_in_order() {
         kills += 1;
         std::thread::sleep(Duration::from_millis(1500));
         cluster.nodes[leader].restart_after_kill();
+    }
+    // Two leader transfers under the same load (POST /api/v1/cluster/leader on the leader).
+    for _ in 0..2 {
+        let leader = cluster.wait_leader(Duration::from_secs(20));
+        let to = (leader + 1) % NODES + 1;
+        let http = cluster.nodes[leader].http.expect("[http]");
+        let body = format!("{{\"id\": {to}}}");
+        let r =
+            common::http::request_json(http, "POST", "/api/v1/cluster/leader", Some(TOKEN), &body);
+        eprintln!(
+            "transfer node {} -> node {to}: {} {}",
+            leader + 1,
+            r.status,
+            r.body
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        std::thread::sleep(Duration::from_millis(700));
     }
     let (p2, p1) = rt.block_on(async { (h_p2.await.unwrap(), h_p1.await.unwrap()) });
     assert!(
