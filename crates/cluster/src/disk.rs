@@ -54,9 +54,12 @@ enum PendingOp {
 }
 
 impl PendingOp {
+    /// What a pending write counts beyond its data.
+    const HEADER_BYTES: usize = 64;
+
     fn size_bytes(&self) -> usize {
         match self {
-            PendingOp::Write { data, .. } => 64 + data.len(),
+            PendingOp::Write { data, .. } => Self::HEADER_BYTES + data.len(),
             PendingOp::Other(op) => op.size_bytes(),
         }
     }
@@ -102,32 +105,44 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Records `op`, merging a write that continues the last one into it: a stream appends
-/// records one after another, and one operation per record would cost a header each.
+/// Records `op` as it is (a rename's copy, a create, a length...).
 fn push(st: &mut State, op: PendingOp) {
     st.recorded += 1;
-    let recorded = st.recorded;
     st.pending_bytes += op.size_bytes();
-    if let (
-        PendingOp::Write { path, offset, data },
-        Some((
-            PendingOp::Write {
-                path: p,
-                offset: o,
-                data: d,
-            },
-            upto,
-        )),
-    ) = (&op, st.pending.back_mut())
+    let recorded = st.recorded;
+    st.pending.push_back((op, recorded));
+}
+
+/// Records a write of `data` at `offset`, merged into the last operation when that is a
+/// write it continues: a stream appends records one after another, and one operation per
+/// record would cost a header each. The bytes are copied once, into the pending write.
+fn push_write(st: &mut State, path: &RelPath, offset: u64, data: &[u8]) {
+    st.recorded += 1;
+    let recorded = st.recorded;
+    st.pending_bytes += data.len();
+    if let Some((
+        PendingOp::Write {
+            path: p,
+            offset: o,
+            data: d,
+        },
+        upto,
+    )) = st.pending.back_mut()
         && p == path
-        && *o + d.len() as u64 == *offset
+        && *o + d.len() as u64 == offset
         && d.len() + data.len() <= MAX_WRITE_PIECE_BYTES
     {
         d.extend_from_slice(data);
         *upto = recorded;
-    } else {
-        st.pending.push_back((op, recorded));
+        return;
     }
+    st.pending_bytes += PendingOp::HEADER_BYTES;
+    let op = PendingOp::Write {
+        path: path.clone(),
+        offset,
+        data: data.to_vec(),
+    };
+    st.pending.push_back((op, recorded));
 }
 
 fn failed_error(reason: &str) -> io::Error {
@@ -150,21 +165,27 @@ impl Inner {
         self.change_then(|| change().map(|out| (out, vec![op])))
     }
 
-    /// [`Inner::change`] for a change whose operations are known only once it is made.
-    fn change_then<T>(
-        &self,
-        change: impl FnOnce() -> io::Result<(T, Vec<PendingOp>)>,
-    ) -> io::Result<T> {
+    /// The state, once there is room among the pending operations (back-pressure on the
+    /// writers while proposals lag); an error once the disk has failed.
+    fn room(&self) -> io::Result<MutexGuard<'_, State>> {
         let mut st = lock(&self.state);
         loop {
             if let Some(reason) = &st.failed {
                 return Err(failed_error(reason));
             }
             if st.pending_bytes < MAX_PENDING_BYTES {
-                break;
+                return Ok(st);
             }
             st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// [`Inner::change`] for a change whose operations are known only once it is made.
+    fn change_then<T>(
+        &self,
+        change: impl FnOnce() -> io::Result<(T, Vec<PendingOp>)>,
+    ) -> io::Result<T> {
+        let mut st = self.room()?;
         let (out, ops) = change()?;
         for op in ops {
             push(&mut st, op);
@@ -209,12 +230,12 @@ impl Inner {
             let end = (done + MAX_WRITE_PIECE_BYTES).min(buf.len());
             let piece = &buf[done..end];
             let at = offset + done as u64;
-            let op = PendingOp::Write {
-                path: path.clone(),
-                offset: at,
-                data: piece.to_vec(),
-            };
-            self.change(op, || file.write_all_at(piece, at))?;
+            // Made and recorded under one lock, as every change.
+            let mut st = self.room()?;
+            file.write_all_at(piece, at)?;
+            push_write(&mut st, path, at, piece);
+            drop(st);
+            self.work.notify_one();
             done = end;
             if done >= buf.len() {
                 return Ok(());
