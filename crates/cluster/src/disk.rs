@@ -20,7 +20,6 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -95,8 +94,6 @@ struct Inner {
     progress: Condvar,
     /// Signalled when there is something to propose, or the disk fails.
     work: Condvar,
-    proposals: AtomicU64,
-    proposed_bytes: AtomicU64,
     /// The proposer thread, until [`ReplicatedDisk::join_proposer`] takes it.
     proposer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -339,8 +336,6 @@ impl ReplicatedDisk {
             state: Mutex::new(State::default()),
             progress: Condvar::new(),
             work: Condvar::new(),
-            proposals: AtomicU64::new(0),
-            proposed_bytes: AtomicU64::new(0),
             proposer: Mutex::new(None),
         });
         let proposer = inner.clone();
@@ -376,14 +371,6 @@ impl ReplicatedDisk {
     pub fn failure(&self) -> Option<String> {
         lock(&self.inner.state).failed.clone()
     }
-
-    /// Proposals made and the bytes of operations they carried.
-    pub fn proposals(&self) -> (u64, u64) {
-        (
-            self.inner.proposals.load(Ordering::Relaxed),
-            self.inner.proposed_bytes.load(Ordering::Relaxed),
-        )
-    }
 }
 
 /// The proposer: submits what was recorded, in order, with at most
@@ -397,7 +384,7 @@ fn propose_loop<C: Consensus>(
     term: u64,
     runtime: &tokio::runtime::Handle,
 ) {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(Proposal, u64, usize)>(MAX_PROPOSALS_IN_FLIGHT);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Proposal, u64)>(MAX_PROPOSALS_IN_FLIGHT);
     let committer = inner.clone();
     let handle = runtime.clone();
     let committing = std::thread::Builder::new()
@@ -422,11 +409,10 @@ fn propose_loop<C: Consensus>(
         if lock(&inner.state).failed.is_some() {
             break; // a batch before this one failed: none after it may enter the log
         }
-        let bytes: usize = ops.iter().map(Bytes::len).sum();
         match runtime.block_on(consensus.submit(ops)) {
             Ok(proposal) => {
                 // Blocks while MAX_PROPOSALS_IN_FLIGHT are uncommitted.
-                if tx.send((proposal, upto, bytes)).is_err() {
+                if tx.send((proposal, upto)).is_err() {
                     break; // the committer stopped on a failure
                 }
             }
@@ -442,18 +428,12 @@ fn propose_loop<C: Consensus>(
 
 fn commit_loop(
     inner: &Inner,
-    rx: &std::sync::mpsc::Receiver<(Proposal, u64, usize)>,
+    rx: &std::sync::mpsc::Receiver<(Proposal, u64)>,
     runtime: &tokio::runtime::Handle,
 ) {
-    while let Ok((proposal, upto, bytes)) = rx.recv() {
+    while let Ok((proposal, upto)) = rx.recv() {
         match runtime.block_on(proposal) {
-            Ok(_) => {
-                inner.proposals.fetch_add(1, Ordering::Relaxed);
-                inner
-                    .proposed_bytes
-                    .fetch_add(bytes as u64, Ordering::Relaxed);
-                inner.committed(upto);
-            }
+            Ok(_) => inner.committed(upto),
             Err(e) => return inner.fail(&format!("proposal failed: {e}")),
         }
     }

@@ -92,7 +92,6 @@ struct Shared {
     live_dir: PathBuf,
     forwards: Semaphore,
     forwarded_total: AtomicU64,
-    engines_started: AtomicU64,
     /// Set while this node hands its leadership over: no engine runs (its writes would renew
     /// the followers' leases and the chosen node could not win).
     transferring: std::sync::atomic::AtomicBool,
@@ -149,7 +148,6 @@ impl ClusterNode {
                 live_dir: config.data_dir.join("live"),
                 forwards: Semaphore::new(MAX_FORWARDED_CONNECTIONS),
                 forwarded_total: AtomicU64::new(0),
-                engines_started: AtomicU64::new(0),
                 transferring: std::sync::atomic::AtomicBool::new(false),
             }),
         };
@@ -200,16 +198,6 @@ impl ClusterNode {
     /// Client connections this node forwarded to another node's engine.
     pub fn forwarded_connections(&self) -> u64 {
         self.shared.forwarded_total.load(Ordering::Relaxed)
-    }
-
-    /// Engines this node started (one per term it led).
-    pub fn engines_started(&self) -> u64 {
-        self.shared.engines_started.load(Ordering::Relaxed)
-    }
-
-    /// True while this node's engine serves clients.
-    pub fn serving(&self) -> bool {
-        lock(&self.shared.engine).is_some()
     }
 
     async fn accept_loop(self, index: usize, socket: TcpListener) {
@@ -439,7 +427,6 @@ impl ClusterNode {
             disk,
             serving,
         });
-        sh.engines_started.fetch_add(1, Ordering::Relaxed);
         sh.factory.serving(Some(broker));
         tracing::info!(term, ?applied, "cluster: leading; engine serving");
         Ok(())

@@ -14,10 +14,6 @@ pub enum ConsensusError {
     NotLeader {
         leader: Option<(NodeId, Option<SocketAddr>)>,
     },
-    /// The leader could not hear from a majority (a read index or a write cannot be
-    /// confirmed).
-    #[error("no quorum: {0}")]
-    NoQuorum(String),
     /// A leader transfer whose chosen node did not take over in time (this node leads on).
     #[error("leader transfer timed out: {0}")]
     TransferTimedOut(String),

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use openraft::error::{CheckIsLeaderError, InitializeError, RaftError};
+use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, RaftNetworkFactory, ServerState, SnapshotPolicy};
 use tern_store::vfs::Vfs;
 use tern_store::{Store, SyncPolicy};
@@ -356,28 +356,6 @@ impl RaftNode {
             .into_iter()
             .find(|m| m.id == id)
             .and_then(|m| m.addr)
-    }
-
-    /// On the leader: waits until this node has applied everything committed before the
-    /// call (a read index: the leader confirms it still leads with a quorum, then waits for
-    /// its state machine). `NotLeader` elsewhere.
-    pub async fn catch_up(&self) -> Result<(), ConsensusError> {
-        self.raft
-            .ensure_linearizable()
-            .await
-            .map(|_| ())
-            .map_err(|e| match e {
-                RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => {
-                    let addr = f.leader_node.and_then(|n| n.addr.parse().ok());
-                    ConsensusError::NotLeader {
-                        leader: f.leader_id.map(|id| (id, addr)),
-                    }
-                }
-                RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => {
-                    ConsensusError::NoQuorum(q.to_string())
-                }
-                RaftError::Fatal(f) => ConsensusError::Shutdown(f.to_string()),
-            })
     }
 
     /// Resolves at this node's next change of role, term, leader, log or membership (any

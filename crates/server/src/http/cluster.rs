@@ -116,9 +116,9 @@ impl From<ConsensusError> for ClusterActionError {
             ConsensusError::Membership(_) => ClusterActionError::Conflict(message),
             ConsensusError::Unsupported(_) => ClusterActionError::Unsupported(message),
             ConsensusError::Invalid(_) => ClusterActionError::Invalid(message),
-            ConsensusError::NoQuorum(_)
-            | ConsensusError::Shutdown(_)
-            | ConsensusError::TransferTimedOut(_) => ClusterActionError::Unavailable(message),
+            ConsensusError::Shutdown(_) | ConsensusError::TransferTimedOut(_) => {
+                ClusterActionError::Unavailable(message)
+            }
             ConsensusError::Storage(_) | ConsensusError::Io { .. } => {
                 ClusterActionError::Internal(message)
             }

@@ -316,7 +316,7 @@ fn consensus_errors_map_to_their_status() {
             StatusCode::SERVICE_UNAVAILABLE,
         ),
         (
-            C::NoQuorum("1 of 3".into()),
+            C::TransferTimedOut("2 did not take over".into()),
             StatusCode::SERVICE_UNAVAILABLE,
         ),
         (C::Storage("disk".into()), StatusCode::INTERNAL_SERVER_ERROR),
