@@ -26,7 +26,7 @@ use bytes::Bytes;
 use tern_raft::{Consensus, Proposal, Role};
 use tern_store::vfs::{RealVfs, VFile, Vfs};
 
-use crate::ops::{Op, RelPath};
+use crate::ops::{Op, RelPath, for_each_nonzero_chunk};
 
 /// Most bytes of recorded operations not yet proposed; a writer waits for room beyond it.
 pub const MAX_PENDING_BYTES: usize = 64 << 20;
@@ -198,21 +198,15 @@ impl Inner {
         let file = RealVfs.open_rw(path, false)?;
         let len = file.file_len()?;
         let mut ops = vec![PendingOp::Other(Op::Create(to.clone()))];
-        let mut buf = vec![0u8; MAX_WRITE_PIECE_BYTES];
-        let mut at = 0u64;
-        while at < len {
-            let n = usize::try_from((len - at).min(MAX_WRITE_PIECE_BYTES as u64))
-                .unwrap_or(MAX_WRITE_PIECE_BYTES);
-            file.read_exact_at(&mut buf[..n], at)?;
-            if buf[..n].iter().any(|&b| b != 0) {
-                ops.push(PendingOp::Write {
-                    path: to.clone(),
-                    offset: at,
-                    data: buf[..n].to_vec(),
-                });
-            }
-            at += n as u64;
-        }
+        let read = |buf: &mut [u8], at| file.read_exact_at(buf, at);
+        for_each_nonzero_chunk(len, MAX_WRITE_PIECE_BYTES, read, |at, bytes| {
+            ops.push(PendingOp::Write {
+                path: to.clone(),
+                offset: at,
+                data: bytes.to_vec(),
+            });
+            Ok(())
+        })?;
         ops.push(PendingOp::Other(Op::SetLen {
             path: to.clone(),
             len,

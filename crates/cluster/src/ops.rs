@@ -109,6 +109,29 @@ impl Op {
     }
 }
 
+/// Reads a file of `len` bytes in chunks of `chunk_bytes` with `read` (buffer, offset) and
+/// hands `each` (offset, bytes) every chunk that is not all zeros: the one rule by which
+/// preallocated block space is left out of snapshots, working copies and replicated copies
+/// (a file's length, set apart, brings the zeros back as holes).
+pub(crate) fn for_each_nonzero_chunk(
+    len: u64,
+    chunk_bytes: usize,
+    mut read: impl FnMut(&mut [u8], u64) -> std::io::Result<()>,
+    mut each: impl FnMut(u64, &[u8]) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; chunk_bytes];
+    let mut at = 0u64;
+    while at < len {
+        let n = usize::try_from((len - at).min(chunk_bytes as u64)).unwrap_or(chunk_bytes);
+        read(&mut buf[..n], at)?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            each(at, &buf[..n])?;
+        }
+        at += n as u64;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

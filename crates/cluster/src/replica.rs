@@ -23,7 +23,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tern_raft::{Applier, ApplyError, LogIndex};
 
-use crate::ops::{Op, RelPath};
+use crate::ops::{Op, RelPath, for_each_nonzero_chunk};
 
 /// Most file handles the applier keeps open between batches.
 pub const MAX_OPEN_FILES: usize = 256;
@@ -311,21 +311,16 @@ fn read_file_chunks(path: &Path, rel: String, budget: &mut usize) -> io::Result<
     let f = File::open(path)?;
     let len = f.metadata()?.len();
     let mut chunks = Vec::new();
-    let mut buf = vec![0u8; CHUNK_BYTES];
-    let mut at = 0u64;
-    while at < len {
-        let n = usize::try_from((len - at).min(CHUNK_BYTES as u64)).unwrap_or(CHUNK_BYTES);
-        f.read_exact_at(&mut buf[..n], at)?;
-        if buf[..n].iter().any(|&b| b != 0) {
-            *budget = budget.checked_sub(n).ok_or_else(|| {
-                io::Error::other(format!(
-                    "snapshot above MAX_SNAPSHOT_BYTES ({MAX_SNAPSHOT_BYTES})"
-                ))
-            })?;
-            chunks.push((at, Bytes::copy_from_slice(&buf[..n])));
-        }
-        at += n as u64;
-    }
+    let read = |buf: &mut [u8], at| f.read_exact_at(buf, at);
+    for_each_nonzero_chunk(len, CHUNK_BYTES, read, |at, bytes| {
+        *budget = budget.checked_sub(bytes.len()).ok_or_else(|| {
+            io::Error::other(format!(
+                "snapshot above MAX_SNAPSHOT_BYTES ({MAX_SNAPSHOT_BYTES})"
+            ))
+        })?;
+        chunks.push((at, Bytes::copy_from_slice(bytes)));
+        Ok(())
+    })?;
     Ok(TreeFile {
         path: rel,
         len,
@@ -378,7 +373,6 @@ fn copy_tree(src: &Path, dest: &Path) -> io::Result<()> {
     fs::create_dir_all(dest)?;
     let mut entries: Vec<_> = fs::read_dir(src)?.collect::<Result<_, _>>()?;
     entries.sort_by_key(|e| e.file_name());
-    let mut buf = vec![0u8; CHUNK_BYTES];
     for e in entries {
         let (from, to) = (e.path(), dest.join(e.file_name()));
         let kind = e.file_type()?;
@@ -388,15 +382,10 @@ fn copy_tree(src: &Path, dest: &Path) -> io::Result<()> {
             let (r, w) = (File::open(&from)?, File::create(&to)?);
             let len = r.metadata()?.len();
             w.set_len(len)?;
-            let mut at = 0u64;
-            while at < len {
-                let n = usize::try_from((len - at).min(CHUNK_BYTES as u64)).unwrap_or(CHUNK_BYTES);
-                r.read_exact_at(&mut buf[..n], at)?;
-                if buf[..n].iter().any(|&b| b != 0) {
-                    w.write_all_at(&buf[..n], at)?;
-                }
-                at += n as u64;
-            }
+            let read = |buf: &mut [u8], at| r.read_exact_at(buf, at);
+            for_each_nonzero_chunk(len, CHUNK_BYTES, read, |at, bytes| {
+                w.write_all_at(bytes, at)
+            })?;
         }
     }
     Ok(())
