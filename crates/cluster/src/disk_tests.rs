@@ -23,7 +23,12 @@ use crate::replica::Replica;
 /// `applier`, if any) when not `held`, and fail while `failing`.
 #[derive(Default)]
 struct FakeState {
+    /// Commits wait while set (the batches are in the log).
     held: AtomicBool,
+    /// Submissions wait while set (before the batch enters the log).
+    submit_held: AtomicBool,
+    /// Submissions begun.
+    submits: AtomicU64,
     failing: AtomicBool,
     term: AtomicU64,
     log: Mutex<Vec<Vec<Bytes>>>,
@@ -52,6 +57,10 @@ impl Fake {
 
 impl Consensus for Fake {
     async fn submit(&self, ops: Vec<Bytes>) -> Result<Proposal, ConsensusError> {
+        self.submits.fetch_add(1, Ordering::SeqCst);
+        while self.submit_held.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         let index = {
             let mut log = self.log.lock().unwrap();
             log.push(ops.clone());
@@ -156,16 +165,19 @@ fn contiguous_writes_merge_and_others_keep_their_order() {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     let fake = Arc::new(Fake::default());
-    fake.held.store(true, Ordering::SeqCst);
+    // Submissions wait: the proposer may take the create alone and wait in its submit;
+    // whatever follows is recorded before it can take more.
+    fake.submit_held.store(true, Ordering::SeqCst);
     let disk = start(&fake, dir.path(), &rt);
     let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
-    // The proposer may take the create alone while held; what follows queues behind it.
-    std::thread::sleep(Duration::from_millis(50));
+    while fake.submits.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(Duration::from_millis(1)); // the proposer took the create
+    }
     f.write_all_at(b"ab", 0).unwrap();
     f.write_all_at(b"cd", 2).unwrap();
     f.write_all_at(b"zz", 10).unwrap();
     f.set_len(12).unwrap();
-    fake.held.store(false, Ordering::SeqCst);
+    fake.submit_held.store(false, Ordering::SeqCst);
     f.sync_data().unwrap();
     let writes: Vec<(u64, Vec<u8>)> = fake
         .ops()
