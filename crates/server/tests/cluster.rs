@@ -10,19 +10,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::Broker;
 use common::durable::{Publisher, Subscriber, duplicates, first_time_order_violations};
+use common::{Broker, free_port};
 use tern_wire::Protocol;
 
 const NODES: usize = 3;
 const TOKEN: &str = "test-token-0123456789";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 struct Cluster {
     nodes: Vec<Broker>,

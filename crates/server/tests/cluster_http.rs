@@ -9,20 +9,13 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::Broker;
 use common::http::{Response, get, request, request_json};
+use common::{Broker, free_port};
 use serde_json::Value;
 
 const TOKEN: &str = "test-token-0123456789";
 /// Bound on each wait for something that must happen (elections on a loaded machine).
 const MUST_WITHIN: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// Node `id`'s config; `peers` are the initial voters (a node not among them is a newcomer).
 fn node_config(id: u16, cluster_port: u16, peers: &[u16]) -> String {

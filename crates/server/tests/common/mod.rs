@@ -327,3 +327,13 @@ pub fn unique(prefix: &str) -> String {
         N.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// A loopback port nothing listens on now (bound and released): for a config that must name
+/// its port before the process starts (a cluster's `peers`). Another process may take it in
+/// between; the tests that use it start their nodes at once.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
