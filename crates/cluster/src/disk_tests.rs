@@ -2,7 +2,6 @@
 //! it feeds: what a fsync waits for, the order and merging of operations, failure for good,
 //! and live files equal to the replica's once committed (the store running on top).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,6 +17,7 @@ use tern_store::vfs::Vfs;
 use super::ReplicatedDisk;
 use crate::ops::Op;
 use crate::replica::Replica;
+use crate::replica::tests::tree;
 
 /// A consensus of one: batches enter the log when submitted, commit (and are applied to
 /// `applier`, if any) when not `held`, and fail while `failing`.
@@ -230,25 +230,6 @@ fn a_disk_of_an_old_term_proposes_nothing() {
     }
     assert!(disk.sync_dir(dir.path()).is_err());
     assert!(fake.ops().is_empty());
-}
-
-fn tree(root: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            let p = e.path();
-            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(p);
-                out.insert(format!("{rel}/"), Vec::new());
-            } else if rel != "LOCK" && !rel.ends_with(".lock") {
-                out.insert(rel, std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    out
 }
 
 #[test]

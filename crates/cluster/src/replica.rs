@@ -393,4 +393,4 @@ fn copy_tree(src: &Path, dest: &Path) -> io::Result<()> {
 
 #[cfg(test)]
 #[path = "replica_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -60,7 +60,8 @@ fn ops(rng: &mut Rng, n: usize) -> Vec<Op> {
     out
 }
 
-fn tree(root: &Path) -> BTreeMap<String, Vec<u8>> {
+/// Every directory (`rel/`) and file (its bytes) below `root`.
+pub(crate) fn tree(root: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
