@@ -130,17 +130,28 @@ pub(crate) fn hold_elections(raft: &Raft, for_ms: u64) {
 /// traffic: [`Request::HoldElections`]).
 pub async fn call(addr: std::net::SocketAddr, req: &Request) -> std::io::Result<Response> {
     let exchange = async {
-        let mut s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))??;
-        s.set_nodelay(true)?;
-        write_frame(&mut s, &encode(req).map_err(invalid)?).await?;
-        let frame = read_frame(&mut s).await?;
-        decode(&frame).map_err(invalid)
+        let mut s = connect(&addr.to_string()).await?;
+        round_trip(&mut s, req).await
     };
     tokio::time::timeout(REQUEST_TIMEOUT, exchange)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out"))?
+}
+
+/// A connection to a peer, within [`CONNECT_TIMEOUT`], without Nagle's delay.
+async fn connect(addr: &str) -> std::io::Result<TcpStream> {
+    let s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))??;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Sends `req` and reads its answer.
+async fn round_trip(s: &mut TcpStream, req: &Request) -> std::io::Result<Response> {
+    write_frame(s, &encode(req).map_err(invalid)?).await?;
+    let frame = read_frame(s).await?;
+    decode(&frame).map_err(invalid)
 }
 
 async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
@@ -273,18 +284,12 @@ pub struct PeerClient {
 impl PeerClient {
     async fn exchange(&mut self, req: &Request) -> std::io::Result<Response> {
         if self.conn.is_none() {
-            let s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
-                .await
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))??;
-            s.set_nodelay(true)?;
-            self.conn = Some(s);
+            self.conn = Some(connect(&self.addr).await?);
         }
         let Some(s) = self.conn.as_mut() else {
             return Err(std::io::Error::other("no connection"));
         };
-        write_frame(s, &encode(req).map_err(invalid)?).await?;
-        let frame = read_frame(s).await?;
-        decode(&frame).map_err(invalid)
+        round_trip(s, req).await
     }
 
     /// One request with a deadline; any failure drops the connection and is `Unreachable`.
