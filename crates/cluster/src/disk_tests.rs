@@ -277,3 +277,44 @@ fn the_replica_holds_the_live_files_once_the_store_has_synced() {
         assert_eq!(l.get(k), Some(v), "{k} differs between live and replica");
     }
 }
+
+/// `MAX_PENDING_BYTES`: while proposals cannot leave, writers wait once that much is
+/// recorded and not proposed, and go on once proposing resumes.
+#[test]
+fn writers_wait_at_the_pending_limit() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    fake.submit_held.store(true, Ordering::SeqCst);
+    let disk = start(&fake, dir.path(), &rt);
+    let f = disk.open_rw(&dir.path().join("big"), true).unwrap();
+    let piece = vec![1u8; super::MAX_WRITE_PIECE_BYTES];
+    let pieces = super::MAX_PENDING_BYTES / piece.len() + 8;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = f.clone();
+    std::thread::spawn(move || {
+        for i in 0..pieces {
+            writer
+                .write_all_at(&piece, (i * piece.len()) as u64)
+                .unwrap();
+            tx.send(i).unwrap();
+        }
+    });
+    // Held: the writer stops short of the last piece.
+    let mut written = 0;
+    while let Ok(i) = rx.recv_timeout(Duration::from_millis(300)) {
+        written = i + 1;
+    }
+    assert!(
+        written < pieces,
+        "{written} of {pieces} written past the limit"
+    );
+    fake.submit_held.store(false, Ordering::SeqCst);
+    while written < pieces {
+        written = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("writes resume")
+            + 1;
+    }
+    f.sync_data().unwrap();
+}
