@@ -24,7 +24,6 @@ the broker's; the log is still watched, and a PUBLISH sent after its PUBREL is r
 """
 
 import collections
-import re
 import threading
 import time
 
@@ -32,14 +31,12 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from paho_log import CONNECT_SENT_LOG, PUBLISH_SENT_LOG, PUBREC_LOG, PUBREL_SENT_LOG
+
 CONNACK_TIMEOUT_S = 3.0
 KEEPALIVE_S = 3
 LOOP_S = 0.02
 RECONNECT_PAUSE_S = 0.05
-PUBREC_LOG = re.compile(r"Received PUBREC \(Mid: (\d+)\)")
-PUBREL_SENT_LOG = re.compile(r"Sending PUBREL \(Mid: (\d+)\)")
-PUBLISH_SENT_LOG = re.compile(r"Sending PUBLISH \(d(\d), q\d, r\d, m(\d+)\)")
-CONNECT_SENT_LOG = re.compile(r"Sending CONNECT ")
 
 
 def _patched_reset_out(self):

@@ -61,7 +61,6 @@ Payloads are "CLIENT_ID:N".
 import json
 import os
 import queue
-import re
 import sys
 import threading
 import time
@@ -69,6 +68,8 @@ import time
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+
+from paho_log import CONNECT_SENT_LOG, PUBLISH_SENT_LOG, PUBREC_LOG, PUBREL_SENT_LOG
 
 HOST = "127.0.0.1"
 # The process never outlives a forgotten test by more than this.
@@ -80,10 +81,6 @@ AWAY_FLUSH_S = 0.5
 # resends every stored message at once, ignoring max_inflight_messages (its reset loop never
 # counts), and a long queue would exceed the broker's Receive Maximum.
 QUEUED_BEHIND_WINDOW = 16
-PUBREC_LOG = re.compile(r"Received PUBREC \(Mid: (\d+)\)")
-PUBREL_SENT_LOG = re.compile(r"Sending PUBREL \(Mid: (\d+)\)")
-PUBLISH_SENT_LOG = re.compile(r"Sending PUBLISH \(d(\d), q\d, r\d, m(\d+)\)")
-CONNECT_SENT_LOG = re.compile(r"Sending CONNECT ")
 
 
 def emit(**event):
