@@ -353,15 +353,9 @@ impl ClusterNode {
                 None => (None, false),
             }
         };
-        // A leader that has not heard from a majority for this long (twice the election
-        // timeout: a loaded machine's fsync stalls must not restart the engine) is on the
-        // minority side of a partition: its engine stops, and its clients go elsewhere.
-        let quorum_lost = status.role == Role::Leader
-            && status
-                .quorum_ack_age_ms
-                .is_none_or(|ms| ms > 2 * status.quorum_ack_max_age_ms);
+        // A leader cut off from its majority stops its engine: its clients go elsewhere.
         let leading = status.role == Role::Leader
-            && !quorum_lost
+            && !status.leader_cut_off()
             && !self.shared.transferring.load(Ordering::SeqCst);
         if running_term.is_some() && (!leading || running_term != Some(status.term) || failed) {
             self.stop_engine("leadership lost or engine failed").await;

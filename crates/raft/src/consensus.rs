@@ -87,6 +87,17 @@ impl ClusterStatus {
             Role::Candidate | Role::Stopped => false,
         }
     }
+
+    /// A leader that has not heard from a majority for twice the election timeout: on the
+    /// minority side of a partition, not merely slow (a loaded machine's fsync stalls exceed
+    /// one election timeout at times; [`ClusterStatus::quorum_reachable`], for `/readyz`,
+    /// says "not ready" already then). False for any other role.
+    pub fn leader_cut_off(&self) -> bool {
+        self.role == Role::Leader
+            && self
+                .quorum_ack_age_ms
+                .is_none_or(|ms| ms > 2 * self.quorum_ack_max_age_ms)
+    }
 }
 
 /// The outcome of a proposal.
