@@ -151,6 +151,10 @@ impl ClusterNode {
                 transferring: std::sync::atomic::AtomicBool::new(false),
             }),
         };
+        // Before anything runs: whoever watches the node (the HTTP side) must have it by the
+        // time this node leads or serves (tests/cluster.rs saw a 404 from a new leader's
+        // `/api/v1/cluster` when this came after the lifecycle's start).
+        started(node.clone());
         let mut tasks = Vec::new();
         for (index, listener) in listeners.into_iter().enumerate() {
             tasks.push(tokio::spawn(
@@ -159,7 +163,6 @@ impl ClusterNode {
         }
         tasks.push(tokio::spawn(node.clone().forwarded_loop(forward_rx)));
         let lifecycle = tokio::spawn(node.clone().lifecycle());
-        started(node.clone());
         shutdown.await;
         for t in &tasks {
             t.abort();

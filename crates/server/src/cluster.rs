@@ -64,6 +64,9 @@ pub(crate) async fn run(
     http: Option<Arc<HttpState>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    if let Some(http) = &http {
+        http.expect_cluster();
+    }
     let config = ClusterConfig::new(node, PathBuf::from(data_dir));
     let cluster_listener = TcpListener::bind(config.raft.bind)
         .await

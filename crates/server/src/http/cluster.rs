@@ -183,6 +183,12 @@ pub(super) const ROLES: [Role; 5] = [
 impl HttpState {
     fn cluster(&self) -> Result<&Arc<dyn ClusterControl>, ClusterActionError> {
         self.cluster.get().ok_or_else(|| {
+            if self
+                .cluster_expected
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                return ClusterActionError::Unavailable("the cluster node is starting".into());
+            }
             ClusterActionError::NotFound(
                 "this node runs without [cluster]: there is no cluster to show or change".into(),
             )

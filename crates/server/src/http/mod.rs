@@ -53,6 +53,9 @@ pub struct HttpState {
     served: RwLock<Option<Arc<Served>>>,
     /// Set once when the node is in a cluster; never on a single node.
     cluster: OnceLock<Arc<dyn ClusterControl>>,
+    /// Set when the process runs with `[cluster]`, before the node is handed over: until
+    /// then the cluster routes answer 503 ("starting"), not 404 ("no cluster").
+    cluster_expected: std::sync::atomic::AtomicBool,
 }
 
 struct Served {
@@ -82,6 +85,12 @@ impl HttpState {
 
     /// Hands the cluster this node belongs to to the HTTP side (once; later calls are
     /// ignored). From then on `/readyz` asks the cluster, not the broker.
+    /// This process runs with `[cluster]`; its node comes with [`HttpState::set_cluster`].
+    pub fn expect_cluster(&self) {
+        self.cluster_expected
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn set_cluster(&self, cluster: Arc<dyn ClusterControl>) {
         let _ = self.cluster.set(cluster);
     }
@@ -91,6 +100,7 @@ impl HttpState {
             settings,
             served: RwLock::new(None),
             cluster: OnceLock::new(),
+            cluster_expected: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
