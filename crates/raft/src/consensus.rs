@@ -402,9 +402,36 @@ impl Consensus for RaftNode {
             return Err(ConsensusError::Membership(format!("{to} is not a voter")));
         }
         let hold_ms = 4 * self.config.election_timeout_max_ms;
-        for v in st.voters.iter().filter(|v| **v != to && **v != self.id) {
+        // Only a node with the whole log can win (the voters compare logs): wait for `to` to
+        // have it (the caller has stopped writing; a restarted node may still catch up).
+        let mut changes = self.status_changes();
+        let caught_up = tokio::time::timeout(Duration::from_millis(hold_ms), async {
+            loop {
+                let st = self.status();
+                let last = st.last_log_index;
+                if st
+                    .replication
+                    .iter()
+                    .any(|p| p.id == to && p.matched_index == last)
+                {
+                    return true;
+                }
+                if !changes.changed().await {
+                    return false;
+                }
+            }
+        })
+        .await;
+        if caught_up != Ok(true) {
+            return Err(ConsensusError::TransferTimedOut(format!(
+                "{to} did not catch up with the log within {hold_ms} ms"
+            )));
+        }
+        // The chosen node may still be held by an earlier transfer: lifted (0).
+        for v in st.voters.iter().filter(|v| **v != self.id) {
+            let for_ms = if *v == to { 0 } else { hold_ms };
             if let Some(addr) = self.member_addr(*v) {
-                let req = crate::network::Request::HoldElections { for_ms: hold_ms };
+                let req = crate::network::Request::HoldElections { for_ms };
                 if let Err(e) = crate::network::call(addr, &req).await {
                     tracing::warn!(peer = %v, error = %e, "raft: could not hold a voter's elections");
                 }
@@ -412,7 +439,6 @@ impl Consensus for RaftNode {
         }
         crate::network::hold_elections(&self.raft, hold_ms);
         self.raft.runtime_config().heartbeat(false);
-        let mut changes = self.status_changes();
         let moved = tokio::time::timeout(Duration::from_millis(hold_ms), async {
             while self.status().leader != Some(to) {
                 if !changes.changed().await {

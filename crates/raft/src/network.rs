@@ -62,8 +62,9 @@ pub enum Request {
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     /// From a leader handing its leadership over (`RaftNode::transfer_leader`): do not start
-    /// an election for `for_ms` (at most [`MAX_HOLD_MS`]), so that only the chosen node does.
-    /// Voting is not held.
+    /// an election for `for_ms` (at most [`MAX_HOLD_MS`]) from now, so that only the chosen
+    /// node does; 0 lifts a hold (the chosen node's, left by an earlier transfer). Voting is
+    /// not held.
     HoldElections {
         for_ms: u64,
     },
@@ -98,17 +99,20 @@ pub const MAX_HOLD_MS: u64 = 10_000;
 static HOLDS: std::sync::Mutex<Vec<(NodeId, tokio::time::Instant)>> =
     std::sync::Mutex::new(Vec::new());
 
-/// Stops this node from starting elections for `for_ms` (at most [`MAX_HOLD_MS`]); they
-/// start again by themselves once the last hold has run out.
+/// Stops this node from starting elections for `for_ms` from now (at most [`MAX_HOLD_MS`];
+/// it replaces an earlier hold, and 0 lifts it); they start again by themselves once the
+/// hold has run out.
 pub(crate) fn hold_elections(raft: &Raft, for_ms: u64) {
     let id = raft.metrics().borrow().id;
     let until = tokio::time::Instant::now() + Duration::from_millis(for_ms.min(MAX_HOLD_MS));
     {
         let mut holds = HOLDS.lock().unwrap_or_else(|e| e.into_inner());
-        match holds.iter_mut().find(|(n, _)| *n == id) {
-            Some((_, u)) => *u = (*u).max(until),
-            None => holds.push((id, until)),
+        holds.retain(|(n, _)| *n != id);
+        if for_ms == 0 {
+            raft.runtime_config().elect(true);
+            return;
         }
+        holds.push((id, until));
     }
     raft.runtime_config().elect(false);
     let raft = raft.clone();
