@@ -31,16 +31,25 @@ def log(msg):
 
 
 def free_ports(count):
-    """Ports the kernel has just handed out (closed again: a small race with other programs)."""
-    socks, ports = [], []
-    for _ in range(count):
+    """Ports nothing listens on now, taken below the kernel's ephemeral range (32768-60999):
+    a port bound at 0 and released could be handed to another program's socket before the
+    node binds it. Below that range only explicit binds take ports."""
+    first, span = 20000, 12000
+    start = random.randrange(span)
+    ports = []
+    for i in range(span):
+        port = first + (start + i) % span
         s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"no {count} free ports between {first} and {first + span}")
 
 
 def port_open(host, port, timeout_s=0.3):

@@ -328,12 +328,34 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// A loopback port nothing listens on now (bound and released): for a config that must name
-/// its port before the process starts (a cluster's `peers`). Another process may take it in
-/// between; the tests that use it start their nodes at once.
+/// A loopback port nothing listens on now: for a config that must name its port before the
+/// process starts (a cluster's `peers`).
+///
+/// Taken below the kernel's ephemeral range (32768-60999 on Linux), which every other test
+/// binds through port 0: a port bound and released from that range was taken by a concurrent
+/// test's broker in CI ("Address already in use"). Below it only this function hands ports
+/// out, each at most once per process (a counter), starting at a per-process offset; cargo runs
+/// test binaries one after another.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST_PORT: u32 = 20_000;
+    const PORTS: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % PORTS,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..PORTS {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % PORTS;
+        let port = u16::try_from(FIRST_PORT + offset).expect("below 32000");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!(
+        "no free port between {FIRST_PORT} and {}",
+        FIRST_PORT + PORTS
+    )
 }
