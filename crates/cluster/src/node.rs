@@ -191,6 +191,25 @@ impl ClusterNode {
         if to == self.status().node_id {
             return Ok(());
         }
+        // Under load the chosen voter follows a moving end of the log: the engine is stopped
+        // only once it has what this node has now, so that its exact catch-up, with the
+        // engine stopped, is short (a node just restarted may need seconds).
+        let st = self.status();
+        if st.role == tern_raft::Role::Leader
+            && st.voters.contains(&to)
+            && !self
+                .shared
+                .raft
+                .wait_replicated(to, st.last_log_index, tern_raft::TRANSFER_CATCH_UP_MS)
+                .await
+        {
+            return Err(ClusterError::from(
+                tern_raft::ConsensusError::TransferTimedOut(format!(
+                    "{to} did not catch up within {} ms",
+                    tern_raft::TRANSFER_CATCH_UP_MS
+                )),
+            ));
+        }
         self.shared.transferring.store(true, Ordering::SeqCst);
         self.stop_engine("leadership handed over").await;
         let moved = self.shared.raft.transfer_leader(to).await;

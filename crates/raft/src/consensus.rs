@@ -193,7 +193,46 @@ fn role(s: ServerState) -> Role {
     }
 }
 
+/// Longest a leader transfer waits for the chosen voter to have the leader's whole log (a
+/// node just restarted replays and catches up first; the leader's engine is stopped
+/// meanwhile, so this also bounds that pause).
+pub const TRANSFER_CATCH_UP_MS: u64 = 10_000;
+
 impl RaftNode {
+    /// Leader only: waits until peer `to` is known to hold the log up to `index` on its disk
+    /// (`None`: the leader's last index at each look), at most `timeout_ms`. `false` on a
+    /// timeout, or once this node stops leading or stops.
+    pub async fn wait_replicated(
+        &self,
+        to: NodeId,
+        index: Option<LogIndex>,
+        timeout_ms: u64,
+    ) -> bool {
+        let mut changes = self.status_changes();
+        let wait = async {
+            loop {
+                let st = self.status();
+                if st.role != Role::Leader {
+                    return false;
+                }
+                let target = index.or(st.last_log_index);
+                if st
+                    .replication
+                    .iter()
+                    .any(|p| p.id == to && p.matched_index >= target)
+                {
+                    return true;
+                }
+                if !changes.changed().await {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_millis(timeout_ms), wait)
+            .await
+            .unwrap_or(false)
+    }
+
     async fn change(
         &self,
         changes: ChangeMembers<NodeId, BasicNode>,
@@ -401,32 +440,20 @@ impl Consensus for RaftNode {
         if !st.voters.contains(&to) {
             return Err(ConsensusError::Membership(format!("{to} is not a voter")));
         }
-        let hold_ms = 4 * self.config.election_timeout_max_ms;
+        // The longest a voter waits on its own timer before it campaigns: the leader lease
+        // (election_timeout_max) + its election timeout (<= max) + openraft's smaller-log
+        // delay (2 x max) after a lost campaign = 4 x max; and a margin for the vote itself.
+        let hold_ms = 6 * self.config.election_timeout_max_ms;
         // Only a node with the whole log can win (the voters compare logs): wait for `to` to
         // have it (the caller has stopped writing; a restarted node may still catch up).
-        let mut changes = self.status_changes();
-        let caught_up = tokio::time::timeout(Duration::from_millis(hold_ms), async {
-            loop {
-                let st = self.status();
-                let last = st.last_log_index;
-                if st
-                    .replication
-                    .iter()
-                    .any(|p| p.id == to && p.matched_index == last)
-                {
-                    return true;
-                }
-                if !changes.changed().await {
-                    return false;
-                }
-            }
-        })
-        .await;
-        if caught_up != Ok(true) {
+        let started = tokio::time::Instant::now();
+        if !self.wait_replicated(to, None, TRANSFER_CATCH_UP_MS).await {
             return Err(ConsensusError::TransferTimedOut(format!(
-                "{to} did not catch up with the log within {hold_ms} ms"
+                "{to} did not catch up with the log within {TRANSFER_CATCH_UP_MS} ms"
             )));
         }
+        tracing::info!(to = %to, after_ms = started.elapsed().as_millis() as u64, "raft: transfer: the chosen voter has the whole log");
+        let mut changes = self.status_changes();
         // The chosen node may still be held by an earlier transfer: lifted (0).
         for v in st.voters.iter().filter(|v| **v != self.id) {
             let for_ms = if *v == to { 0 } else { hold_ms };
@@ -439,6 +466,15 @@ impl Consensus for RaftNode {
         }
         crate::network::hold_elections(&self.raft, hold_ms);
         self.raft.runtime_config().heartbeat(false);
+        // The voters' leases (openraft: the largest election timeout) run out that long after
+        // the last heartbeat; `to` campaigns a heartbeat interval later.
+        let after_ms = self.config.election_timeout_max_ms + self.config.heartbeat_interval_ms;
+        if let Some(addr) = self.member_addr(to) {
+            let req = crate::network::Request::Campaign { after_ms };
+            if let Err(e) = crate::network::call(addr, &req).await {
+                tracing::warn!(peer = %to, error = %e, "raft: could not ask the chosen voter to campaign (its own timer will)");
+            }
+        }
         let moved = tokio::time::timeout(Duration::from_millis(hold_ms), async {
             while self.status().leader != Some(to) {
                 if !changes.changed().await {
@@ -450,7 +486,10 @@ impl Consensus for RaftNode {
         .await;
         self.raft.runtime_config().heartbeat(true);
         match moved {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                tracing::info!(to = %to, after_ms = started.elapsed().as_millis() as u64, "raft: transfer: the chosen voter leads");
+                Ok(())
+            }
             _ => Err(ConsensusError::TransferTimedOut(format!(
                 "{to} did not take the leadership within {hold_ms} ms"
             ))),

@@ -28,7 +28,9 @@ pub mod node;
 pub mod state_machine;
 pub mod types;
 
-pub use consensus::{ClusterStatus, Committed, Consensus, PeerReplication, Proposal, Role};
+pub use consensus::{
+    ClusterStatus, Committed, Consensus, PeerReplication, Proposal, Role, TRANSFER_CATCH_UP_MS,
+};
 pub use error::ConsensusError;
 pub use node::{Member, NodeConfig, RaftNode, StatusChanges};
 pub use state_machine::{Applier, ApplyError, RECORD_APPLIED_INTERVAL_MS};

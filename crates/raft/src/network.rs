@@ -68,6 +68,15 @@ pub enum Request {
     HoldElections {
         for_ms: u64,
     },
+    /// From a leader handing its leadership to this node: start an election once `after_ms`
+    /// (at most [`MAX_HOLD_MS`]) have passed, the time the voters' leader leases need to run
+    /// out after the leader's last heartbeat. Without it the node campaigns on its own timer,
+    /// which openraft 0.9 lengthens by twice the election timeout after a campaign of this
+    /// node lost to a longer log: a transfer then took ~2.4 s and timed out. An election
+    /// that comes too early loses (the leases reject it) and the timer path remains.
+    Campaign {
+        after_ms: u64,
+    },
 }
 
 /// The answer to a [`Request`], of the same kind.
@@ -87,6 +96,16 @@ pub async fn handle(raft: &Raft, req: Request) -> Response {
         Request::Snapshot(r) => Response::Snapshot(raft.install_snapshot(r).await),
         Request::HoldElections { for_ms } => {
             hold_elections(raft, for_ms);
+            Response::Held
+        }
+        Request::Campaign { after_ms } => {
+            let raft = raft.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(after_ms.min(MAX_HOLD_MS))).await;
+                if let Err(e) = raft.trigger().elect().await {
+                    tracing::warn!(error = %e, "raft: could not start the election a transfer asked for");
+                }
+            });
             Response::Held
         }
     }
