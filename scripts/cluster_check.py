@@ -57,6 +57,8 @@ def parse_args(argv):
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--pauses", type=int, default=2)
     p.add_argument("--partition", action="store_true")
+    p.add_argument("--transfers", type=int, default=0,
+                   help="leader transfers (POST /api/v1/cluster/leader) under the load; tern only")
     p.add_argument("--seconds", type=float, default=40.0)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--sync", help="tern --sync POLICY (e.g. never, to show a loss)")
@@ -88,6 +90,7 @@ class Run:
         self.kills = []  # {"t", "node", "leader_known", "failover_s"}
         self.pauses = []
         self.partitions = []  # {"node", "from", "to"}
+        self.transfers = []  # {"t", "from", "to", "status", "took_s", "writes_after_s"}
         self.stop = threading.Event()
         self.exits = []  # nodes that exited without our SIGKILL
         self.pubs, self.subs = [], []
@@ -230,9 +233,40 @@ class Run:
                                 "majority_writes_after_s": writes_s})
         log(f"  healed; the majority acknowledged again {writes_s} s after the cut")
 
+    def do_transfer(self):
+        """Hands the leadership to another node (the next in order) through the leader's HTTP
+        API, once that node has the log the leader had committed (a node just restarted may
+        still catch up: the leader would answer 503 after 10 s)."""
+        leader = self.wait_for_leader(10.0)
+        if leader is None or self.args.broker != "tern":
+            return
+        to = self.nodes[leader.index % len(self.nodes)]
+        deadline = time.monotonic() + 30.0
+        view = leader.http_json("/api/v1/cluster") or {}
+        commit = view.get("commit_index") or 0
+        while time.monotonic() < deadline:
+            view = leader.http_json("/api/v1/cluster") or {}
+            match = [m.get("match_index") or 0 for m in view.get("members", [])
+                     if m.get("id") == to.index]
+            if match and match[0] >= commit:
+                break
+            time.sleep(0.1)
+        t = self.clock.now()
+        status, body = leader.http_post("/api/v1/cluster/leader", {"id": to.index})
+        took = round(self.clock.now() - t, 3)
+        log(f"transfer {leader.name} -> {to.name}: {status} {body} ({took} s)")
+        deadline = time.monotonic() + FAILOVER_GIVE_UP_S
+        while self.acks_after(t) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = self.acks_after(t)
+        self.transfers.append({"t": t, "from": leader.index, "to": to.index, "status": status,
+                               "took_s": took,
+                               "writes_after_s": round(first - t, 3) if first else None})
+        log(f"  writes again after {self.transfers[-1]['writes_after_s']} s")
+
     def faults(self):
         a = self.args
-        events = ["kill"] * a.kills + ["pause"] * a.pauses
+        events = ["kill"] * a.kills + ["pause"] * a.pauses + ["transfer"] * a.transfers
         self.rng.shuffle(events)
         if a.partition:
             events.insert(len(events) // 2, "partition")
@@ -243,7 +277,8 @@ class Run:
             while self.clock.now() - self.t_load < due:
                 self.note_exits()
                 time.sleep(0.05)
-            {"kill": self.do_kill, "pause": self.do_pause, "partition": self.do_partition}[ev]()
+            {"kill": self.do_kill, "pause": self.do_pause, "partition": self.do_partition,
+             "transfer": self.do_transfer}[ev]()
         while self.clock.now() - self.t_load < end:
             self.note_exits()
             time.sleep(0.1)
@@ -369,6 +404,7 @@ class Run:
             "failover_max_s": max(fail) if fail else None,
             "kills": len(self.kills), "pauses": len(self.pauses),
             "partitions": len(self.partitions),
+            "transfers": self.transfers,
             # From the cut to the first new acknowledgement through the other nodes. None (no
             # acknowledgement through the majority before the heal) fails the run: the
             # majority must go on. Clients whose connection a follower forwards to the cut
@@ -391,6 +427,8 @@ class Run:
               and result["minority_acks"] == 0 and result["unfinished_publishers"] == 0
               and not self.exits
               and all(c.get("majority_writes_after_s") is not None for c in self.partitions)
+              and all(x["status"] == 200 and x["writes_after_s"] is not None
+                      for x in self.transfers)
               and (not fail or max(fail) <= FAILOVER_LIMIT_S))
         result["ok"] = ok
         if a.keep:

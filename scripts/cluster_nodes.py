@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 # How long a node may take from exec to a listening MQTT port.
@@ -202,6 +203,20 @@ class Node:
                 return json.loads(resp.read())
         except (OSError, ValueError):
             return None
+
+    def http_post(self, path, body, timeout_s=30.0):
+        """(status, parsed JSON body or None) of a token-guarded POST; (None, error) if no answer."""
+        req = urllib.request.Request(f"http://{self.host}:{self.http_port}{path}",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {HTTP_TOKEN}",
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+        except (OSError, ValueError) as e:
+            return None, str(e)
 
     def leader_view(self):
         """(leader's node index or None, term) as this node sees it; None if it cannot tell."""
