@@ -7,7 +7,7 @@
 # The logic is scripts/cluster_check.py (clients: cluster_clients.py, nodes: cluster_nodes.py).
 #
 # Usage: scripts/cluster-check.sh [--kills N] [--pauses N] [--partition] [--transfers N]
-#                                 [--seconds S] [--keep]
+#                                 [--power-losses N] [--power-loss-all] [--seconds S] [--keep]
 #                                 [--broker tern|tern-single|nats] [--bin PATH] [--sync POLICY]
 #                                 [--wipe-on-kill] [--receiver-at-publish] [--seed N]
 #                                 [--rate MSGS_PER_S] [--window W]
@@ -23,6 +23,12 @@
 #   --transfers N   hand the leadership to the next node N times (POST /api/v1/cluster/leader
 #                   on the leader, once the chosen node has the committed log); each must
 #                   answer 200 and writes must resume (transfers: status, took_s, writes_after_s)
+#   --power-losses N  cut the leader's power N times: every node's data dir is an ext4 file
+#                   system on a loop device of its own (root); the node is stopped, its disk
+#                   image copied as it is (what had reached the device: everything fsynced, some
+#                   of the rest), killed, the copy mounted in place of its disk, restarted
+#                   (scripts/cluster_power.py); power_losses: down_s, writes_after_s
+#   --power-loss-all  once, the same for every node at the same instant
 #   --seconds S     length of the load phase; the faults are spread evenly over it (default 40)
 #   --keep          keep the work directory (configs, data dirs, broker logs)
 #   --broker B      tern (default: three nodes with [cluster]); tern-single (one node without
@@ -37,7 +43,8 @@
 #                   to show that the checker reports lost and duplicated messages
 #   --self-test     only the checker, on made-up records with one lost, one duplicated and one
 #                   reordered message: it must count exactly those
-# CI's short mode: --kills 3 --pauses 2 --partition --transfers 2 --seconds 40 (about 75 s in all).
+# CI's short mode: --kills 3 --pauses 2 --partition --transfers 2 --power-losses 1
+#   --power-loss-all --seconds 40 (about 80 s in all).
 # The last line on stdout is one JSON object: {"lost":0,"duplicates":0,"reordered":0,
 # "failover_max_s":1.2,"kills":3,"pauses":2,...}. Exit 1 when lost, duplicates, reordered or
 # minority_acks is above 0, a publisher could not finish, a transfer failed, or failover_max_s > 3; 2 when the run
@@ -50,13 +57,13 @@ BIN=""
 ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h | --help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^# could not be made/p' "$0"; exit 0 ;;
     --self-test) # the checker alone, on made-up records with known faults
       exec "$(bash "$ROOT/scripts/pydeps.sh" | tail -1)" "$ROOT/scripts/cluster_check.py" --self-test ;;
     --broker) BROKER="$2"; ARGS+=("$1" "$2"); shift 2 ;;
     --bin) BIN="$2"; shift 2 ;;
-    --partition | --keep | --wipe-on-kill | --receiver-at-publish) ARGS+=("$1"); shift ;;
-    --kills | --pauses | --transfers | --seconds | --sync | --seed | --rate | --window | --netns | \
+    --partition | --keep | --wipe-on-kill | --receiver-at-publish | --power-loss-all) ARGS+=("$1"); shift ;;
+    --kills | --pauses | --transfers | --power-losses | --seconds | --sync | --seed | --rate | --window | --netns | \
       --restart-after-s | --partition-s)
       ARGS+=("$1" "$2"); shift 2 ;;
     *) echo "cluster-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;

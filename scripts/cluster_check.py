@@ -38,6 +38,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster_nodes as cn  # noqa: E402
+import cluster_power  # noqa: E402
 from cluster_clients import Clock, Publisher, Subscriber  # noqa: E402
 
 FAILOVER_LIMIT_S = 3.0
@@ -57,6 +58,10 @@ def parse_args(argv):
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--pauses", type=int, default=2)
     p.add_argument("--partition", action="store_true")
+    p.add_argument("--power-losses", type=int, default=0,
+                   help="power losses of the leader (its disk keeps what had reached it)")
+    p.add_argument("--power-loss-all", action="store_true",
+                   help="once, a power loss of every node at the same instant")
     p.add_argument("--transfers", type=int, default=0,
                    help="leader transfers (POST /api/v1/cluster/leader) under the load; tern only")
     p.add_argument("--seconds", type=float, default=40.0)
@@ -91,6 +96,8 @@ class Run:
         self.pauses = []
         self.partitions = []  # {"node", "from", "to"}
         self.transfers = []  # {"t", "from", "to", "status", "took_s", "writes_after_s"}
+        self.power_losses = []  # {"t", "nodes", "down_s", "writes_after_s"}
+        self.disks = {}  # node index -> cluster_power.LoopDisk
         self.stop = threading.Event()
         self.exits = []  # nodes that exited without our SIGKILL
         self.pubs, self.subs = [], []
@@ -107,6 +114,13 @@ class Run:
             self.netns.setup()
         self.nodes = cn.make_nodes("nats" if a.broker == "nats" else a.broker, count, a.bin,
                                    self.work, self.netns, a.sync)
+        if a.power_losses or a.power_loss_all:
+            why = cluster_power.available()
+            if why:
+                raise SystemExit(f"cluster-check: {why}")
+            for node in self.nodes:
+                self.disks[node.index] = cluster_power.LoopDisk(node)
+                self.disks[node.index].setup()
         for node in self.nodes:
             node.start()
         for node in self.nodes:
@@ -264,12 +278,39 @@ class Run:
                                "writes_after_s": round(first - t, 3) if first else None})
         log(f"  writes again after {self.transfers[-1]['writes_after_s']} s")
 
+    def do_power_loss(self, every_node=False):
+        """The leader's power (or every node's) goes out; the node restarts from what had
+        reached its disk (scripts/cluster_power.py)."""
+        self.note_exits()
+        if every_node:
+            victims = [n for n in self.nodes]
+        else:
+            victim, _known = cn.pick_victim(self.nodes, self.rng)
+            victims = [victim] if victim is not None else []
+        if not victims:
+            return
+        t = self.clock.now()
+        log(f"power loss: {', '.join(n.name for n in victims)}")
+        down = cluster_power.power_loss(victims, self.disks, self.restart)
+        deadline = time.monotonic() + FAILOVER_GIVE_UP_S
+        while self.acks_after(t) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = self.acks_after(t)
+        self.power_losses.append({"t": t, "nodes": [n.index for n in victims],
+                                  "down_s": round(down, 3),
+                                  "writes_after_s": round(first - t, 3) if first else None})
+        log(f"  back after {down:.2f} s; writes again after "
+            f"{self.power_losses[-1]['writes_after_s']} s")
+
     def faults(self):
         a = self.args
-        events = ["kill"] * a.kills + ["pause"] * a.pauses + ["transfer"] * a.transfers
+        events = (["kill"] * a.kills + ["pause"] * a.pauses + ["transfer"] * a.transfers
+                  + ["power"] * a.power_losses)
         self.rng.shuffle(events)
         if a.partition:
             events.insert(len(events) // 2, "partition")
+        if a.power_loss_all:
+            events.insert(2 * len(events) // 3, "power-all")
         end = a.seconds
         gap = end / (len(events) + 1)
         for i, ev in enumerate(events):
@@ -278,7 +319,8 @@ class Run:
                 self.note_exits()
                 time.sleep(0.05)
             {"kill": self.do_kill, "pause": self.do_pause, "partition": self.do_partition,
-             "transfer": self.do_transfer}[ev]()
+             "transfer": self.do_transfer, "power": self.do_power_loss,
+             "power-all": lambda: self.do_power_loss(every_node=True)}[ev]()
         while self.clock.now() - self.t_load < end:
             self.note_exits()
             time.sleep(0.1)
@@ -397,6 +439,7 @@ class Run:
             self.stop.set()
             for n in self.nodes:
                 n.stop()
+            cluster_power.teardown(self.disks)
             if self.netns:
                 self.netns.teardown()
         fail = [k["failover_s"] for k in self.kills if "failover_s" in k]
@@ -405,6 +448,7 @@ class Run:
             "kills": len(self.kills), "pauses": len(self.pauses),
             "partitions": len(self.partitions),
             "transfers": self.transfers,
+            "power_losses": self.power_losses,
             # From the cut to the first new acknowledgement through the other nodes. None (no
             # acknowledgement through the majority before the heal) fails the run: the
             # majority must go on. Clients whose connection a follower forwards to the cut
@@ -429,6 +473,7 @@ class Run:
               and all(c.get("majority_writes_after_s") is not None for c in self.partitions)
               and all(x["status"] == 200 and x["writes_after_s"] is not None
                       for x in self.transfers)
+              and all(x["writes_after_s"] is not None for x in self.power_losses)
               and (not fail or max(fail) <= FAILOVER_LIMIT_S))
         result["ok"] = ok
         if a.keep:
