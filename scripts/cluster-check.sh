@@ -7,7 +7,8 @@
 # The logic is scripts/cluster_check.py (clients: cluster_clients.py, nodes: cluster_nodes.py).
 #
 # Usage: scripts/cluster-check.sh [--kills N] [--pauses N] [--partition] [--transfers N]
-#                                 [--power-losses N] [--power-loss-all] [--seconds S] [--keep]
+#                                 [--power-losses N] [--power-loss-all] [--membership]
+#                                 [--seconds S] [--keep]
 #                                 [--broker tern|tern-single|nats] [--bin PATH] [--sync POLICY]
 #                                 [--wipe-on-kill] [--receiver-at-publish] [--seed N]
 #                                 [--rate MSGS_PER_S] [--window W]
@@ -29,6 +30,10 @@
 #                   of the rest), killed, the copy mounted in place of its disk, restarted
 #                   (scripts/cluster_power.py); power_losses: down_s, writes_after_s
 #   --power-loss-all  once, the same for every node at the same instant
+#   --membership    once: start a fourth, empty node and add it under the load (POST
+#                   /api/v1/cluster/members: a learner, promoted once caught up), then remove a
+#                   follower of the first three (DELETE) and stop it; both must answer 200
+#                   and writes go on (membership: add_s, writes_after_s)
 #   --seconds S     length of the load phase; the faults are spread evenly over it (default 40)
 #   --keep          keep the work directory (configs, data dirs, broker logs)
 #   --broker B      tern (default: three nodes with [cluster]); tern-single (one node without
@@ -62,7 +67,8 @@ while [ $# -gt 0 ]; do
       exec "$(bash "$ROOT/scripts/pydeps.sh" | tail -1)" "$ROOT/scripts/cluster_check.py" --self-test ;;
     --broker) BROKER="$2"; ARGS+=("$1" "$2"); shift 2 ;;
     --bin) BIN="$2"; shift 2 ;;
-    --partition | --keep | --wipe-on-kill | --receiver-at-publish | --power-loss-all) ARGS+=("$1"); shift ;;
+    --partition | --keep | --wipe-on-kill | --receiver-at-publish | --power-loss-all | \
+      --membership) ARGS+=("$1"); shift ;;
     --kills | --pauses | --transfers | --power-losses | --seconds | --sync | --seed | --rate | --window | --netns | \
       --restart-after-s | --partition-s)
       ARGS+=("$1" "$2"); shift 2 ;;

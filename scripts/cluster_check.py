@@ -62,6 +62,9 @@ def parse_args(argv):
                    help="power losses of the leader (its disk keeps what had reached it)")
     p.add_argument("--power-loss-all", action="store_true",
                    help="once, a power loss of every node at the same instant")
+    p.add_argument("--membership", action="store_true",
+                   help="once, under the load: start a fourth, empty node, add it (it is "
+                        "promoted once caught up), then remove a follower of the first three")
     p.add_argument("--transfers", type=int, default=0,
                    help="leader transfers (POST /api/v1/cluster/leader) under the load; tern only")
     p.add_argument("--seconds", type=float, default=40.0)
@@ -98,6 +101,9 @@ class Run:
         self.transfers = []  # {"t", "from", "to", "status", "took_s", "writes_after_s"}
         self.power_losses = []  # {"t", "nodes", "down_s", "writes_after_s"}
         self.disks = {}  # node index -> cluster_power.LoopDisk
+        self.spares = []  # nodes not yet members (--membership)
+        self.removed = []  # nodes removed from the cluster (stopped)
+        self.membership = []  # {"t", "added", "add_status", "add_s", "removed", ...}
         self.stop = threading.Event()
         self.exits = []  # nodes that exited without our SIGKILL
         self.pubs, self.subs = [], []
@@ -107,18 +113,20 @@ class Run:
         a = self.args
         count = 1 if a.broker == "tern-single" else 3
         use_ns = a.netns == "on" or (a.netns == "auto" and a.partition)
+        spares = 1 if a.membership and a.broker == "tern" else 0
         if use_ns:
             if os.geteuid() != 0 or not shutil.which("ip"):
                 raise SystemExit("cluster-check: --partition / --netns need root and `ip`")
-            self.netns = cn.Netns(count)
+            self.netns = cn.Netns(count + spares)
             self.netns.setup()
-        self.nodes = cn.make_nodes("nats" if a.broker == "nats" else a.broker, count, a.bin,
-                                   self.work, self.netns, a.sync)
+        made = cn.make_nodes("nats" if a.broker == "nats" else a.broker, count, a.bin,
+                             self.work, self.netns, a.sync, spares=spares)
+        self.nodes, self.spares = made[:count], made[count:]
         if a.power_losses or a.power_loss_all:
             why = cluster_power.available()
             if why:
                 raise SystemExit(f"cluster-check: {why}")
-            for node in self.nodes:
+            for node in made:
                 self.disks[node.index] = cluster_power.LoopDisk(node)
                 self.disks[node.index].setup()
         for node in self.nodes:
@@ -254,7 +262,7 @@ class Run:
         leader = self.wait_for_leader(10.0)
         if leader is None or self.args.broker != "tern":
             return
-        to = self.nodes[leader.index % len(self.nodes)]
+        to = self.nodes[(self.nodes.index(leader) + 1) % len(self.nodes)]
         deadline = time.monotonic() + 30.0
         view = leader.http_json("/api/v1/cluster") or {}
         commit = view.get("commit_index") or 0
@@ -302,6 +310,43 @@ class Run:
         log(f"  back after {down:.2f} s; writes again after "
             f"{self.power_losses[-1]['writes_after_s']} s")
 
+    def do_membership(self):
+        """Adds the spare node under the load (it joins as a learner, catches up, and the call
+        answers once it is promoted), then removes a follower of the others and stops it."""
+        if not self.spares:
+            return
+        spare = self.spares.pop(0)
+        t = self.clock.now()
+        spare.start()
+        spare.wait_listening()
+        leader = self.wait_for_leader(10.0)
+        if leader is None:
+            return
+        body = {"id": spare.index, "addr": f"{spare.host}:{spare.cluster_port}"}
+        status, answer = leader.http_post("/api/v1/cluster/members", body, timeout_s=120.0)
+        added_s = round(self.clock.now() - t, 3)
+        log(f"add {spare.name} through {leader.name}: {status} {answer} ({added_s} s)")
+        self.nodes.append(spare)
+        record = {"t": t, "added": spare.index, "add_status": status, "add_s": added_s}
+        leader = self.wait_for_leader(10.0)
+        victims = [n for n in self.nodes if n is not leader and n is not spare and n.alive()]
+        if leader is not None and victims:
+            victim = self.rng.choice(victims)
+            t1 = self.clock.now()
+            status, answer = leader.http_post(f"/api/v1/cluster/members/{victim.index}", None,
+                                              timeout_s=60.0, method="DELETE")
+            log(f"remove {victim.name} through {leader.name}: {status} {answer}")
+            self.nodes.remove(victim)
+            self.removed.append(victim)
+            victim.stop()
+            deadline = time.monotonic() + FAILOVER_GIVE_UP_S
+            while self.acks_after(t1) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            first = self.acks_after(t1)
+            record.update({"removed": victim.index, "remove_status": status,
+                           "writes_after_s": round(first - t1, 3) if first else None})
+        self.membership.append(record)
+
     def faults(self):
         a = self.args
         events = (["kill"] * a.kills + ["pause"] * a.pauses + ["transfer"] * a.transfers
@@ -311,6 +356,8 @@ class Run:
             events.insert(len(events) // 2, "partition")
         if a.power_loss_all:
             events.insert(2 * len(events) // 3, "power-all")
+        if a.membership:
+            events.insert(len(events) // 3, "membership")
         end = a.seconds
         gap = end / (len(events) + 1)
         for i, ev in enumerate(events):
@@ -320,7 +367,8 @@ class Run:
                 time.sleep(0.05)
             {"kill": self.do_kill, "pause": self.do_pause, "partition": self.do_partition,
              "transfer": self.do_transfer, "power": self.do_power_loss,
-             "power-all": lambda: self.do_power_loss(every_node=True)}[ev]()
+             "power-all": lambda: self.do_power_loss(every_node=True),
+             "membership": self.do_membership}[ev]()
         while self.clock.now() - self.t_load < end:
             self.note_exits()
             time.sleep(0.1)
@@ -437,7 +485,7 @@ class Run:
             result["unfinished_publishers"] = len(unfinished)
         finally:
             self.stop.set()
-            for n in self.nodes:
+            for n in self.nodes + self.spares + self.removed:
                 n.stop()
             cluster_power.teardown(self.disks)
             if self.netns:
@@ -449,6 +497,7 @@ class Run:
             "partitions": len(self.partitions),
             "transfers": self.transfers,
             "power_losses": self.power_losses,
+            "membership": self.membership,
             # From the cut to the first new acknowledgement through the other nodes. None (no
             # acknowledgement through the majority before the heal) fails the run: the
             # majority must go on. Clients whose connection a follower forwards to the cut
@@ -474,6 +523,8 @@ class Run:
               and all(x["status"] == 200 and x["writes_after_s"] is not None
                       for x in self.transfers)
               and all(x["writes_after_s"] is not None for x in self.power_losses)
+              and all(x["add_status"] == 200 and x.get("remove_status") == 200
+                      and x.get("writes_after_s") is not None for x in self.membership)
               and (not fail or max(fail) <= FAILOVER_LIMIT_S))
         result["ok"] = ok
         if a.keep:

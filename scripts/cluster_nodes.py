@@ -204,10 +204,12 @@ class Node:
         except (OSError, ValueError):
             return None
 
-    def http_post(self, path, body, timeout_s=30.0):
-        """(status, parsed JSON body or None) of a token-guarded POST; (None, error) if no answer."""
+    def http_post(self, path, body, timeout_s=30.0, method="POST"):
+        """(status, parsed JSON body or None) of a token-guarded POST (or `method`); (None,
+        error) if no answer."""
+        data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"http://{self.host}:{self.http_port}{path}",
-                                     data=json.dumps(body).encode(), method="POST",
+                                     data=data, method=method,
                                      headers={"Authorization": f"Bearer {HTTP_TOKEN}",
                                               "Content-Type": "application/json"})
         try:
@@ -332,11 +334,13 @@ mqtt {{ listen: {self.host}:{self.mqtt_port} }}
             return (None, 0)
 
 
-def make_nodes(kind, count, binary, work, netns, sync):
-    """The nodes of one run, configured but not started."""
-    ports = free_ports(4 * count)
+def make_nodes(kind, count, binary, work, netns, sync, spares=0):
+    """The nodes of one run, configured but not started: `count` initial members, then `spares`
+    more (tern) whose `peers` name only the initial members: started later, they wait to be
+    added (POST /api/v1/cluster/members)."""
+    ports = free_ports(4 * (count + spares))
     nodes = []
-    for i in range(1, count + 1):
+    for i in range(1, count + spares + 1):
         host = netns.ip_of(i) if netns else "127.0.0.1"
         if netns:  # every namespace has the same ports to itself
             mqtt_port, cluster_port, http_port, client_port = 1883, 7001, 8081, 4222
@@ -345,7 +349,8 @@ def make_nodes(kind, count, binary, work, netns, sync):
         nodes.append((i, host, mqtt_port, cluster_port, http_port, client_port))
     made = []
     if kind in ("tern", "tern-single"):
-        peers = [f"{i}={h}:{c}" for (i, h, _m, c, _h, _p) in nodes] if kind == "tern" else None
+        peers = ([f"{i}={h}:{c}" for (i, h, _m, c, _h, _p) in nodes[:count]]
+                 if kind == "tern" else None)
         for (i, h, m, c, hp, _p) in nodes:
             node = TernNode(i, h, m, c, hp, work, netns=netns, peers=peers, sync=sync)
             node.write_config(binary)
