@@ -121,7 +121,8 @@ impl Applier for ReplicaApplier {
 
     fn snapshot(&mut self) -> Result<Vec<u8>, ApplyError> {
         let st = lock(&self.0.state);
-        let files = read_tree(&st.root).map_err(|e| ApplyError(format!("snapshot: {e}")))?;
+        let files = read_tree(&st.root, MAX_SNAPSHOT_BYTES)
+            .map_err(|e| ApplyError(format!("snapshot: {e}")))?;
         tracing::info!(applied = ?st.applied, files = files.files.len(), "cluster: snapshot of the replica built");
         postcard::to_allocvec(&files).map_err(|e| ApplyError(format!("snapshot: {e}")))
     }
@@ -315,7 +316,7 @@ fn read_file_chunks(path: &Path, rel: String, budget: &mut usize) -> io::Result<
     for_each_nonzero_chunk(len, CHUNK_BYTES, read, |at, bytes| {
         *budget = budget.checked_sub(bytes.len()).ok_or_else(|| {
             io::Error::other(format!(
-                "snapshot above MAX_SNAPSHOT_BYTES ({MAX_SNAPSHOT_BYTES})"
+                "snapshot above MAX_SNAPSHOT_BYTES ({MAX_SNAPSHOT_BYTES}, or a test's budget)"
             ))
         })?;
         chunks.push((at, Bytes::copy_from_slice(bytes)));
@@ -328,9 +329,10 @@ fn read_file_chunks(path: &Path, rel: String, budget: &mut usize) -> io::Result<
     })
 }
 
-fn read_tree(root: &Path) -> io::Result<Tree> {
+/// The files below `root`, their zero chunks left out, refused above `max_bytes` of data.
+fn read_tree(root: &Path, max_bytes: usize) -> io::Result<Tree> {
     let mut tree = Tree::default();
-    let mut budget = MAX_SNAPSHOT_BYTES;
+    let mut budget = max_bytes;
     walk(root, "", &mut tree, &mut budget)?;
     Ok(tree)
 }

@@ -158,3 +158,48 @@ fn an_entry_naming_a_path_outside_the_replica_stops_apply() {
     assert!(replica.applier().apply(1, &[Bytes::from(evil)]).is_err());
     assert_eq!(std::fs::read(dir.path().join("outside")).unwrap(), b"keep");
 }
+
+#[test]
+fn a_batch_touching_more_files_than_the_handle_cache_holds_applies_and_syncs_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let replica = Replica::open(dir.path().join("r"), true).unwrap();
+    let files = super::MAX_OPEN_FILES + 44;
+    let ops: Vec<Bytes> = (0..files)
+        .map(|i| {
+            Op::Write {
+                path: rel(&format!("f{i}")),
+                offset: 0,
+                data: Bytes::from(format!("file {i}")),
+            }
+            .encode()
+            .unwrap()
+        })
+        .collect();
+    let mut applier = replica.applier();
+    applier.apply(1, &ops).unwrap();
+    assert!(
+        super::lock(&replica.state).files.len() <= super::MAX_OPEN_FILES,
+        "the handle cache grew past MAX_OPEN_FILES"
+    );
+    // Every file touched, its handle cached or not, is synced and in place.
+    applier.persist().unwrap();
+    let got = tree(&dir.path().join("r"));
+    assert_eq!(got.len(), files);
+    for i in 0..files {
+        assert_eq!(got[&format!("f{i}")], format!("file {i}").into_bytes());
+    }
+    assert!(super::lock(&replica.state).touched_files.is_empty());
+}
+
+#[test]
+fn a_snapshot_above_its_byte_budget_is_refused_not_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::write(root.join("d/a"), vec![7u8; 100_000]).unwrap();
+    // Within the budget: the data is there.
+    assert!(super::read_tree(&root, 200_000).is_ok());
+    // Above it: an error naming the limit.
+    let err = super::read_tree(&root, 50_000).err().expect("refused");
+    assert!(err.to_string().contains("MAX_SNAPSHOT_BYTES"), "{err}");
+}
