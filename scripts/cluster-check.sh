@@ -42,7 +42,8 @@
 #   --bin PATH      the broker binary; default: `cargo build --release -p tern` (tern) or
 #                   nats-server from PATH
 #   --sync POLICY   tern --sync (e.g. never; a SIGKILL leaves the page cache, so it loses nothing)
-#   --wipe-on-kill  delete a killed node's data dir before its restart (a lost disk), and
+#   --wipe-on-kill  delete a killed node's data dir before its restart (a lost disk: since
+#                   session 11 the node refuses to start, reported as unexpected exits), and
 #   --receiver-at-publish  subscribers that count a QoS 2 message at its PUBLISH, not its
 #                   PUBREL (the broker's DUP resends then count twice): both broken on purpose,
 #                   to show that the checker reports lost and duplicated messages

@@ -39,6 +39,10 @@ pub enum ConsensusError {
     /// A bad configuration or argument.
     #[error("invalid: {0}")]
     Invalid(String),
+    /// This node starts on an empty data directory, but the cluster knew it with another
+    /// disk: it must not vote or count towards a majority (`crate::incarnation`).
+    #[error("this node lost its disk: {0}")]
+    DiskLost(String),
 }
 
 impl From<tern_store::StoreError> for ConsensusError {

@@ -21,6 +21,7 @@
 
 pub mod consensus;
 pub mod error;
+pub mod incarnation;
 pub mod inject;
 pub mod log_store;
 pub mod network;

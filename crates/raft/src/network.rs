@@ -77,6 +77,12 @@ pub enum Request {
     Campaign {
         after_ms: u64,
     },
+    /// A starting node says who it is (`crate::incarnation`): the peer records the first
+    /// incarnation it hears for `node` and answers how this one compares.
+    Introduce {
+        node: NodeId,
+        incarnation: u64,
+    },
 }
 
 /// The answer to a [`Request`], of the same kind.
@@ -86,6 +92,7 @@ pub enum Response {
     Vote(Result<VoteResponse<NodeId>, Err>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, SnapErr>),
     Held,
+    Introduced(crate::incarnation::Introduced),
 }
 
 /// Runs `req` on the local Raft node.
@@ -97,6 +104,11 @@ pub async fn handle(raft: &Raft, req: Request) -> Response {
         Request::HoldElections { for_ms } => {
             hold_elections(raft, for_ms);
             Response::Held
+        }
+        // Answered by the TCP listener, which holds the incarnations (`serve`); a transport
+        // without them cannot vouch for anyone.
+        Request::Introduce { .. } => {
+            Response::Introduced(crate::incarnation::Introduced::Unsupported)
         }
         Request::Campaign { after_ms } => {
             let raft = raft.clone();
@@ -216,7 +228,12 @@ fn invalid(e: postcard::Error) -> std::io::Error {
 ///
 /// A connection whose first bytes are [`FORWARD_MAGIC`] goes, unread, to `forward` if given
 /// (and is closed otherwise, or when the receiver is full or gone).
-pub async fn serve(listener: TcpListener, raft: Raft, forward: Option<Forwarded>) {
+pub async fn serve(
+    listener: TcpListener,
+    raft: Raft,
+    forward: Option<Forwarded>,
+    incarnations: crate::incarnation::Shared,
+) {
     let slots = Arc::new(Semaphore::new(MAX_INBOUND_CONNECTIONS));
     let mut connections = JoinSet::new();
     loop {
@@ -235,6 +252,7 @@ pub async fn serve(listener: TcpListener, raft: Raft, forward: Option<Forwarded>
         };
         let raft = raft.clone();
         let forward = forward.clone();
+        let incarnations = incarnations.clone();
         connections.spawn(async move {
             let _permit = permit;
             let _ = stream.set_nodelay(true);
@@ -245,7 +263,7 @@ pub async fn serve(listener: TcpListener, raft: Raft, forward: Option<Forwarded>
                 }
                 return;
             }
-            if let Err(e) = serve_connection(&mut stream, &raft).await {
+            if let Err(e) = serve_connection(&mut stream, Some(&raft), &incarnations).await {
                 tracing::debug!(%peer, error = %e, "raft: peer connection closed");
             }
         });
@@ -271,12 +289,62 @@ async fn is_forwarded(stream: &TcpStream) -> bool {
     matches!(peeked, Ok(true)) && first == FORWARD_MAGIC
 }
 
-async fn serve_connection(stream: &mut TcpStream, raft: &Raft) -> std::io::Result<()> {
+/// Serves one peer connection: introductions with `incarnations`, everything else with
+/// `raft` (without a Raft core yet, a starting node answers introductions only and closes
+/// the connection on anything else: it votes for nobody before it may).
+async fn serve_connection(
+    stream: &mut TcpStream,
+    raft: Option<&Raft>,
+    incarnations: &crate::incarnation::Shared,
+) -> std::io::Result<()> {
     loop {
         let frame = read_frame(stream).await?;
         let req: Request = decode(&frame).map_err(invalid)?;
-        let resp = handle(raft, req).await;
+        let resp = match (req, raft) {
+            (Request::Introduce { node, incarnation }, _) => {
+                let inc = incarnations.clone();
+                let answer =
+                    tokio::task::spawn_blocking(move || inc.introduce(node, incarnation)).await;
+                match answer {
+                    Ok(Ok(a)) => Response::Introduced(a),
+                    Ok(Err(e)) => {
+                        tracing::error!(%node, error = %e, "raft: cannot record a peer's incarnation");
+                        Response::Introduced(crate::incarnation::Introduced::Unsupported)
+                    }
+                    Err(e) => return Err(std::io::Error::other(e.to_string())),
+                }
+            }
+            (req, Some(raft)) => handle(raft, req).await,
+            (_, None) => return Ok(()),
+        };
         write_frame(stream, &encode(&resp).map_err(invalid)?).await?;
+    }
+}
+
+/// While a new node waits for its peers to confirm it ([`crate::incarnation::confirm_new`]):
+/// answers their introductions on `listener` and closes every other connection. Runs until
+/// dropped.
+pub async fn answer_introductions(
+    listener: &TcpListener,
+    incarnations: crate::incarnation::Shared,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(RETRY_BACKOFF).await;
+            continue;
+        };
+        if connections.len() >= MAX_INBOUND_CONNECTIONS {
+            continue; // dropped: closed
+        }
+        let incarnations = incarnations.clone();
+        connections.spawn(async move {
+            if is_forwarded(&stream).await {
+                return;
+            }
+            let _ = serve_connection(&mut stream, None, &incarnations).await;
+        });
     }
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tern_raft::{
-    Applier, ApplyError, ClusterStatus, Consensus, LogIndex, NodeConfig, NodeId, RaftNode, Role,
+    Applier, ApplyError, ClusterStatus, Consensus, ConsensusError, LogIndex, NodeConfig, NodeId,
+    RaftNode, Role,
 };
 use tern_store::sim::{SimConfig, SimDisk};
 use tokio::net::TcpListener;
@@ -142,9 +143,17 @@ impl Cluster {
                 .map(|(i, d)| SimDisk::new(d.path(), seed * 16 + i as u64, SimConfig::default()))
                 .collect()
         });
-        // A spare's listener is dropped here and bound again when it starts.
+        // A spare's listener is dropped here and bound again when it starts. The voters start
+        // at once, as processes do: a node on a new data directory waits for a majority of
+        // them to confirm it new (tern_raft::incarnation).
+        let mut starting = tokio::task::JoinSet::new();
         for (i, l) in listeners.into_iter().enumerate().take(voters) {
-            c.start_node(i, Some(l)).await;
+            let start = c.start_future(i, l);
+            starting.spawn(async move { (i, start.await) });
+        }
+        while let Some(done) = starting.join_next().await {
+            let (i, node) = done.expect("start task");
+            c.nodes[i] = Some(node.expect("start node"));
         }
         c
     }
@@ -162,20 +171,32 @@ impl Cluster {
 
     /// Starts (or restarts, on its data directory) node `i`.
     pub async fn start_node(&mut self, i: usize, listener: Option<TcpListener>) {
+        let node = self.try_start_node(i, listener).await.expect("start node");
+        self.nodes[i] = Some(node);
+    }
+
+    /// [`Cluster::start_node`], returning the start's error.
+    pub async fn try_start_node(
+        &self,
+        i: usize,
+        listener: Option<TcpListener>,
+    ) -> Result<RaftNode, ConsensusError> {
         let listener = match listener {
             Some(l) => l,
             None => rebind(self.addrs[i]).await,
         };
+        self.start_future(i, listener).await
+    }
+
+    fn start_future(
+        &self,
+        i: usize,
+        listener: TcpListener,
+    ) -> impl Future<Output = Result<RaftNode, ConsensusError>> + Send + 'static {
         let vfs = self.disks.as_ref().map(|d| d[i].vfs());
-        let node = RaftNode::start_on(
-            self.config(i),
-            listener,
-            Box::new(Recorder(self.applied[i].clone())),
-            vfs,
-        )
-        .await
-        .expect("start node");
-        self.nodes[i] = Some(node);
+        let config = self.config(i);
+        let applier = Box::new(Recorder(self.applied[i].clone()));
+        async move { RaftNode::start_on(config, listener, applier, vfs).await }
     }
 
     pub async fn kill(&mut self, i: usize) {

@@ -170,6 +170,49 @@ async fn a_restarted_node_keeps_its_vote_and_log_and_catches_up() {
     );
 }
 
+/// A voter that lost its disk must not come back under its old id: with an empty log it
+/// would vote for any candidate, one lacking committed entries included
+/// (`tern_raft::incarnation`). Its peers knew it with another incarnation: it refuses to
+/// start, and the cluster goes on. Restarted on its own directory, a node starts as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_voter_back_on_an_empty_disk_under_its_old_id_refuses_to_start() {
+    let mut c = Cluster::start(3, 0).await;
+    let leader = c.leader().await;
+    let f = (leader + 1) % 3;
+    c.node(leader)
+        .propose(vec![op("one")])
+        .await
+        .expect("propose");
+    wait_until("the follower has the write", || {
+        (c.ops(f).len() == 1).then_some(())
+    })
+    .await;
+    // A restart on its own directory: as before.
+    c.kill(f).await;
+    c.start_node(f, None).await;
+    c.kill(f).await;
+    // The disk is lost: the same id on an empty directory.
+    for entry in std::fs::read_dir(c.dirs[f].path()).expect("dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).expect("wipe");
+        } else {
+            std::fs::remove_file(&path).expect("wipe");
+        }
+    }
+    match c.try_start_node(f, None).await {
+        Err(ConsensusError::DiskLost(why)) => {
+            assert!(why.contains("new node_id"), "{why}");
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a node that lost its disk started under its old id"),
+    }
+    c.node(leader)
+        .propose(vec![op("two")])
+        .await
+        .expect("the other two go on");
+}
+
 /// Acknowledge only what a majority has on disk: with two of three nodes down, a proposal
 /// stays pending; with one back, it completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -119,9 +119,9 @@ impl From<ConsensusError> for ClusterActionError {
             ConsensusError::Shutdown(_) | ConsensusError::TransferTimedOut(_) => {
                 ClusterActionError::Unavailable(message)
             }
-            ConsensusError::Storage(_) | ConsensusError::Io { .. } => {
-                ClusterActionError::Internal(message)
-            }
+            ConsensusError::Storage(_)
+            | ConsensusError::Io { .. }
+            | ConsensusError::DiskLost(_) => ClusterActionError::Internal(message),
         }
     }
 }
