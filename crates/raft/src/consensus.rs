@@ -432,7 +432,7 @@ impl Consensus for RaftNode {
             let for_ms = if *v == to { 0 } else { hold_ms };
             if let Some(addr) = self.member_addr(*v) {
                 let req = crate::network::Request::HoldElections { for_ms };
-                if let Err(e) = crate::network::call(addr, &req).await {
+                if let Err(e) = crate::network::call(addr, &req, self.config.tls.as_ref()).await {
                     tracing::warn!(peer = %v, error = %e, "raft: could not hold a voter's elections");
                 }
             }

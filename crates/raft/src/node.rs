@@ -25,6 +25,7 @@ use crate::inject::{self, Bug};
 use crate::log_store::LogStore;
 use crate::network::{self, Request, Response, TcpNetwork, serve};
 use crate::state_machine::{Applier, StateMachine};
+use crate::tls::ClusterTls;
 use crate::types::{NodeId, Raft, TypeConfig};
 
 /// Default of `NodeConfig::snapshot_every_entries`.
@@ -58,6 +59,8 @@ pub struct NodeConfig {
     /// Entries kept in the log behind a snapshot, so a briefly lagging follower catches up
     /// from the log instead of a snapshot.
     pub log_kept_behind_snapshot: u64,
+    /// Mutual TLS on the cluster port, both ways (`[cluster] tls_*`); `None`: plain TCP.
+    pub tls: Option<ClusterTls>,
 }
 
 impl NodeConfig {
@@ -80,6 +83,7 @@ impl NodeConfig {
             election_timeout_max_ms: 300,
             snapshot_every_entries: DEFAULT_SNAPSHOT_EVERY_ENTRIES,
             log_kept_behind_snapshot: DEFAULT_LOG_KEPT_BEHIND_SNAPSHOT,
+            tls: None,
         }
     }
 
@@ -231,8 +235,11 @@ impl RaftNode {
             source,
         })?;
         let store = open_store(&config, vfs)?;
-        let (raft, store, storage) = open(&config, applier, TcpNetwork, store).await?;
-        let serving = tokio::spawn(serve(listener, raft.clone(), forward));
+        let network = TcpNetwork {
+            tls: config.tls.clone(),
+        };
+        let (raft, store, storage) = open(&config, applier, network, store).await?;
+        let serving = tokio::spawn(serve(listener, raft.clone(), forward, config.tls.clone()));
         RaftNode::run(config, raft, (store, storage), local_addr, Some(serving)).await
     }
 
