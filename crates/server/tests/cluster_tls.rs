@@ -30,15 +30,21 @@ const TOKEN: &str = "test-token-0123456789";
 /// Bound on each wait for something that must happen (elections on a loaded machine).
 const MUST_WITHIN: Duration = Duration::from_secs(30);
 
-/// One node's config: `tls` its certificate, key and CA; `ports` every node's cluster port.
-fn node_config(id: usize, ports: &[u16], tls: &NodePki) -> String {
+/// One node's config: `tls` its certificate, key and CA; `ports` every node's cluster port;
+/// `listeners` its `[[listener]]` tables (none: one plain listener).
+fn node_config(id: usize, ports: &[u16], tls: &NodePki, listeners: &str) -> String {
     let peers: Vec<String> = ports
         .iter()
         .enumerate()
         .map(|(i, p)| format!("\"{}=127.0.0.1:{p}\"", i + 1))
         .collect();
+    let listeners = if listeners.is_empty() {
+        "[listener]\nbind = \"127.0.0.1:0\"\n"
+    } else {
+        listeners
+    };
     format!(
-        "[listener]\nbind = \"127.0.0.1:0\"\n\n[http]\ntoken = \"{TOKEN}\"\n\n\
+        "{listeners}\n[http]\ntoken = \"{TOKEN}\"\n\n\
          [cluster]\nnode_id = {id}\n\
          bind = \"127.0.0.1:{}\"\npeers = [{}]\ntls_cert = {:?}\ntls_key = {:?}\ntls_ca = {:?}\n",
         ports[id - 1],
@@ -50,10 +56,14 @@ fn node_config(id: usize, ports: &[u16], tls: &NodePki) -> String {
 }
 
 fn start(pki: &[NodePki], ports: &[u16]) -> Vec<Broker> {
+    start_with(pki, ports, "")
+}
+
+fn start_with(pki: &[NodePki], ports: &[u16], listeners: &str) -> Vec<Broker> {
     (0..pki.len())
         .map(|i| {
             Broker::start_with_args(
-                &node_config(i + 1, ports, &pki[i]),
+                &node_config(i + 1, ports, &pki[i], listeners),
                 &["--http", "127.0.0.1:0"],
             )
         })
@@ -203,8 +213,19 @@ async fn a_tls_cluster_serves_and_refuses_peers_without_the_cluster_ca() {
     let dir = tempfile::tempdir().unwrap();
     let pki = make_cluster(dir.path(), "good", &["n1", "n2", "n3"]);
     let stranger = make_cluster(dir.path(), "other", &["x"]);
+    // Each node: a plain MQTT listener, then a TLS one (the client's TLS inside the cluster's).
+    let mqtts = common::certs::make(dir.path(), "mqtts", "client");
+    let listeners = format!(
+        "[[listener]]\nbind = \"127.0.0.1:0\"\n\n[[listener]]\nbind = \"127.0.0.1:0\"\n\
+         tls_cert = {:?}\ntls_key = {:?}\n",
+        mqtts.server_cert, mqtts.server_key
+    );
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let nodes = start(&pki, &ports);
+    let mut nodes = start_with(&pki, &ports, &listeners);
+    let tls_ports: Vec<u16> = nodes
+        .iter_mut()
+        .map(|n| n.listener_addrs(2)[1].port())
+        .collect();
     let leader = wait_leader(&nodes, &[0, 1, 2]);
     let leader_index = usize::try_from(leader).unwrap() - 1;
     let f = (leader_index + 1) % 3;
@@ -229,6 +250,27 @@ async fn a_tls_cluster_serves_and_refuses_peers_without_the_cluster_ca() {
         p => panic!("expected PUBACK, got {}", common::raw::brief(&p)),
     }
     assert_eq!(&sub.expect_publish().await.payload[..], b"over tls");
+    // A client of the follower's TLS listener: its TLS travels inside the link's, and the
+    // leader's listener undoes it (mosquitto_pub exits 0 once its QoS 1 PUBACK came).
+    let out = common::tools::run(
+        common::tools::tool("mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &tls_ports[f].to_string()])
+            .args([
+                "-t",
+                "tls/t",
+                "-m",
+                "mqtts inside",
+                "-q",
+                "1",
+                "-i",
+                "tls-mqtts",
+            ])
+            .arg("--cafile")
+            .arg(&mqtts.ca),
+        MUST_WITHIN,
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(&sub.expect_publish().await.payload[..], b"mqtts inside");
     drop((client, sub));
 
     // Peers outside the cluster CA: their AppendEntries never reaches openraft.
@@ -343,7 +385,7 @@ fn serve_with(config: &str, dir: &Path) -> common::Finished {
 #[test]
 fn bad_cluster_tls_settings_stop_the_start() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = make_cluster(dir.path(), "good", &["n1"]);
+    let pki = make_cluster(dir.path(), "good", &["n1", "n2"]);
     let base = "[listener]\nbind = \"127.0.0.1:0\"\n\n[cluster]\nnode_id = 1\n\
                 bind = \"127.0.0.1:0\"\npeers = [\"1=127.0.0.1:1\"]\n";
     let garbage = dir.path().join("garbage.pem");
@@ -375,6 +417,14 @@ fn bad_cluster_tls_settings_stop_the_start() {
                 pki[0].cert, pki[0].cert, pki[0].ca
             ),
             "no PEM private key",
+        ),
+        (
+            // Another node's key: rustls checks that it matches the certificate.
+            format!(
+                "tls_cert = {:?}\ntls_key = {:?}\ntls_ca = {:?}\n",
+                pki[0].cert, pki[1].key, pki[0].ca
+            ),
+            "do not make a TLS config",
         ),
     ];
     for (tls, expected) in cases {
