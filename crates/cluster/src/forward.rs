@@ -41,17 +41,7 @@ pub async fn connect(
     preamble: &Preamble,
     tls: Option<&ClusterTls>,
 ) -> io::Result<Link> {
-    let open = async {
-        let s = TcpStream::connect(leader).await?;
-        s.set_nodelay(true)?;
-        match tls {
-            None => Ok(Link::Tcp(s)),
-            Some(tls) => tls.connect(leader, s).await,
-        }
-    };
-    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, open)
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connecting to the leader"))??;
+    let mut stream = tern_raft::network::connect_within(leader, tls, CONNECT_TIMEOUT).await?;
     let peer = preamble.peer.to_string();
     let mut head = Vec::with_capacity(8 + peer.len());
     head.extend_from_slice(&FORWARD_MAGIC);

@@ -154,11 +154,20 @@ pub async fn call(
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out"))?
 }
 
-/// A connection to the peer at `addr`, TCP without Nagle's delay, within
-/// [`CONNECT_TIMEOUT`], and its TLS handshake if `tls` is given (within the same bound).
+/// A connection to the peer at `addr` within [`CONNECT_TIMEOUT`]: [`connect_within`].
 pub async fn connect(
     addr: std::net::SocketAddr,
     tls: Option<&ClusterTls>,
+) -> std::io::Result<Link> {
+    connect_within(addr, tls, CONNECT_TIMEOUT).await
+}
+
+/// A connection to the cluster port at `addr`, TCP without Nagle's delay, and its TLS
+/// handshake if `tls` is given, both within `timeout` (the forwarding of clients has its own).
+pub async fn connect_within(
+    addr: std::net::SocketAddr,
+    tls: Option<&ClusterTls>,
+    timeout: Duration,
 ) -> std::io::Result<Link> {
     let open = async {
         let s = TcpStream::connect(addr).await?;
@@ -168,7 +177,7 @@ pub async fn connect(
             Some(tls) => tls.connect(addr, s).await,
         }
     };
-    tokio::time::timeout(CONNECT_TIMEOUT, open)
+    tokio::time::timeout(timeout, open)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))?
 }
