@@ -220,3 +220,91 @@ impl AsyncWrite for Link {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
+        KeyPair, KeyUsagePurpose,
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    struct Ca(CertifiedIssuer<'static, KeyPair>);
+
+    impl Ca {
+        fn new() -> Ca {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+            Ca(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
+        }
+
+        /// A node's `ClusterTls`: a certificate of this CA (named `name`, with `usages`),
+        /// trusting `trust`.
+        fn node(&self, name: &str, usages: Vec<ExtendedKeyUsagePurpose>, trust: &Ca) -> ClusterTls {
+            let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
+            params.extended_key_usages = usages;
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &self.0).unwrap();
+            let key = PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+            ClusterTls::new(vec![cert.der().clone()], key, vec![trust.0.der().clone()]).unwrap()
+        }
+    }
+
+    fn both() -> Vec<ExtendedKeyUsagePurpose> {
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ]
+    }
+
+    /// A byte from `client` to `server` and back over a fresh connection: whether it went.
+    async fn exchange(server: &ClusterTls, client: &ClusterTls) -> bool {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = server.clone();
+        let serving = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let mut link = server.accept(s).await.ok()?;
+            let b = link.read_u8().await.ok()?;
+            link.write_u8(b).await.ok()?;
+            link.flush().await.ok()
+        });
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let went = async {
+            let mut link = client.connect(addr, tcp).await.ok()?;
+            link.write_u8(7).await.ok()?;
+            link.flush().await.ok()?;
+            (link.read_u8().await.ok()? == 7).then_some(())
+        }
+        .await
+        .is_some();
+        let served = serving.await.unwrap().is_some();
+        went && served
+    }
+
+    #[tokio::test]
+    async fn members_talk_whatever_their_names_and_strangers_do_not() {
+        let ca = Ca::new();
+        let other = Ca::new();
+        // Names that are not the address dialled (127.0.0.1): not checked.
+        let a = ca.node("a.cluster", both(), &ca);
+        let b = ca.node("b.elsewhere", both(), &ca);
+        assert!(exchange(&a, &b).await, "two members");
+        // Another CA's certificate, trusting ours: refused as client and as server.
+        let stranger = other.node("a.cluster", both(), &ca);
+        assert!(!exchange(&a, &stranger).await, "a stranger connecting");
+        assert!(!exchange(&stranger, &a).await, "a stranger accepting");
+        // A member whose certificate lacks the usage its side needs.
+        let client_only = ca.node("c", vec![ExtendedKeyUsagePurpose::ClientAuth], &ca);
+        assert!(
+            exchange(&a, &client_only).await,
+            "connecting needs clientAuth only"
+        );
+        assert!(
+            !exchange(&client_only, &a).await,
+            "accepting needs serverAuth"
+        );
+    }
+}
