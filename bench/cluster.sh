@@ -5,6 +5,8 @@
 #
 # Systems: tern3 (three `tern serve` with [cluster] on loopback), tern1 (one `tern serve`),
 # nats3 (three routed nats-server, JetStream, MQTT), nats1 (one nats-server, as bench/compare.sh).
+# tern3tls (not in the default SYSTEMS): tern3 with mutual TLS on the cluster port ([cluster]
+# tls_*, certificates made with openssl at the start), for the cost of the cluster's TLS.
 # Every cell gets freshly started nodes with empty data dirs. Throughput cells run tern-bench:
 #   q1w256   pubsub QoS 1, window 256, publisher on one node, subscriber on another
 #   q2w256   the same at QoS 2 (nats-server has no QoS 2: n/a)
@@ -89,7 +91,22 @@ stop_nodes() {
 # Ports: MQTT, cluster links, HTTP/monitoring (and nats' client port), node i = base + i.
 TERN_MQTT=19830 TERN_CLUSTER=19840 TERN_HTTP=19850
 NATS_MQTT=19860 NATS_CLUSTER=19870 NATS_HTTP=19880 NATS_CLIENT=19890
-nodes_of() { case $1 in tern3 | nats3) echo "1 2 3" ;; *) echo "1" ;; esac; }
+nodes_of() { case $1 in tern3 | tern3tls | nats3) echo "1 2 3" ;; *) echo "1" ;; esac; }
+is_tern3() { case $1 in tern3 | tern3tls) return 0 ;; esac; return 1; }
+
+# cluster_pki: a cluster CA and one node certificate (serverAuth and clientAuth) in $WORK/pki.
+cluster_pki() {
+  local d="$WORK/pki"
+  [ -f "$d/node.pem" ] && return 0
+  mkdir -p "$d"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 \
+    -subj "/CN=bench cluster CA" -keyout "$d/ca-key.pem" -out "$d/ca.pem" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=node" \
+    -keyout "$d/node-key.pem" -out "$d/node.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:node\nextendedKeyUsage=serverAuth,clientAuth\n' >"$d/ext"
+  openssl x509 -req -in "$d/node.csr" -CA "$d/ca.pem" -CAkey "$d/ca-key.pem" -CAcreateserial \
+    -days 30 -extfile "$d/ext" -out "$d/node.pem" 2>/dev/null
+}
 mqtt_port() { case $1 in tern*) echo $((TERN_MQTT + $2)) ;; nats*) echo $((NATS_MQTT + $2)) ;; esac; }
 
 launch_tern() { # SYSTEM
@@ -98,13 +115,18 @@ launch_tern() { # SYSTEM
   for i in $(nodes_of "$sys"); do
     cfg="$WORK/$sys-$i.toml"
     cat "$CONFIGS/tern.toml" | grep -v '^\[\[listener\]\]\|^bind' >"$cfg"
-    if [ "$sys" = tern3 ]; then
+    if is_tern3 "$sys"; then
       printf '\n[cluster]\nnode_id = %s\nbind = "127.0.0.1:%s"\npeers = [%s]\n' \
         "$i" "$((TERN_CLUSTER + i))" "${peers%, }" >>"$cfg"
     fi
+    if [ "$sys" = tern3tls ]; then
+      cluster_pki
+      printf 'tls_cert = "%s"\ntls_key = "%s"\ntls_ca = "%s"\n' \
+        "$WORK/pki/node.pem" "$WORK/pki/node-key.pem" "$WORK/pki/ca.pem" >>"$cfg"
+    fi
     rm -rf "$WORK/$sys-$i-data"
     "$TERN" serve --config "$cfg" --data-dir "$WORK/$sys-$i-data" --bind "127.0.0.1:$(mqtt_port "$sys" "$i")" \
-      --http "127.0.0.1:$((TERN_HTTP + i))" --log warn,tern_cluster=info >"$WORK/$sys-$i.log" 2>&1 &
+      --http "127.0.0.1:$((TERN_HTTP + i))" --log warn,tern_cluster=info,tern::cluster=info >"$WORK/$sys-$i.log" 2>&1 &
     PIDS+=($!)
   done
 }
@@ -177,11 +199,24 @@ start_system() {
     for _ in $(seq 200); do port_open "$port" && break; sleep 0.1; done
     port_open "$port" || { log "$sys node $i is not listening on $port"; tail -5 "$WORK/$sys-$i.log" >&2; return 1; }
   done
+  if [ "$sys" = tern3tls ]; then
+    for i in $(nodes_of "$sys"); do
+      grep -q 'cluster port: mutual TLS' "$WORK/$sys-$i.log" || { log "$sys node $i: no TLS on its cluster port"; return 1; }
+    done
+  fi
   LEADER=""
   case $sys in
-    tern3 | nats3)
+    tern3 | tern3tls | nats3)
       for _ in $(seq 100); do LEADER=$(leader_of "$sys"); [ -n "$LEADER" ] && break; sleep 0.2; done
       [ -n "$LEADER" ] || log "$sys: no node names a leader (no /api/v1/cluster?); going on"
+      # A leader names itself before its engine serves (barrier, replica copy, recovery); a
+      # client forwarded to it meanwhile is closed ("broker closed the connection", seen).
+      if is_tern3 "$sys" && [ -n "$LEADER" ]; then
+        for _ in $(seq 100); do
+          curl -sf -m 1 -o /dev/null "http://127.0.0.1:$((TERN_HTTP + LEADER))/api/v1/clients" && break
+          sleep 0.1
+        done
+      fi
       ;;
   esac
   # Until JetStream has its MQTT streams, nats-server closes MQTT connections (seen on a fresh
@@ -208,7 +243,7 @@ placement() {
     return
   fi
   a="" b=""
-  if [ "$sys" = tern3 ] && [ -n "$LEADER" ]; then
+  if is_tern3 "$sys" && [ -n "$LEADER" ]; then
     for i in 1 2 3; do
       [ "$i" = "$LEADER" ] && continue
       if [ -z "$a" ]; then a=$i; else b=$i; fi

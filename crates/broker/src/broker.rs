@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -25,7 +25,8 @@ use crate::engine::live_tasks::{LiveTask, LiveTasks};
 use crate::metrics::Metrics;
 use crate::model::{FullStore, Persistence};
 use crate::transport::{
-    ConnectionInfo, Listener, ListenerContext, Transport, Upgrade, poll_accept_any,
+    AcceptedSocket, ConnectionInfo, Listener, ListenerContext, StreamTransport, Transport, Upgrade,
+    poll_accept_any,
 };
 
 /// How long shutdown waits for connections to send their DISCONNECT and close.
@@ -37,7 +38,7 @@ const ACCEPT_ERROR_BACKOFF_MS: u64 = 100;
 /// (limits, transport, authentication rules) and its upgrade (TLS, WebSocket), which the
 /// broker runs as for its own listeners.
 pub struct Accepted {
-    pub socket: TcpStream,
+    pub socket: AcceptedSocket,
     /// The client's address (for a forwarded connection, the address the forwarding node saw).
     pub peer: SocketAddr,
     pub context: Arc<ListenerContext>,
@@ -162,7 +163,7 @@ impl Broker {
         let accept = move |cx: &mut Context<'_>| {
             poll_accept_any(&listeners, &mut next_listener, cx).map(|(index, accepted)| {
                 Some(accepted.map(|(socket, peer)| Accepted {
-                    socket,
+                    socket: AcceptedSocket::Tcp(socket),
                     peer,
                     context: listeners[index].context.clone(),
                     upgrade: listeners[index].upgrade.clone(),
@@ -311,20 +312,36 @@ impl Broker {
         let shared = self.shared.clone();
         let mut info = ConnectionInfo::new(context, peer);
         let mut stop = stop.clone();
-        let Some(upgrade) = upgrade else {
-            match slot {
-                // The plain path: the task is the connection's future, nothing around it (a
-                // wrapper would keep its captures beside it: measured +80 B per connection).
-                None => tokio::spawn(crate::connection::run(shared, socket, info, stop, live)),
-                Some(slot) => tokio::spawn(crate::connection::run(
+        let (upgrade, socket) = match (upgrade, socket) {
+            (Some(upgrade), socket) => (upgrade, socket),
+            (None, AcceptedSocket::Tcp(socket)) => {
+                match slot {
+                    // The plain path: the task is the connection's future, nothing around it
+                    // (a wrapper would keep its captures beside it: measured +80 B per
+                    // connection).
+                    None => tokio::spawn(crate::connection::run(shared, socket, info, stop, live)),
+                    Some(slot) => tokio::spawn(crate::connection::run(
+                        shared,
+                        socket,
+                        info,
+                        stop,
+                        (live, slot),
+                    )),
+                };
+                return;
+            }
+            (None, AcceptedSocket::Stream(stream)) => {
+                // A forwarded client of a plain listener, over a TLS cluster link.
+                let stream = StreamTransport::boxed(stream);
+                tokio::spawn(crate::connection::run(
                     shared,
-                    socket,
+                    stream,
                     info,
                     stop,
                     (live, slot),
-                )),
-            };
-            return;
+                ));
+                return;
+            }
         };
         tokio::spawn(async move {
             let deadline = Instant::now() + shared.config.connect_timeout();

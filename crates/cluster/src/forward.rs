@@ -5,14 +5,18 @@
 //! same listener configuration on every node).
 //!
 //! The preamble a forwarding node writes first: [`FORWARD_MAGIC`] (what the leader's
-//! cluster port tells forwarded connections from Raft traffic by), the listener's index
-//! (u16, big-endian), the client address's length (u16) and the address as text.
+//! cluster port tells forwarded connections from Raft traffic by, and reads), the listener's
+//! index (u16, big-endian), the client address's length (u16) and the address as text.
+//!
+//! With `[cluster] tls_*` the connection to the leader is the same mutual TLS as Raft's
+//! (`tern_raft::tls`): the preamble and the client's bytes travel inside it.
 
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use tern_raft::network::FORWARD_MAGIC;
+use tern_raft::{ClusterTls, Link};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -20,7 +24,7 @@ use tokio::net::TcpStream;
 pub const MAX_PEER_TEXT_BYTES: usize = 128;
 /// How long a forwarding node may take to send its preamble.
 pub const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long connecting to the leader's cluster port may take.
+/// How long connecting to the leader's cluster port may take (its TLS handshake included).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a forwarded connection says of itself.
@@ -30,12 +34,14 @@ pub struct Preamble {
     pub peer: SocketAddr,
 }
 
-/// Opens a forwarded connection for `preamble` to the cluster port at `leader`.
-pub async fn connect(leader: SocketAddr, preamble: &Preamble) -> io::Result<TcpStream> {
-    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(leader))
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connecting to the leader"))??;
-    stream.set_nodelay(true)?;
+/// Opens a forwarded connection for `preamble` to the cluster port at `leader`, over TLS
+/// if `tls` is given.
+pub async fn connect(
+    leader: SocketAddr,
+    preamble: &Preamble,
+    tls: Option<&ClusterTls>,
+) -> io::Result<Link> {
+    let mut stream = tern_raft::network::connect_within(leader, tls, CONNECT_TIMEOUT).await?;
     let peer = preamble.peer.to_string();
     let mut head = Vec::with_capacity(8 + peer.len());
     head.extend_from_slice(&FORWARD_MAGIC);
@@ -43,6 +49,7 @@ pub async fn connect(leader: SocketAddr, preamble: &Preamble) -> io::Result<TcpS
     head.extend_from_slice(&u16::try_from(peer.len()).unwrap_or(0).to_be_bytes());
     head.extend_from_slice(peer.as_bytes());
     stream.write_all(&head).await?;
+    stream.flush().await?;
     Ok(stream)
 }
 
@@ -53,14 +60,10 @@ fn invalid(what: &str) -> io::Error {
     )
 }
 
-/// Reads the preamble of a connection the cluster port recognised as forwarded.
-pub async fn read_preamble(stream: &mut TcpStream) -> io::Result<Preamble> {
+/// Reads the preamble of a connection the cluster port recognised as forwarded (it read the
+/// [`FORWARD_MAGIC`]: the listener's index comes next).
+pub async fn read_preamble(stream: &mut Link) -> io::Result<Preamble> {
     tokio::time::timeout(PREAMBLE_TIMEOUT, async {
-        let mut magic = [0u8; 4];
-        stream.read_exact(&mut magic).await?;
-        if magic != FORWARD_MAGIC {
-            return Err(invalid("bad magic"));
-        }
         let listener = stream.read_u16().await?;
         let len = usize::from(stream.read_u16().await?);
         if len > MAX_PEER_TEXT_BYTES {
@@ -79,7 +82,7 @@ pub async fn read_preamble(stream: &mut TcpStream) -> io::Result<Preamble> {
 }
 
 /// Copies bytes both ways until either side closes.
-pub async fn pipe(mut client: TcpStream, mut leader: TcpStream) {
+pub async fn pipe(mut client: TcpStream, mut leader: Link) {
     let _ = client.set_nodelay(true);
     let _ = tokio::io::copy_bidirectional(&mut client, &mut leader).await;
 }
@@ -87,6 +90,16 @@ pub async fn pipe(mut client: TcpStream, mut leader: TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the cluster port does before `read_preamble`: reads the magic.
+    async fn accept_past_magic(listener: &tokio::net::TcpListener) -> Link {
+        let (s, _) = listener.accept().await.unwrap();
+        let mut link = Link::Tcp(s);
+        let mut magic = [0u8; 4];
+        link.read_exact(&mut magic).await.unwrap();
+        assert_eq!(magic, FORWARD_MAGIC);
+        link
+    }
 
     #[tokio::test]
     async fn a_preamble_round_trips_and_garbage_is_refused() {
@@ -97,8 +110,8 @@ mod tests {
             peer: "10.1.2.3:4567".parse().unwrap(),
         };
         let sent = pre.clone();
-        let client = tokio::spawn(async move { connect(addr, &sent).await.unwrap() });
-        let (mut s, _) = listener.accept().await.unwrap();
+        let client = tokio::spawn(async move { connect(addr, &sent, None).await.unwrap() });
+        let mut s = accept_past_magic(&listener).await;
         assert_eq!(read_preamble(&mut s).await.unwrap(), pre);
         drop(client.await.unwrap());
 
@@ -107,7 +120,7 @@ mod tests {
             c.write_all(b"TMQT\x00\x01\xff\xffxx").await.unwrap();
             c
         });
-        let (mut s, _) = listener.accept().await.unwrap();
+        let mut s = accept_past_magic(&listener).await;
         assert!(read_preamble(&mut s).await.is_err());
         drop(garbage.await.unwrap());
     }

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tern_broker::{Accepted, Broker, Listener, ListenerContext, Upgrade};
-use tern_raft::{ClusterStatus, Consensus, NodeConfig, NodeId, RaftNode, Role};
+use tern_broker::{Accepted, AcceptedSocket, Broker, Listener, ListenerContext, Upgrade};
+use tern_raft::{ClusterStatus, ClusterTls, Consensus, Link, NodeConfig, NodeId, RaftNode, Role};
 use tern_store::vfs::Vfs;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -92,6 +92,8 @@ struct Shared {
     live_dir: PathBuf,
     forwards: Semaphore,
     forwarded_total: AtomicU64,
+    /// The cluster port's TLS, for connections forwarded to the leader (`[cluster] tls_*`).
+    tls: Option<ClusterTls>,
     /// Set while this node hands its leadership over: no engine runs (its writes would renew
     /// the followers' leases and the chosen node could not win).
     transferring: std::sync::atomic::AtomicBool,
@@ -148,6 +150,7 @@ impl ClusterNode {
                 live_dir: config.data_dir.join("live"),
                 forwards: Semaphore::new(MAX_FORWARDED_CONNECTIONS),
                 forwarded_total: AtomicU64::new(0),
+                tls: config.raft.tls.clone(),
                 transferring: std::sync::atomic::AtomicBool::new(false),
             }),
         };
@@ -236,7 +239,9 @@ impl ClusterNode {
 
     /// Hands a socket to this node's engine if it runs; otherwise forwards it to the leader.
     fn route(&self, index: usize, stream: TcpStream, peer: SocketAddr) {
-        let Some(stream) = self.to_engine(index, stream, peer) else {
+        let Some(AcceptedSocket::Tcp(stream)) =
+            self.to_engine(index, AcceptedSocket::Tcp(stream), peer)
+        else {
             return;
         };
         let Ok(permit) = self.shared.forwards.try_acquire() else {
@@ -252,7 +257,12 @@ impl ClusterNode {
     }
 
     /// Gives the socket to the running engine; hands it back if there is none.
-    fn to_engine(&self, index: usize, stream: TcpStream, peer: SocketAddr) -> Option<TcpStream> {
+    fn to_engine(
+        &self,
+        index: usize,
+        stream: AcceptedSocket,
+        peer: SocketAddr,
+    ) -> Option<AcceptedSocket> {
         let Some(door) = self.shared.doors.get(index) else {
             return None; // a forwarded connection naming a listener this node lacks
         };
@@ -284,16 +294,16 @@ impl ClusterNode {
             let status = self.status();
             match status.leader {
                 Some(leader) if leader == status.node_id => {
-                    match self.to_engine(index, stream, peer) {
-                        None => return,
-                        Some(s) => stream = s,
+                    match self.to_engine(index, AcceptedSocket::Tcp(stream), peer) {
+                        Some(AcceptedSocket::Tcp(s)) => stream = s,
+                        _ => return,
                     }
                 }
                 Some(leader) => {
                     if let Some(addr) = self.shared.raft.member_addr(leader) {
                         let listener = u16::try_from(index).unwrap_or(u16::MAX);
                         let pre = Preamble { listener, peer };
-                        match forward::connect(addr, &pre).await {
+                        match forward::connect(addr, &pre, self.shared.tls.as_ref()).await {
                             Ok(upstream) => {
                                 self.shared.forwarded_total.fetch_add(1, Ordering::Relaxed);
                                 // Closed when the leader changes: a partition may keep the
@@ -332,7 +342,7 @@ impl ClusterNode {
     }
 
     /// Connections other nodes forwarded here.
-    async fn forwarded_loop(self, mut rx: mpsc::Receiver<(TcpStream, SocketAddr)>) {
+    async fn forwarded_loop(self, mut rx: mpsc::Receiver<(Link, SocketAddr)>) {
         while let Some((mut stream, from)) = rx.recv().await {
             let node = self.clone();
             tokio::spawn(async move {
@@ -345,7 +355,11 @@ impl ClusterNode {
                 };
                 // Not the leader (any more): closing makes the client reconnect, and its
                 // node forwards it to whoever leads now.
-                let _ = node.to_engine(usize::from(pre.listener), stream, pre.peer);
+                let socket = match stream {
+                    Link::Tcp(s) => AcceptedSocket::Tcp(s),
+                    tls => AcceptedSocket::Stream(Box::new(tls)),
+                };
+                let _ = node.to_engine(usize::from(pre.listener), socket, pre.peer);
             });
         }
     }

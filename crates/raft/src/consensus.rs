@@ -459,7 +459,7 @@ impl Consensus for RaftNode {
             let for_ms = if *v == to { 0 } else { hold_ms };
             if let Some(addr) = self.member_addr(*v) {
                 let req = crate::network::Request::HoldElections { for_ms };
-                if let Err(e) = crate::network::call(addr, &req).await {
+                if let Err(e) = crate::network::call(addr, &req, self.config.tls.as_ref()).await {
                     tracing::warn!(peer = %v, error = %e, "raft: could not hold a voter's elections");
                 }
             }
@@ -471,7 +471,7 @@ impl Consensus for RaftNode {
         let after_ms = self.config.election_timeout_max_ms + self.config.heartbeat_interval_ms;
         if let Some(addr) = self.member_addr(to) {
             let req = crate::network::Request::Campaign { after_ms };
-            if let Err(e) = crate::network::call(addr, &req).await {
+            if let Err(e) = crate::network::call(addr, &req, self.config.tls.as_ref()).await {
                 tracing::warn!(peer = %to, error = %e, "raft: could not ask the chosen voter to campaign (its own timer will)");
             }
         }

@@ -34,6 +34,7 @@ use tern_store::{KvStream, Store, StreamConfig, SyncPolicy};
 
 use crate::error::ConsensusError;
 use crate::network::{Request, Response};
+use crate::tls::ClusterTls;
 use crate::types::NodeId;
 
 /// The kv stream of incarnations: this node's own, and the first one heard for each peer.
@@ -160,16 +161,18 @@ pub async fn introduce_to(
     id: NodeId,
     incarnation: u64,
     peers: &[(NodeId, SocketAddr)],
+    tls: Option<&ClusterTls>,
 ) -> BTreeMap<NodeId, Introduced> {
     let mut calls = tokio::task::JoinSet::new();
     for (peer, addr) in peers.iter().filter(|(p, _)| *p != id) {
         let (peer, addr) = (*peer, *addr);
+        let tls = tls.cloned();
         calls.spawn(async move {
             let req = Request::Introduce {
                 node: id,
                 incarnation,
             };
-            (peer, crate::network::call(addr, &req).await)
+            (peer, crate::network::call(addr, &req, tls.as_ref()).await)
         });
     }
     let mut answers = BTreeMap::new();
@@ -188,13 +191,14 @@ pub async fn confirm_new(
     id: NodeId,
     incarnation: u64,
     peers: &[(NodeId, SocketAddr)],
+    tls: Option<&ClusterTls>,
 ) -> Result<(), ConsensusError> {
     let voters = peers.len();
     let me = usize::from(peers.iter().any(|(p, _)| *p == id));
     let majority = voters / 2 + 1;
     let mut tries = 0u64;
     loop {
-        let answers = introduce_to(id, incarnation, peers).await;
+        let answers = introduce_to(id, incarnation, peers, tls).await;
         if let Some((peer, known)) = answers.iter().find_map(|(p, a)| match a {
             Introduced::Different { known } => Some((*p, *known)),
             _ => None,

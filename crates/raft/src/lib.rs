@@ -5,10 +5,11 @@
 //! Module map, one layer per line, lowest first: a module imports only its own line and the
 //! lines before it (`crates/server/tests/layering.rs` holds the same order and enforces it).
 //! - [`error`]: typed errors; [`inject`]: test-only bugs for the simulator; [`types`]: node ids, the openraft type configuration, the entry
-//!   payload (a batch of opaque operations), the binary codec.
+//!   payload (a batch of opaque operations), the binary codec; [`tls`]: mutual TLS between
+//!   nodes and the connection type (TCP or TLS) both ends use.
 //! - [`log_store`]: the Raft log on a tern-store stream, the vote in an always-synced kv;
 //!   [`state_machine`]: committed batches to the [`Applier`], snapshots from its state;
-//!   [`network`]: Raft RPCs over TCP (length-prefixed frames).
+//!   [`network`]: Raft RPCs over TCP or TLS (length-prefixed frames).
 //! - [`node`]: one node: store, core, listener, cluster formation from the peers list.
 //! - [`consensus`]: the [`Consensus`] trait, the cluster status, their implementation.
 //!
@@ -27,6 +28,7 @@ pub mod log_store;
 pub mod network;
 pub mod node;
 pub mod state_machine;
+pub mod tls;
 pub mod types;
 
 pub use consensus::{
@@ -35,4 +37,5 @@ pub use consensus::{
 pub use error::ConsensusError;
 pub use node::{Member, NodeConfig, RaftNode, StatusChanges};
 pub use state_machine::{Applier, ApplyError, RECORD_APPLIED_INTERVAL_MS};
+pub use tls::{ClusterTls, Link};
 pub use types::{Batch, LogIndex, NodeId};

@@ -5,6 +5,9 @@
 //! garbage is an `Unreachable` error, which openraft retries after [`RETRY_BACKOFF`]. The
 //! server side ([`serve`]) hands requests to [`handle`], which knows nothing of TCP: a
 //! simulated network (turmoil) can call it with its own transport.
+//!
+//! With `[cluster] tls_*` ([`ClusterTls`]) every connection, both ways, is mutual TLS, and
+//! nothing a peer sends reaches openraft (or the forwarding) before its handshake succeeded.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,11 +20,12 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::tls::{ClusterTls, Link};
 use crate::types::{NodeId, Raft, TypeConfig, decode, encode};
 
 /// Largest frame either side accepts: a batch of entries (openraft's `max_payload_entries`
@@ -42,11 +46,15 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// [`MAX_FRAME_BYTES`], so the two cannot be confused.
 pub const FORWARD_MAGIC: [u8; 4] = *b"TMQT";
 const _: () = assert!(u32::from_be_bytes(FORWARD_MAGIC) as usize > MAX_FRAME_BYTES);
-/// How long a new connection on the cluster port may take to send its first four bytes.
+/// How long a new connection on the cluster port may take to send its first four bytes
+/// (after its TLS handshake, if any).
 pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a new connection on the cluster port may take over its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Where [`serve`] hands connections that start with [`FORWARD_MAGIC`] (unread).
-pub type Forwarded = tokio::sync::mpsc::Sender<(TcpStream, std::net::SocketAddr)>;
+/// Where [`serve`] hands connections that start with [`FORWARD_MAGIC`] (read: the
+/// preamble's next field comes next).
+pub type Forwarded = tokio::sync::mpsc::Sender<(Link, std::net::SocketAddr)>;
 
 /// How long openraft waits before retrying an unreachable peer (its default is 500 ms, longer
 /// than an election timeout: a peer that comes back would start an election first).
@@ -162,10 +170,14 @@ pub(crate) fn hold_elections(raft: &Raft, for_ms: u64) {
 }
 
 /// One request to the peer at `addr` on a connection of its own (what is not openraft's
-/// traffic: [`Request::HoldElections`]).
-pub async fn call(addr: std::net::SocketAddr, req: &Request) -> std::io::Result<Response> {
+/// traffic: [`Request::HoldElections`]), over TLS if `tls` is given.
+pub async fn call(
+    addr: std::net::SocketAddr,
+    req: &Request,
+    tls: Option<&ClusterTls>,
+) -> std::io::Result<Response> {
     let exchange = async {
-        let mut s = connect(&addr.to_string()).await?;
+        let mut s = connect(addr, tls).await?;
         round_trip(&mut s, req).await
     };
     tokio::time::timeout(REQUEST_TIMEOUT, exchange)
@@ -173,24 +185,52 @@ pub async fn call(addr: std::net::SocketAddr, req: &Request) -> std::io::Result<
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out"))?
 }
 
-/// A connection to a peer, within [`CONNECT_TIMEOUT`], without Nagle's delay.
-async fn connect(addr: &str) -> std::io::Result<TcpStream> {
-    let s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+/// A connection to the peer at `addr` within [`CONNECT_TIMEOUT`]: [`connect_within`].
+pub async fn connect(
+    addr: std::net::SocketAddr,
+    tls: Option<&ClusterTls>,
+) -> std::io::Result<Link> {
+    connect_within(addr, tls, CONNECT_TIMEOUT).await
+}
+
+/// A connection to the cluster port at `addr`, TCP without Nagle's delay, and its TLS
+/// handshake if `tls` is given, both within `timeout` (the forwarding of clients has its own).
+pub async fn connect_within(
+    addr: std::net::SocketAddr,
+    tls: Option<&ClusterTls>,
+    timeout: Duration,
+) -> std::io::Result<Link> {
+    let open = async {
+        let s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        match tls {
+            None => Ok(Link::Tcp(s)),
+            Some(tls) => tls.connect(addr, s).await,
+        }
+    };
+    tokio::time::timeout(timeout, open)
         .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))??;
-    s.set_nodelay(true)?;
-    Ok(s)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))?
 }
 
 /// Sends `req` and reads its answer.
-async fn round_trip(s: &mut TcpStream, req: &Request) -> std::io::Result<Response> {
+async fn round_trip<S>(s: &mut S, req: &Request) -> std::io::Result<Response>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     write_frame(s, &encode(req).map_err(invalid)?).await?;
     let frame = read_frame(s).await?;
     decode(&frame).map_err(invalid)
 }
 
-async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let len = s.read_u32().await? as usize;
+async fn read_frame<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Vec<u8>> {
+    let len = s.read_u32().await?;
+    read_frame_body(s, len).await
+}
+
+/// The rest of a frame whose length prefix `len` was read.
+async fn read_frame_body<S: AsyncRead + Unpin>(s: &mut S, len: u32) -> std::io::Result<Vec<u8>> {
+    let len = len as usize;
     if len > MAX_FRAME_BYTES {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -207,7 +247,7 @@ async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-async fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
+async fn write_frame<S: AsyncWrite + Unpin>(s: &mut S, body: &[u8]) -> std::io::Result<()> {
     let len = u32::try_from(body.len())
         .ok()
         .filter(|&l| l as usize <= MAX_FRAME_BYTES)
@@ -215,7 +255,9 @@ async fn write_frame(s: &mut TcpStream, body: &[u8]) -> std::io::Result<()> {
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&len.to_be_bytes());
     frame.extend_from_slice(body);
-    s.write_all(&frame).await
+    s.write_all(&frame).await?;
+    // TLS holds what it encrypted until flushed; TCP's flush does nothing.
+    s.flush().await
 }
 
 fn invalid(e: postcard::Error) -> std::io::Error {
@@ -226,12 +268,15 @@ fn invalid(e: postcard::Error) -> std::io::Error {
 /// belong to it: aborting it closes them (a stopped node must not keep answering for its old
 /// core on connections peers still hold).
 ///
-/// A connection whose first bytes are [`FORWARD_MAGIC`] goes, unread, to `forward` if given
-/// (and is closed otherwise, or when the receiver is full or gone).
+/// With `tls`, each connection's handshake comes first (a peer without a certificate from the
+/// cluster CA is closed before anything it sends is read). A connection whose first bytes are
+/// [`FORWARD_MAGIC`] then goes to `forward` if given (and is closed otherwise, or when the
+/// receiver is full or gone).
 pub async fn serve(
     listener: TcpListener,
     raft: Raft,
     forward: Option<Forwarded>,
+    tls: Option<ClusterTls>,
     incarnations: crate::incarnation::Shared,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_INBOUND_CONNECTIONS));
@@ -242,7 +287,7 @@ pub async fn serve(
         };
         // Reap finished connections so the set stays bounded by the permits.
         while connections.try_join_next().is_some() {}
-        let (mut stream, peer) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(error = %e, "raft: accept failed");
@@ -252,53 +297,71 @@ pub async fn serve(
         };
         let raft = raft.clone();
         let forward = forward.clone();
+        let tls = tls.clone();
         let incarnations = incarnations.clone();
         connections.spawn(async move {
             let _permit = permit;
             let _ = stream.set_nodelay(true);
-            if is_forwarded(&stream).await {
+            let Some(mut link) = open_inbound(stream, peer, tls.as_ref()).await else {
+                return;
+            };
+            let first = match tokio::time::timeout(FIRST_BYTES_TIMEOUT, link.read_u32()).await {
+                Ok(Ok(first)) => first,
+                _ => return,
+            };
+            if first.to_be_bytes() == FORWARD_MAGIC {
                 // The slot is given back at once: the forwarded connection lives elsewhere.
                 if let Some(forward) = forward {
-                    let _ = forward.try_send((stream, peer));
+                    let _ = forward.try_send((link, peer));
                 }
                 return;
             }
-            if let Err(e) = serve_connection(&mut stream, Some(&raft), &incarnations).await {
+            if let Err(e) = serve_connection(&mut link, Some(&raft), &incarnations, first).await {
                 tracing::debug!(%peer, error = %e, "raft: peer connection closed");
             }
         });
     }
 }
 
-/// Peeks (does not read) the connection's first four bytes: true if they are
-/// [`FORWARD_MAGIC`]. A connection that sends fewer within [`FIRST_BYTES_TIMEOUT`] is
-/// treated as Raft traffic (whose frame read then fails or waits as before).
-async fn is_forwarded(stream: &TcpStream) -> bool {
-    let mut first = [0u8; 4];
-    let peeked = tokio::time::timeout(FIRST_BYTES_TIMEOUT, async {
-        loop {
-            match stream.peek(&mut first).await {
-                Ok(n) if n >= first.len() => return true,
-                // Fewer bytes so far (or EOF, 0): wait for more unless the peer closed.
-                Ok(0) | Err(_) => return false,
-                Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-            }
-        }
-    })
-    .await;
-    matches!(peeked, Ok(true)) && first == FORWARD_MAGIC
+/// Handshakes refused on the cluster port since the start (for the log's rate limit).
+static REFUSED_HANDSHAKES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The inbound connection as a [`Link`]: its TLS handshake done (within
+/// [`HANDSHAKE_TIMEOUT`]) if `tls` is given; `None` if that failed (logged).
+async fn open_inbound(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    tls: Option<&ClusterTls>,
+) -> Option<Link> {
+    let Some(tls) = tls else {
+        return Some(Link::Tcp(stream));
+    };
+    let error = match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+        Ok(Ok(link)) => return Some(link),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "timed out".to_string(),
+    };
+    let refused = REFUSED_HANDSHAKES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    // A misconfigured peer retries every RETRY_BACKOFF: the 1st, 2nd, 4th, ... are logged.
+    if refused.is_power_of_two() {
+        tracing::warn!(%peer, %error, refused, "raft: cluster TLS handshake refused");
+    }
+    None
 }
 
-/// Serves one peer connection: introductions with `incarnations`, everything else with
-/// `raft` (without a Raft core yet, a starting node answers introductions only and closes
-/// the connection on anything else: it votes for nobody before it may).
+/// Requests and answers on one connection; `first` is the first frame's length, read.
+/// Introductions are answered with `incarnations`, everything else with `raft` (without a
+/// Raft core yet, a starting node answers introductions only and closes the connection on
+/// anything else: it votes for nobody before it may).
 async fn serve_connection(
-    stream: &mut TcpStream,
+    link: &mut Link,
     raft: Option<&Raft>,
     incarnations: &crate::incarnation::Shared,
+    first: u32,
 ) -> std::io::Result<()> {
+    let mut len = first;
     loop {
-        let frame = read_frame(stream).await?;
+        let frame = read_frame_body(link, len).await?;
         let req: Request = decode(&frame).map_err(invalid)?;
         let resp = match (req, raft) {
             (Request::Introduce { node, incarnation }, _) => {
@@ -317,7 +380,8 @@ async fn serve_connection(
             (req, Some(raft)) => handle(raft, req).await,
             (_, None) => return Ok(()),
         };
-        write_frame(stream, &encode(&resp).map_err(invalid)?).await?;
+        write_frame(link, &encode(&resp).map_err(invalid)?).await?;
+        len = link.read_u32().await?;
     }
 }
 
@@ -327,11 +391,12 @@ async fn serve_connection(
 pub async fn answer_introductions(
     listener: &TcpListener,
     incarnations: crate::incarnation::Shared,
+    tls: Option<ClusterTls>,
 ) {
     let mut connections = JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(RETRY_BACKOFF).await;
             continue;
         };
@@ -339,18 +404,26 @@ pub async fn answer_introductions(
             continue; // dropped: closed
         }
         let incarnations = incarnations.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
-            if is_forwarded(&stream).await {
+            let Some(mut link) = open_inbound(stream, peer, tls.as_ref()).await else {
                 return;
-            }
-            let _ = serve_connection(&mut stream, None, &incarnations).await;
+            };
+            let first = match tokio::time::timeout(FIRST_BYTES_TIMEOUT, link.read_u32()).await {
+                Ok(Ok(first)) if first.to_be_bytes() != FORWARD_MAGIC => first,
+                _ => return,
+            };
+            let _ = serve_connection(&mut link, None, &incarnations, first).await;
         });
     }
 }
 
-/// openraft's network factory over TCP: a client per peer, connecting on first use.
+/// openraft's network factory over TCP (TLS if `tls` is given): a client per peer,
+/// connecting on first use.
 #[derive(Debug, Clone, Default)]
-pub struct TcpNetwork;
+pub struct TcpNetwork {
+    pub tls: Option<ClusterTls>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
     type Network = PeerClient;
@@ -358,7 +431,8 @@ impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         PeerClient {
             target,
-            addr: node.addr.clone(),
+            addr: node.addr.parse().ok(),
+            tls: self.tls.clone(),
             conn: None,
         }
     }
@@ -368,14 +442,19 @@ impl RaftNetworkFactory<TypeConfig> for TcpNetwork {
 #[derive(Debug)]
 pub struct PeerClient {
     target: NodeId,
-    addr: String,
-    conn: Option<TcpStream>,
+    /// `None` if the membership's address does not parse (it was added by this code: never).
+    addr: Option<std::net::SocketAddr>,
+    tls: Option<ClusterTls>,
+    conn: Option<Link>,
 }
 
 impl PeerClient {
     async fn exchange(&mut self, req: &Request) -> std::io::Result<Response> {
         if self.conn.is_none() {
-            self.conn = Some(connect(&self.addr).await?);
+            let addr = self.addr.ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "peer address")
+            })?;
+            self.conn = Some(connect(addr, self.tls.as_ref()).await?);
         }
         let Some(s) = self.conn.as_mut() else {
             return Err(std::io::Error::other("no connection"));

@@ -26,6 +26,7 @@ use crate::inject::{self, Bug};
 use crate::log_store::LogStore;
 use crate::network::{self, Request, Response, TcpNetwork, serve};
 use crate::state_machine::{Applier, StateMachine};
+use crate::tls::ClusterTls;
 use crate::types::{NodeId, Raft, TypeConfig};
 
 /// Default of `NodeConfig::snapshot_every_entries`.
@@ -59,6 +60,8 @@ pub struct NodeConfig {
     /// Entries kept in the log behind a snapshot, so a briefly lagging follower catches up
     /// from the log instead of a snapshot.
     pub log_kept_behind_snapshot: u64,
+    /// Mutual TLS on the cluster port, both ways (`[cluster] tls_*`); `None`: plain TCP.
+    pub tls: Option<ClusterTls>,
 }
 
 impl NodeConfig {
@@ -81,6 +84,7 @@ impl NodeConfig {
             election_timeout_max_ms: 300,
             snapshot_every_entries: DEFAULT_SNAPSHOT_EVERY_ENTRIES,
             log_kept_behind_snapshot: DEFAULT_LOG_KEPT_BEHIND_SNAPSHOT,
+            tls: None,
         }
     }
 
@@ -234,8 +238,17 @@ impl RaftNode {
         let store = open_store(&config, vfs)?;
         let incarnations = Arc::new(Incarnations::open(&store)?);
         check_incarnation(&config, &listener, &store, &incarnations).await?;
-        let (raft, store, storage) = open(&config, applier, TcpNetwork, store).await?;
-        let serving = tokio::spawn(serve(listener, raft.clone(), forward, incarnations));
+        let network = TcpNetwork {
+            tls: config.tls.clone(),
+        };
+        let (raft, store, storage) = open(&config, applier, network, store).await?;
+        let serving = tokio::spawn(serve(
+            listener,
+            raft.clone(),
+            forward,
+            config.tls.clone(),
+            incarnations,
+        ));
         RaftNode::run(config, raft, (store, storage), local_addr, Some(serving)).await
     }
 
@@ -416,6 +429,7 @@ async fn check_incarnation(
 ) -> Result<(), ConsensusError> {
     let peers = config.peers.clone();
     let id = config.node_id;
+    let tls = config.tls.clone();
     let had_raft_state = store
         .stream_names()?
         .iter()
@@ -433,7 +447,7 @@ async fn check_incarnation(
     }
     if incarnations.confirmed()? {
         tokio::spawn(async move {
-            let answers = incarnation::introduce_to(id, own, &peers).await;
+            let answers = incarnation::introduce_to(id, own, &peers, tls.as_ref()).await;
             for (peer, a) in answers {
                 if let Introduced::Different { known } = a {
                     tracing::error!(node = %id, %peer, known = format!("{known:#x}"), own = format!("{own:#x}"),
@@ -444,8 +458,8 @@ async fn check_incarnation(
         return Ok(());
     }
     tokio::select! {
-        r = incarnation::confirm_new(id, own, &peers) => r?,
-        () = network::answer_introductions(listener, incarnations.clone()) => {}
+        r = incarnation::confirm_new(id, own, &peers, config.tls.as_ref()) => r?,
+        () = network::answer_introductions(listener, incarnations.clone(), config.tls.clone()) => {}
     }
     incarnations.set_confirmed()?;
     tracing::info!(node = %id, incarnation = format!("{own:#x}"), "raft: a new data directory, confirmed new by a majority of the peers");

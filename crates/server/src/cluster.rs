@@ -68,6 +68,7 @@ pub(crate) async fn run(
         http.expect_cluster();
     }
     let config = ClusterConfig::new(node, PathBuf::from(data_dir));
+    warn_if_exposed(&config.raft);
     let cluster_listener = TcpListener::bind(config.raft.bind)
         .await
         .with_context(|| format!("[cluster] cannot bind {}", config.raft.bind))?;
@@ -101,6 +102,22 @@ pub(crate) async fn run(
     .await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// A cluster port without TLS accepts Raft messages and forwarded clients from anyone who
+/// reaches it: said once at the start when it listens beyond loopback (docs/cluster.md,
+/// "Security").
+fn warn_if_exposed(node: &tern_raft::NodeConfig) {
+    if node.tls.is_some() {
+        tracing::info!(bind = %node.bind, "cluster port: mutual TLS");
+    } else if !node.bind.ip().is_loopback() {
+        tracing::warn!(
+            bind = %node.bind,
+            "cluster port without TLS on a non-loopback address: anyone who reaches it can \
+             vote, append to the Raft log and open client connections as the cluster; set \
+             [cluster] tls_cert, tls_key and tls_ca, or let only the nodes reach this port"
+        );
+    }
 }
 
 /// SIGHUP: the password file and ACL, for the broker serving now (a broker opened later

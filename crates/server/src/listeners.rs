@@ -12,9 +12,10 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use serde::Deserialize;
 use tern_broker::{
-    Listener, ListenerContext, StreamTransport, TransportKind, Upgrade, UpgradeFuture, Upgraded,
+    AcceptedSocket, ByteStream, Listener, ListenerContext, StreamTransport, TransportKind, Upgrade,
+    UpgradeFuture, Upgraded,
 };
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::tls::{TlsError, TlsFiles, TlsState};
@@ -228,37 +229,53 @@ struct StreamUpgrade {
 }
 
 impl Upgrade for StreamUpgrade {
-    fn upgrade(&self, socket: TcpStream) -> UpgradeFuture {
+    fn upgrade(&self, socket: AcceptedSocket) -> UpgradeFuture {
         let acceptor = self
             .tls
             .as_ref()
             .map(|tls| TlsAcceptor::from(tls.current()));
         let websocket = self.websocket;
         let max_packet = self.max_packet_size_bytes;
-        Box::pin(async move {
-            let _ = socket.set_nodelay(true);
-            let Some(acceptor) = acceptor else {
-                let ws = crate::ws::accept(socket, max_packet).await?;
-                return Ok(Upgraded {
-                    stream: StreamTransport::new(ws),
-                    peer_cn: None,
-                });
-            };
-            let tls = acceptor.accept(socket).await?;
-            let peer_cn = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .and_then(crate::tls::common_name);
-            let stream = if websocket {
-                StreamTransport::new(crate::ws::accept(tls, max_packet).await?)
-            } else {
-                StreamTransport::new(tls)
-            };
-            Ok(Upgraded { stream, peer_cn })
-        })
+        match socket {
+            AcceptedSocket::Tcp(socket) => {
+                let _ = socket.set_nodelay(true);
+                Box::pin(upgrade(socket, acceptor, websocket, max_packet))
+            }
+            // A client forwarded over a TLS cluster link: this listener's own TLS and
+            // WebSocket run inside it, as they would on the socket.
+            AcceptedSocket::Stream(stream) => {
+                Box::pin(upgrade(stream, acceptor, websocket, max_packet))
+            }
+        }
     }
+}
+
+async fn upgrade<S: ByteStream>(
+    socket: S,
+    acceptor: Option<TlsAcceptor>,
+    websocket: bool,
+    max_packet: u32,
+) -> std::io::Result<Upgraded> {
+    let Some(acceptor) = acceptor else {
+        let ws = crate::ws::accept(socket, max_packet).await?;
+        return Ok(Upgraded {
+            stream: StreamTransport::new(ws),
+            peer_cn: None,
+        });
+    };
+    let tls = acceptor.accept(socket).await?;
+    let peer_cn = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(crate::tls::common_name);
+    let stream = if websocket {
+        StreamTransport::new(crate::ws::accept(tls, max_packet).await?)
+    } else {
+        StreamTransport::new(tls)
+    };
+    Ok(Upgraded { stream, peer_cn })
 }
 
 #[cfg(test)]

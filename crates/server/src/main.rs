@@ -117,6 +117,10 @@ fn plan(args: &ServeArgs, mut file: config_file::FileConfig) -> Result<Plan, Str
     }
     let prepared = listeners::prepare(&listener_configs)
         .map_err(|(listener, error)| format!("listener {listener}: {error}"))?;
+    if let (Some(node), Some(files)) = (file.cluster.as_mut(), &file.cluster_tls) {
+        let tls = tls::cluster_tls(files).map_err(|error| format!("[cluster] {error}"))?;
+        node.tls = Some(tls);
+    }
     // The default stream is added here rather than by the store, so that `--sync` reaches it.
     if !file.streams.iter().any(|s| s.filters.is_empty()) {
         file.streams.push(tern_broker::StreamSpec::default_stream());

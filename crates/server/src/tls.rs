@@ -151,6 +151,27 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         })
 }
 
+/// `[cluster] tls_cert`, `tls_key`, `tls_ca`: this node's certificate chain and key (used
+/// both to accept and to connect) and the cluster CA (`tern_raft::tls`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterTlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// Reads the cluster port's TLS files, with the listeners' PEM reading.
+pub fn cluster_tls(files: &ClusterTlsFiles) -> Result<tern_raft::ClusterTls, TlsError> {
+    let chain = read_certs(&files.cert)?;
+    let key = read_key(&files.key)?;
+    let ca = read_certs(&files.ca)?;
+    tern_raft::ClusterTls::new(chain, key, ca).map_err(|e| TlsError::Config {
+        cert: files.cert.clone(),
+        key: files.key.clone(),
+        reason: e.to_string(),
+    })
+}
+
 /// The Common Name of a (verified) client certificate, for `use_identity_as_username`.
 pub fn common_name(cert: &CertificateDer<'_>) -> Option<Arc<str>> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;

@@ -191,7 +191,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "raft",
         &[
-            &["error", "types", "inject"],
+            &["error", "types", "inject", "tls"],
             &["log_store", "state_machine", "network"],
             &["node"],
             &["consensus"],

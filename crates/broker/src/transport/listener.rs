@@ -9,7 +9,17 @@ use std::task::{Context, Poll};
 
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{ListenerContext, StreamTransport};
+use super::{ByteStream, ListenerContext, StreamTransport};
+
+/// An accepted connection's bytes, before its listener's [`Upgrade`].
+pub enum AcceptedSocket {
+    /// A TCP socket this process accepted (or a forwarded client's, over a plain cluster link).
+    Tcp(TcpStream),
+    /// A client connection another cluster node forwarded over a TLS cluster link: the link's
+    /// TLS is undone, and the client's own bytes (TLS or WebSocket of the listener's, if any)
+    /// follow.
+    Stream(Box<dyn ByteStream>),
+}
 
 /// What an [`Upgrade`] made of an accepted socket.
 pub struct Upgraded {
@@ -21,10 +31,10 @@ pub struct Upgraded {
 /// The future of one [`Upgrade::upgrade`].
 pub type UpgradeFuture = Pin<Box<dyn Future<Output = io::Result<Upgraded>> + Send>>;
 
-/// Turns an accepted TCP socket into the listener's stream: a TLS handshake, a WebSocket
+/// Turns an accepted socket into the listener's stream: a TLS handshake, a WebSocket
 /// upgrade, or both. Runs in the connection's own task, within `connect_timeout_ms`.
 pub trait Upgrade: Send + Sync + 'static {
-    fn upgrade(&self, socket: TcpStream) -> UpgradeFuture;
+    fn upgrade(&self, socket: AcceptedSocket) -> UpgradeFuture;
 }
 
 /// One listening socket served by [`crate::Broker::serve_listeners`].

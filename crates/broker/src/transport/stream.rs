@@ -35,6 +35,11 @@ impl StreamTransport {
     pub fn new(stream: impl ByteStream) -> StreamTransport {
         StreamTransport(Box::new(stream))
     }
+
+    /// A stream already boxed (not boxed twice).
+    pub fn boxed(stream: Box<dyn ByteStream>) -> StreamTransport {
+        StreamTransport(stream)
+    }
 }
 
 /// An in-memory connection: the broker's end as a [`StreamTransport`], and the client's end.

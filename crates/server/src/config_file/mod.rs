@@ -33,8 +33,11 @@ pub struct FileConfig {
     pub auth: crate::auth_config::AuthConfig,
     /// `[http]`: the admin HTTP listener (`crate::http::config`).
     pub http: Option<crate::http::HttpSection>,
-    /// `[cluster]`, checked (its `data_dir` is filled in from `--data-dir` at start).
+    /// `[cluster]`, checked (its `data_dir` is filled in from `--data-dir` at start, its
+    /// `tls` from `cluster_tls`'s files by `plan` in main.rs).
     pub cluster: Option<tern_raft::NodeConfig>,
+    /// `[cluster] tls_cert`, `tls_key`, `tls_ca`: all three (checked) or none.
+    pub cluster_tls: Option<crate::tls::ClusterTlsFiles>,
 }
 
 impl Default for FileConfig {
@@ -49,6 +52,7 @@ impl Default for FileConfig {
             auth: Default::default(),
             http: None,
             cluster: None,
+            cluster_tls: None,
         }
     }
 }

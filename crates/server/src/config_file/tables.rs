@@ -49,9 +49,30 @@ struct ClusterTable {
     election_timeout_max_ms: Option<u64>,
     snapshot_every_entries: Option<u64>,
     log_kept_behind_snapshot: Option<u64>,
+    /// Mutual TLS on the cluster port: all three or none (docs/cluster.md, "Security").
+    tls_cert: Option<std::path::PathBuf>,
+    tls_key: Option<std::path::PathBuf>,
+    tls_ca: Option<std::path::PathBuf>,
 }
 
 impl ClusterTable {
+    /// The TLS files, if all three are set; an error if only some are.
+    fn tls_files(&self) -> Result<Option<crate::tls::ClusterTlsFiles>, ConfigFileError> {
+        match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(crate::tls::ClusterTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            })),
+            _ => Err(bad(
+                "tls_cert/tls_key/tls_ca",
+                "[cluster]",
+                "set all three (mutual TLS on the cluster port) or none".into(),
+            )),
+        }
+    }
+
     fn into_config(self, sync: SyncPolicy) -> Result<tern_raft::NodeConfig, ConfigFileError> {
         let table = "[cluster]";
         if self.node_id == 0 {
@@ -365,10 +386,10 @@ impl FileTables {
         config.max_disk_bytes = self.store.max_disk_bytes.filter(|&bytes| bytes != 0);
         config.http = self.http;
         config.auth = self.auth;
-        config.cluster = match self.cluster {
-            Some(table) => Some(table.into_config(config.state_sync)?),
-            None => None,
-        };
+        if let Some(table) = self.cluster {
+            config.cluster_tls = table.tls_files()?;
+            config.cluster = Some(table.into_config(config.state_sync)?);
+        }
         config.streams = self
             .stream
             .0

@@ -58,3 +58,48 @@ pub fn make(dir: &Path, name: &str, client_cn: &str) -> Pki {
         client_key: write("client-key", client_key.serialize_pem()),
     }
 }
+
+/// The files of a cluster node: a certificate for both ends of a cluster link (`serverAuth`
+/// and `clientAuth`), its key, and the CA that signed it.
+pub struct NodePki {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Makes a CA (named `name`) and one node certificate per entry of `nodes` (its CN), as PEM
+/// files under `dir`. Certificates from two calls chain to two different CAs.
+pub fn make_cluster(dir: &Path, name: &str, nodes: &[&str]) -> Vec<NodePki> {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, format!("{name} cluster CA"));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let ca_path = dir.join(format!("{name}-cluster-ca.pem"));
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    nodes
+        .iter()
+        .map(|cn| {
+            // A SAN that is not the peers' address: the name is not what is checked.
+            let mut params = CertificateParams::new(vec![format!("{cn}.cluster")]).unwrap();
+            params.distinguished_name.push(DnType::CommonName, *cn);
+            params.extended_key_usages = vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &ca).unwrap();
+            let cert_path = dir.join(format!("{name}-{cn}.pem"));
+            let key_path = dir.join(format!("{name}-{cn}-key.pem"));
+            std::fs::write(&cert_path, cert.pem()).unwrap();
+            std::fs::write(&key_path, key.serialize_pem()).unwrap();
+            NodePki {
+                ca: ca_path.clone(),
+                cert: cert_path,
+                key: key_path,
+            }
+        })
+        .collect()
+}
