@@ -4,7 +4,8 @@ use tern_raft::ConsensusError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("consensus: {0}")]
+    /// Shown as the consensus error itself (a prefix would print it twice in a chain).
+    #[error(transparent)]
     Consensus(#[from] ConsensusError),
     #[error("{context}: {source}")]
     Io {
