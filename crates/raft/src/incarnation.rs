@@ -26,14 +26,13 @@
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tern_store::{KvStream, Store, StreamConfig, SyncPolicy};
 
 use crate::error::ConsensusError;
-use crate::network::{Request, Response};
+use crate::network::{Introduced, Introductions, Request, Response};
 use crate::tls::ClusterTls;
 use crate::types::NodeId;
 
@@ -46,19 +45,6 @@ const KEY_CONFIRMED: &[u8] = b"confirmed";
 pub const MAX_RECORDED_NODES: usize = 4096;
 /// How often a new node asks the peers again while no majority has answered.
 const RETRY_MS: u64 = 500;
-
-/// A peer's answer to [`Request::Introduce`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Introduced {
-    /// The peer had no incarnation for this node id: it has recorded this one.
-    New,
-    /// The peer knows this very incarnation.
-    Known,
-    /// The peer knows another incarnation for this node id: this node lost its disk.
-    Different { known: u64 },
-    /// The peer cannot record incarnations (a transport without them, or its table is full).
-    Unsupported,
-}
 
 /// This node's incarnation and the ones it has heard for its peers.
 pub struct Incarnations {
@@ -117,10 +103,12 @@ impl Incarnations {
         self.kv.put(KEY_CONFIRMED, b"1")?.wait()?;
         Ok(())
     }
+}
 
+impl Introductions for Incarnations {
     /// A peer introduced itself: records its incarnation if none is known (durable before
     /// the answer), and says how it compares.
-    pub fn introduce(&self, node: NodeId, incarnation: u64) -> Result<Introduced, ConsensusError> {
+    fn introduce(&self, node: NodeId, incarnation: u64) -> Result<Introduced, ConsensusError> {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let key = peer_key(node);
         match self.kv.get(&key)? {
@@ -225,9 +213,6 @@ pub async fn confirm_new(
         tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
     }
 }
-
-/// The shared handle the peer listener answers introductions with.
-pub type Shared = Arc<Incarnations>;
 
 #[cfg(test)]
 mod tests {

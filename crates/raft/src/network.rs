@@ -25,6 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::error::ConsensusError;
 use crate::tls::{ClusterTls, Link};
 use crate::types::{NodeId, Raft, TypeConfig, decode, encode};
 
@@ -93,6 +94,29 @@ pub enum Request {
     },
 }
 
+/// A peer's answer to [`Request::Introduce`] (`crate::incarnation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Introduced {
+    /// The peer had no incarnation for this node id: it has recorded this one.
+    New,
+    /// The peer knows this very incarnation.
+    Known,
+    /// The peer knows another incarnation for this node id: this node lost its disk.
+    Different { known: u64 },
+    /// The peer cannot record incarnations (a transport without them, or its table is full).
+    Unsupported,
+}
+
+/// What the listener answers introductions with: the node's record of its peers'
+/// incarnations (`crate::incarnation::Incarnations`).
+///
+/// Contract: `introduce` records the first incarnation heard for `node` durably (synced)
+/// before it returns [`Introduced::New`]; it may block on that write (the listener calls it
+/// off the async threads).
+pub trait Introductions: Send + Sync {
+    fn introduce(&self, node: NodeId, incarnation: u64) -> Result<Introduced, ConsensusError>;
+}
+
 /// The answer to a [`Request`], of the same kind.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Response {
@@ -100,7 +124,7 @@ pub enum Response {
     Vote(Result<VoteResponse<NodeId>, Err>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, SnapErr>),
     Held,
-    Introduced(crate::incarnation::Introduced),
+    Introduced(Introduced),
 }
 
 /// Runs `req` on the local Raft node.
@@ -115,9 +139,7 @@ pub async fn handle(raft: &Raft, req: Request) -> Response {
         }
         // Answered by the TCP listener, which holds the incarnations (`serve`); a transport
         // without them cannot vouch for anyone.
-        Request::Introduce { .. } => {
-            Response::Introduced(crate::incarnation::Introduced::Unsupported)
-        }
+        Request::Introduce { .. } => Response::Introduced(Introduced::Unsupported),
         Request::Campaign { after_ms } => {
             let raft = raft.clone();
             tokio::spawn(async move {
@@ -277,7 +299,7 @@ pub async fn serve(
     raft: Raft,
     forward: Option<Forwarded>,
     tls: Option<ClusterTls>,
-    incarnations: crate::incarnation::Shared,
+    incarnations: Arc<dyn Introductions>,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_INBOUND_CONNECTIONS));
     let mut connections = JoinSet::new();
@@ -356,7 +378,7 @@ async fn open_inbound(
 async fn serve_connection(
     link: &mut Link,
     raft: Option<&Raft>,
-    incarnations: &crate::incarnation::Shared,
+    incarnations: &Arc<dyn Introductions>,
     first: u32,
 ) -> std::io::Result<()> {
     let mut len = first;
@@ -372,7 +394,7 @@ async fn serve_connection(
                     Ok(Ok(a)) => Response::Introduced(a),
                     Ok(Err(e)) => {
                         tracing::error!(%node, error = %e, "raft: cannot record a peer's incarnation");
-                        Response::Introduced(crate::incarnation::Introduced::Unsupported)
+                        Response::Introduced(Introduced::Unsupported)
                     }
                     Err(e) => return Err(std::io::Error::other(e.to_string())),
                 }
@@ -390,7 +412,7 @@ async fn serve_connection(
 /// dropped.
 pub async fn answer_introductions(
     listener: &TcpListener,
-    incarnations: crate::incarnation::Shared,
+    incarnations: Arc<dyn Introductions>,
     tls: Option<ClusterTls>,
 ) {
     let mut connections = JoinSet::new();

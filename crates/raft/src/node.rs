@@ -21,9 +21,10 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::error::ConsensusError;
-use crate::incarnation::{self, Incarnations, Introduced};
+use crate::incarnation::{self, Incarnations};
 use crate::inject::{self, Bug};
 use crate::log_store::LogStore;
+use crate::network::Introduced;
 use crate::network::{self, Request, Response, TcpNetwork, serve};
 use crate::state_machine::{Applier, StateMachine};
 use crate::tls::ClusterTls;

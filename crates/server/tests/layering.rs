@@ -193,6 +193,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
         &[
             &["error", "types", "inject", "tls"],
             &["log_store", "state_machine", "network"],
+            &["incarnation"],
             &["node"],
             &["consensus"],
         ],
