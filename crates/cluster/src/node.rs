@@ -353,13 +353,26 @@ impl ClusterNode {
                         return;
                     }
                 };
-                // Not the leader (any more): closing makes the client reconnect, and its
-                // node forwards it to whoever leads now.
-                let socket = match stream {
+                let mut socket = match stream {
                     Link::Tcp(s) => AcceptedSocket::Tcp(s),
                     tls => AcceptedSocket::Stream(Box::new(tls)),
                 };
-                let _ = node.to_engine(usize::from(pre.listener), socket, pre.peer);
+                // A node that has just become the leader opens its engine after the barrier
+                // (seconds with a large state): the connection waits for it, as a local
+                // client's does in `forward`. Not the leader (any more): closing makes the
+                // client reconnect, and its node forwards it to whoever leads now.
+                let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
+                loop {
+                    match node.to_engine(usize::from(pre.listener), socket, pre.peer) {
+                        None => return,
+                        Some(back) => socket = back,
+                    }
+                    let st = node.status();
+                    if st.leader != Some(st.node_id) || tokio::time::Instant::now() >= deadline {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             });
         }
     }
