@@ -170,6 +170,33 @@ async fn a_restarted_node_keeps_its_vote_and_log_and_catches_up() {
     );
 }
 
+/// A peer's `HoldElections` (leader transfer) is capped at `MAX_HOLD_MS`: a hostile or
+/// broken peer asking for a hold of u64::MAX ms cannot stop elections for good. Held that
+/// long, the survivors elect nobody for a while after the leader dies, then elect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_election_hold_asked_by_a_peer_runs_out() {
+    use tern_raft::network::{Request, Response, call};
+    let mut c = Cluster::start(3, 0).await;
+    let old = c.leader().await;
+    for i in (0..3).filter(|&i| i != old) {
+        let req = Request::HoldElections { for_ms: u64::MAX };
+        let answer = call(c.addrs[i], &req, None).await.expect("held");
+        assert!(matches!(answer, Response::Held));
+    }
+    let term_before = c.status((old + 1) % 3).term;
+    c.kill(old).await;
+    tokio::time::sleep(STILL_PENDING_AFTER).await;
+    for i in (0..3).filter(|&i| i != old) {
+        assert_eq!(
+            c.status(i).term,
+            term_before,
+            "node {i} campaigned while held"
+        );
+    }
+    let new = c.leader().await;
+    assert_ne!(new, old);
+}
+
 /// A voter that lost its disk must not come back under its old id: with an empty log it
 /// would vote for any candidate, one lacking committed entries included
 /// (`tern_raft::incarnation`). Its peers knew it with another incarnation: it refuses to
