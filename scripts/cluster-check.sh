@@ -8,6 +8,7 @@
 #
 # Usage: scripts/cluster-check.sh [--kills N] [--pauses N] [--partition] [--transfers N]
 #                                 [--power-losses N] [--power-loss-all] [--membership]
+#                                 [--snapshot-every N]
 #                                 [--seconds S] [--keep]
 #                                 [--broker tern|tern-single|nats] [--bin PATH] [--sync POLICY]
 #                                 [--wipe-on-kill] [--receiver-at-publish] [--seed N]
@@ -34,6 +35,8 @@
 #                   /api/v1/cluster/members: a learner, promoted once caught up), then remove a
 #                   follower of the first three (DELETE) and stop it; both must answer 200
 #                   and writes go on (membership: add_s, writes_after_s)
+#   --snapshot-every N  [cluster] snapshot_every_entries = N, log_kept_behind_snapshot = N/10:
+#                   a node back from a fault, or added, catches up by a snapshot install
 #   --seconds S     length of the load phase; the faults are spread evenly over it (default 40)
 #   --keep          keep the work directory (configs, data dirs, broker logs)
 #   --broker B      tern (default: three nodes with [cluster]); tern-single (one node without
@@ -70,7 +73,7 @@ while [ $# -gt 0 ]; do
     --bin) BIN="$2"; shift 2 ;;
     --partition | --keep | --wipe-on-kill | --receiver-at-publish | --power-loss-all | \
       --membership) ARGS+=("$1"); shift ;;
-    --kills | --pauses | --transfers | --power-losses | --seconds | --sync | --seed | --rate | --window | --netns | \
+    --kills | --pauses | --transfers | --power-losses | --snapshot-every | --seconds | --sync | --seed | --rate | --window | --netns | \
       --restart-after-s | --partition-s)
       ARGS+=("$1" "$2"); shift 2 ;;
     *) echo "cluster-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;

@@ -65,6 +65,9 @@ def parse_args(argv):
     p.add_argument("--membership", action="store_true",
                    help="once, under the load: start a fourth, empty node, add it (it is "
                         "promoted once caught up), then remove a follower of the first three")
+    p.add_argument("--snapshot-every", type=int, default=None,
+                   help="[cluster] snapshot_every_entries (and a tenth of it kept behind): "
+                        "nodes back from a fault and new members catch up by snapshot")
     p.add_argument("--transfers", type=int, default=0,
                    help="leader transfers (POST /api/v1/cluster/leader) under the load; tern only")
     p.add_argument("--seconds", type=float, default=40.0)
@@ -120,7 +123,8 @@ class Run:
             self.netns = cn.Netns(count + spares)
             self.netns.setup()
         made = cn.make_nodes("nats" if a.broker == "nats" else a.broker, count, a.bin,
-                             self.work, self.netns, a.sync, spares=spares)
+                             self.work, self.netns, a.sync, spares=spares,
+                             snapshot_every=a.snapshot_every)
         self.nodes, self.spares = made[:count], made[count:]
         if a.power_losses or a.power_loss_all:
             why = cluster_power.available()

@@ -226,10 +226,11 @@ class Node:
 
 
 class TernNode(Node):
-    def __init__(self, *args, peers=None, sync=None, **kwargs):
+    def __init__(self, *args, peers=None, sync=None, snapshot_every=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.peers = peers  # None: no [cluster] table (tern-single)
         self.sync = sync
+        self.snapshot_every = snapshot_every
         self.config = os.path.join(self.dir, "tern.toml")
 
     def write_config(self, binary):
@@ -251,6 +252,11 @@ class TernNode(Node):
                 f'bind = "{self.host}:{self.cluster_port}"',
                 "peers = [" + ", ".join(f'"{p}"' for p in self.peers) + "]",
             ]
+            if self.snapshot_every:
+                # Snapshots often and little log kept behind them: a node back from a kill or
+                # a new member catches up by a snapshot install, not by the log.
+                lines += [f"snapshot_every_entries = {self.snapshot_every}",
+                          f"log_kept_behind_snapshot = {max(1, self.snapshot_every // 10)}"]
         with open(self.config, "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
         self.binary = binary
@@ -334,7 +340,7 @@ mqtt {{ listen: {self.host}:{self.mqtt_port} }}
             return (None, 0)
 
 
-def make_nodes(kind, count, binary, work, netns, sync, spares=0):
+def make_nodes(kind, count, binary, work, netns, sync, spares=0, snapshot_every=None):
     """The nodes of one run, configured but not started: `count` initial members, then `spares`
     more (tern) whose `peers` name only the initial members: started later, they wait to be
     added (POST /api/v1/cluster/members)."""
@@ -352,7 +358,8 @@ def make_nodes(kind, count, binary, work, netns, sync, spares=0):
         peers = ([f"{i}={h}:{c}" for (i, h, _m, c, _h, _p) in nodes[:count]]
                  if kind == "tern" else None)
         for (i, h, m, c, hp, _p) in nodes:
-            node = TernNode(i, h, m, c, hp, work, netns=netns, peers=peers, sync=sync)
+            node = TernNode(i, h, m, c, hp, work, netns=netns, peers=peers, sync=sync,
+                            snapshot_every=snapshot_every)
             node.write_config(binary)
             made.append(node)
     else:
