@@ -258,6 +258,26 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_inventing_node_ids_fills_the_table_only_up_to_its_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let inc = Incarnations::open(&store).unwrap();
+        let mut recorded = 0;
+        for id in 1..=(MAX_RECORDED_NODES as u64 + 10) {
+            if inc.introduce(NodeId(id), id).unwrap() == Introduced::New {
+                recorded += 1;
+            }
+        }
+        assert!(recorded <= MAX_RECORDED_NODES + 1, "{recorded} recorded");
+        assert_eq!(
+            inc.introduce(NodeId(1_000_000), 1).unwrap(),
+            Introduced::Unsupported
+        );
+        // Those recorded are still answered.
+        assert_eq!(inc.introduce(NodeId(1), 1).unwrap(), Introduced::Known);
+    }
+
+    #[test]
     fn two_draws_differ() {
         assert_ne!(draw(), draw());
     }
