@@ -192,7 +192,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
         "raft",
         &[
             &["error", "types", "inject"],
-            &["log_store", "state_machine", "network"],
+            &["log_store", "state_machine", "network", "sim_net"],
             &["node"],
             &["consensus"],
         ],
@@ -200,7 +200,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "cluster",
         &[
-            &["error", "ops"],
+            &["error", "ops", "inject"],
             &["disk", "replica", "forward"],
             &["node"],
         ],
