@@ -9,10 +9,11 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Bug {
-    /// A node that takes over the leadership opens its engine on its replica without the
-    /// barrier (`node.rs`, `start_engine`): the takeover does not wait for what the previous
-    /// owner of the sessions committed to be applied here, so the new engine may start
-    /// without the last sessions, subscriptions and messages the previous one acknowledged.
+    /// A node that loses the leadership does not stop its engine (`node.rs`, `reconcile`):
+    /// the deposed engine keeps the client connections it holds (and takes new ones) while
+    /// the new leader's engine takes their sessions over, so a session has two owners. Its
+    /// disk still fails at its first write (the proposer checks the term), so nothing it
+    /// writes reaches the log.
     LoseOwnershipOnTakeover = 1,
 }
 

@@ -398,7 +398,14 @@ impl ClusterNode {
         let leading = status.role == Role::Leader
             && !status.leader_cut_off()
             && !self.shared.transferring.load(Ordering::SeqCst);
-        if running_term.is_some() && (!leading || running_term != Some(status.term) || failed) {
+        // The injected bug keeps a deposed leader's engine serving until this node leads
+        // again: two engines own the sessions of the clients it holds.
+        let deposed_keeps_serving =
+            !leading && crate::inject::on(crate::inject::Bug::LoseOwnershipOnTakeover);
+        if running_term.is_some()
+            && !deposed_keeps_serving
+            && (!leading || running_term != Some(status.term) || failed)
+        {
             self.stop_engine("leadership lost or engine failed").await;
         }
         if leading && (running_term.is_none() || running_term != Some(status.term) || failed) {
@@ -416,9 +423,7 @@ impl ClusterNode {
         let barrier = crate::ops::Op::Barrier
             .encode()
             .map_err(|e| ClusterError::Engine(e.to_string()))?;
-        if !crate::inject::on(crate::inject::Bug::LoseOwnershipOnTakeover) {
-            sh.raft.propose(vec![barrier]).await?;
-        }
+        sh.raft.propose(vec![barrier]).await?;
         let replica = sh.replica.clone();
         let live = sh.live_dir.clone();
         let applied = tokio::task::spawn_blocking(move || replica.copy_to(&live))

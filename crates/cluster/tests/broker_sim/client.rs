@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +33,10 @@ const STALL: Duration = Duration::from_secs(3);
 const RETRY: Duration = Duration::from_millis(100);
 /// Messages a publisher has in flight at once.
 const WINDOW: usize = 4;
+/// How long a connection a client gave up on (and replaced by a new one for the same
+/// session) may stay open: the server closes it when the new one takes the session over
+/// [MQTT-3.1.4-3], or when the engine serving it stops (its node no longer leads).
+pub const TAKEOVER_WAIT: Duration = Duration::from_secs(8);
 
 pub fn s(text: &str) -> Str {
     Str::copy_from(text).expect("no U+0000")
@@ -67,6 +71,12 @@ fn persistent_connect(protocol: Protocol, client_id: &str) -> Connect {
 pub struct Shared {
     pub addrs: Addrs,
     pub stop: AtomicBool,
+    /// Moved on by the controller after each fault: each client then gives up its connection
+    /// with a chance of one in two, and opens a new one without closing it (a client that
+    /// believes its connection dead), so that sessions are taken over across the failover.
+    pub epoch: AtomicU64,
+    /// Given-up connections still watched (`watch_takeover`).
+    pub watchers: AtomicU64,
     pub log: Log,
     pub violations: Mutex<Vec<String>>,
 }
@@ -87,15 +97,24 @@ struct Conn {
 }
 
 impl Conn {
-    /// Connects to a node picked at random among those up; `None` if it fails.
-    async fn connect(shared: &Shared, rng: &mut SimRng, connect: Connect) -> Option<Conn> {
-        let up: Vec<(usize, SocketAddr)> = {
+    /// Connects to a node picked at random among those up, other than `avoid` if there is
+    /// another (a client that gave up a connection tries elsewhere); `None` if it fails.
+    async fn connect(
+        shared: &Shared,
+        rng: &mut SimRng,
+        connect: Connect,
+        avoid: Option<usize>,
+    ) -> Option<Conn> {
+        let mut up: Vec<(usize, SocketAddr)> = {
             let a = shared.addrs.lock().unwrap();
             a.iter()
                 .enumerate()
                 .filter_map(|(i, x)| x.map(|x| (i, x)))
                 .collect()
         };
+        if up.iter().any(|(i, _)| Some(*i) != avoid) {
+            up.retain(|(i, _)| Some(*i) != avoid);
+        }
         if up.is_empty() {
             return None;
         }
@@ -152,6 +171,49 @@ impl Conn {
             }
         }
     }
+}
+
+/// Watches a connection its client gave up on once a new one for the same session has its
+/// CONNACK: the server must close it (one owner per session).
+async fn watch_takeover(mut old: Conn, shared: Arc<Shared>, name: String, new_node: usize) {
+    let deadline = tokio::time::Instant::now() + TAKEOVER_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match old.recv(left).await {
+            Err(()) => break,
+            // Sent before the takeover, or by a second owner: not acknowledged either way.
+            Ok(Some(_)) => continue,
+            Ok(None) => {
+                shared.violation(format!(
+                    "one owner per session: {name}'s old connection (via node {}) still open \
+                     {}s after its session was taken over via node {}",
+                    old.node + 1,
+                    TAKEOVER_WAIT.as_secs(),
+                    new_node + 1
+                ));
+                break;
+            }
+        }
+    }
+    shared.watchers.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Hands a given-up connection to a watcher once its replacement is connected.
+fn watch_old(old: &mut Option<Conn>, shared: &Arc<Shared>, name: &str, new_node: usize) {
+    if let Some(old) = old.take() {
+        shared.watchers.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(watch_takeover(old, shared.clone(), name.to_string(), new_node));
+    }
+}
+
+/// Whether the client gives up its connection now (see [`Shared::epoch`]).
+fn give_up(shared: &Shared, seen: &mut u64, rng: &mut SimRng) -> bool {
+    let epoch = shared.epoch.load(Ordering::Relaxed);
+    if epoch == *seen {
+        return false;
+    }
+    *seen = epoch;
+    rng.chance(0.5)
 }
 
 /// A publisher's state, read by the controller and the checker.
@@ -216,10 +278,11 @@ impl Publisher {
         let mut next_seq = 0u64;
         let mut next_id = 1u16;
         let mut established = false;
+        let (mut old, mut seen) = (None, 0u64);
         while !shared.stop.load(Ordering::Relaxed) {
-            let Some(mut conn) =
-                Conn::connect(&shared, &mut rng, persistent_connect(self.protocol, &name)).await
-            else {
+            let avoid = old.as_ref().map(|c: &Conn| c.node);
+            let connect = persistent_connect(self.protocol, &name);
+            let Some(mut conn) = Conn::connect(&shared, &mut rng, connect, avoid).await else {
                 tokio::time::sleep(RETRY).await;
                 continue;
             };
@@ -228,6 +291,7 @@ impl Publisher {
                 conn.node + 1,
                 conn.session_present
             ));
+            watch_old(&mut old, &shared, &name, conn.node);
             if established && !conn.session_present {
                 shared.violation(format!(
                     "{name}'s persistent session was lost (CONNACK session present 0 via node {})",
@@ -250,7 +314,13 @@ impl Publisher {
                 }
             }
             let mut last_heard = tokio::time::Instant::now();
+            let mut abandon = false;
             while ok && !shared.stop.load(Ordering::Relaxed) {
+                if give_up(&shared, &mut seen, &mut rng) {
+                    shared.log.line(format!("{name} gives up its connection"));
+                    abandon = true;
+                    break;
+                }
                 if inflight.len() < WINDOW && next_seq < self.total {
                     while inflight.contains_key(&next_id) {
                         next_id = next_id.checked_add(1).unwrap_or(1);
@@ -280,6 +350,7 @@ impl Publisher {
                     Ok(None) => {
                         if !inflight.is_empty() && last_heard.elapsed() > STALL {
                             shared.log.line(format!("{name} gives up a stalled connection"));
+                            abandon = true;
                             break;
                         }
                         continue;
@@ -319,6 +390,9 @@ impl Publisher {
                     }
                     _ => {}
                 }
+            }
+            if abandon {
+                old = Some(conn);
             }
         }
     }
@@ -372,10 +446,11 @@ impl Subscriber {
         // Method B: PUBLISHes awaiting their PUBREL; Method A: ids delivered, awaiting it.
         let mut held: BTreeMap<u16, Bytes> = BTreeMap::new();
         let mut established = false;
+        let (mut old, mut seen) = (None, 0u64);
         while !shared.stop.load(Ordering::Relaxed) {
-            let Some(mut conn) =
-                Conn::connect(&shared, &mut rng, persistent_connect(self.protocol, &name)).await
-            else {
+            let avoid = old.as_ref().map(|c: &Conn| c.node);
+            let connect = persistent_connect(self.protocol, &name);
+            let Some(mut conn) = Conn::connect(&shared, &mut rng, connect, avoid).await else {
                 tokio::time::sleep(RETRY).await;
                 continue;
             };
@@ -384,6 +459,7 @@ impl Subscriber {
                 conn.node + 1,
                 conn.session_present
             ));
+            watch_old(&mut old, &shared, &name, conn.node);
             if established && !conn.session_present {
                 shared.violation(format!(
                     "{name}'s persistent session was lost (CONNACK session present 0 via node {})",
@@ -400,11 +476,18 @@ impl Subscriber {
                 self.state.lock().unwrap().established = true;
             }
             let mut last_heard = tokio::time::Instant::now();
+            let mut abandon = false;
             while !shared.stop.load(Ordering::Relaxed) {
+                if give_up(&shared, &mut seen, &mut rng) {
+                    shared.log.line(format!("{name} gives up its connection"));
+                    abandon = true;
+                    break;
+                }
                 let packet = match conn.recv(Duration::from_millis(200)).await {
                     Err(()) => break,
                     Ok(None) if last_heard.elapsed() > 2 * STALL => {
                         shared.log.line(format!("{name} gives up a silent connection"));
+                        abandon = true;
                         break;
                     }
                     Ok(None) => continue,
@@ -451,6 +534,9 @@ impl Subscriber {
                 {
                     break;
                 }
+            }
+            if abandon {
+                old = Some(conn);
             }
         }
     }

@@ -10,7 +10,7 @@ use tern_store::sim::SimRng;
 use tern_wire::{Protocol, QoS};
 
 use crate::check::{self, PubView, SubView};
-use crate::client::{Method, PubState, Publisher, Shared, SubState, Subscriber};
+use crate::client::{Method, PubState, Publisher, Shared, SubState, Subscriber, TAKEOVER_WAIT};
 use crate::plan::{Fault, Plan, Target};
 use crate::world::{NODES, World, id};
 
@@ -109,6 +109,8 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
     let shared = Arc::new(Shared {
         addrs: world.addrs.clone(),
         stop: Default::default(),
+        epoch: Default::default(),
+        watchers: Default::default(),
         log: log.clone(),
         violations: Mutex::default(),
     });
@@ -169,6 +171,7 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
         for &(gap, fault) in &plan.faults {
             std::thread::sleep(Duration::from_millis(gap));
             strike(&mut world, fault, &mut rng);
+            shared.epoch.fetch_add(1, Ordering::Relaxed);
         }
     }
     for i in 0..NODES {
@@ -208,6 +211,10 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
             })
         });
     }
+    // Connections given up at the last fault get their verdict.
+    wait_until(TAKEOVER_WAIT + Duration::from_secs(1), || {
+        shared.watchers.load(Ordering::Relaxed) == 0
+    });
     shared.stop.store(true, Ordering::Relaxed);
     clients.shutdown_timeout(Duration::from_secs(2));
     world.stop();
