@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::network::{Request, Response, handle};
+use crate::types::{NodeId, Raft, TypeConfig, Vote};
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -16,8 +18,6 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use crate::network::{Request, Response, handle};
-use crate::types::{NodeId, Raft, TypeConfig, Vote};
 use tern_store::sim::SimRng;
 
 /// What the fault plan sets, read by every message.

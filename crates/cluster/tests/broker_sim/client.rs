@@ -202,7 +202,12 @@ async fn watch_takeover(mut old: Conn, shared: Arc<Shared>, name: String, new_no
 fn watch_old(old: &mut Option<Conn>, shared: &Arc<Shared>, name: &str, new_node: usize) {
     if let Some(old) = old.take() {
         shared.watchers.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(watch_takeover(old, shared.clone(), name.to_string(), new_node));
+        tokio::spawn(watch_takeover(
+            old,
+            shared.clone(),
+            name.to_string(),
+            new_node,
+        ));
     }
 }
 
@@ -349,7 +354,9 @@ impl Publisher {
                     Err(()) => break,
                     Ok(None) => {
                         if !inflight.is_empty() && last_heard.elapsed() > STALL {
-                            shared.log.line(format!("{name} gives up a stalled connection"));
+                            shared
+                                .log
+                                .line(format!("{name} gives up a stalled connection"));
                             abandon = true;
                             break;
                         }
@@ -486,7 +493,9 @@ impl Subscriber {
                 let packet = match conn.recv(Duration::from_millis(200)).await {
                     Err(()) => break,
                     Ok(None) if last_heard.elapsed() > 2 * STALL => {
-                        shared.log.line(format!("{name} gives up a silent connection"));
+                        shared
+                            .log
+                            .line(format!("{name} gives up a silent connection"));
                         abandon = true;
                         break;
                     }

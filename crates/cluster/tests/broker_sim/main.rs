@@ -44,9 +44,7 @@ fn inject(name: &str) {
         // The QoS 2 received set as if it lived only in the memory of the engine that built
         // it: every engine a leader starts restores its sessions without it.
         "dedupe-on-leader-only" => broker::set(Some(broker::Bug::IgnoreReceivedSetAfterRestart)),
-        "lose-ownership-on-takeover" => {
-            cluster::set(Some(cluster::Bug::LoseOwnershipOnTakeover))
-        }
+        "lose-ownership-on-takeover" => cluster::set(Some(cluster::Bug::LoseOwnershipOnTakeover)),
         other => panic!("unknown cluster broker bug {other:?}"),
     }
 }

@@ -34,6 +34,9 @@ pub struct Plan {
     pub pace_ms: u64,
     /// (ms after the previous fault ended, fault).
     pub faults: Vec<(u64, Fault)>,
+    /// Entries between snapshots and kept behind one (one seed in three), so that a node
+    /// back from a fault may catch up by installing a snapshot of the replica's files.
+    pub snapshots: Option<(u64, u64)>,
 }
 
 fn target(r: &mut SimRng) -> Target {
@@ -74,12 +77,17 @@ impl Plan {
                 (gap, f)
             })
             .collect();
+        let (drop_pct, max_delay_ms, pace_ms) = (r.below(3), r.range(1, 10), r.range(5, 25));
+        let snapshots = r
+            .chance(1.0 / 3.0)
+            .then(|| (r.range(30, 300), r.below(50)));
         Plan {
-            drop_pct: r.below(3),
-            max_delay_ms: r.range(1, 10),
+            drop_pct,
+            max_delay_ms,
             msgs,
-            pace_ms: r.range(5, 25),
+            pace_ms,
             faults,
+            snapshots,
         }
     }
 }
@@ -88,9 +96,13 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "msgs={:?} pace={}ms drop={}% delay<={}ms faults=[",
+            "msgs={:?} pace={}ms drop={}% delay<={}ms ",
             self.msgs, self.pace_ms, self.drop_pct, self.max_delay_ms
         )?;
+        if let Some((every, kept)) = self.snapshots {
+            write!(f, "snapshots={every}/{kept} ")?;
+        }
+        write!(f, "faults=[")?;
         for (i, (gap, fault)) in self.faults.iter().enumerate() {
             if i > 0 {
                 write!(f, ", ")?;

@@ -40,7 +40,10 @@ impl Log {
     pub fn line(&self, text: String) {
         let mut l = self.lines.lock().unwrap();
         if l.len() < MAX_LOG_LINES {
-            l.push(format!("[{:>6}ms] {text}", self.start.elapsed().as_millis()));
+            l.push(format!(
+                "[{:>6}ms] {text}",
+                self.start.elapsed().as_millis()
+            ));
         }
     }
 
@@ -89,6 +92,7 @@ pub fn run_seed(seed: u64) -> Outcome {
 }
 
 fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String>, u64) {
+    world.snapshots = plan.snapshots;
     {
         let mut l = world.net.links.lock().unwrap();
         l.drop_pct = plan.drop_pct;
@@ -198,7 +202,10 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
     if finished {
         // Every acknowledged message delivered to every subscriber, or the drain times out.
         wait_until(DRAIN_WAIT, || {
-            let views: Vec<_> = pub_states.iter().map(|(_, _, s)| s.lock().unwrap()).collect();
+            let views: Vec<_> = pub_states
+                .iter()
+                .map(|(_, _, s)| s.lock().unwrap())
+                .collect();
             sub_states.iter().all(|(_, _, s)| {
                 let s = s.lock().unwrap();
                 views.iter().enumerate().all(|(p, v)| {
@@ -219,8 +226,14 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
     clients.shutdown_timeout(Duration::from_secs(2));
     world.stop();
     violations.extend(shared.violations.lock().unwrap().drain(..));
-    let pub_guards: Vec<_> = pub_states.iter().map(|(i, q, s)| (*i, *q, s.lock().unwrap())).collect();
-    let sub_guards: Vec<_> = sub_states.iter().map(|(i, q, s)| (*i, *q, s.lock().unwrap())).collect();
+    let pub_guards: Vec<_> = pub_states
+        .iter()
+        .map(|(i, q, s)| (*i, *q, s.lock().unwrap()))
+        .collect();
+    let sub_guards: Vec<_> = sub_states
+        .iter()
+        .map(|(i, q, s)| (*i, *q, s.lock().unwrap()))
+        .collect();
     let pv: Vec<PubView<'_>> = pub_guards
         .iter()
         .map(|(index, qos, s)| PubView {

@@ -71,6 +71,8 @@ pub struct World {
     nodes: Vec<Option<Running>>,
     pub log: Log,
     pub violations: Vec<String>,
+    /// Entries between snapshots and kept behind one, if not the defaults.
+    pub snapshots: Option<(u64, u64)>,
 }
 
 impl World {
@@ -102,11 +104,16 @@ impl World {
             nodes: (0..NODES).map(|_| None).collect(),
             log,
             violations: Vec::new(),
+            snapshots: None,
         })
     }
 
     fn config(&self, i: usize) -> Result<ClusterConfig, String> {
-        let addr = |j: usize| self.forward_sockets[j].local_addr().map_err(|e| e.to_string());
+        let addr = |j: usize| {
+            self.forward_sockets[j]
+                .local_addr()
+                .map_err(|e| e.to_string())
+        };
         let peers = (0..NODES)
             .map(|j| Ok((id(j), addr(j)?)))
             .collect::<Result<Vec<_>, String>>()?;
@@ -117,6 +124,10 @@ impl World {
         raft.heartbeat_interval_ms = 50;
         raft.election_timeout_min_ms = 400;
         raft.election_timeout_max_ms = 800;
+        if let Some((every, kept)) = self.snapshots {
+            raft.snapshot_every_entries = every;
+            raft.log_kept_behind_snapshot = kept;
+        }
         Ok(ClusterConfig::new(raft, self.dirs[i].path().into()))
     }
 
@@ -211,7 +222,8 @@ impl World {
         });
         let _ = r.stop.send(());
         if r.done.recv_timeout(Duration::from_secs(20)).is_err() {
-            self.log.line(format!("node {}: lifecycle did not stop", id(i)));
+            self.log
+                .line(format!("node {}: lifecycle did not stop", id(i)));
         }
         *r.node.lock().unwrap() = None;
         r.rt.shutdown_timeout(Duration::from_secs(5));
