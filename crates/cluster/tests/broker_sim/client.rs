@@ -390,10 +390,10 @@ impl Publisher {
                             inflight.remove(&a.packet_id);
                         }
                     }
-                    Packet::PubComp(a) => {
-                        if inflight.get(&a.packet_id).is_some_and(|f| f.released) {
-                            inflight.remove(&a.packet_id);
-                        }
+                    Packet::PubComp(a)
+                        if inflight.get(&a.packet_id).is_some_and(|f| f.released) =>
+                    {
+                        inflight.remove(&a.packet_id);
                     }
                     _ => {}
                 }
@@ -519,9 +519,11 @@ impl Subscriber {
                                     held.insert(p.packet_id, p.payload);
                                 }
                                 Method::A => {
-                                    if !held.contains_key(&p.packet_id) {
+                                    if let std::collections::btree_map::Entry::Vacant(e) =
+                                        held.entry(p.packet_id)
+                                    {
                                         self.deliver(&p.payload);
-                                        held.insert(p.packet_id, Bytes::new());
+                                        e.insert(Bytes::new());
                                     }
                                 }
                             }

@@ -78,9 +78,7 @@ impl Plan {
             })
             .collect();
         let (drop_pct, max_delay_ms, pace_ms) = (r.below(3), r.range(1, 10), r.range(5, 25));
-        let snapshots = r
-            .chance(1.0 / 3.0)
-            .then(|| (r.range(30, 300), r.below(50)));
+        let snapshots = r.chance(1.0 / 3.0).then(|| (r.range(30, 300), r.below(50)));
         Plan {
             drop_pct,
             max_delay_ms,
