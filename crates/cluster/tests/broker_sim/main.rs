@@ -20,6 +20,7 @@
 
 mod check;
 mod client;
+mod conn;
 mod plan;
 mod run;
 mod world;

@@ -10,7 +10,8 @@ use tern_store::sim::SimRng;
 use tern_wire::{Protocol, QoS};
 
 use crate::check::{self, PubView, SubView};
-use crate::client::{Method, PubState, Publisher, Shared, SubState, Subscriber, TAKEOVER_WAIT};
+use crate::client::{Method, PubState, Publisher, SubState, Subscriber};
+use crate::conn::{Shared, TAKEOVER_WAIT};
 use crate::plan::{Fault, Plan, Target};
 use crate::world::{NODES, World, id};
 
@@ -91,6 +92,9 @@ pub fn run_seed(seed: u64) -> Outcome {
     }
 }
 
+type Pubs = Vec<(usize, QoS, Arc<Mutex<PubState>>)>;
+type Subs = Vec<(usize, QoS, Arc<Mutex<SubState>>)>;
+
 fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String>, u64) {
     world.snapshots = plan.snapshots;
     {
@@ -118,58 +122,15 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
         log: log.clone(),
         violations: Mutex::default(),
     });
-    let subs = [
-        (Protocol::V5, QoS::ExactlyOnce, Method::B),
-        (Protocol::V3_1_1, QoS::ExactlyOnce, Method::A),
-        (Protocol::V5, QoS::AtLeastOnce, Method::B),
-    ];
-    let sub_states: Vec<_> = subs
-        .iter()
-        .enumerate()
-        .map(|(index, &(protocol, qos, method))| {
-            let state = Arc::new(Mutex::new(SubState::default()));
-            let s = Subscriber {
-                index,
-                protocol,
-                qos,
-                method,
-                state: state.clone(),
-            };
-            clients.spawn(s.run(shared.clone(), seed));
-            (index, qos, state)
-        })
-        .collect();
     let mut violations = Vec::new();
+    let subs = spawn_subscribers(&clients, &shared, seed);
     let subscribed = wait_until(SERVE_WAIT, || {
-        sub_states
-            .iter()
-            .all(|(_, _, s)| s.lock().unwrap().established)
+        subs.iter().all(|(_, _, s)| s.lock().unwrap().established)
     });
     if !subscribed {
         violations.push("availability: the subscribers never got their SUBACKs".to_string());
     }
-    let pubs = [
-        (Protocol::V5, QoS::ExactlyOnce),
-        (Protocol::V3_1_1, QoS::ExactlyOnce),
-        (Protocol::V5, QoS::AtLeastOnce),
-    ];
-    let pub_states: Vec<_> = pubs
-        .iter()
-        .enumerate()
-        .map(|(index, &(protocol, qos))| {
-            let state = Arc::new(Mutex::new(PubState::default()));
-            let p = Publisher {
-                index,
-                protocol,
-                qos,
-                total: plan.msgs[index],
-                pace_ms: plan.pace_ms,
-                state: state.clone(),
-            };
-            clients.spawn(p.run(shared.clone(), seed));
-            (index, qos, state)
-        })
-        .collect();
+    let pubs = spawn_publishers(&clients, &shared, seed, plan);
     if subscribed {
         let mut rng = SimRng::keyed(&[seed, 0x6661756c74]);
         for &(gap, fault) in &plan.faults {
@@ -184,10 +145,81 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
         }
     }
     log.line("every fault over: all nodes up, network healed".into());
-    let finished = wait_until(SERVE_WAIT, || {
-        pub_states.iter().all(|(_, _, s)| s.lock().unwrap().done)
+    settle(&pubs, &subs, &mut violations);
+    // Connections given up at the last fault get their verdict.
+    wait_until(TAKEOVER_WAIT + Duration::from_secs(1), || {
+        shared.watchers.load(Ordering::Relaxed) == 0
     });
-    for (index, _, s) in &pub_states {
+    shared.stop.store(true, Ordering::Relaxed);
+    clients.shutdown_timeout(Duration::from_secs(2));
+    world.stop();
+    violations.extend(shared.violations.lock().unwrap().drain(..));
+    let acked = verdict(&pubs, &subs, &mut violations);
+    (violations, acked)
+}
+
+/// The persistent subscribers: v5 QoS 2 (Method B), v3.1.1 QoS 2 (Method A), v5 QoS 1.
+fn spawn_subscribers(clients: &tokio::runtime::Runtime, shared: &Arc<Shared>, seed: u64) -> Subs {
+    let subs = [
+        (Protocol::V5, QoS::ExactlyOnce, Method::B),
+        (Protocol::V3_1_1, QoS::ExactlyOnce, Method::A),
+        (Protocol::V5, QoS::AtLeastOnce, Method::B),
+    ];
+    subs.iter()
+        .enumerate()
+        .map(|(index, &(protocol, qos, method))| {
+            let state = Arc::new(Mutex::new(SubState::default()));
+            let s = Subscriber {
+                index,
+                protocol,
+                qos,
+                method,
+                state: state.clone(),
+            };
+            clients.spawn(s.run(shared.clone(), seed));
+            (index, qos, state)
+        })
+        .collect()
+}
+
+/// The publishers: v5 QoS 2, v3.1.1 QoS 2, v5 QoS 1.
+fn spawn_publishers(
+    clients: &tokio::runtime::Runtime,
+    shared: &Arc<Shared>,
+    seed: u64,
+    plan: &Plan,
+) -> Pubs {
+    let pubs = [
+        (Protocol::V5, QoS::ExactlyOnce),
+        (Protocol::V3_1_1, QoS::ExactlyOnce),
+        (Protocol::V5, QoS::AtLeastOnce),
+    ];
+    pubs.iter()
+        .enumerate()
+        .map(|(index, &(protocol, qos))| {
+            let state = Arc::new(Mutex::new(PubState::default()));
+            let p = Publisher {
+                index,
+                protocol,
+                qos,
+                total: plan.msgs[index],
+                pace_ms: plan.pace_ms,
+                state: state.clone(),
+            };
+            clients.spawn(p.run(shared.clone(), seed));
+            (index, qos, state)
+        })
+        .collect()
+}
+
+/// Waits for the publishers to finish (else an availability violation each), then for every
+/// acknowledged message to reach every subscriber (or the drain times out: the checker says
+/// which are missing).
+fn settle(pubs: &Pubs, subs: &Subs, violations: &mut Vec<String>) {
+    let finished = wait_until(SERVE_WAIT, || {
+        pubs.iter().all(|(_, _, s)| s.lock().unwrap().done)
+    });
+    for (index, _, s) in pubs {
         let s = s.lock().unwrap();
         if !s.done {
             violations.push(format!(
@@ -199,38 +231,31 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
             ));
         }
     }
-    if finished {
-        // Every acknowledged message delivered to every subscriber, or the drain times out.
-        wait_until(DRAIN_WAIT, || {
-            let views: Vec<_> = pub_states
-                .iter()
-                .map(|(_, _, s)| s.lock().unwrap())
-                .collect();
-            sub_states.iter().all(|(_, _, s)| {
-                let s = s.lock().unwrap();
-                views.iter().enumerate().all(|(p, v)| {
-                    v.acked.iter().all(|seq| {
-                        s.delivered
-                            .iter()
-                            .any(|d| d.publisher == p && d.seq == *seq)
-                    })
+    if !finished {
+        return;
+    }
+    wait_until(DRAIN_WAIT, || {
+        let views: Vec<_> = pubs.iter().map(|(_, _, s)| s.lock().unwrap()).collect();
+        subs.iter().all(|(_, _, s)| {
+            let s = s.lock().unwrap();
+            views.iter().enumerate().all(|(p, v)| {
+                v.acked.iter().all(|seq| {
+                    s.delivered
+                        .iter()
+                        .any(|d| d.publisher == p && d.seq == *seq)
                 })
             })
-        });
-    }
-    // Connections given up at the last fault get their verdict.
-    wait_until(TAKEOVER_WAIT + Duration::from_secs(1), || {
-        shared.watchers.load(Ordering::Relaxed) == 0
+        })
     });
-    shared.stop.store(true, Ordering::Relaxed);
-    clients.shutdown_timeout(Duration::from_secs(2));
-    world.stop();
-    violations.extend(shared.violations.lock().unwrap().drain(..));
-    let pub_guards: Vec<_> = pub_states
+}
+
+/// Runs the checker over what the clients saw; returns the messages acknowledged.
+fn verdict(pubs: &Pubs, subs: &Subs, violations: &mut Vec<String>) -> u64 {
+    let pub_guards: Vec<_> = pubs
         .iter()
         .map(|(i, q, s)| (*i, *q, s.lock().unwrap()))
         .collect();
-    let sub_guards: Vec<_> = sub_states
+    let sub_guards: Vec<_> = subs
         .iter()
         .map(|(i, q, s)| (*i, *q, s.lock().unwrap()))
         .collect();
@@ -251,8 +276,7 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
         })
         .collect();
     violations.extend(check::check(&pv, &sv));
-    let acked = pv.iter().map(|p| p.state.acked.len() as u64).sum();
-    (violations, acked)
+    pv.iter().map(|p| p.state.acked.len() as u64).sum()
 }
 
 /// The node a fault aimed at `target` strikes: the leader, or another node that is up.

@@ -25,7 +25,7 @@ use tern_store::{Store, SyncPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::client::Addrs;
+use crate::conn::Addrs;
 use crate::run::Log;
 
 pub const NODES: usize = 3;
