@@ -42,7 +42,9 @@ pub struct Publisher {
     pub index: usize,
     pub protocol: Protocol,
     pub qos: QoS,
-    pub total: u64,
+    /// Messages published once the faults are over (it publishes from the start).
+    pub tail: u64,
+    /// At most one new message per this many ms.
     pub pace_ms: u64,
     pub state: Arc<Mutex<PubState>>,
 }
@@ -74,6 +76,8 @@ struct Flow {
     inflight: BTreeMap<u16, Flight>,
     next_seq: u64,
     next_id: u16,
+    /// The sequence number it stops before, once known.
+    end: Option<u64>,
 }
 
 impl Flow {
@@ -111,6 +115,7 @@ impl Publisher {
             inflight: BTreeMap::new(),
             next_seq: 0,
             next_id: 1,
+            end: None,
         };
         while let Some(mut conn) = session.connect(&shared).await {
             match self
@@ -149,20 +154,27 @@ impl Publisher {
             }
         }
         let mut last_heard = tokio::time::Instant::now();
+        let pace = Duration::from_millis(self.pace_ms);
+        let mut last_sent = tokio::time::Instant::now() - pace;
         while !shared.stop.load(std::sync::atomic::Ordering::Relaxed) {
             if session.give_up(shared) {
                 return End::GaveUp("its connection");
             }
-            if flow.inflight.len() < WINDOW && flow.next_seq < self.total {
+            let more = self.wants_more(flow, shared);
+            if more && flow.inflight.len() < WINDOW && last_sent.elapsed() >= pace {
                 let (id, seq) = flow.next();
+                last_sent = tokio::time::Instant::now();
                 self.state.lock().unwrap().sent = flow.next_seq;
                 if !conn.send(&self.publish(id, seq, false)).await {
                     return End::Dead;
                 }
-            } else if flow.inflight.is_empty() {
+            } else if !more && flow.inflight.is_empty() {
                 return End::Done;
             }
-            let packet = match conn.recv(Duration::from_millis(self.pace_ms)).await {
+            // One message per pace at most, whatever the acknowledgements' speed: the
+            // publishing spans the faults.
+            let wait = pace.saturating_sub(last_sent.elapsed());
+            let packet = match conn.recv(wait.max(Duration::from_millis(1))).await {
                 Err(()) => return End::Dead,
                 Ok(None) if !flow.inflight.is_empty() && last_heard.elapsed() > STALL => {
                     return End::GaveUp("a stalled connection");
@@ -178,6 +190,19 @@ impl Publisher {
             }
         }
         End::Dead
+    }
+
+    /// Whether to publish more: until the faults are over ([`Shared::faults_over`]), then
+    /// `tail` messages more.
+    fn wants_more(&self, flow: &mut Flow, shared: &Shared) -> bool {
+        if flow.end.is_none()
+            && shared
+                .faults_over
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            flow.end = Some(flow.next_seq + self.tail);
+        }
+        flow.end.is_none_or(|end| flow.next_seq < end)
     }
 
     /// Takes in an acknowledgement; returns the PUBREL to send, if any.
@@ -249,6 +274,10 @@ pub struct Subscriber {
     pub protocol: Protocol,
     pub qos: QoS,
     pub method: Method,
+    /// (ms online, ms offline) for a subscriber that comes and goes: it drops each
+    /// connection after the first and stays away for the second, its messages queued in its
+    /// session meanwhile (what a failover must not lose even though nobody saw them yet).
+    pub intermittent: Option<(u64, u64)>,
     pub state: Arc<Mutex<SubState>>,
 }
 
@@ -280,7 +309,13 @@ impl Subscriber {
                 .await
             {
                 End::GaveUp(why) => session.abandon(conn, why, &shared),
-                End::Done | End::Dead => {}
+                End::Dead => {}
+                End::Done => {
+                    drop(conn);
+                    if let Some((_, offline_ms)) = self.intermittent {
+                        tokio::time::sleep(Duration::from_millis(offline_ms)).await;
+                    }
+                }
             }
         }
     }
@@ -293,9 +328,16 @@ impl Subscriber {
         shared: &Shared,
     ) -> End {
         let mut last_heard = tokio::time::Instant::now();
+        let online = tokio::time::Instant::now();
         while !shared.stop.load(std::sync::atomic::Ordering::Relaxed) {
             if session.give_up(shared) {
                 return End::GaveUp("its connection");
+            }
+            if let Some((online_ms, _)) = self.intermittent
+                && online.elapsed() > Duration::from_millis(online_ms)
+            {
+                // Goes offline: the connection is dropped, the session stays.
+                return End::Done;
             }
             let packet = match conn.recv(Duration::from_millis(200)).await {
                 Err(()) => return End::Dead,

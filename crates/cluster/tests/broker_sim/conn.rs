@@ -71,6 +71,8 @@ pub struct Shared {
     pub epoch: AtomicU64,
     /// Given-up connections still watched (`watch_takeover`).
     pub watchers: AtomicU64,
+    /// Set once every fault is over: the publishers then publish their tail and finish.
+    pub faults_over: AtomicBool,
     pub log: Log,
     pub violations: Mutex<Vec<String>>,
 }

@@ -29,7 +29,8 @@ pub enum Fault {
 pub struct Plan {
     pub drop_pct: u64,
     pub max_delay_ms: u64,
-    /// Messages per publisher (v5 QoS 2, v3.1.1 QoS 2, v5 QoS 1).
+    /// Messages each publisher (v5 QoS 2, v3.1.1 QoS 2, v5 QoS 1) publishes once the faults
+    /// are over (it publishes from the start, one per `pace_ms` at most).
     pub msgs: [u64; 3],
     pub pace_ms: u64,
     /// (ms after the previous fault ended, fault).
@@ -37,6 +38,8 @@ pub struct Plan {
     /// Entries between snapshots and kept behind one (one seed in three), so that a node
     /// back from a fault may catch up by installing a snapshot of the replica's files.
     pub snapshots: Option<(u64, u64)>,
+    /// The intermittent subscriber's (ms online, ms offline).
+    pub intermittent: (u64, u64),
 }
 
 fn target(r: &mut SimRng) -> Target {
@@ -50,7 +53,7 @@ fn target(r: &mut SimRng) -> Target {
 impl Plan {
     pub fn new(seed: u64) -> Plan {
         let mut r = SimRng::keyed(&[seed, 0x706c616e]);
-        let msgs = [r.range(60, 160), r.range(60, 160), r.range(30, 100)];
+        let msgs = [r.range(10, 60), r.range(10, 60), r.range(10, 40)];
         let count = r.range(2, 5);
         let faults = (0..count)
             .map(|_| {
@@ -77,8 +80,9 @@ impl Plan {
                 (gap, f)
             })
             .collect();
-        let (drop_pct, max_delay_ms, pace_ms) = (r.below(3), r.range(1, 10), r.range(5, 25));
+        let (drop_pct, max_delay_ms, pace_ms) = (r.below(3), r.range(1, 10), r.range(10, 30));
         let snapshots = r.chance(1.0 / 3.0).then(|| (r.range(30, 300), r.below(50)));
+        let intermittent = (r.range(300, 1000), r.range(300, 1500));
         Plan {
             drop_pct,
             max_delay_ms,
@@ -86,6 +90,7 @@ impl Plan {
             pace_ms,
             faults,
             snapshots,
+            intermittent,
         }
     }
 }
@@ -94,13 +99,14 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "msgs={:?} pace={}ms drop={}% delay<={}ms ",
+            "tail={:?} pace={}ms drop={}% delay<={}ms ",
             self.msgs, self.pace_ms, self.drop_pct, self.max_delay_ms
         )?;
         if let Some((every, kept)) = self.snapshots {
             write!(f, "snapshots={every}/{kept} ")?;
         }
-        write!(f, "faults=[")?;
+        let (on, off) = self.intermittent;
+        write!(f, "sub3={on}/{off}ms faults=[")?;
         for (i, (gap, fault)) in self.faults.iter().enumerate() {
             if i > 0 {
                 write!(f, ", ")?;

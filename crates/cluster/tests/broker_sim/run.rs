@@ -119,11 +119,12 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
         stop: Default::default(),
         epoch: Default::default(),
         watchers: Default::default(),
+        faults_over: Default::default(),
         log: log.clone(),
         violations: Mutex::default(),
     });
     let mut violations = Vec::new();
-    let subs = spawn_subscribers(&clients, &shared, seed);
+    let subs = spawn_subscribers(&clients, &shared, seed, plan);
     let subscribed = wait_until(SERVE_WAIT, || {
         subs.iter().all(|(_, _, s)| s.lock().unwrap().established)
     });
@@ -145,6 +146,7 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
         }
     }
     log.line("every fault over: all nodes up, network healed".into());
+    shared.faults_over.store(true, Ordering::Relaxed);
     settle(&pubs, &subs, &mut violations);
     // Connections given up at the last fault get their verdict.
     wait_until(TAKEOVER_WAIT + Duration::from_secs(1), || {
@@ -158,22 +160,35 @@ fn run_world(seed: u64, plan: &Plan, mut world: World, log: &Log) -> (Vec<String
     (violations, acked)
 }
 
-/// The persistent subscribers: v5 QoS 2 (Method B), v3.1.1 QoS 2 (Method A), v5 QoS 1.
-fn spawn_subscribers(clients: &tokio::runtime::Runtime, shared: &Arc<Shared>, seed: u64) -> Subs {
+/// The persistent subscribers: v5 QoS 2 (Method B), v3.1.1 QoS 2 (Method A), v5 QoS 1, and
+/// one that comes and goes (v5 QoS 2, Method B; the plan's times).
+fn spawn_subscribers(
+    clients: &tokio::runtime::Runtime,
+    shared: &Arc<Shared>,
+    seed: u64,
+    plan: &Plan,
+) -> Subs {
     let subs = [
-        (Protocol::V5, QoS::ExactlyOnce, Method::B),
-        (Protocol::V3_1_1, QoS::ExactlyOnce, Method::A),
-        (Protocol::V5, QoS::AtLeastOnce, Method::B),
+        (Protocol::V5, QoS::ExactlyOnce, Method::B, None),
+        (Protocol::V3_1_1, QoS::ExactlyOnce, Method::A, None),
+        (Protocol::V5, QoS::AtLeastOnce, Method::B, None),
+        (
+            Protocol::V5,
+            QoS::ExactlyOnce,
+            Method::B,
+            Some(plan.intermittent),
+        ),
     ];
     subs.iter()
         .enumerate()
-        .map(|(index, &(protocol, qos, method))| {
+        .map(|(index, &(protocol, qos, method, intermittent))| {
             let state = Arc::new(Mutex::new(SubState::default()));
             let s = Subscriber {
                 index,
                 protocol,
                 qos,
                 method,
+                intermittent,
                 state: state.clone(),
             };
             clients.spawn(s.run(shared.clone(), seed));
@@ -202,7 +217,7 @@ fn spawn_publishers(
                 index,
                 protocol,
                 qos,
-                total: plan.msgs[index],
+                tail: plan.msgs[index],
                 pace_ms: plan.pace_ms,
                 state: state.clone(),
             };
