@@ -5,7 +5,7 @@
 # losses and process crashes, and a checker of at-least-once / exactly-once / order / open
 # exchanges / retained values. Release.
 #
-# Usage: scripts/sim.sh [--cluster] [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--no-bounds] [--all] [--writer-threads[-raw]] [--jobs J] [--first] [--verbose]
+# Usage: scripts/sim.sh [--cluster|--cluster-broker] [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--no-bounds] [--all] [--writer-threads[-raw]] [--jobs J] [--first] [--verbose]
 #   --seeds N     run N seeds (default 100), from --base (default 0)
 #   --seed S      run seed S alone: a seed is one execution, so this replays it exactly
 #                 (the same digest on the seed's line, the same violations)
@@ -54,6 +54,19 @@
 #       flush-before-sync                  the log reports an append flushed before its fsync
 #                 A cluster seed's plan (faults, workload) is the seed's, but its execution is
 #                 not replayed exactly (openraft's election timeouts use a random source of its own).
+#   --cluster-broker  run the cluster broker seeds instead (issue 23; crates/cluster/tests/broker_sim,
+#                 docs/simulation.md "Cluster broker seeds"): 3 tern-raft nodes on simulated
+#                 disks and the simulated network, each with its replica and the real lifecycle
+#                 (the broker on a ReplicatedDisk on the leader), raw MQTT clients connected to
+#                 any node (forwarded to the leader), leader and follower crashes, power losses
+#                 of one node and of all, partitions of the leader, paused nodes; checks
+#                 at-least-once, QoS 2 exactly-once, order, persistent sessions, one owner per
+#                 session. Real threads and real time (a seed is ~10 s): a seed's plan is the
+#                 seed's, its execution is not. Takes --seeds, --base, --seed, --inject, --jobs,
+#                 --first, --verbose; bugs:
+#       dedupe-on-leader-only              every engine a leader starts has an empty QoS 2 received
+#                                          set, as if it had lived only in the old leader's memory
+#       lose-ownership-on-takeover         a deposed leader's engine keeps serving its connections
 # Prints each seed's line with its digest (the disk's trace and every client packet: equal
 # digests, the same run), each failing seed (violations, replay command, plan, faults, the disk's events),
 # then the first failing seed, and ends with the line `sim: seeds=N violations=V` (V: seeds
@@ -97,14 +110,44 @@ while [ $# -gt 0 ]; do
     --writer-threads) WRITER_THREADS=1; shift ;;
     --writer-threads-raw) WRITER_THREADS=raw; shift ;;
     --cluster) CLUSTER=1; shift ;;
+    --cluster-broker) CLUSTER=broker; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,60p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,74p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 for n in "$SEEDS" "$BASE" "$JOBS" ${SEED:+"$SEED"}; do
   case "$n" in ''|*[!0-9]*) echo "sim.sh: --seeds, --base, --jobs and --seed want a number" >&2; exit 2 ;; esac
 done
+if [ "$CLUSTER" = broker ]; then
+  case "$INJECT" in
+    ''|dedupe-on-leader-only|lose-ownership-on-takeover) ;;
+    *) echo "sim.sh: unknown cluster broker bug '$INJECT' (see --help)" >&2; exit 2 ;;
+  esac
+  cd "$ROOT"
+  cargo test -q --release -p tern-cluster --test broker_sim --no-run 2>/dev/null \
+    || cargo test --release -p tern-cluster --test broker_sim --no-run
+  export TERN_CBSIM_SEEDS="$SEEDS" TERN_CBSIM_SEED_BASE="$BASE" TERN_CBSIM_INJECT="$INJECT" TERN_CBSIM_VERBOSE="$VERBOSE" TERN_CBSIM_STOP_AT_FIRST="$FIRST" TERN_CBSIM_JOBS="$JOBS"
+  if [ -n "$SEED" ]; then export TERN_CBSIM_SEED="$SEED"; else unset TERN_CBSIM_SEED; fi
+  LOG="$(mktemp)"
+  trap 'rm -f "$LOG"' EXIT
+  set +e
+  cargo test -q --release -p tern-cluster --test broker_sim -- --exact cluster_broker_seeds --nocapture >"$LOG" 2>&1
+  STATUS=$?
+  set -e
+  grep -e '^seed ' -e '^    \[' -e '^  VIOLATION' -e '^  replay' -e '^  \.\.\.' -e '^sim: first failing' -e '^cluster-broker: ' "$LOG" || true
+  SUMMARY="$(grep '^sim: seeds=' "$LOG" | tail -n 1 || true)"
+  if [ -z "$SUMMARY" ]; then
+    echo "sim.sh: the cluster broker test did not finish (status $STATUS); its output:" >&2
+    cat "$LOG" >&2
+    echo "sim: seeds=$SEEDS violations=unknown"
+    exit 1
+  fi
+  echo "$SUMMARY"
+  V="${SUMMARY##*violations=}"
+  [ "$V" = 0 ]
+  exit $?
+fi
 if [ "$CLUSTER" = 1 ]; then
   case "$INJECT" in
     ''|ack-before-commit|vote-not-synced|deliver-uncommitted|flush-before-sync) ;;

@@ -7,7 +7,8 @@
 //!
 //! Module map, one layer per line, lowest first (`crates/server/tests/layering.rs` holds
 //! the same order and enforces it):
-//! - [`error`], [`ops`]: errors; the file operations an entry carries.
+//! - [`error`], [`ops`], [`inject`]: errors; the file operations an entry carries; test-only
+//!   bugs for the cluster simulator.
 //! - [`disk`], [`replica`], [`forward`]: the leader's replicated disk; every node's replica
 //!   (the state machine); the forwarding of client connections.
 //! - [`node`]: one node's lifecycle: Raft, listeners, the engine while it leads.
@@ -22,11 +23,12 @@
 pub mod disk;
 pub mod error;
 pub mod forward;
+pub mod inject;
 pub mod node;
 pub(crate) mod ops;
 pub mod replica;
 
 pub use disk::ReplicatedDisk;
 pub use error::ClusterError;
-pub use node::{ClusterConfig, ClusterNode, EngineFactory};
+pub use node::{ClusterConfig, ClusterNode, EngineFactory, NodeParts};
 pub use replica::Replica;

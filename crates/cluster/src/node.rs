@@ -68,6 +68,16 @@ impl ClusterConfig {
     }
 }
 
+/// What [`ClusterNode::run_on`] runs on: the Raft node, started with `replica`'s applier,
+/// and the connections forwarded to it by other nodes (with the address they came from).
+pub struct NodeParts {
+    pub raft: RaftNode,
+    pub replica: Replica,
+    /// Connections on the cluster port that are forwarded clients, their first four bytes
+    /// (`tern_raft::network::FORWARD_MAGIC`) already read (tern-raft's `network::serve`).
+    pub forwarded: mpsc::Receiver<(Link, SocketAddr)>,
+}
+
 /// A listener's identity for connections accepted on it.
 #[derive(Clone)]
 struct Door {
@@ -121,9 +131,7 @@ impl ClusterNode {
         started: impl FnOnce(ClusterNode),
     ) -> Result<(), ClusterError> {
         tracing::info!(node = %config.raft.node_id, "cluster: node starting");
-        let sync = config.raft.sync != tern_store::SyncPolicy::Never;
-        let replica = Replica::open(config.data_dir.join("replica"), sync)
-            .map_err(|e| ClusterError::io("opening the replica", e))?;
+        let replica = ClusterNode::open_replica(&config)?;
         let (forward_tx, forward_rx) = mpsc::channel(MAX_FORWARD_QUEUE);
         let raft = RaftNode::start_forwarding(
             config.raft.clone(),
@@ -133,6 +141,38 @@ impl ClusterNode {
             Some(forward_tx),
         )
         .await?;
+        let parts = NodeParts {
+            raft,
+            replica,
+            forwarded: forward_rx,
+        };
+        ClusterNode::run_on(config, parts, listeners, factory, shutdown, started).await
+    }
+
+    /// Opens the node's replica (`replica/` in the data directory), whose applier the Raft
+    /// node is started with.
+    pub fn open_replica(config: &ClusterConfig) -> Result<Replica, ClusterError> {
+        let sync = config.raft.sync != tern_store::SyncPolicy::Never;
+        Replica::open(config.data_dir.join("replica"), sync)
+            .map_err(|e| ClusterError::io("opening the replica", e))
+    }
+
+    /// [`ClusterNode::run`] on a Raft node the caller started (on another transport: the
+    /// cluster simulator's network, `tests/broker_sim`) with `parts.replica`'s applier; the
+    /// lifecycle, the listeners and the forwarding are the same.
+    pub async fn run_on(
+        config: ClusterConfig,
+        parts: NodeParts,
+        listeners: Vec<Listener>,
+        factory: Arc<dyn EngineFactory>,
+        shutdown: impl std::future::Future<Output = ()>,
+        started: impl FnOnce(ClusterNode),
+    ) -> Result<(), ClusterError> {
+        let NodeParts {
+            raft,
+            replica,
+            forwarded: forward_rx,
+        } = parts;
         let doors = listeners
             .iter()
             .map(|l| Door {
@@ -406,7 +446,14 @@ impl ClusterNode {
         let leading = status.role == Role::Leader
             && !status.leader_cut_off()
             && !self.shared.transferring.load(Ordering::SeqCst);
-        if running_term.is_some() && (!leading || running_term != Some(status.term) || failed) {
+        // The injected bug keeps a deposed leader's engine serving until this node leads
+        // again: two engines own the sessions of the clients it holds.
+        let deposed_keeps_serving =
+            !leading && crate::inject::on(crate::inject::Bug::LoseOwnershipOnTakeover);
+        if running_term.is_some()
+            && !deposed_keeps_serving
+            && (!leading || running_term != Some(status.term) || failed)
+        {
             self.stop_engine("leadership lost or engine failed").await;
         }
         if leading && (running_term.is_none() || running_term != Some(status.term) || failed) {

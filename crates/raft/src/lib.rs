@@ -9,7 +9,9 @@
 //!   nodes and the connection type (TCP or TLS) both ends use.
 //! - [`log_store`]: the Raft log on a tern-store stream, the vote in an always-synced kv;
 //!   [`state_machine`]: committed batches to the [`Applier`], snapshots from its state;
-//!   [`network`]: Raft RPCs over TCP or TLS (length-prefixed frames).
+//!   [`network`]: Raft RPCs over TCP or TLS (length-prefixed frames); `sim_net` (feature
+//!   `sim`, test-only): a simulated network for the simulators (`tests/sim`, tern-cluster's).
+//! - [`incarnation`]: a node back on an empty disk under its old id refuses to start.
 //! - [`node`]: one node: store, core, listener, cluster formation from the peers list.
 //! - [`consensus`]: the [`Consensus`] trait, the cluster status, their implementation.
 //!
@@ -27,6 +29,8 @@ pub mod inject;
 pub mod log_store;
 pub mod network;
 pub mod node;
+#[cfg(feature = "sim")]
+pub mod sim_net;
 pub mod state_machine;
 pub mod tls;
 pub mod types;

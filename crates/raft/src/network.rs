@@ -156,36 +156,43 @@ pub async fn handle(raft: &Raft, req: Request) -> Response {
 /// Longest a node holds its elections at a peer's request (a peer that asks again extends it).
 pub const MAX_HOLD_MS: u64 = 10_000;
 
-/// Until when each node of this process holds its elections.
-static HOLDS: std::sync::Mutex<Vec<(NodeId, tokio::time::Instant)>> =
-    std::sync::Mutex::new(Vec::new());
+/// One election hold: whose (the Raft core's metrics channel names the core: several nodes of
+/// one id may live in one process, as in tests, and must not lift each other's holds) and
+/// which call made it (only that call's timer lifts it).
+struct Hold {
+    core: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, BasicNode>>,
+    token: u64,
+}
+
+/// The holds in force in this process: at most one per Raft core, each gone by
+/// [`MAX_HOLD_MS`] after it was made.
+static HOLDS: std::sync::Mutex<Vec<Hold>> = std::sync::Mutex::new(Vec::new());
+static NEXT_HOLD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Stops this node from starting elections for `for_ms` from now (at most [`MAX_HOLD_MS`];
 /// it replaces an earlier hold, and 0 lifts it); they start again by themselves once the
 /// hold has run out.
 pub(crate) fn hold_elections(raft: &Raft, for_ms: u64) {
-    let id = raft.metrics().borrow().id;
+    let core = raft.metrics();
     let until = tokio::time::Instant::now() + Duration::from_millis(for_ms.min(MAX_HOLD_MS));
+    let token = NEXT_HOLD.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     {
         let mut holds = HOLDS.lock().unwrap_or_else(|e| e.into_inner());
-        holds.retain(|(n, _)| *n != id);
+        holds.retain(|h| !h.core.same_channel(&core));
         if for_ms == 0 {
             raft.runtime_config().elect(true);
             return;
         }
-        holds.push((id, until));
+        holds.push(Hold { core, token });
     }
     raft.runtime_config().elect(false);
     let raft = raft.clone();
     tokio::spawn(async move {
         tokio::time::sleep_until(until).await;
         let mut holds = HOLDS.lock().unwrap_or_else(|e| e.into_inner());
-        let over = holds
-            .iter()
-            .find(|(n, _)| *n == id)
-            .is_none_or(|(_, u)| *u <= tokio::time::Instant::now());
-        if over {
-            holds.retain(|(n, _)| *n != id);
+        // Replaced by a later hold or lifted: that one decides.
+        if let Some(at) = holds.iter().position(|h| h.token == token) {
+            holds.swap_remove(at);
             raft.runtime_config().elect(true);
         }
     });

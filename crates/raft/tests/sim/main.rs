@@ -9,7 +9,6 @@
 
 mod app;
 mod check;
-mod net;
 mod plan;
 mod run;
 mod world;

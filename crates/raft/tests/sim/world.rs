@@ -15,7 +15,7 @@ use tern_store::sim::{SimConfig, SimDisk};
 use tern_store::{Store, SyncPolicy};
 
 use crate::app::{self, App};
-use crate::net::{Net, NetFactory};
+use tern_raft::sim_net::{Net, NetFactory};
 
 /// A node's id from its position.
 pub fn id(i: usize) -> NodeId {

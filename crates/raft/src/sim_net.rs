@@ -1,4 +1,5 @@
-//! The simulated network: every RPC is a message that a seeded RNG delays (so messages
+//! The simulated network of the cluster simulators (tern-raft's `tests/sim`, at the
+//! consensus layer, and tern-cluster's `tests/broker_sim`, the broker on top; feature `sim`): every RPC is a message that a seeded RNG delays (so messages
 //! overtake one another), drops, or holds while an endpoint is paused; partitions cut links.
 //! It also watches the traffic for the checker: which vote each node has answered a candidate
 //! with (a vote a node has shown must survive its power loss), and who sent AppendEntries as
@@ -8,6 +9,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::network::{Request, Response, handle};
+use crate::types::{NodeId, Raft, TypeConfig, Vote};
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -15,9 +18,6 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use tern_raft::NodeId;
-use tern_raft::network::{Request, Response, handle};
-use tern_raft::types::{Raft, TypeConfig, Vote};
 use tern_store::sim::SimRng;
 
 /// What the fault plan sets, read by every message.

@@ -1,0 +1,46 @@
+//! Known bugs, injectable for the cluster simulator with the broker on top
+//! (`crates/cluster/tests/broker_sim`, issue 23): each one breaks a guarantee the simulator
+//! must then find. Compiled in only with the test-only cargo feature `inject`; without it
+//! [`on`] is a constant `false` and every check folds away, so production code keeps one
+//! path. The switch is process-wide: the simulator sets it once for a run of seeds.
+
+/// A bug the simulator can inject.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Bug {
+    /// A node that loses the leadership does not stop its engine (`node.rs`, `reconcile`):
+    /// the deposed engine keeps the client connections it holds (and takes new ones) while
+    /// the new leader's engine takes their sessions over, so a session has two owners. Its
+    /// disk still fails at its first write (the proposer checks the term), so nothing it
+    /// writes reaches the log.
+    LoseOwnershipOnTakeover = 1,
+}
+
+#[cfg(feature = "inject")]
+static ACTIVE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Whether `bug` is injected.
+#[doc(hidden)]
+#[inline(always)]
+pub fn on(bug: Bug) -> bool {
+    #[cfg(feature = "inject")]
+    {
+        ACTIVE.load(std::sync::atomic::Ordering::Relaxed) & bug as u32 != 0
+    }
+    #[cfg(not(feature = "inject"))]
+    {
+        let _ = bug;
+        false
+    }
+}
+
+/// Sets the injected bug (`None`: none), process-wide.
+#[doc(hidden)]
+#[cfg(feature = "inject")]
+pub fn set(bug: Option<Bug>) {
+    ACTIVE.store(
+        bug.map_or(0, |b| b as u32),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
