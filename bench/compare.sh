@@ -36,15 +36,17 @@ RUMQTTD_VERSION=0.20.0
 need_nofile "$(ulimit -Hn)"
 
 # ---- install ---------------------------------------------------------------------------------
+# Only the brokers this run compares (BROKERS).
+wants() { case " $BROKERS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 need_apt=()
-command -v mosquitto >/dev/null || need_apt+=(mosquitto)
-command -v nats-server >/dev/null || need_apt+=(nats-server)
+wants mosquitto && ! command -v mosquitto >/dev/null && need_apt+=(mosquitto)
+wants nats && ! command -v nats-server >/dev/null && need_apt+=(nats-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   [ -n "${NO_INSTALL:-}" ] && { log "missing: ${need_apt[*]}"; exit 2; }
   log "installing ${need_apt[*]} from Debian"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
-if ! command -v rumqttd >/dev/null; then
+if wants rumqttd && ! command -v rumqttd >/dev/null; then
   [ -n "${NO_INSTALL:-}" ] && { log "missing: rumqttd"; exit 2; }
   log "installing rumqttd $RUMQTTD_VERSION from crates.io"
   cargo install --locked rumqttd --version "$RUMQTTD_VERSION"
