@@ -123,7 +123,8 @@ pub enum Response {
     Append(Result<AppendEntriesResponse<NodeId>, Err>),
     Vote(Result<VoteResponse<NodeId>, Err>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, SnapErr>),
-    Held,
+    /// [`Request::HoldElections`] or [`Request::Campaign`] taken in hand.
+    Done,
     Introduced(Introduced),
 }
 
@@ -135,7 +136,7 @@ pub async fn handle(raft: &Raft, req: Request) -> Response {
         Request::Snapshot(r) => Response::Snapshot(raft.install_snapshot(r).await),
         Request::HoldElections { for_ms } => {
             hold_elections(raft, for_ms);
-            Response::Held
+            Response::Done
         }
         // Answered by the TCP listener, which holds the incarnations (`serve`); a transport
         // without them cannot vouch for anyone.
@@ -148,7 +149,7 @@ pub async fn handle(raft: &Raft, req: Request) -> Response {
                     tracing::warn!(error = %e, "raft: could not start the election a transfer asked for");
                 }
             });
-            Response::Held
+            Response::Done
         }
     }
 }
@@ -308,6 +309,28 @@ pub async fn serve(
     tls: Option<ClusterTls>,
     incarnations: Arc<dyn Introductions>,
 ) {
+    serve_peers(&listener, Some(raft), forward, tls, incarnations).await;
+}
+
+/// While a new node waits for its peers to confirm it ([`crate::incarnation::confirm_new`]):
+/// [`serve`] without a Raft core, answering introductions only and closing every other
+/// connection (it votes for nobody before it may). Runs until dropped.
+pub async fn answer_introductions(
+    listener: &TcpListener,
+    incarnations: Arc<dyn Introductions>,
+    tls: Option<ClusterTls>,
+) {
+    serve_peers(listener, None, None, tls, incarnations).await;
+}
+
+/// The accept loop of [`serve`] and [`answer_introductions`].
+async fn serve_peers(
+    listener: &TcpListener,
+    raft: Option<Raft>,
+    forward: Option<Forwarded>,
+    tls: Option<ClusterTls>,
+    incarnations: Arc<dyn Introductions>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_INBOUND_CONNECTIONS));
     let mut connections = JoinSet::new();
     loop {
@@ -345,7 +368,7 @@ pub async fn serve(
                 }
                 return;
             }
-            if let Err(e) = serve_connection(&mut link, Some(&raft), &incarnations, first).await {
+            if let Err(e) = serve_connection(&mut link, raft.as_ref(), &incarnations, first).await {
                 tracing::debug!(%peer, error = %e, "raft: peer connection closed");
             }
         });
@@ -411,39 +434,6 @@ async fn serve_connection(
         };
         write_frame(link, &encode(&resp).map_err(invalid)?).await?;
         len = link.read_u32().await?;
-    }
-}
-
-/// While a new node waits for its peers to confirm it ([`crate::incarnation::confirm_new`]):
-/// answers their introductions on `listener` and closes every other connection. Runs until
-/// dropped.
-pub async fn answer_introductions(
-    listener: &TcpListener,
-    incarnations: Arc<dyn Introductions>,
-    tls: Option<ClusterTls>,
-) {
-    let mut connections = JoinSet::new();
-    loop {
-        while connections.try_join_next().is_some() {}
-        let Ok((stream, peer)) = listener.accept().await else {
-            tokio::time::sleep(RETRY_BACKOFF).await;
-            continue;
-        };
-        if connections.len() >= MAX_INBOUND_CONNECTIONS {
-            continue; // dropped: closed
-        }
-        let incarnations = incarnations.clone();
-        let tls = tls.clone();
-        connections.spawn(async move {
-            let Some(mut link) = open_inbound(stream, peer, tls.as_ref()).await else {
-                return;
-            };
-            let first = match tokio::time::timeout(FIRST_BYTES_TIMEOUT, link.read_u32()).await {
-                Ok(Ok(first)) if first.to_be_bytes() != FORWARD_MAGIC => first,
-                _ => return,
-            };
-            let _ = serve_connection(&mut link, None, &incarnations, first).await;
-        });
     }
 }
 

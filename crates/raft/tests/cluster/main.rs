@@ -181,7 +181,7 @@ async fn an_election_hold_asked_by_a_peer_runs_out() {
     for i in (0..3).filter(|&i| i != old) {
         let req = Request::HoldElections { for_ms: u64::MAX };
         let answer = call(c.addrs[i], &req, None).await.expect("held");
-        assert!(matches!(answer, Response::Held));
+        assert!(matches!(answer, Response::Done));
     }
     let term_before = c.status((old + 1) % 3).term;
     c.kill(old).await;
