@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tern_store::{KvStream, Store, StreamConfig, SyncPolicy};
@@ -212,6 +212,55 @@ pub async fn confirm_new(
         tries += 1;
         tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
     }
+}
+
+/// At a node's start, before its Raft core exists (so a node that waits votes for nobody):
+/// a node on a new data directory waits until a majority of `peers` confirms it new,
+/// answering their introductions on `listener` meanwhile, and fails with
+/// [`ConsensusError::DiskLost`] if one knew it with another incarnation. A confirmed node,
+/// or one whose `store` has Raft state from before incarnations existed, introduces itself
+/// in the background (its peers record it) and starts at once.
+pub(crate) async fn check_start(
+    (id, peers, tls): (NodeId, &[(NodeId, SocketAddr)], Option<&ClusterTls>),
+    listener: &tokio::net::TcpListener,
+    store: &Store,
+    incarnations: &Arc<Incarnations>,
+) -> Result<(), ConsensusError> {
+    let own = match incarnations.own()? {
+        Some(own) => own,
+        None => {
+            let own = draw();
+            incarnations.set_own(own)?;
+            own
+        }
+    };
+    let had_raft_state = store
+        .stream_names()?
+        .iter()
+        .any(|n| n == crate::log_store::META_KV);
+    let confirmed = incarnations.confirmed()?;
+    if confirmed || had_raft_state {
+        if !confirmed {
+            incarnations.set_confirmed()?;
+        }
+        let (peers, tls) = (peers.to_vec(), tls.cloned());
+        tokio::spawn(async move {
+            for (peer, a) in introduce_to(id, own, &peers, tls.as_ref()).await {
+                if let Introduced::Different { known } = a {
+                    tracing::error!(node = %id, %peer, known = format!("{known:#x}"), own = format!("{own:#x}"),
+                        "raft: a peer knows this node with another incarnation: two processes with one node_id?");
+                }
+            }
+        });
+        return Ok(());
+    }
+    tokio::select! {
+        r = confirm_new(id, own, peers, tls) => r?,
+        () = crate::network::answer_introductions(listener, incarnations.clone(), tls.cloned()) => {}
+    }
+    incarnations.set_confirmed()?;
+    tracing::info!(node = %id, incarnation = format!("{own:#x}"), "raft: a new data directory, confirmed new by a majority of the peers");
+    Ok(())
 }
 
 #[cfg(test)]

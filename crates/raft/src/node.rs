@@ -24,7 +24,6 @@ use crate::error::ConsensusError;
 use crate::incarnation::{self, Incarnations};
 use crate::inject::{self, Bug};
 use crate::log_store::LogStore;
-use crate::network::Introduced;
 use crate::network::{self, Request, Response, TcpNetwork, serve};
 use crate::state_machine::{Applier, StateMachine};
 use crate::tls::ClusterTls;
@@ -238,7 +237,13 @@ impl RaftNode {
         })?;
         let store = open_store(&config, vfs)?;
         let incarnations = Arc::new(Incarnations::open(&store)?);
-        check_incarnation(&config, &listener, &store, &incarnations).await?;
+        incarnation::check_start(
+            (config.node_id, &config.peers, config.tls.as_ref()),
+            &listener,
+            &store,
+            &incarnations,
+        )
+        .await?;
         let network = TcpNetwork {
             tls: config.tls.clone(),
         };
@@ -417,56 +422,6 @@ impl Drop for RaftNode {
 }
 
 /// Opens the node's store directory, through `vfs` if given.
-/// A node on a new data directory waits for a majority of its peers to confirm it is new,
-/// answering their introductions meanwhile; a confirmed node (or one with Raft state from
-/// before) introduces itself in the background (the peers record it). See
-/// [`crate::incarnation`]. Runs before the Raft core exists: a node that waits votes for
-/// nobody.
-async fn check_incarnation(
-    config: &NodeConfig,
-    listener: &TcpListener,
-    store: &Store,
-    incarnations: &Arc<Incarnations>,
-) -> Result<(), ConsensusError> {
-    let peers = config.peers.clone();
-    let id = config.node_id;
-    let tls = config.tls.clone();
-    let had_raft_state = store
-        .stream_names()?
-        .iter()
-        .any(|n| n == crate::log_store::META_KV);
-    let own = match incarnations.own()? {
-        Some(own) => own,
-        None => {
-            let own = incarnation::draw();
-            incarnations.set_own(own)?;
-            own
-        }
-    };
-    if had_raft_state && !incarnations.confirmed()? {
-        incarnations.set_confirmed()?;
-    }
-    if incarnations.confirmed()? {
-        tokio::spawn(async move {
-            let answers = incarnation::introduce_to(id, own, &peers, tls.as_ref()).await;
-            for (peer, a) in answers {
-                if let Introduced::Different { known } = a {
-                    tracing::error!(node = %id, %peer, known = format!("{known:#x}"), own = format!("{own:#x}"),
-                        "raft: a peer knows this node with another incarnation: two processes with one node_id?");
-                }
-            }
-        });
-        return Ok(());
-    }
-    tokio::select! {
-        r = incarnation::confirm_new(id, own, &peers, config.tls.as_ref()) => r?,
-        () = network::answer_introductions(listener, incarnations.clone(), config.tls.clone()) => {}
-    }
-    incarnations.set_confirmed()?;
-    tracing::info!(node = %id, incarnation = format!("{own:#x}"), "raft: a new data directory, confirmed new by a majority of the peers");
-    Ok(())
-}
-
 fn open_store(config: &NodeConfig, vfs: Option<Arc<dyn Vfs>>) -> Result<Store, ConsensusError> {
     Ok(match vfs {
         Some(v) => Store::open_with_vfs(&config.data_dir, v)?,

@@ -170,6 +170,32 @@ async fn a_restarted_node_keeps_its_vote_and_log_and_catches_up() {
     );
 }
 
+/// A data directory with Raft state from before incarnations existed (no `raft-peers` kv)
+/// is taken as confirmed: an upgraded node starts, though its peers knew it with another
+/// incarnation by then (here: the one the deleted kv held), and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_data_directory_from_before_incarnations_starts() {
+    let mut c = Cluster::start(3, 0).await;
+    let leader = c.leader().await;
+    let f = (leader + 1) % 3;
+    c.kill(f).await;
+    let kv = c.dirs[f]
+        .path()
+        .join("streams")
+        .join(tern_raft::incarnation::PEERS_KV);
+    assert!(kv.is_dir(), "no {}", kv.display());
+    std::fs::remove_dir_all(&kv).expect("remove the incarnations");
+    c.start_node(f, None).await;
+    c.node(leader)
+        .propose(vec![op("after the upgrade")])
+        .await
+        .expect("propose");
+    wait_until("the upgraded node applies", || {
+        (c.ops(f) == vec![op("after the upgrade")]).then_some(())
+    })
+    .await;
+}
+
 /// A peer's `HoldElections` (leader transfer) is capped at `MAX_HOLD_MS`: a hostile or
 /// broken peer asking for a hold of u64::MAX ms cannot stop elections for good. Held that
 /// long, the survivors elect nobody for a while after the leader dies, then elect.
