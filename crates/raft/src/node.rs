@@ -24,7 +24,7 @@ use crate::error::ConsensusError;
 use crate::incarnation::{self, Incarnations};
 use crate::inject::{self, Bug};
 use crate::log_store::LogStore;
-use crate::network::{self, Request, Response, TcpNetwork, serve};
+use crate::network::{self, TcpNetwork, serve};
 use crate::state_machine::{Applier, StateMachine};
 use crate::tls::ClusterTls;
 use crate::types::{NodeId, Raft, TypeConfig};
@@ -259,7 +259,8 @@ impl RaftNode {
     }
 
     /// Starts with another transport (a simulated network): `network` carries this node's
-    /// requests, and whatever delivers peers' requests to it calls [`RaftNode::handle`].
+    /// requests, and whatever delivers peers' requests to it calls [`network::handle`] on
+    /// [`RaftNode::peer_handler`].
     pub async fn start_with<N: RaftNetworkFactory<TypeConfig>>(
         config: NodeConfig,
         applier: Box<dyn Applier>,
@@ -313,12 +314,6 @@ impl RaftNode {
         };
         node.bootstrap().await?;
         Ok(node)
-    }
-
-    /// Answers a peer's request (what [`network::serve`](crate::network::serve) does for
-    /// each frame it reads).
-    pub async fn handle(&self, req: Request) -> Response {
-        network::handle(&self.raft, req).await
     }
 
     /// What a transport hands peers' requests to (with [`network::handle`]): a handle on

@@ -1,35 +1,44 @@
-//! The transport is injectable: three nodes started with `RaftNode::start_with` on an
-//! in-process network (what a turmoil simulator will provide), answering through
-//! `RaftNode::handle`.
+//! The transport is injectable: three nodes started with `RaftNode::start_with` on the
+//! simulators' in-process network (`tern_raft::sim_net`), answering through
+//! `network::handle` on `RaftNode::peer_handler`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use openraft::BasicNode;
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
-};
-use tern_raft::network::{Request, Response};
-use tern_raft::types::TypeConfig;
-use tern_raft::{Consensus, ConsensusError, NodeConfig, NodeId, RaftNode, Role};
+use tern_raft::sim_net::NetFactory;
+use tern_raft::{Consensus, ConsensusError, NodeConfig, RaftNode, Role};
 
 use crate::harness::{Applied, Recorder, id, op, wait_until};
 
-/// The nodes on the in-process network, and those cut off from the others.
-#[derive(Clone, Default)]
+/// Three nodes on the simulators' in-process network (`tern_raft::sim_net`, without delays
+/// or losses here); a cut puts a node on a side of its own.
+#[derive(Clone)]
 struct Net {
-    nodes: Arc<Mutex<HashMap<NodeId, Arc<RaftNode>>>>,
-    cut: Arc<Mutex<HashSet<NodeId>>>,
+    sim: tern_raft::sim_net::Net,
+    nodes: Arc<Mutex<HashMap<usize, Arc<RaftNode>>>>,
 }
 
 impl Net {
+    fn new() -> Net {
+        Net {
+            sim: tern_raft::sim_net::Net::new(0),
+            nodes: Arc::default(),
+        }
+    }
+
     fn node(&self, i: usize) -> Arc<RaftNode> {
-        self.nodes.lock().unwrap()[&id(i)].clone()
+        self.nodes.lock().unwrap()[&i].clone()
+    }
+
+    fn cut(&self, i: usize, cut: bool) {
+        let mut links = self.sim.links.lock().unwrap();
+        if cut {
+            links.side.insert(id(i), 1);
+        } else {
+            links.side.clear();
+        }
     }
 
     /// Starts three nodes on this network; returns what each applies.
@@ -46,103 +55,27 @@ impl Net {
             cfg.heartbeat_interval_ms = 100;
             cfg.election_timeout_min_ms = 800;
             cfg.election_timeout_max_ms = 1600;
-            let net = LocalNet {
-                net: self.clone(),
+            let net = NetFactory {
+                net: self.sim.clone(),
                 me: id(i),
             };
             let node = RaftNode::start_with(cfg, Box::new(Recorder(applied[i].clone())), net, None)
                 .await
                 .expect("start");
-            self.nodes.lock().unwrap().insert(id(i), Arc::new(node));
+            self.sim
+                .handlers
+                .lock()
+                .unwrap()
+                .insert(id(i), node.peer_handler());
+            self.nodes.lock().unwrap().insert(i, Arc::new(node));
         }
         applied
     }
 }
 
-struct LocalNet {
-    net: Net,
-    me: NodeId,
-}
-
-struct LocalClient {
-    net: Net,
-    me: NodeId,
-    target: NodeId,
-}
-
-impl RaftNetworkFactory<TypeConfig> for LocalNet {
-    type Network = LocalClient;
-
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> LocalClient {
-        LocalClient {
-            net: self.net.clone(),
-            me: self.me,
-            target,
-        }
-    }
-}
-
-fn down() -> Unreachable {
-    Unreachable::new(&std::io::Error::other("peer down"))
-}
-
-impl LocalClient {
-    async fn call(&self, req: Request) -> Result<Response, Unreachable> {
-        let cut = {
-            let cut = self.net.cut.lock().unwrap();
-            cut.contains(&self.me) || cut.contains(&self.target)
-        };
-        let node = self.net.nodes.lock().unwrap().get(&self.target).cloned();
-        match node {
-            Some(n) if !cut => Ok(n.handle(req).await),
-            _ => Err(down()),
-        }
-    }
-}
-
-type E = RaftError<NodeId>;
-
-impl RaftNetwork<TypeConfig> for LocalClient {
-    async fn append_entries(
-        &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
-        _o: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, E>> {
-        match self.call(Request::Append(rpc)).await? {
-            Response::Append(r) => r.map_err(|e| RemoteError::new(self.target, e).into()),
-            _ => Err(down().into()),
-        }
-    }
-
-    async fn vote(
-        &mut self,
-        rpc: VoteRequest<NodeId>,
-        _o: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, E>> {
-        match self.call(Request::Vote(rpc)).await? {
-            Response::Vote(r) => r.map_err(|e| RemoteError::new(self.target, e).into()),
-            _ => Err(down().into()),
-        }
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        _o: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        match self.call(Request::Snapshot(rpc)).await? {
-            Response::Snapshot(r) => r.map_err(|e| RemoteError::new(self.target, e).into()),
-            _ => Err(down().into()),
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nodes_on_an_injected_network_form_a_cluster_and_commit() {
-    let net = Net::default();
+    let net = Net::new();
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let applied = net.start_three(&dirs).await;
     let leader = wait_until("a leader", || {
@@ -166,7 +99,7 @@ async fn nodes_on_an_injected_network_form_a_cluster_and_commit() {
 /// proposal fails, and no node ever applies it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_isolated_leaders_uncommitted_entry_is_never_applied_and_is_truncated() {
-    let net = Net::default();
+    let net = Net::new();
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let applied = net.start_three(&dirs).await;
     let ops = |i: usize| -> Vec<Bytes> {
@@ -183,7 +116,7 @@ async fn an_isolated_leaders_uncommitted_entry_is_never_applied_and_is_truncated
     .await;
     net.node(old).propose(vec![op("a")]).await.expect("propose");
 
-    net.cut.lock().unwrap().insert(id(old));
+    net.cut(old, true);
     let lost = {
         let node = net.node(old);
         tokio::spawn(async move { node.propose(vec![op("lost")]).await })
@@ -201,7 +134,7 @@ async fn an_isolated_leaders_uncommitted_entry_is_never_applied_and_is_truncated
         "the cut-off leader completed a proposal"
     );
 
-    net.cut.lock().unwrap().clear();
+    net.cut(old, false);
     let outcome = tokio::time::timeout(crate::harness::WAIT_LIMIT, lost)
         .await
         .expect("the old leader answers once it hears of the new term")
