@@ -44,7 +44,7 @@ const KEY_CONFIRMED: &[u8] = b"confirmed";
 /// Most node ids a node records an incarnation for (a hostile peer could invent ids).
 pub const MAX_RECORDED_NODES: usize = 4096;
 /// How often a new node asks the peers again while no majority has answered.
-const RETRY_MS: u64 = 500;
+const RETRY_MS: u64 = 100;
 
 /// This node's incarnation and the ones it has heard for its peers.
 pub struct Incarnations {
@@ -205,7 +205,7 @@ pub async fn confirm_new(
         if counted >= majority {
             return Ok(());
         }
-        if tries % 10 == 0 {
+        if tries % 20 == 0 {
             tracing::info!(node = %id, answered = counted, needed = majority,
                 "raft: a new data directory: waiting for a majority of the peers to confirm this node is new");
         }

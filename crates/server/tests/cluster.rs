@@ -51,7 +51,35 @@ impl Cluster {
             })
             .collect();
         let addrs = nodes.iter().map(|n| n.addr).collect();
-        Cluster { nodes, addrs }
+        let cluster = Cluster { nodes, addrs };
+        cluster.wait_formed(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Waits until every node names the same leader: a node on a new data directory starts
+    /// its Raft core only once a majority confirmed it new (tern_raft::incarnation), and may
+    /// learn the leader after the others have elected one (a client it forwards meanwhile
+    /// waits for it: CI saw a SUBACK through such a node miss a 500 ms window).
+    fn wait_formed(&self, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        loop {
+            let named: Vec<Option<u64>> = self
+                .nodes
+                .iter()
+                .map(|n| {
+                    let view = common::http::get(n.http?, "/api/v1/cluster");
+                    (view.status == 200).then(|| view.json()["leader_id"].as_u64())?
+                })
+                .collect();
+            if named[0].is_some() && named.iter().all(|l| *l == named[0]) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader named by every node: {named:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// The node that says it leads (`GET /api/v1/cluster`: its role) and serves, if one does. (Its log
