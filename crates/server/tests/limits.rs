@@ -327,15 +327,27 @@ async fn offline_queue_over_max_queued_bytes_keeps_the_newest() {
 }
 
 /// Publishes 4000-byte QoS 1 messages to the filler stream (packet ids from `first_id`) until
-/// one is refused with 0x97; fails the test if the budget is not reached within 200.
+/// one is refused with 0x97 twice, 200 ms apart; fails the test if the budget is not reached
+/// within 200.
 async fn fill_disk_budget(p: &mut RawClient, first_id: u16) {
     let filler = vec![0xB0u8; 4000];
+    let mut refused_once = false;
     for n in 0..200u16 {
         let reason = puback_reason(p, publish("b/fill", &filler, 1, first_id + n)).await;
         if reason == ReasonCode::QUOTA_EXCEEDED {
-            return;
+            if refused_once {
+                return;
+            }
+            // The first refusal may come from the running estimate of what was appended,
+            // which counts each record whole where the blocks already had room for it. The
+            // checkpoint (every 25 ms) replaces it with the blocks' size, and may accept again:
+            // the budget is reached only once a refusal follows such a refresh.
+            refused_once = true;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
         }
         assert!(reason.is_success(), "{reason:?}");
+        refused_once = false;
     }
     panic!("the disk budget was never reached");
 }
@@ -404,6 +416,8 @@ async fn disk_budget_refuses_with_0x97_drops_qos0_and_loses_nothing_at_kill() {
     assert_eq!(payloads, vec![&b"flows"[..]], "{}", briefs(&seen));
     // 3.1.1 has no negative PUBACK: the connection is closed without one.
     let mut v3 = RawClient::v4(b.addr, "db-v3").await;
+    // Past a checkpoint's refresh of the measure (every 25 ms): the budget stays reached.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     v3.send(&Packet::Publish(publish("a/x", b"refused", 1, 1)))
         .await;
     let before = v3.expect_closed().await;
@@ -412,8 +426,9 @@ async fn disk_budget_refuses_with_0x97_drops_qos0_and_loses_nothing_at_kill() {
         "3.1.1 publish at the budget was acknowledged: {}",
         briefs(&before)
     );
+    // Two refusals ended the fill, then a/x and the 3.1.1 PUBLISH.
     sys_until(&mut sys, "$SYS/broker/messages/refused/disk_budget", |n| {
-        n >= 3
+        n >= 4
     })
     .await;
     sys_until(&mut sys, "$SYS/broker/messages/dropped/disk_budget", |n| {
