@@ -67,6 +67,8 @@
 #       dedupe-on-leader-only              every engine a leader starts has an empty QoS 2 received
 #                                          set, as if it had lived only in the old leader's memory
 #       lose-ownership-on-takeover         a deposed leader's engine keeps serving its connections
+#       random-pubrel-order                a PUBREL jumps ahead of PUBRELs queued before it (the
+#                                          broker's bug above, seen through the cluster's checker)
 # Prints each seed's line with its digest (the disk's trace and every client packet: equal
 # digests, the same run), each failing seed (violations, replay command, plan, faults, the disk's events),
 # then the first failing seed, and ends with the line `sim: seeds=N violations=V` (V: seeds
@@ -112,7 +114,7 @@ while [ $# -gt 0 ]; do
     --cluster) CLUSTER=1; shift ;;
     --cluster-broker) CLUSTER=broker; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,74p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,75p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -121,7 +123,7 @@ for n in "$SEEDS" "$BASE" "$JOBS" ${SEED:+"$SEED"}; do
 done
 if [ "$CLUSTER" = broker ]; then
   case "$INJECT" in
-    ''|dedupe-on-leader-only|lose-ownership-on-takeover) ;;
+    ''|dedupe-on-leader-only|lose-ownership-on-takeover|random-pubrel-order) ;;
     *) echo "sim.sh: unknown cluster broker bug '$INJECT' (see --help)" >&2; exit 2 ;;
   esac
   cd "$ROOT"

@@ -46,6 +46,9 @@ fn inject(name: &str) {
         // it: every engine a leader starts restores its sessions without it.
         "dedupe-on-leader-only" => broker::set(Some(broker::Bug::IgnoreReceivedSetAfterRestart)),
         "lose-ownership-on-takeover" => cluster::set(Some(cluster::Bug::LoseOwnershipOnTakeover)),
+        // The order check at cluster level: a PUBREL jumps ahead of PUBRELs queued before it,
+        // so receivers that take a QoS 2 message at its PUBREL see it out of order.
+        "random-pubrel-order" => broker::set(Some(broker::Bug::RandomPubrelOrder)),
         other => panic!("unknown cluster broker bug {other:?}"),
     }
 }
