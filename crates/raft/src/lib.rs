@@ -10,7 +10,8 @@
 //! - [`log_store`]: the Raft log on a tern-store stream, the vote in an always-synced kv;
 //!   [`state_machine`]: committed batches to the [`Applier`], snapshots from its state;
 //!   [`network`]: Raft RPCs over TCP or TLS (length-prefixed frames); `sim_net` (feature
-//!   `sim`, test-only): a simulated network for the simulators (`tests/sim`, tern-cluster's).
+//!   `sim`, test-only): a simulated network for the simulators (`tests/sim`, tern-cluster's),
+//!   and `sim_seeds`, their shared seed runner.
 //! - [`incarnation`]: a node back on an empty disk under its old id refuses to start.
 //! - [`node`]: one node: store, core, listener, cluster formation from the peers list.
 //! - [`consensus`]: the [`Consensus`] trait, the cluster status, their implementation.
@@ -31,6 +32,8 @@ pub mod network;
 pub mod node;
 #[cfg(feature = "sim")]
 pub mod sim_net;
+#[cfg(feature = "sim")]
+pub mod sim_seeds;
 pub mod state_machine;
 pub mod tls;
 pub mod types;
