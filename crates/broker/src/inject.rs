@@ -33,33 +33,7 @@ pub enum Bug {
     ReplayIgnoresInflight = 64,
 }
 
-#[cfg(feature = "inject")]
-static ACTIVE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// Whether `bug` is injected.
-#[doc(hidden)]
-#[inline(always)]
-pub(crate) fn on(bug: Bug) -> bool {
-    #[cfg(feature = "inject")]
-    {
-        ACTIVE.load(std::sync::atomic::Ordering::Relaxed) & bug as u32 != 0
-    }
-    #[cfg(not(feature = "inject"))]
-    {
-        let _ = bug;
-        false
-    }
-}
-
-/// Sets the injected bugs (`None`: none), process-wide.
-#[doc(hidden)]
-#[cfg(feature = "inject")]
-pub fn set(bug: Option<Bug>) {
-    ACTIVE.store(
-        bug.map_or(0, |b| b as u32),
-        std::sync::atomic::Ordering::Relaxed,
-    );
-}
+tern_store::inject_switch!(pub(crate) Bug);
 
 /// A cheap pseudo-random number for bugs that act at random (not seeded: the simulator's
 /// interleaving is not either).

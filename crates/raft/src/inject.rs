@@ -26,30 +26,4 @@ pub enum Bug {
     FlushBeforeSync = 8,
 }
 
-#[cfg(feature = "inject")]
-static ACTIVE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// Whether `bug` is injected.
-#[doc(hidden)]
-#[inline(always)]
-pub fn on(bug: Bug) -> bool {
-    #[cfg(feature = "inject")]
-    {
-        ACTIVE.load(std::sync::atomic::Ordering::Relaxed) & bug as u32 != 0
-    }
-    #[cfg(not(feature = "inject"))]
-    {
-        let _ = bug;
-        false
-    }
-}
-
-/// Sets the injected bug (`None`: none), process-wide.
-#[doc(hidden)]
-#[cfg(feature = "inject")]
-pub fn set(bug: Option<Bug>) {
-    ACTIVE.store(
-        bug.map_or(0, |b| b as u32),
-        std::sync::atomic::Ordering::Relaxed,
-    );
-}
+tern_store::inject_switch!(pub Bug);

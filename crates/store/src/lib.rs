@@ -119,3 +119,42 @@ pub use store::Store;
 pub use stream::{NewRecord, ReadBatch, Record, Stream, StreamInfo, StreamMetrics, TopicStats};
 pub use ticket::Ticket;
 pub use wake::DeferWakes;
+
+/// The process-wide switch of a crate's injectable bugs, for its simulator (the test-only
+/// cargo feature `inject` of tern-broker, tern-raft and tern-cluster): `inject_switch!(pub
+/// Bug)` defines `on(Bug) -> bool` with the given visibility and, under the calling crate's
+/// feature `inject`, `set(Option<Bug>)`. Without the feature `on` is a constant `false`, so
+/// every check folds away and production code keeps one path. `Bug` is a `#[repr(u32)]`
+/// enum whose values are distinct bits.
+#[macro_export]
+macro_rules! inject_switch {
+    ($vis:vis $bug:ty) => {
+        #[cfg(feature = "inject")]
+        static ACTIVE: ::std::sync::atomic::AtomicU32 = ::std::sync::atomic::AtomicU32::new(0);
+
+        /// Whether `bug` is injected.
+        #[doc(hidden)]
+        #[inline(always)]
+        $vis fn on(bug: $bug) -> bool {
+            #[cfg(feature = "inject")]
+            {
+                ACTIVE.load(::std::sync::atomic::Ordering::Relaxed) & bug as u32 != 0
+            }
+            #[cfg(not(feature = "inject"))]
+            {
+                let _ = bug;
+                false
+            }
+        }
+
+        /// Sets the injected bug (`None`: none), process-wide.
+        #[doc(hidden)]
+        #[cfg(feature = "inject")]
+        pub fn set(bug: Option<$bug>) {
+            ACTIVE.store(
+                bug.map_or(0, |b| b as u32),
+                ::std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    };
+}
