@@ -26,52 +26,19 @@ use bytes::Bytes;
 use tern_raft::{Consensus, Proposal, Role};
 use tern_store::vfs::{RealVfs, VFile, Vfs};
 
+use crate::limits::DiskLimits;
+pub use crate::limits::{DiskStats, MAX_PENDING_BYTES, MAX_PROPOSALS_IN_FLIGHT};
 use crate::ops::{Op, RelPath, for_each_nonzero_chunk};
 
-/// Most bytes of recorded operations not yet proposed: a writer waits while this many are
-/// pending, so at most this plus one change's operations are (back-pressure on the broker's
-/// writers while proposals lag; nothing is refused).
-pub const MAX_PENDING_BYTES: usize = 64 << 20;
 /// Largest piece one write is recorded as (bigger writes are split): a proposal must fit
 /// tern-raft's `MAX_PROPOSAL_BYTES`.
 pub const MAX_WRITE_PIECE_BYTES: usize = 1 << 20;
 /// Most bytes of operations in one proposal.
 pub const MAX_BATCH_BYTES: usize = tern_raft::types::MAX_PROPOSAL_BYTES / 2;
 const _: () = assert!(MAX_WRITE_PIECE_BYTES * 2 <= MAX_BATCH_BYTES);
-/// Most proposals submitted and not yet committed: the proposer waits for a commit before
-/// it submits more (meanwhile writes gather into the next proposal).
-pub const MAX_PROPOSALS_IN_FLIGHT: usize = 8;
 /// Most operations in one proposal.
 pub const MAX_BATCH_OPS: usize = 16_384;
 const _: () = assert!(MAX_BATCH_OPS <= tern_raft::types::MAX_BATCH_OPS);
-
-/// The disk's limits: the constants above in production; small in the tests, which could not
-/// fill them otherwise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DiskLimits {
-    /// [`MAX_PENDING_BYTES`].
-    pub(crate) pending_bytes: usize,
-    /// [`MAX_PROPOSALS_IN_FLIGHT`].
-    pub(crate) proposals_in_flight: usize,
-}
-
-impl Default for DiskLimits {
-    fn default() -> DiskLimits {
-        DiskLimits {
-            pending_bytes: MAX_PENDING_BYTES,
-            proposals_in_flight: MAX_PROPOSALS_IN_FLIGHT,
-        }
-    }
-}
-
-/// How often the disk's limits held its writers and its proposer back, since it started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DiskStats {
-    /// Times a writer waited for room among the pending operations ([`MAX_PENDING_BYTES`]).
-    pub writer_waits: u64,
-    /// Times the proposer waited for a commit before submitting ([`MAX_PROPOSALS_IN_FLIGHT`]).
-    pub proposer_waits: u64,
-}
 
 /// An operation waiting to be proposed; a write's data grows while later writes continue it.
 enum PendingOp {

@@ -409,7 +409,10 @@ fn no_more_proposals_than_the_limit_are_in_flight() {
     f.sync_data().unwrap();
     // The held writes went out together, after the two in flight.
     assert_eq!(fake.log.lock().unwrap().len(), 3);
-    assert_eq!(written(&fake), b"123\0\0\0\0\0\0\04".to_vec());
+    let mut expected = b"123".to_vec();
+    expected.extend_from_slice(&[0; 7]);
+    expected.push(b'4');
+    assert_eq!(written(&fake), expected);
     assert!(matches!(fake.ops().first(), Some(Op::Create(_))));
     let st = super::lock(&disk.inner.state);
     assert_eq!(st.committed, st.recorded);
