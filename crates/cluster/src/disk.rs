@@ -26,18 +26,16 @@ use bytes::Bytes;
 use tern_raft::{Consensus, Proposal, Role};
 use tern_store::vfs::{RealVfs, VFile, Vfs};
 
+use crate::limits::DiskLimits;
+pub use crate::limits::{DiskStats, MAX_PENDING_BYTES, MAX_PROPOSALS_IN_FLIGHT};
 use crate::ops::{Op, RelPath, for_each_nonzero_chunk};
 
-/// Most bytes of recorded operations not yet proposed; a writer waits for room beyond it.
-pub const MAX_PENDING_BYTES: usize = 64 << 20;
 /// Largest piece one write is recorded as (bigger writes are split): a proposal must fit
 /// tern-raft's `MAX_PROPOSAL_BYTES`.
 pub const MAX_WRITE_PIECE_BYTES: usize = 1 << 20;
 /// Most bytes of operations in one proposal.
 pub const MAX_BATCH_BYTES: usize = tern_raft::types::MAX_PROPOSAL_BYTES / 2;
 const _: () = assert!(MAX_WRITE_PIECE_BYTES * 2 <= MAX_BATCH_BYTES);
-/// Most proposals submitted and not yet committed.
-pub const MAX_PROPOSALS_IN_FLIGHT: usize = 8;
 /// Most operations in one proposal.
 pub const MAX_BATCH_OPS: usize = 16_384;
 const _: () = assert!(MAX_BATCH_OPS <= tern_raft::types::MAX_BATCH_OPS);
@@ -84,13 +82,18 @@ struct State {
     recorded: u64,
     /// Recorded operations a committed proposal covers.
     committed: u64,
+    /// Proposals submitted (or about to be: the proposer holds a slot) and not committed.
+    in_flight: usize,
+    stats: DiskStats,
     failed: Option<String>,
 }
 
 struct Inner {
     root: PathBuf,
+    limits: DiskLimits,
     state: Mutex<State>,
-    /// Signalled when `committed` moves, room frees up, or the disk fails.
+    /// Signalled when `committed` moves (a proposal's slot frees up), room frees up, or the
+    /// disk fails.
     progress: Condvar,
     /// Signalled when there is something to propose, or the disk fails.
     work: Condvar,
@@ -166,12 +169,17 @@ impl Inner {
     /// writers while proposals lag); an error once the disk has failed.
     fn room(&self) -> io::Result<MutexGuard<'_, State>> {
         let mut st = lock(&self.state);
+        let mut waited = false;
         loop {
             if let Some(reason) = &st.failed {
                 return Err(failed_error(reason));
             }
-            if st.pending_bytes < MAX_PENDING_BYTES {
+            if st.pending_bytes < self.limits.pending_bytes {
                 return Ok(st);
+            }
+            if !waited {
+                st.stats.writer_waits += 1;
+                waited = true;
             }
             st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
         }
@@ -292,10 +300,32 @@ impl Inner {
         Some(Ok((ops, upto)))
     }
 
+    /// Waits until fewer than [`DiskLimits::proposals_in_flight`] proposals are in flight, and
+    /// takes a slot for the next one; `false` once failed.
+    fn slot(&self) -> bool {
+        let mut st = lock(&self.state);
+        let mut waited = false;
+        while st.in_flight >= self.limits.proposals_in_flight && st.failed.is_none() {
+            if !waited {
+                st.stats.proposer_waits += 1;
+                waited = true;
+            }
+            st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.failed.is_some() {
+            return false;
+        }
+        st.in_flight += 1;
+        true
+    }
+
+    /// A proposal covering the operations recorded up to `upto` committed: its slot frees up.
     fn committed(&self, upto: u64) {
         let mut st = lock(&self.state);
         debug_assert!(upto >= st.committed && upto <= st.recorded);
+        debug_assert!(st.in_flight > 0 && st.in_flight <= self.limits.proposals_in_flight);
         st.committed = st.committed.max(upto);
+        st.in_flight = st.in_flight.saturating_sub(1);
         drop(st);
         self.progress.notify_all();
     }
@@ -325,8 +355,21 @@ impl ReplicatedDisk {
         term: u64,
         runtime: tokio::runtime::Handle,
     ) -> io::Result<ReplicatedDisk> {
+        ReplicatedDisk::start_limited(root, consensus, term, runtime, DiskLimits::default())
+    }
+
+    /// [`ReplicatedDisk::start`] with `limits` instead of the constants.
+    pub(crate) fn start_limited<C: Consensus + 'static>(
+        root: PathBuf,
+        consensus: Arc<C>,
+        term: u64,
+        runtime: tokio::runtime::Handle,
+        limits: DiskLimits,
+    ) -> io::Result<ReplicatedDisk> {
+        debug_assert!(limits.pending_bytes > 0 && limits.proposals_in_flight > 0);
         let inner = Arc::new(Inner {
             root,
+            limits,
             state: Mutex::new(State::default()),
             progress: Condvar::new(),
             work: Condvar::new(),
@@ -361,6 +404,11 @@ impl ReplicatedDisk {
         }
     }
 
+    /// How often its limits held the writers and the proposer back.
+    pub fn stats(&self) -> DiskStats {
+        lock(&self.inner.state).stats
+    }
+
     /// Why the disk failed, if it has.
     pub fn failure(&self) -> Option<String> {
         lock(&self.inner.state).failed.clone()
@@ -368,17 +416,20 @@ impl ReplicatedDisk {
 }
 
 /// The proposer: submits what was recorded, in order, with at most
-/// [`MAX_PROPOSALS_IN_FLIGHT`] batches uncommitted (each one gathers whatever was recorded
-/// while the ones before it were in flight: the group commit of the single node, one level
-/// up, pipelined); each only while this node still leads in `term`. The committer thread
-/// waits for them in order and moves `committed`.
+/// [`DiskLimits::proposals_in_flight`] batches uncommitted (a slot is taken before the batch:
+/// each one gathers whatever was recorded while the ones before it were in flight, the group
+/// commit of the single node, one level up, pipelined); each only while this node still
+/// leads in `term`. The committer thread waits for them in order, moves `committed` and
+/// frees their slots.
 fn propose_loop<C: Consensus>(
     inner: &Arc<Inner>,
     consensus: &C,
     term: u64,
     runtime: &tokio::runtime::Handle,
 ) {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(Proposal, u64)>(MAX_PROPOSALS_IN_FLIGHT);
+    // Never full: a proposal is sent only with a slot, and at most that many are taken.
+    let in_flight = inner.limits.proposals_in_flight;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Proposal, u64)>(in_flight);
     let committer = inner.clone();
     let handle = runtime.clone();
     let committing = std::thread::Builder::new()
@@ -387,7 +438,9 @@ fn propose_loop<C: Consensus>(
     let Ok(committing) = committing else {
         return inner.fail("cannot start the committer thread");
     };
-    while let Some(taken) = inner.take() {
+    while inner.slot()
+        && let Some(taken) = inner.take()
+    {
         let (ops, upto) = match taken {
             Ok(t) => t,
             Err(reason) => {
@@ -405,7 +458,6 @@ fn propose_loop<C: Consensus>(
         }
         match runtime.block_on(consensus.submit(ops)) {
             Ok(proposal) => {
-                // Blocks while MAX_PROPOSALS_IN_FLIGHT are uncommitted.
                 if tx.send((proposal, upto)).is_err() {
                     break; // the committer stopped on a failure
                 }

@@ -14,7 +14,7 @@ use tern_raft::{
 };
 use tern_store::vfs::Vfs;
 
-use super::ReplicatedDisk;
+use super::{DiskLimits, ReplicatedDisk};
 use crate::ops::Op;
 use crate::replica::Replica;
 use crate::replica::tests::tree;
@@ -278,43 +278,142 @@ fn the_replica_holds_the_live_files_once_the_store_has_synced() {
     }
 }
 
-/// `MAX_PENDING_BYTES`: while proposals cannot leave, writers wait once that much is
-/// recorded and not proposed, and go on once proposing resumes.
+/// Polls `done` until it holds (the tests wait on conditions; the bound only keeps a broken
+/// build from hanging).
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 30 s for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn start_limited(
+    fake: &Arc<Fake>,
+    root: &Path,
+    rt: &tokio::runtime::Runtime,
+    limits: DiskLimits,
+) -> ReplicatedDisk {
+    std::fs::create_dir_all(root).unwrap();
+    let handle = rt.handle().clone();
+    ReplicatedDisk::start_limited(root.to_path_buf(), fake.clone(), 0, handle, limits).unwrap()
+}
+
+/// The file's bytes as the log's writes make them, in log order.
+fn written(fake: &Fake) -> Vec<u8> {
+    let mut out = Vec::new();
+    for op in fake.ops() {
+        if let Op::Write { offset, data, .. } = op {
+            let end = offset as usize + data.len();
+            out.resize(out.len().max(end), 0);
+            out[offset as usize..end].copy_from_slice(&data);
+        }
+    }
+    out
+}
+
+/// `MAX_PENDING_BYTES` (small here): while the proposer cannot submit, a writer records until
+/// the pending bytes reach the limit, then waits (recording nothing more) until the proposer
+/// takes them; then it goes on, and every byte reaches the log in order.
 #[test]
-fn writers_wait_at_the_pending_limit() {
+fn a_writer_waits_while_the_pending_bytes_are_at_the_limit() {
+    const PIECE: usize = 1000;
+    const PIECES: usize = 10;
+    let limits = DiskLimits {
+        pending_bytes: 4096,
+        ..DiskLimits::default()
+    };
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     let fake = Arc::new(Fake::default());
     fake.submit_held.store(true, Ordering::SeqCst);
-    let disk = start(&fake, dir.path(), &rt);
-    let f = disk.open_rw(&dir.path().join("big"), true).unwrap();
-    let piece = vec![1u8; super::MAX_WRITE_PIECE_BYTES];
-    let pieces = super::MAX_PENDING_BYTES / piece.len() + 8;
-    let (tx, rx) = std::sync::mpsc::channel();
+    let disk = start_limited(&fake, dir.path(), &rt, limits);
+    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    // The proposer took the create and waits in its submit: nothing pending now.
+    wait_until("the first submit", || {
+        fake.submits.load(Ordering::SeqCst) == 1
+    });
     let writer = f.clone();
-    std::thread::spawn(move || {
-        for i in 0..pieces {
-            writer
-                .write_all_at(&piece, (i * piece.len()) as u64)
-                .unwrap();
-            tx.send(i).unwrap();
+    let wrote = Arc::new(AtomicU64::new(0));
+    let progress = wrote.clone();
+    let writing = std::thread::spawn(move || {
+        for i in 0..PIECES {
+            let piece = vec![i as u8 + 1; PIECE];
+            writer.write_all_at(&piece, (i * PIECE) as u64).unwrap();
+            progress.fetch_add(1, Ordering::SeqCst);
         }
     });
-    // Held: the writer stops short of the last piece.
-    let mut written = 0;
-    while let Ok(i) = rx.recv_timeout(Duration::from_millis(300)) {
-        written = i + 1;
-    }
+    wait_until("the writer to wait or finish", || {
+        disk.stats().writer_waits > 0 || writing.is_finished()
+    });
     assert!(
-        written < pieces,
-        "{written} of {pieces} written past the limit"
+        !writing.is_finished(),
+        "all {PIECES} pieces recorded past a limit of {} pending bytes",
+        limits.pending_bytes
     );
-    fake.submit_held.store(false, Ordering::SeqCst);
-    while written < pieces {
-        written = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("writes resume")
-            + 1;
+    {
+        let st = super::lock(&disk.inner.state);
+        // Merged into one write: its header, then the pieces; the last one crossed the limit.
+        assert!(
+            st.pending_bytes >= limits.pending_bytes,
+            "{}",
+            st.pending_bytes
+        );
+        assert!(
+            st.pending_bytes < limits.pending_bytes + PIECE,
+            "{}",
+            st.pending_bytes
+        );
+        assert_eq!(st.recorded, 1 + wrote.load(Ordering::SeqCst));
     }
+    assert_eq!(fake.submits.load(Ordering::SeqCst), 1);
+    fake.submit_held.store(false, Ordering::SeqCst);
+    writing.join().unwrap();
     f.sync_data().unwrap();
+    let expected: Vec<u8> = (0..PIECES).flat_map(|i| vec![i as u8 + 1; PIECE]).collect();
+    assert_eq!(written(&fake), expected);
+}
+
+/// `MAX_PROPOSALS_IN_FLIGHT` (2 here): while nothing commits, the proposer submits two
+/// proposals and no third (what was recorded meanwhile waits, gathered); once commits
+/// resume, everything commits, in the order it was recorded.
+#[test]
+fn no_more_proposals_than_the_limit_are_in_flight() {
+    let limits = DiskLimits {
+        proposals_in_flight: 2,
+        ..DiskLimits::default()
+    };
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    fake.held.store(true, Ordering::SeqCst);
+    let disk = start_limited(&fake, dir.path(), &rt, limits);
+    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    let submits = || fake.submits.load(Ordering::SeqCst);
+    wait_until("the create's proposal", || submits() == 1);
+    f.write_all_at(b"1", 0).unwrap();
+    wait_until("the first write's proposal", || submits() == 2);
+    f.write_all_at(b"2", 1).unwrap();
+    wait_until(
+        "the proposer to wait for a slot, or a third proposal",
+        || disk.stats().proposer_waits > 0 || submits() > 2,
+    );
+    f.write_all_at(b"3", 2).unwrap();
+    f.write_all_at(b"4", 10).unwrap();
+    assert_eq!(submits(), 2, "proposals submitted while none committed");
+    assert_eq!(super::lock(&disk.inner.state).committed, 0);
+    fake.held.store(false, Ordering::SeqCst);
+    f.sync_data().unwrap();
+    // The held writes went out together, after the two in flight.
+    assert_eq!(fake.log.lock().unwrap().len(), 3);
+    let mut expected = b"123".to_vec();
+    expected.extend_from_slice(&[0; 7]);
+    expected.push(b'4');
+    assert_eq!(written(&fake), expected);
+    assert!(matches!(fake.ops().first(), Some(Op::Create(_))));
+    let st = super::lock(&disk.inner.state);
+    assert_eq!(st.committed, st.recorded);
 }

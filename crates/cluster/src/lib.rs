@@ -7,8 +7,9 @@
 //!
 //! Module map, one layer per line, lowest first (`crates/server/tests/layering.rs` holds
 //! the same order and enforces it):
-//! - [`error`], [`ops`], [`inject`]: errors; the file operations an entry carries; test-only
-//!   bugs for the cluster simulator.
+//! - [`error`], [`ops`], [`inject`], [`limits`]: errors; the file operations an entry
+//!   carries; test-only bugs for the cluster simulator; the limits tests run small and the
+//!   counters of what they refused.
 //! - [`disk`], [`replica`], [`forward`]: the leader's replicated disk; every node's replica
 //!   (the state machine); the forwarding of client connections.
 //! - [`node`]: one node's lifecycle: Raft, listeners, the engine while it leads.
@@ -24,11 +25,13 @@ pub mod disk;
 pub mod error;
 pub mod forward;
 pub mod inject;
+pub mod limits;
 pub mod node;
 pub(crate) mod ops;
 pub mod replica;
 
 pub use disk::ReplicatedDisk;
 pub use error::ClusterError;
+pub use limits::RefusedConnections;
 pub use node::{ClusterConfig, ClusterNode, EngineFactory, NodeParts};
 pub use replica::Replica;

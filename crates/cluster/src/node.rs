@@ -11,7 +11,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -25,14 +25,12 @@ use tokio::task::JoinHandle;
 use crate::disk::ReplicatedDisk;
 use crate::error::ClusterError;
 use crate::forward::{self, Preamble};
+use crate::limits::{Limits, Refusal};
+pub use crate::limits::{
+    MAX_ACCEPT_QUEUE, MAX_FORWARD_QUEUE, MAX_FORWARDED_CONNECTIONS, RefusedConnections,
+};
 use crate::replica::Replica;
 
-/// Most client connections this node forwards to the leader at once.
-pub const MAX_FORWARDED_CONNECTIONS: usize = 65_536;
-/// Most forwarded connections from other nodes waiting to be handed to the engine.
-pub const MAX_FORWARD_QUEUE: usize = 1024;
-/// Most accepted sockets waiting for the engine's accept loop.
-pub const MAX_ACCEPT_QUEUE: usize = 4096;
 /// How long a client connection waits for a leader (or this node's engine) to appear before
 /// it is closed.
 pub const LEADER_WAIT_MS: u64 = 10_000;
@@ -59,12 +57,17 @@ pub struct ClusterConfig {
     pub raft: NodeConfig,
     /// Holds `raft/` (log, vote, applied point), `replica/` and, while leading, `live/`.
     pub data_dir: PathBuf,
+    pub(crate) limits: Limits,
 }
 
 impl ClusterConfig {
     pub fn new(mut raft: NodeConfig, data_dir: PathBuf) -> ClusterConfig {
         raft.data_dir = data_dir.join("raft");
-        ClusterConfig { raft, data_dir }
+        ClusterConfig {
+            raft,
+            data_dir,
+            limits: Limits::default(),
+        }
     }
 }
 
@@ -100,13 +103,20 @@ struct Shared {
     doors: Vec<Door>,
     engine: Mutex<Option<Engine>>,
     live_dir: PathBuf,
-    forwards: Semaphore,
+    limits: Limits,
+    /// Client connections this node forwards or waits to forward ([`Limits::forwarded_connections`]).
+    forwards: Arc<Semaphore>,
+    /// Forwarded connections from other nodes not yet handed to the engine
+    /// ([`Limits::forward_queue`]).
+    forwards_waiting: Arc<Semaphore>,
     forwarded_total: AtomicU64,
+    /// [`RefusedConnections`], in [`Refusal`]'s order.
+    refused: [AtomicU64; 3],
     /// The cluster port's TLS, for connections forwarded to the leader (`[cluster] tls_*`).
     tls: Option<ClusterTls>,
     /// Set while this node hands its leadership over: no engine runs (its writes would renew
     /// the followers' leases and the chosen node could not win).
-    transferring: std::sync::atomic::AtomicBool,
+    transferring: AtomicBool,
 }
 
 fn lock(m: &Mutex<Option<Engine>>) -> MutexGuard<'_, Option<Engine>> {
@@ -132,7 +142,7 @@ impl ClusterNode {
     ) -> Result<(), ClusterError> {
         tracing::info!(node = %config.raft.node_id, "cluster: node starting");
         let replica = ClusterNode::open_replica(&config)?;
-        let (forward_tx, forward_rx) = mpsc::channel(MAX_FORWARD_QUEUE);
+        let (forward_tx, forward_rx) = mpsc::channel(config.limits.forward_queue);
         let raft = RaftNode::start_forwarding(
             config.raft.clone(),
             cluster_listener,
@@ -188,10 +198,13 @@ impl ClusterNode {
                 doors,
                 engine: Mutex::new(None),
                 live_dir: config.data_dir.join("live"),
-                forwards: Semaphore::new(MAX_FORWARDED_CONNECTIONS),
+                limits: config.limits,
+                forwards: Arc::new(Semaphore::new(config.limits.forwarded_connections)),
+                forwards_waiting: Arc::new(Semaphore::new(config.limits.forward_queue)),
                 forwarded_total: AtomicU64::new(0),
+                refused: Default::default(),
                 tls: config.raft.tls.clone(),
-                transferring: std::sync::atomic::AtomicBool::new(false),
+                transferring: AtomicBool::new(false),
             }),
         };
         // Before anything runs: whoever watches the node (the HTTP side) must have it by the
@@ -265,6 +278,34 @@ impl ClusterNode {
         self.shared.forwarded_total.load(Ordering::Relaxed)
     }
 
+    /// Client connections this node closed at a limit (counters).
+    pub fn refused_connections(&self) -> RefusedConnections {
+        let [forwarded_connections, forward_queue, accept_queue] = self
+            .shared
+            .refused
+            .each_ref()
+            .map(|c| c.load(Ordering::Relaxed));
+        RefusedConnections {
+            forwarded_connections,
+            forward_queue,
+            accept_queue,
+        }
+    }
+
+    /// Counts a connection closed at `limit` and logs it: the 1st, 2nd, 4th, 8th... of each
+    /// limit (a flood would otherwise be a line per connection).
+    fn refuse(&self, limit: Refusal, peer: SocketAddr) {
+        let refused = self.shared.refused[limit as usize].fetch_add(1, Ordering::Relaxed) + 1;
+        if refused.is_power_of_two() {
+            let name = match limit {
+                Refusal::ForwardedConnections => "MAX_FORWARDED_CONNECTIONS",
+                Refusal::ForwardQueue => "MAX_FORWARD_QUEUE",
+                Refusal::AcceptQueue => "MAX_ACCEPT_QUEUE",
+            };
+            tracing::warn!(%peer, limit = name, refused, "cluster: at a limit; connection closed");
+        }
+    }
+
     async fn accept_loop(self, index: usize, socket: TcpListener) {
         loop {
             match socket.accept().await {
@@ -284,15 +325,13 @@ impl ClusterNode {
         else {
             return;
         };
-        let Ok(permit) = self.shared.forwards.try_acquire() else {
-            tracing::warn!(%peer, "cluster: MAX_FORWARDED_CONNECTIONS reached; connection closed");
-            return;
+        let Ok(permit) = self.shared.forwards.clone().try_acquire_owned() else {
+            return self.refuse(Refusal::ForwardedConnections, peer);
         };
-        permit.forget();
         let node = self.clone();
         tokio::spawn(async move {
             node.forward(index, stream, peer).await;
-            node.shared.forwards.add_permits(1);
+            drop(permit);
         });
     }
 
@@ -319,7 +358,7 @@ impl ClusterNode {
         match engine.accept.try_send(accepted) {
             Ok(()) => None,
             Err(mpsc::error::TrySendError::Full(_)) => {
-                tracing::warn!(%peer, "cluster: MAX_ACCEPT_QUEUE full; connection closed");
+                self.refuse(Refusal::AcceptQueue, peer);
                 None
             }
             Err(mpsc::error::TrySendError::Closed(a)) => Some(a.socket),
@@ -384,8 +423,13 @@ impl ClusterNode {
     /// Connections other nodes forwarded here.
     async fn forwarded_loop(self, mut rx: mpsc::Receiver<(Link, SocketAddr)>) {
         while let Some((mut stream, from)) = rx.recv().await {
+            let Ok(waiting) = self.shared.forwards_waiting.clone().try_acquire_owned() else {
+                self.refuse(Refusal::ForwardQueue, from);
+                continue; // dropped: closed
+            };
             let node = self.clone();
             tokio::spawn(async move {
+                let _waiting = waiting;
                 let pre = match forward::read_preamble(&mut stream).await {
                     Ok(p) => p,
                     Err(error) => {
@@ -478,11 +522,12 @@ impl ClusterNode {
             .await
             .map_err(|e| ClusterError::Engine(e.to_string()))?
             .map_err(|e| ClusterError::io("copying the replica", e))?;
-        let disk = ReplicatedDisk::start(
+        let disk = ReplicatedDisk::start_limited(
             sh.live_dir.clone(),
             sh.raft.clone(),
             term,
             tokio::runtime::Handle::current(),
+            sh.limits.disk,
         )
         .map_err(|e| ClusterError::io("starting the proposer", e))?;
         let factory = sh.factory.clone();
@@ -499,7 +544,7 @@ impl ClusterNode {
                 return Err(ClusterError::Engine(e.to_string()));
             }
         };
-        let (accept, accept_rx) = mpsc::channel(MAX_ACCEPT_QUEUE);
+        let (accept, accept_rx) = mpsc::channel(sh.limits.accept_queue);
         let (stop, stop_rx) = oneshot::channel::<()>();
         let serving_broker = broker.clone();
         let serving = tokio::spawn(async move {
@@ -541,6 +586,11 @@ impl ClusterNode {
         let _ = tokio::task::spawn_blocking(move || disk.join_proposer()).await;
         let live = self.shared.live_dir.clone();
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(live)).await;
-        tracing::info!(why, term = engine.term, "cluster: engine stopped");
+        let waits = engine.disk.stats();
+        tracing::info!(why, term = engine.term, ?waits, "cluster: engine stopped");
     }
 }
+
+#[cfg(test)]
+#[path = "node_tests.rs"]
+mod tests;

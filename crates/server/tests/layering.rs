@@ -205,7 +205,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "cluster",
         &[
-            &["error", "ops", "inject"],
+            &["error", "ops", "inject", "limits"],
             &["disk", "replica", "forward"],
             &["node"],
         ],

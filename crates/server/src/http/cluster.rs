@@ -33,8 +33,9 @@ use super::HttpState;
 /// What the HTTP layer needs from the cluster this node belongs to.
 ///
 /// Contract for implementations:
-/// - [`status`](Self::status), [`member_addrs`](Self::member_addrs) and
-///   [`forwarded_connections`](Self::forwarded_connections) do no I/O and do not block: they
+/// - [`status`](Self::status), [`member_addrs`](Self::member_addrs),
+///   [`forwarded_connections`](Self::forwarded_connections) and
+///   [`refused_connections`](Self::refused_connections) do no I/O and do not block: they
 ///   are called on every `/readyz`, `/metrics` and `/api/v1/cluster` request.
 /// - The actions run on this node and may be called on any node: one that cannot do it here
 ///   (not the leader) answers [`ClusterActionError::NotLeader`] naming the leader if it knows one,
@@ -53,6 +54,8 @@ pub trait ClusterControl: Send + Sync + 'static {
     fn member_addrs(&self) -> Vec<(NodeId, SocketAddr)>;
     /// Client connections this node forwarded to the leader since it started (a counter).
     fn forwarded_connections(&self) -> u64;
+    /// Client connections this node closed at a limit since it started (counters).
+    fn refused_connections(&self) -> tern_cluster::RefusedConnections;
     /// Adds `id` at `addr` as a learner, then promotes it once it has caught up.
     fn add_member(&self, id: NodeId, addr: SocketAddr) -> BoxFuture<'static, ClusterResult>;
     /// Removes the voter or learner `id` from the cluster.

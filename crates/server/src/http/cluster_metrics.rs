@@ -3,7 +3,8 @@
 //!
 //! # Invariants
 //! - Every family is written as `# HELP`, `# TYPE`, then its samples, once per page.
-//! - Label values are role names and node ids, which need no escaping (checked in debug).
+//! - Label values are role names, node ids and limit names, which need no escaping (checked
+//!   in debug).
 //! - An index the node does not know (no log yet, no snapshot, nothing purged) has no sample,
 //!   rather than a 0 that would read as index 0; the family's HELP and TYPE are still there.
 
@@ -29,7 +30,11 @@ impl Page {
     fn sample(&mut self, name: &str, label: Option<(&str, &str)>, value: u64) {
         match label {
             Some((key, value_text)) => {
-                debug_assert!(value_text.chars().all(|c| c.is_ascii_alphanumeric()));
+                debug_assert!(
+                    value_text
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_')
+                );
                 let _ = writeln!(self.out, "{name}{{{key}=\"{value_text}\"}} {value}");
             }
             None => {
@@ -67,7 +72,24 @@ pub(super) fn render(cluster: &dyn ClusterControl) -> String {
         "Client connections this node forwarded to the leader since it started.",
         Some(cluster.forwarded_connections()),
     );
+    refused(&mut page, cluster.refused_connections());
     page.out
+}
+
+fn refused(page: &mut Page, refused: tern_cluster::RefusedConnections) {
+    let name = "tern_cluster_refused_connections_total";
+    page.family(
+        name,
+        "counter",
+        "Client connections this node closed at a limit since it started, by limit.",
+    );
+    for (limit, value) in [
+        ("forwarded_connections", refused.forwarded_connections),
+        ("forward_queue", refused.forward_queue),
+        ("accept_queue", refused.accept_queue),
+    ] {
+        page.sample(name, Some(("limit", limit)), value);
+    }
 }
 
 fn role(page: &mut Page, current: Role) {

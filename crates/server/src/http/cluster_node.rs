@@ -62,6 +62,10 @@ impl ClusterControl for NodeControl {
         self.node.forwarded_connections()
     }
 
+    fn refused_connections(&self) -> tern_cluster::RefusedConnections {
+        self.node.refused_connections()
+    }
+
     fn add_member(&self, id: NodeId, addr: SocketAddr) -> BoxFuture<'static, ClusterResult> {
         let wait = Duration::from_secs(CATCH_UP_MAX_WAIT_S);
         Box::pin(add_and_promote(self.raft(), id, addr, wait))

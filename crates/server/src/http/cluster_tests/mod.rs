@@ -87,6 +87,13 @@ impl ClusterControl for Fake {
     fn forwarded_connections(&self) -> u64 {
         7
     }
+    fn refused_connections(&self) -> tern_cluster::RefusedConnections {
+        tern_cluster::RefusedConnections {
+            forwarded_connections: 1,
+            forward_queue: 2,
+            accept_queue: 3,
+        }
+    }
     fn add_member(&self, id: NodeId, addr: SocketAddr) -> BoxFuture<'static, ClusterResult> {
         self.act(format!("add {id} {addr}"))
     }

@@ -65,7 +65,7 @@ fn scrape(r: &Answered) -> prom::Exposition {
     prom::parse(&r.body).unwrap_or_else(|e| panic!("invalid exposition: {e}\n{}", r.body))
 }
 
-const CLUSTER_FAMILIES: [(&str, &str); 15] = [
+const CLUSTER_FAMILIES: [(&str, &str); 16] = [
     ("tern_cluster_role", "gauge"),
     ("tern_cluster_term", "gauge"),
     ("tern_cluster_leader_id", "gauge"),
@@ -81,6 +81,7 @@ const CLUSTER_FAMILIES: [(&str, &str); 15] = [
     ("tern_cluster_quorum_ack_age_seconds", "gauge"),
     ("tern_cluster_elections_started_total", "counter"),
     ("tern_cluster_forwarded_connections_total", "counter"),
+    ("tern_cluster_refused_connections_total", "counter"),
 ];
 
 #[tokio::test]
@@ -117,6 +118,17 @@ async fn a_follower_without_a_broker_exposes_the_cluster_families() {
     );
     assert_eq!(v("tern_cluster_elections_started_total"), Some(2.0));
     assert_eq!(v("tern_cluster_forwarded_connections_total"), Some(7.0));
+    for (limit, value) in [
+        ("forwarded_connections", 1.0),
+        ("forward_queue", 2.0),
+        ("accept_queue", 3.0),
+    ] {
+        let refused = page.value(
+            "tern_cluster_refused_connections_total",
+            &[("limit", limit)],
+        );
+        assert_eq!(refused, Some(value), "{limit}");
+    }
     assert_eq!(
         page.sum("tern_cluster_replication_lag_entries"),
         0.0,
