@@ -6,12 +6,12 @@
 //! lines before it (`crates/server/tests/layering.rs` holds the same order and enforces it).
 //! - [`error`]: typed errors; [`inject`]: test-only bugs for the simulator; [`types`]: node ids, the openraft type configuration, the entry
 //!   payload (a batch of opaque operations), the binary codec; [`tls`]: mutual TLS between
-//!   nodes and the connection type (TCP or TLS) both ends use.
+//!   nodes and the connection type (TCP or TLS) both ends use; `sim_seeds` (feature `sim`,
+//!   test-only): the seed runner both cluster simulators share.
 //! - [`log_store`]: the Raft log on a tern-store stream, the vote in an always-synced kv;
 //!   [`state_machine`]: committed batches to the [`Applier`], snapshots from its state;
 //!   [`network`]: Raft RPCs over TCP or TLS (length-prefixed frames); `sim_net` (feature
-//!   `sim`, test-only): a simulated network for the simulators (`tests/sim`, tern-cluster's),
-//!   and `sim_seeds`, their shared seed runner.
+//!   `sim`, test-only): a simulated network for the simulators (`tests/sim`, tern-cluster's).
 //! - [`incarnation`]: a node back on an empty disk under its old id refuses to start.
 //! - [`node`]: one node: store, core, listener, cluster formation from the peers list.
 //! - [`consensus`]: the [`Consensus`] trait, the cluster status, their implementation.

@@ -195,7 +195,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "raft",
         &[
-            &["error", "types", "inject", "tls"],
+            &["error", "types", "inject", "tls", "sim_seeds"],
             &["log_store", "state_machine", "network", "sim_net"],
             &["incarnation"],
             &["node"],
