@@ -183,6 +183,41 @@ fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> Con
     }
 }
 
+/// Resolves once this node no longer leads `term` (a later term, or a follower, learner or
+/// stopped node), with the error its proposals of that term get.
+///
+/// openraft 0.9 answers a proposal when its entry is applied here or truncated from this
+/// node's log, and at no other time. A leader cut off with an uncommitted entry that later
+/// catches up by a snapshot install past its whole log sees no conflict: the entry is purged
+/// with the log and its proposal would wait forever (and with it whoever waits for it: the
+/// cluster's engine stop, hence its next start; cluster broker seed 3036). The outcome of
+/// such a proposal is unknown, as `ConsensusError::NotLeader` says.
+async fn deposed(
+    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, BasicNode>>,
+    term: u64,
+) -> ConsensusError {
+    let gone = |m: &openraft::RaftMetrics<NodeId, BasicNode>| {
+        m.current_term != term
+            || matches!(
+                m.state,
+                ServerState::Follower | ServerState::Learner | ServerState::Shutdown
+            )
+    };
+    let Ok(m) = metrics.wait_for(gone).await else {
+        return ConsensusError::Shutdown("the Raft core stopped".into());
+    };
+    if m.state == ServerState::Shutdown {
+        return ConsensusError::Shutdown("the Raft core stopped".into());
+    }
+    let membership = m.membership_config.membership();
+    ConsensusError::NotLeader {
+        leader: m.current_leader.map(|id| {
+            let addr = membership.get_node(&id).and_then(|n| n.addr.parse().ok());
+            (id, addr)
+        }),
+    }
+}
+
 fn role(s: ServerState) -> Role {
     match s {
         ServerState::Leader => Role::Leader,
@@ -298,20 +333,27 @@ fn check_batch(ops: &[Bytes]) -> Result<(), ConsensusError> {
 impl Consensus for RaftNode {
     async fn submit(&self, ops: Vec<Bytes>) -> Result<Proposal, ConsensusError> {
         check_batch(&ops)?;
+        let metrics = self.raft.metrics();
+        let term = metrics.borrow().current_term;
         let rx = self
             .raft
             .client_write_ff(Batch(ops))
             .await
             .map_err(|f| ConsensusError::Shutdown(f.to_string()))?;
         Ok(Proposal::new(async move {
-            match rx.await {
-                Ok(Ok(resp)) => Ok(Committed {
-                    index: resp.log_id.index,
-                }),
-                Ok(Err(e)) => Err(write_error(RaftError::APIError(e))),
-                Err(_) => Err(ConsensusError::Shutdown(
-                    "the Raft core dropped the proposal".into(),
-                )),
+            tokio::select! {
+                // An answer that is there wins over a deposition seen at the same time.
+                biased;
+                answer = rx => match answer {
+                    Ok(Ok(resp)) => Ok(Committed {
+                        index: resp.log_id.index,
+                    }),
+                    Ok(Err(e)) => Err(write_error(RaftError::APIError(e))),
+                    Err(_) => Err(ConsensusError::Shutdown(
+                        "the Raft core dropped the proposal".into(),
+                    )),
+                },
+                deposed = deposed(metrics, term) => Err(deposed),
             }
         }))
     }
@@ -322,14 +364,7 @@ impl Consensus for RaftNode {
         if inject::on(Bug::AckBeforeCommit) {
             return self.propose_local_only(ops).await;
         }
-        let resp = self
-            .raft
-            .client_write(Batch(ops))
-            .await
-            .map_err(write_error)?;
-        Ok(Committed {
-            index: resp.log_id.index,
-        })
+        self.submit(ops).await?.await
     }
 
     fn status(&self) -> ClusterStatus {

@@ -43,6 +43,15 @@ impl Net {
 
     /// Starts three nodes on this network; returns what each applies.
     async fn start_three(&self, dirs: &[tempfile::TempDir]) -> Vec<Applied> {
+        self.start_three_tuned(dirs, |_| {}).await
+    }
+
+    /// `start_three`, with `tune` applied to every node's configuration.
+    async fn start_three_tuned(
+        &self,
+        dirs: &[tempfile::TempDir],
+        tune: fn(&mut NodeConfig),
+    ) -> Vec<Applied> {
         // Addresses are names only here: nothing binds them.
         let addrs: Vec<SocketAddr> = (0..3)
             .map(|i| format!("127.0.0.1:{}", 1 + i).parse().unwrap())
@@ -55,6 +64,7 @@ impl Net {
             cfg.heartbeat_interval_ms = 100;
             cfg.election_timeout_min_ms = 800;
             cfg.election_timeout_max_ms = 1600;
+            tune(&mut cfg);
             let net = NetFactory {
                 net: self.sim.clone(),
                 me: id(i),
@@ -149,4 +159,86 @@ async fn an_isolated_leaders_uncommitted_entry_is_never_applied_and_is_truncated
         })
         .await;
     }
+}
+
+/// The same cut, but while it lasts the majority snapshots and purges its log past the cut
+/// leader's last entry, so the old leader catches up by a snapshot install, not by
+/// AppendEntries: its uncommitted entry is purged without a conflict ever being seen.
+/// openraft 0.9 answers a proposal only when its entry is applied or truncated, neither of
+/// which happens here; the proposal must still fail once the node no longer leads its term
+/// (tern-raft's guard). Without it the proposal waited forever, and so did the cluster
+/// lifecycle's engine stop waiting for it (cluster broker seed 3036: a node that led again
+/// never started its engine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_leaders_proposal_fails_when_a_snapshot_install_purges_its_entry() {
+    let net = Net::new();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let applied = net
+        .start_three_tuned(&dirs, |cfg| {
+            cfg.snapshot_every_entries = 5;
+            cfg.log_kept_behind_snapshot = 0;
+        })
+        .await;
+    let old = wait_until("a leader", || {
+        (0..3).find(|&i| net.node(i).status().role == Role::Leader)
+    })
+    .await;
+    net.node(old).propose(vec![op("a")]).await.expect("propose");
+
+    net.cut(old, true);
+    let lost = {
+        let node = net.node(old);
+        tokio::spawn(async move { node.propose(vec![op("lost")]).await })
+    };
+    let old_last = wait_until("the cut leader has the entry in its log", || {
+        let st = net.node(old).status();
+        st.last_log_index.filter(|&i| i >= 2)
+    })
+    .await;
+    let new = wait_until("the others elect a new leader", || {
+        (0..3).find(|&i| i != old && net.node(i).status().role == Role::Leader)
+    })
+    .await;
+    for k in 0..12 {
+        net.node(new)
+            .propose(vec![op(&format!("b{k}"))])
+            .await
+            .expect("propose on the majority side");
+    }
+    wait_until("the new leader purges past the cut leader's log", || {
+        let st = net.node(new).status();
+        st.purged_index.is_some_and(|p| p > old_last).then_some(())
+    })
+    .await;
+    assert!(
+        !lost.is_finished(),
+        "the cut-off leader completed a proposal"
+    );
+
+    net.cut(old, false);
+    wait_until("the old leader installs a snapshot", || {
+        let st = net.node(old).status();
+        st.snapshot_index
+            .is_some_and(|s| s > old_last)
+            .then_some(())
+    })
+    .await;
+    let outcome = tokio::time::timeout(crate::harness::WAIT_LIMIT, lost)
+        .await
+        .expect("the old leader's proposal is answered though its entry was purged")
+        .expect("task");
+    assert!(
+        matches!(outcome, Err(ConsensusError::NotLeader { .. })),
+        "want NotLeader, got {outcome:?}"
+    );
+    let applied_old: Vec<Bytes> = applied[old]
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|(_, o)| o.clone())
+        .collect();
+    assert!(
+        !applied_old.contains(&op("lost")),
+        "the lost entry was applied"
+    );
 }
