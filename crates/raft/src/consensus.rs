@@ -183,8 +183,9 @@ fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> Con
     }
 }
 
-/// Resolves once this node no longer leads `term` (a later term, or a follower, learner or
-/// stopped node), with the error its proposals of that term get.
+/// Resolves once this node has moved past `term` (or stopped), with the error its proposals
+/// of that term get. The term, not the role: a leader that removes itself from the
+/// membership steps down within its term, and its change is still answered.
 ///
 /// openraft 0.9 answers a proposal when its entry is applied here or truncated from this
 /// node's log, and at no other time. A leader cut off with an uncommitted entry that later
@@ -197,11 +198,7 @@ async fn deposed(
     term: u64,
 ) -> ConsensusError {
     let gone = |m: &openraft::RaftMetrics<NodeId, BasicNode>| {
-        m.current_term != term
-            || matches!(
-                m.state,
-                ServerState::Follower | ServerState::Learner | ServerState::Shutdown
-            )
+        m.current_term != term || m.state == ServerState::Shutdown
     };
     let Ok(m) = metrics.wait_for(gone).await else {
         return ConsensusError::Shutdown("the Raft core stopped".into());
@@ -272,11 +269,25 @@ impl RaftNode {
         &self,
         changes: ChangeMembers<NodeId, BasicNode>,
     ) -> Result<(), ConsensusError> {
-        self.raft
-            .change_membership(changes, false)
+        let change = self.raft.change_membership(changes, false);
+        self.while_leading(async { change.await.map(|_| ()).map_err(write_error) })
             .await
-            .map(|_| ())
-            .map_err(write_error)
+    }
+
+    /// `call` (an openraft call answered once its entry is applied here), or the error of
+    /// [`deposed`] once this node no longer leads the term it led when the call began: the
+    /// same guard as a proposal's.
+    async fn while_leading<T>(
+        &self,
+        call: impl Future<Output = Result<T, ConsensusError>>,
+    ) -> Result<T, ConsensusError> {
+        let metrics = self.raft.metrics();
+        let term = metrics.borrow().current_term;
+        tokio::select! {
+            biased;
+            answer = call => answer,
+            deposed = deposed(metrics, term) => Err(deposed),
+        }
     }
 }
 
@@ -404,11 +415,11 @@ impl Consensus for RaftNode {
     }
 
     async fn add_learner(&self, id: NodeId, addr: SocketAddr) -> Result<(), ConsensusError> {
-        self.raft
-            .add_learner(id, BasicNode::new(addr.to_string()), false)
+        let add = self
+            .raft
+            .add_learner(id, BasicNode::new(addr.to_string()), false);
+        self.while_leading(async { add.await.map(|_| ()).map_err(write_error) })
             .await
-            .map(|_| ())
-            .map_err(write_error)
     }
 
     async fn promote(&self, id: NodeId) -> Result<(), ConsensusError> {
