@@ -363,8 +363,12 @@ async fn serve_peers(
             };
             if first.to_be_bytes() == FORWARD_MAGIC {
                 // The slot is given back at once: the forwarded connection lives elsewhere.
-                if let Some(forward) = forward {
-                    let _ = forward.try_send((link, peer));
+                // Full only if the cluster's hand-off loop (which drains it at once, and
+                // counts its own refusals) is stuck: say so, the connection is dropped.
+                if let Some(forward) = forward
+                    && forward.try_send((link, peer)).is_err()
+                {
+                    tracing::warn!(%peer, "cluster: forwarded connection dropped: the hand-off queue is full or closed");
                 }
                 return;
             }
