@@ -121,33 +121,43 @@ done
 for n in "$SEEDS" "$BASE" "$JOBS" ${SEED:+"$SEED"}; do
   case "$n" in ''|*[!0-9]*) echo "sim.sh: --seeds, --base, --jobs and --seed want a number" >&2; exit 2 ;; esac
 done
+# run_cluster_seeds PACKAGE TEST FN PREFIX NAME DETAIL: one cluster simulator's campaign (both
+# run their seeds with tern_raft::sim_seeds, configured by PREFIX_* variables): prints each
+# failing seed's lines (DETAIL: what its log lines start with after four spaces) and the
+# summary; fails unless it ran and found no violation.
+run_cluster_seeds() {
+  local package=$1 test=$2 fn=$3 prefix=$4 name=$5 detail=$6 status summary
+  cd "$ROOT"
+  cargo test -q --release -p "$package" --test "$test" --no-run 2>/dev/null \
+    || cargo test --release -p "$package" --test "$test" --no-run
+  export "${prefix}_SEEDS=$SEEDS" "${prefix}_SEED_BASE=$BASE" "${prefix}_INJECT=$INJECT" \
+    "${prefix}_VERBOSE=$VERBOSE" "${prefix}_STOP_AT_FIRST=$FIRST" "${prefix}_JOBS=$JOBS"
+  if [ -n "$SEED" ]; then export "${prefix}_SEED=$SEED"; else unset "${prefix}_SEED"; fi
+  LOG="$(mktemp)"
+  trap 'rm -f "$LOG"' EXIT
+  set +e
+  cargo test -q --release -p "$package" --test "$test" -- --exact "$fn" --nocapture >"$LOG" 2>&1
+  status=$?
+  set -e
+  grep -e '^seed ' -e "^    $detail" -e '^  VIOLATION' -e '^  replay' -e '^  \.\.\.' \
+    -e '^sim: first failing' -e "^$name: " "$LOG" || true
+  summary="$(grep '^sim: seeds=' "$LOG" | tail -n 1 || true)"
+  if [ -z "$summary" ]; then
+    echo "sim.sh: the $name test did not finish (status $status); its output:" >&2
+    cat "$LOG" >&2
+    echo "sim: seeds=$SEEDS violations=unknown"
+    return 1
+  fi
+  echo "$summary"
+  [ "${summary##*violations=}" = 0 ]
+}
+
 if [ "$CLUSTER" = broker ]; then
   case "$INJECT" in
     ''|dedupe-on-leader-only|lose-ownership-on-takeover|random-pubrel-order) ;;
     *) echo "sim.sh: unknown cluster broker bug '$INJECT' (see --help)" >&2; exit 2 ;;
   esac
-  cd "$ROOT"
-  cargo test -q --release -p tern-cluster --test broker_sim --no-run 2>/dev/null \
-    || cargo test --release -p tern-cluster --test broker_sim --no-run
-  export TERN_CBSIM_SEEDS="$SEEDS" TERN_CBSIM_SEED_BASE="$BASE" TERN_CBSIM_INJECT="$INJECT" TERN_CBSIM_VERBOSE="$VERBOSE" TERN_CBSIM_STOP_AT_FIRST="$FIRST" TERN_CBSIM_JOBS="$JOBS"
-  if [ -n "$SEED" ]; then export TERN_CBSIM_SEED="$SEED"; else unset TERN_CBSIM_SEED; fi
-  LOG="$(mktemp)"
-  trap 'rm -f "$LOG"' EXIT
-  set +e
-  cargo test -q --release -p tern-cluster --test broker_sim -- --exact cluster_broker_seeds --nocapture >"$LOG" 2>&1
-  STATUS=$?
-  set -e
-  grep -e '^seed ' -e '^    \[' -e '^  VIOLATION' -e '^  replay' -e '^  \.\.\.' -e '^sim: first failing' -e '^cluster-broker: ' "$LOG" || true
-  SUMMARY="$(grep '^sim: seeds=' "$LOG" | tail -n 1 || true)"
-  if [ -z "$SUMMARY" ]; then
-    echo "sim.sh: the cluster broker test did not finish (status $STATUS); its output:" >&2
-    cat "$LOG" >&2
-    echo "sim: seeds=$SEEDS violations=unknown"
-    exit 1
-  fi
-  echo "$SUMMARY"
-  V="${SUMMARY##*violations=}"
-  [ "$V" = 0 ]
+  run_cluster_seeds tern-cluster broker_sim cluster_broker_seeds TERN_CBSIM cluster-broker '\['
   exit $?
 fi
 if [ "$CLUSTER" = 1 ]; then
@@ -155,28 +165,7 @@ if [ "$CLUSTER" = 1 ]; then
     ''|ack-before-commit|vote-not-synced|deliver-uncommitted|flush-before-sync) ;;
     *) echo "sim.sh: unknown cluster bug '$INJECT' (see --help)" >&2; exit 2 ;;
   esac
-  cd "$ROOT"
-  cargo test -q --release -p tern-raft --test sim --no-run 2>/dev/null \
-    || cargo test --release -p tern-raft --test sim --no-run
-  export TERN_CSIM_SEEDS="$SEEDS" TERN_CSIM_SEED_BASE="$BASE" TERN_CSIM_INJECT="$INJECT" TERN_CSIM_VERBOSE="$VERBOSE" TERN_CSIM_STOP_AT_FIRST="$FIRST" TERN_CSIM_JOBS="$JOBS"
-  if [ -n "$SEED" ]; then export TERN_CSIM_SEED="$SEED"; else unset TERN_CSIM_SEED; fi
-  LOG="$(mktemp)"
-  trap 'rm -f "$LOG"' EXIT
-  set +e
-  cargo test -q --release -p tern-raft --test sim -- --exact cluster_seeds --nocapture >"$LOG" 2>&1
-  STATUS=$?
-  set -e
-  grep -e '^seed ' -e '^    ' -e '^  VIOLATION' -e '^  replay' -e '^  \.\.\.' -e '^sim: first failing' -e '^cluster: ' "$LOG" || true
-  SUMMARY="$(grep '^sim: seeds=' "$LOG" | tail -n 1 || true)"
-  if [ -z "$SUMMARY" ]; then
-    echo "sim.sh: the cluster test did not finish (status $STATUS); its output:" >&2
-    cat "$LOG" >&2
-    echo "sim: seeds=$SEEDS violations=unknown"
-    exit 1
-  fi
-  echo "$SUMMARY"
-  V="${SUMMARY##*violations=}"
-  [ "$V" = 0 ]
+  run_cluster_seeds tern-raft sim cluster_seeds TERN_CSIM cluster ''
   exit $?
 fi
 case "$INJECT" in
