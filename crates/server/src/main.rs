@@ -216,7 +216,6 @@ fn durable_config(file: &config_file::FileConfig) -> DurableConfig {
         sessions: SessionLimits {
             max_pending_per_session: file.broker.max_queued_messages,
             max_pending_bytes_per_session: file.broker.max_queued_bytes,
-            max_inflight_per_session: usize::from(file.broker.max_inflight_messages),
         },
         state_sync: file.state_sync,
         max_disk_bytes: file.max_disk_bytes,

@@ -102,8 +102,9 @@ pub struct SessionLimits {
     /// that recovery never reads more of an offline session's backlog into memory than the
     /// running broker would keep for it.
     pub max_pending_bytes_per_session: usize,
-    /// `max_inflight_messages`: recovered messages put back in flight.
-    pub max_inflight_per_session: usize,
+    // No in-flight bound: a session's QoS 2 exchanges come back whole, each under its packet
+    // id (at most 65,535 by the id space, and at most the `max_inflight_messages` of the run
+    // that wrote them); dropping one would break exactly-once.
 }
 
 impl Default for SessionLimits {
@@ -111,7 +112,6 @@ impl Default for SessionLimits {
         SessionLimits {
             max_pending_per_session: 100_000,
             max_pending_bytes_per_session: 64 * 1024 * 1024,
-            max_inflight_per_session: 1024,
         }
     }
 }
