@@ -184,6 +184,17 @@ async fn connect(stream: &mut (impl AsyncRead + AsyncWrite + Unpin), client_id: 
     }
 }
 
+/// Each test's end: with its limit at 2, the first two clients get a CONNACK, the third was
+/// closed.
+async fn assert_two_served_third_closed(ends: &mut [impl AsyncRead + AsyncWrite + Unpin]) {
+    let mut answers = Vec::new();
+    for (i, client) in ends.iter_mut().enumerate() {
+        answers.push(connect(client, &format!("c{i}")).await);
+    }
+    use Answer::{Closed, Connack};
+    assert_eq!(answers, vec![Connack, Connack, Closed]);
+}
+
 fn small(limits: Limits) -> Limits {
     debug_assert!(limits != Limits::default());
     limits
@@ -208,12 +219,7 @@ async fn a_client_beyond_max_forwarded_connections_is_closed() {
     }
     assert_eq!(t.node.refused_connections().forwarded_connections, 1);
     t.open_engine().await;
-    let mut answers = Vec::new();
-    for (i, client) in ends.iter_mut().enumerate() {
-        answers.push(connect(client, &format!("c{i}")).await);
-    }
-    use Answer::{Closed, Connack};
-    assert_eq!(answers, vec![Connack, Connack, Closed]);
+    assert_two_served_third_closed(&mut ends).await;
     t.stop().await;
 }
 
@@ -239,12 +245,7 @@ async fn a_socket_beyond_max_accept_queue_is_closed() {
         ends.push(client);
     }
     assert_eq!(t.node.refused_connections().accept_queue, 1);
-    let mut answers = Vec::new();
-    for (i, client) in ends.iter_mut().enumerate() {
-        answers.push(connect(client, &format!("c{i}")).await);
-    }
-    use Answer::{Closed, Connack};
-    assert_eq!(answers, vec![Connack, Connack, Closed]);
+    assert_two_served_third_closed(&mut ends).await;
     t.stop().await;
 }
 
@@ -284,11 +285,6 @@ async fn a_forwarded_connection_beyond_max_forward_queue_is_closed() {
     .await;
     assert_eq!(t.node.refused_connections().forward_queue, 1);
     t.open_engine().await;
-    let mut answers = Vec::new();
-    for (i, client) in ends.iter_mut().enumerate() {
-        answers.push(connect(client, &format!("c{i}")).await);
-    }
-    use Answer::{Closed, Connack};
-    assert_eq!(answers, vec![Connack, Connack, Closed]);
+    assert_two_served_third_closed(&mut ends).await;
     t.stop().await;
 }
