@@ -39,8 +39,16 @@ const _: () = assert!(
 pub const MAX_INBOUND_CONNECTIONS: usize = 64;
 /// How long a peer may take to accept a connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// Upper bound of one request and its response (openraft's own deadline may be shorter).
+/// Upper bound of one request and its response (openraft's own deadline may be shorter),
+/// but for snapshot chunks ([`SNAPSHOT_CHUNK_TIMEOUT`]).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Upper bound of one snapshot chunk, with, for the last, the install of the whole state on
+/// the follower (the broker's files written and synced); openraft's `install_snapshot_timeout`.
+/// Its default, 200 ms, is shorter than a long link's round trip, and than a 3 MiB chunk's
+/// encoding and decoding in a debug build (165 ms measured on an idle machine): every
+/// attempt timed out, and a follower behind a purged log never caught up. A peer that stops
+/// answering mid-snapshot holds its replication stream (only its own) this long.
+pub const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
 /// The first four bytes of a connection on the cluster port that is not Raft traffic but a
 /// client connection forwarded by another node (the cluster layer reads the rest). A Raft
 /// frame starts with its length, big-endian, and this prefix read as a length is far above
@@ -487,7 +495,11 @@ impl PeerClient {
 
     /// One request with a deadline; any failure drops the connection and is `Unreachable`.
     async fn call(&mut self, req: Request, option: &RPCOption) -> Result<Response, Unreachable> {
-        let deadline = option.hard_ttl().min(REQUEST_TIMEOUT);
+        let cap = match req {
+            Request::Snapshot(_) => SNAPSHOT_CHUNK_TIMEOUT,
+            _ => REQUEST_TIMEOUT,
+        };
+        let deadline = option.hard_ttl().min(cap);
         let r = match tokio::time::timeout(deadline, self.exchange(&req)).await {
             Ok(r) => r,
             Err(_) => Err(std::io::Error::new(

@@ -142,6 +142,7 @@ impl NodeConfig {
             election_timeout_max: self.election_timeout_max_ms,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
             max_in_snapshot_log_to_keep: self.log_kept_behind_snapshot,
+            install_snapshot_timeout: network::SNAPSHOT_CHUNK_TIMEOUT.as_millis() as u64,
             ..Default::default()
         }
         .validate()

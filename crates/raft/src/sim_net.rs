@@ -31,6 +31,9 @@ pub struct Links {
     pub drop_pct: u64,
     /// Longest one-way delay, in ms.
     pub max_delay_ms: u64,
+    /// Shortest one-way delay, in ms (a long link: every message takes at least this; the
+    /// delay is then drawn up to `max_delay_ms` or equals this if that is smaller).
+    pub min_delay_ms: u64,
 }
 
 /// What the network saw, for the checker.
@@ -89,7 +92,8 @@ impl Net {
         let (delay_ms, lost) = {
             let l = self.links.lock().unwrap();
             let mut r = self.rng.lock().unwrap();
-            let delay = r.below(l.max_delay_ms + 1);
+            let spread = l.max_delay_ms.saturating_sub(l.min_delay_ms);
+            let delay = l.min_delay_ms + r.below(spread + 1);
             (delay, r.below(100) < l.drop_pct)
         };
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;

@@ -242,3 +242,63 @@ async fn a_cut_leaders_proposal_fails_when_a_snapshot_install_purges_its_entry()
         "the lost entry was applied"
     );
 }
+
+/// A follower behind a long link (300 ms round trip: across continents) catches up by a
+/// snapshot. openraft 0.9 gives each snapshot chunk, and the install of the last, its
+/// `install_snapshot_timeout` (200 ms by default): over such a link, or when a chunk's
+/// encoding and the install of the broker's files take longer (a debug build on a loaded
+/// machine: CI saw a node stay behind for 40 s after a power loss, and a leader transfer to
+/// it time out), every attempt timed out and the follower never caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_behind_a_long_link_catches_up_by_a_snapshot() {
+    let net = Net::new();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    net.start_three_tuned(&dirs, |cfg| {
+        // AppendEntries' deadline is the heartbeat interval (openraft): above the round trip.
+        cfg.heartbeat_interval_ms = 500;
+        cfg.election_timeout_min_ms = 3_000;
+        cfg.election_timeout_max_ms = 6_000;
+        cfg.snapshot_every_entries = 5;
+        cfg.log_kept_behind_snapshot = 0;
+    })
+    .await;
+    let leader = wait_until("a leader", || {
+        (0..3).find(|&i| net.node(i).status().role == Role::Leader)
+    })
+    .await;
+    net.node(leader)
+        .propose(vec![op("a")])
+        .await
+        .expect("propose");
+    let behind = (leader + 1) % 3;
+    net.cut(behind, true);
+    for k in 0..12 {
+        net.node(leader)
+            .propose(vec![op(&format!("b{k}"))])
+            .await
+            .expect("propose on the majority side");
+    }
+    wait_until("the leader purges its log past the cut follower's", || {
+        let st = net.node(leader).status();
+        st.purged_index.is_some_and(|p| p >= 5).then_some(())
+    })
+    .await;
+    {
+        let mut links = net.sim.links.lock().unwrap();
+        links.min_delay_ms = 150;
+        links.max_delay_ms = 150;
+    }
+    net.cut(behind, false);
+    assert!(
+        net.node(leader)
+            .wait_replicated(id(behind), None, 30_000)
+            .await,
+        "the follower did not catch up in 30 s: {:?}",
+        net.node(leader).status().replication
+    );
+    let st = net.node(behind).status();
+    assert!(
+        st.snapshot_index.is_some(),
+        "caught up without a snapshot: {st:?}"
+    );
+}
