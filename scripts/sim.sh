@@ -3,9 +3,12 @@
 # whole broker in process on the simulated disk, with seeded workloads (persistent sessions,
 # stalled and leaving clients, retained messages; share groups, retention limits), power
 # losses and process crashes, and a checker of at-least-once / exactly-once / order / open
-# exchanges / retained values. Release.
+# exchanges / retained values. Release, or with --debug the dev profile.
 #
-# Usage: scripts/sim.sh [--cluster|--cluster-broker] [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--no-bounds] [--all] [--writer-threads[-raw]] [--jobs J] [--first] [--verbose]
+# Usage: scripts/sim.sh [--debug] [--cluster|--cluster-broker] [--seeds N] [--base B] [--seed S] [--inject BUG] [--crash-only] [--linger] [--groups] [--no-eio] [--no-bounds] [--all] [--writer-threads[-raw]] [--jobs J] [--first] [--verbose]
+#   --debug       run the dev profile's test binaries as `cargo test --workspace` builds them
+#                 (the same features, so nothing is built again after it; .ci/run): debug
+#                 assertions on, several times slower per seed; without it, release
 #   --seeds N     run N seeds (default 100), from --base (default 0)
 #   --seed S      run seed S alone: a seed is one execution, so this replays it exactly
 #                 (the same digest on the seed's line, the same violations)
@@ -92,8 +95,10 @@ RETENTION=0
 ALL=0
 WRITER_THREADS=0
 CLUSTER=0
+DEBUG=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --debug) DEBUG=1; shift ;;
     --seeds) SEEDS="${2:-}"; shift 2 ;;
     --base) BASE="${2:-}"; shift 2 ;;
     --seed) SEED="${2:-}"; shift 2 ;;
@@ -114,13 +119,20 @@ while [ $# -gt 0 ]; do
     --cluster) CLUSTER=1; shift ;;
     --cluster-broker) CLUSTER=broker; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,75p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,78p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 for n in "$SEEDS" "$BASE" "$JOBS" ${SEED:+"$SEED"}; do
   case "$n" in ''|*[!0-9]*) echo "sim.sh: --seeds, --base, --jobs and --seed want a number" >&2; exit 2 ;; esac
 done
+# sim_selection PACKAGE: cargo's package and profile arguments. Release builds the one package;
+# --debug selects the whole workspace, whose features `cargo test --workspace` built with
+# (one package alone unifies other features and rebuilds most dependencies). Other packages'
+# test targets of the same name run too, and their filter matches nothing.
+sim_selection() {
+  if [ "$DEBUG" = 1 ]; then SEL=(--workspace); else SEL=(--release -p "$1"); fi
+}
 # run_cluster_seeds PACKAGE TEST FN PREFIX NAME DETAIL: one cluster simulator's campaign (both
 # run their seeds with tern_raft::sim_seeds, configured by PREFIX_* variables): prints each
 # failing seed's lines (DETAIL: what its log lines start with after four spaces) and the
@@ -128,15 +140,16 @@ done
 run_cluster_seeds() {
   local package=$1 test=$2 fn=$3 prefix=$4 name=$5 detail=$6 status summary
   cd "$ROOT"
-  cargo test -q --release -p "$package" --test "$test" --no-run 2>/dev/null \
-    || cargo test --release -p "$package" --test "$test" --no-run
+  sim_selection "$package"
+  cargo test -q "${SEL[@]}" --test "$test" --no-run 2>/dev/null \
+    || cargo test "${SEL[@]}" --test "$test" --no-run
   export "${prefix}_SEEDS=$SEEDS" "${prefix}_SEED_BASE=$BASE" "${prefix}_INJECT=$INJECT" \
     "${prefix}_VERBOSE=$VERBOSE" "${prefix}_STOP_AT_FIRST=$FIRST" "${prefix}_JOBS=$JOBS"
   if [ -n "$SEED" ]; then export "${prefix}_SEED=$SEED"; else unset "${prefix}_SEED"; fi
   LOG="$(mktemp)"
   trap 'rm -f "$LOG"' EXIT
   set +e
-  cargo test -q --release -p "$package" --test "$test" -- --exact "$fn" --nocapture >"$LOG" 2>&1
+  cargo test -q "${SEL[@]}" --test "$test" -- --exact "$fn" --nocapture >"$LOG" 2>&1
   status=$?
   set -e
   grep -e '^seed ' -e "^    $detail" -e '^  VIOLATION' -e '^  replay' -e '^  \.\.\.' \
@@ -176,14 +189,15 @@ case "$INJECT" in
 esac
 
 cd "$ROOT"
-cargo test -q --release -p tern-broker --test sim --no-run 2>/dev/null \
-  || cargo test --release -p tern-broker --test sim --no-run
+sim_selection tern-broker
+cargo test -q "${SEL[@]}" --test sim --no-run 2>/dev/null \
+  || cargo test "${SEL[@]}" --test sim --no-run
 export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY" TERN_SIM_LINGER="$LINGER" TERN_SIM_STOP_AT_FIRST="$FIRST" TERN_SIM_JOBS="$JOBS" TERN_SIM_NO_EIO="$NO_EIO" TERN_SIM_NO_BOUNDS="$NO_BOUNDS" TERN_SIM_GROUPS="$SHARE_GROUPS" TERN_SIM_RETENTION="$RETENTION" TERN_SIM_ALL="$ALL" TERN_SIM_WRITER_THREADS="$WRITER_THREADS"
 if [ -n "$SEED" ]; then export TERN_SIM_SEED="$SEED"; else unset TERN_SIM_SEED; fi
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 set +e
-cargo test -q --release -p tern-broker --test sim -- --exact sim_seeds --nocapture >"$LOG" 2>&1
+cargo test -q "${SEL[@]}" --test sim -- --exact sim_seeds --nocapture >"$LOG" 2>&1
 STATUS=$?
 set -e
 # The test's own lines, its summary last.
