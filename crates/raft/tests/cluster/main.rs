@@ -413,6 +413,34 @@ async fn a_learner_added_after_a_purge_is_sent_a_snapshot_of_the_application_sta
     .await;
 }
 
+/// A follower that comes back behind many large entries (10 MiB) catches up from the log.
+/// openraft gives an AppendEntries the heartbeat interval (here 100 ms) and starts over when
+/// it times out, as it does with snapshot chunks (`local_net`, which livelocked at 200 ms).
+/// Here it converges: entries are `Bytes`, one byte string each, fast to encode even in a
+/// debug build, and a follower keeps what reached it after the leader gave up, which the next
+/// probe finds (with a 3 ms heartbeat it still caught up, in 12 s: tried once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_behind_many_large_entries_catches_up_from_the_log() {
+    let mut c = Cluster::start(3, 0).await;
+    let leader = c.leader().await;
+    let behind = (leader + 1) % 3;
+    c.kill(behind).await;
+    for k in 0..40u8 {
+        c.node(leader)
+            .propose(vec![bytes::Bytes::from(vec![k; 256 << 10])])
+            .await
+            .expect("propose");
+    }
+    c.start_node(behind, None).await;
+    assert!(
+        c.node(leader)
+            .wait_replicated(id(behind), None, 30_000)
+            .await,
+        "the follower did not catch up in 30 s: {:?}",
+        c.status(leader).replication
+    );
+}
+
 #[test]
 fn a_peer_is_written_id_equals_address() {
     let (id, addr) = tern_raft::NodeConfig::parse_peer("2=127.0.0.1:7002").expect("parse");
