@@ -215,6 +215,21 @@ async fn deposed(
     }
 }
 
+/// `call`'s answer, or [`deposed`]'s error once this node has moved past `term`: how every
+/// proposal and membership change of a term waits. An answer that is there wins over a
+/// deposition seen at the same time.
+async fn guarded<T>(
+    metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, BasicNode>>,
+    term: u64,
+    call: impl Future<Output = Result<T, ConsensusError>>,
+) -> Result<T, ConsensusError> {
+    tokio::select! {
+        biased;
+        answer = call => answer,
+        deposed = deposed(metrics, term) => Err(deposed),
+    }
+}
+
 fn role(s: ServerState) -> Role {
     match s {
         ServerState::Leader => Role::Leader,
@@ -283,11 +298,7 @@ impl RaftNode {
     ) -> Result<T, ConsensusError> {
         let metrics = self.raft.metrics();
         let term = metrics.borrow().current_term;
-        tokio::select! {
-            biased;
-            answer = call => answer,
-            deposed = deposed(metrics, term) => Err(deposed),
-        }
+        guarded(metrics, term, call).await
     }
 }
 
@@ -351,22 +362,18 @@ impl Consensus for RaftNode {
             .client_write_ff(Batch(ops))
             .await
             .map_err(|f| ConsensusError::Shutdown(f.to_string()))?;
-        Ok(Proposal::new(async move {
-            tokio::select! {
-                // An answer that is there wins over a deposition seen at the same time.
-                biased;
-                answer = rx => match answer {
-                    Ok(Ok(resp)) => Ok(Committed {
-                        index: resp.log_id.index,
-                    }),
-                    Ok(Err(e)) => Err(write_error(RaftError::APIError(e))),
-                    Err(_) => Err(ConsensusError::Shutdown(
-                        "the Raft core dropped the proposal".into(),
-                    )),
-                },
-                deposed = deposed(metrics, term) => Err(deposed),
+        let answer = async move {
+            match rx.await {
+                Ok(Ok(resp)) => Ok(Committed {
+                    index: resp.log_id.index,
+                }),
+                Ok(Err(e)) => Err(write_error(RaftError::APIError(e))),
+                Err(_) => Err(ConsensusError::Shutdown(
+                    "the Raft core dropped the proposal".into(),
+                )),
             }
-        }))
+        };
+        Ok(Proposal::new(guarded(metrics, term, answer)))
     }
 
     async fn propose(&self, ops: Vec<Bytes>) -> Result<Committed, ConsensusError> {
