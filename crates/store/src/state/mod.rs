@@ -81,11 +81,24 @@ pub struct RemovedLog {
 }
 
 impl RemovedLog {
+    /// Adds `ranges`; one that continues the last range extends it. The log says which
+    /// sequences went, not in how many writer passes, which depends on how appends fell into
+    /// batches (`discard_old_and_removed_log` saw `[1..=5, 6..=15]` for `[1..=15]`). Removals
+    /// come oldest first, so this keeps the log coalesced without sorting it on every push.
     pub fn push(&mut self, ranges: &[RangeInclusive<u64>]) {
-        if ranges.is_empty() {
-            return;
+        for r in ranges {
+            match self.ranges.last_mut() {
+                Some(last)
+                    if *r.start() >= *last.start()
+                        && *r.start() <= last.end().saturating_add(1) =>
+                {
+                    if r.end() > last.end() {
+                        *last = *last.start()..=*r.end();
+                    }
+                }
+                _ => self.ranges.push(r.clone()),
+            }
         }
-        self.ranges.extend(ranges.iter().cloned());
         if self.ranges.len() > MAX_PENDING_REMOVED_RANGES {
             self.ranges = coalesce(std::mem::take(&mut self.ranges));
             if self.ranges.len() > MAX_PENDING_REMOVED_RANGES {
@@ -537,5 +550,21 @@ impl State {
             b.last_seq()
         };
         first.zip(last)
+    }
+}
+
+#[cfg(test)]
+mod removed_log_tests {
+    use super::RemovedLog;
+
+    #[test]
+    fn removals_in_two_passes_read_as_one_range() {
+        let mut log = RemovedLog::default();
+        log.push(&[1..=5]);
+        log.push(&[6..=15]);
+        log.push(&[20..=21, 22..=22]);
+        log.push(&[]);
+        assert_eq!(log.ranges, vec![1..=15, 20..=22]);
+        assert!(!log.overflowed);
     }
 }
