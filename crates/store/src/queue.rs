@@ -31,17 +31,23 @@ pub(crate) fn coalesce(mut v: Vec<RangeInclusive<u64>>) -> Vec<RangeInclusive<u6
     v.sort_by_key(|r| *r.start());
     let mut out: Vec<RangeInclusive<u64>> = Vec::with_capacity(v.len());
     for r in v {
-        if let Some(last) = out.last_mut() {
-            if *r.start() <= last.end().saturating_add(1) {
-                if r.end() > last.end() {
-                    *last = *last.start()..=*r.end();
-                }
-                continue;
-            }
-        }
-        out.push(r);
+        push_merged(&mut out, r);
     }
     out
+}
+
+/// Appends `r` to `out`, or extends `out`'s last range if `r` starts inside it or right after
+/// it (the merge rule of [`coalesce`]; `out` stays coalesced when ranges come in ascending
+/// order of their starts).
+pub(crate) fn push_merged(out: &mut Vec<RangeInclusive<u64>>, r: RangeInclusive<u64>) {
+    match out.last_mut() {
+        Some(last) if *r.start() >= *last.start() && *r.start() <= last.end().saturating_add(1) => {
+            if r.end() > last.end() {
+                *last = *last.start()..=*r.end();
+            }
+        }
+        _ => out.push(r),
+    }
 }
 
 /// Ranges from a list of single sequences.

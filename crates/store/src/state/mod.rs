@@ -30,7 +30,7 @@ use crate::config::MAX_PENDING_REMOVED_RANGES;
 use crate::error::{Result, StoreError};
 use crate::filter::FilterSet;
 use crate::format::{self, Entry, FLAG_TOMBSTONE, IndexData};
-use crate::queue::{Removed, coalesce, ranges_of};
+use crate::queue::{Removed, coalesce, push_merged, ranges_of};
 use crate::vfs::{VFile, Vfs};
 
 mod block;
@@ -84,20 +84,11 @@ impl RemovedLog {
     /// Adds `ranges`; one that continues the last range extends it. The log says which
     /// sequences went, not in how many writer passes, which depends on how appends fell into
     /// batches (`discard_old_and_removed_log` saw `[1..=5, 6..=15]` for `[1..=15]`). Removals
-    /// come oldest first, so this keeps the log coalesced without sorting it on every push.
+    /// come oldest first, so this keeps the log coalesced without sorting it on every push
+    /// ([`push_merged`]: the rule `coalesce` sorts and applies).
     pub fn push(&mut self, ranges: &[RangeInclusive<u64>]) {
         for r in ranges {
-            match self.ranges.last_mut() {
-                Some(last)
-                    if *r.start() >= *last.start()
-                        && *r.start() <= last.end().saturating_add(1) =>
-                {
-                    if r.end() > last.end() {
-                        *last = *last.start()..=*r.end();
-                    }
-                }
-                _ => self.ranges.push(r.clone()),
-            }
+            push_merged(&mut self.ranges, r.clone());
         }
         if self.ranges.len() > MAX_PENDING_REMOVED_RANGES {
             self.ranges = coalesce(std::mem::take(&mut self.ranges));
