@@ -37,7 +37,9 @@ pub struct ApplyError(pub String);
 /// Contract: `apply` is called with strictly increasing indexes, each committed batch once per
 /// run; after a restart, batches after the last recorded applied point are applied again, so
 /// an implementation skips an index at or below the one its own durable state has reached.
-/// Calls are serialized; they run on the Raft state machine's task, so they should be quick.
+/// Calls are serialized. `apply` runs on the Raft state machine's task, so it should be
+/// quick; `snapshot`, `install_snapshot` and `persist` (file work, fsyncs) run on tokio's
+/// blocking pool.
 pub trait Applier: Send + 'static {
     /// Applies a committed batch of operations, at Raft log `index`.
     fn apply(&mut self, index: LogIndex, ops: &[Bytes]) -> Result<(), ApplyError>;
@@ -149,15 +151,34 @@ impl StateMachine {
     /// Makes the applier's state durable, then records the applied point (under the sync
     /// policy): the point never runs ahead of the state it names.
     async fn persist_and_record(&self) -> Result<(), StorageError> {
-        let applied = {
-            let mut applier = lock(&self.inner.applier);
-            applier
-                .persist()
-                .map_err(|e| StorageIOError::write_state_machine(any(e)))?;
-            lock(&self.inner.applied).clone()
-        };
+        let applied = self
+            .on_blocking_pool(|applier, inner| {
+                applier.persist()?;
+                Ok(lock(&inner.applied).clone())
+            })
+            .await
+            .map_err(StorageIOError::write_state_machine)?;
         *lock(&self.inner.recorded_at) = std::time::Instant::now();
         self.record(applied).await
+    }
+
+    /// Runs `f` under the applier's lock on tokio's blocking pool. The applier's file work
+    /// (a snapshot's files written and synced, the fsyncs of `persist`) would otherwise hold
+    /// one of the runtime's workers for its length, and the Raft core, replication and the
+    /// client connections share those (two on a 2-core machine).
+    async fn on_blocking_pool<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn Applier, &Inner) -> Result<T, ApplyError> + Send + 'static,
+    ) -> Result<T, AnyError> {
+        let inner = self.inner.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            let mut applier = lock(&inner.applier);
+            f(applier.as_mut(), &inner)
+        });
+        match job.await {
+            Ok(done) => done.map_err(any),
+            Err(e) => Err(any(format!("the applier's task failed: {e}"))),
+        }
     }
 
     /// Records `applied` durably (under the sync policy).
@@ -203,14 +224,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         // The log before the snapshot may be purged next: the applied point must not be
         // older than it after a crash.
         self.persist_and_record().await?;
-        let (data, applied) = {
-            let mut applier = lock(&self.inner.applier);
-            let applied = lock(&self.inner.applied).clone();
-            let data = applier
-                .snapshot()
-                .map_err(|e| StorageIOError::read_state_machine(any(e)))?;
-            (data, applied)
-        };
+        let (data, applied) = self
+            .on_blocking_pool(|applier, inner| {
+                let applied = lock(&inner.applied).clone();
+                Ok((applier.snapshot()?, applied))
+            })
+            .await
+            .map_err(StorageIOError::read_state_machine)?;
         let n = self.inner.snapshots_built.fetch_add(1, Ordering::Relaxed);
         let meta = Meta {
             last_log_id: applied.last_applied,
@@ -268,13 +288,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
         };
-        {
-            let mut applier = lock(&self.inner.applier);
-            applier
-                .install_snapshot(index, &data)
-                .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), any(e)))?;
-            *lock(&self.inner.applied) = applied.clone();
-        }
+        let installed = applied.clone();
+        let data = self
+            .on_blocking_pool(move |applier, inner| {
+                applier.install_snapshot(index, &data)?;
+                *lock(&inner.applied) = installed;
+                Ok(data)
+            })
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
         self.record(applied).await?;
         *lock(&self.inner.current) = Some((meta.clone(), data));
         Ok(())
@@ -289,3 +311,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }))
     }
 }
+
+#[cfg(test)]
+#[path = "state_machine_tests.rs"]
+mod tests;
