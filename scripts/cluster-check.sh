@@ -52,6 +52,9 @@
 #                   to show that the checker reports lost and duplicated messages
 #   --self-test     only the checker, on made-up records with one lost, one duplicated and one
 #                   reordered message: it must count exactly those
+# Environment: CLUSTER_CHECK_LOG replaces the nodes' log filter (`tern serve --log`; default
+#   "warn,tern=info,tern_cluster=info"), e.g. with ",openraft=debug" to read elections in the
+#   nodes' broker.log (with --keep).
 # CI's short mode: --kills 3 --pauses 2 --partition --transfers 2 --power-losses 1
 #   --power-loss-all --seconds 40 (about 80 s in all).
 # The last line on stdout is one JSON object: {"lost":0,"duplicates":0,"reordered":0,

@@ -24,6 +24,9 @@ START_TIMEOUT_S = 30.0
 HTTP_TIMEOUT_S = 0.5
 # Bearer token of the HTTP listener: a non-loopback bind (namespaces) needs one.
 HTTP_TOKEN = "cluster-check-token-0123456789"
+# The nodes' log filter (`tern serve --log`); CLUSTER_CHECK_LOG replaces it, e.g.
+# "warn,tern=info,tern_cluster=info,openraft=debug" to read an election in broker.log.
+DEFAULT_LOG = "warn,tern=info,tern_cluster=info"
 
 
 def log(msg):
@@ -264,7 +267,7 @@ class TernNode(Node):
     def command(self):
         cmd = [self.binary, "serve", "--config", self.config, "--data-dir", self.data_dir,
                "--bind", f"{self.host}:{self.mqtt_port}", "--http", f"{self.host}:{self.http_port}",
-               "--log", "warn,tern=info,tern_cluster=info"]
+               "--log", os.environ.get("CLUSTER_CHECK_LOG", DEFAULT_LOG)]
         if self.sync:
             cmd += ["--sync", self.sync]
         return cmd
