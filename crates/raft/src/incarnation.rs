@@ -51,6 +51,8 @@ pub struct Incarnations {
     kv: KvStream,
     /// Serializes record-if-absent.
     lock: Mutex<()>,
+    /// Gone once every holder let go, and with it the kv stream (see [`Incarnations::liveness`]).
+    canary: Arc<()>,
 }
 
 fn peer_key(node: NodeId) -> Vec<u8> {
@@ -76,7 +78,16 @@ impl Incarnations {
         Ok(Incarnations {
             kv,
             lock: Mutex::new(()),
+            canary: Arc::new(()),
         })
+    }
+
+    /// Gone once every holder has dropped this, and so its kv stream and its hold on the
+    /// store's lock: the cluster port's connection tasks hold it, and an aborted task is
+    /// dropped some time after the abort (a node's shutdown waits for this, or a restart in
+    /// the same process found the store still locked).
+    pub(crate) fn liveness(&self) -> std::sync::Weak<()> {
+        Arc::downgrade(&self.canary)
     }
 
     /// This node's incarnation, if it has started on this data directory before.

@@ -183,8 +183,9 @@ pub struct RaftNode {
     /// Serializes proposals under the injected bug `AckBeforeCommit` only.
     #[cfg(feature = "inject")]
     pub(crate) inject_serial: tokio::sync::Mutex<()>,
-    /// The log store's and state machine's canaries, gone once the core's tasks have all let
-    /// go of them and their streams are closed.
+    /// The log store's, state machine's and incarnations' canaries, gone once the core's
+    /// tasks and the cluster port's connections have all let go of them and their streams
+    /// are closed.
     storage: Vec<Weak<()>>,
 }
 
@@ -248,7 +249,8 @@ impl RaftNode {
         let network = TcpNetwork {
             tls: config.tls.clone(),
         };
-        let (raft, store, storage) = open(&config, applier, network, store).await?;
+        let (raft, store, mut storage) = open(&config, applier, network, store).await?;
+        storage.push(incarnations.liveness());
         let serving = tokio::spawn(serve(
             listener,
             raft.clone(),
