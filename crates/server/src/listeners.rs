@@ -32,6 +32,8 @@ pub struct ListenerConfig {
     pub tls_key: Option<PathBuf>,
     /// PEM CA certificates: client certificates are asked for and checked against them.
     pub tls_client_ca: Option<PathBuf>,
+    /// PEM revocation lists: a client certificate they list is refused (reloaded on SIGHUP).
+    pub tls_crl: Option<PathBuf>,
     #[serde(default)]
     pub require_client_cert: bool,
     #[serde(default)]
@@ -59,6 +61,7 @@ impl ListenerConfig {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            tls_crl: None,
             require_client_cert: false,
             use_identity_as_username: false,
             allow_anonymous: None,
@@ -85,6 +88,7 @@ impl ListenerConfig {
         }
         let needs_tls = [
             ("tls_client_ca", self.tls_client_ca.is_some()),
+            ("tls_crl", self.tls_crl.is_some()),
             ("require_client_cert", self.require_client_cert),
             ("use_identity_as_username", self.use_identity_as_username),
         ];
@@ -93,13 +97,15 @@ impl ListenerConfig {
                 return Err((key, "needs TLS (tls_cert and tls_key)".into()));
             }
         }
-        if (self.require_client_cert || self.use_identity_as_username)
+        if (self.require_client_cert || self.use_identity_as_username || self.tls_crl.is_some())
             && self.tls_client_ca.is_none()
         {
             let key = if self.require_client_cert {
                 "require_client_cert"
-            } else {
+            } else if self.use_identity_as_username {
                 "use_identity_as_username"
+            } else {
+                "tls_crl"
             };
             return Err((key, "needs tls_client_ca (client certificates)".into()));
         }
@@ -128,6 +134,7 @@ pub fn prepare(configs: &[ListenerConfig]) -> Result<Vec<Prepared>, (String, Tls
                     cert: cert.clone(),
                     key: key.clone(),
                     client_ca: config.tls_client_ca.clone(),
+                    crl: config.tls_crl.clone(),
                     require_client_cert: config.require_client_cert,
                 };
                 let state = TlsState::load(files).map_err(|e| (config.bind.clone(), e))?;

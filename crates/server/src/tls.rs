@@ -1,10 +1,14 @@
 //! TLS for listeners (rustls): certificates and keys from PEM files, optional client
-//! certificates, and the reload that swaps a listener's config while it serves.
+//! certificates checked against revocation lists, and the reload that swaps a listener's
+//! config while it serves.
 //!
 //! # Invariants
-//! - A reload either replaces a listener's whole config (certificate, key and client CA read
-//!   and checked together) or leaves it as it was: a bad file never takes TLS down.
-//! - Handshakes take the config current when they start; connections already up keep theirs.
+//! - A reload either replaces a listener's whole config (certificate, key, client CA and CRLs
+//!   read and checked together) or leaves it as it was: a bad file never takes TLS down.
+//! - Handshakes take the config current when they start; connections already up keep theirs
+//!   (a certificate revoked by a reloaded CRL is refused from the next handshake on).
+//! - With CRLs, a client certificate is checked as mosquitto's `crlfile` does: the end
+//!   certificate only, and one whose issuer has no CRL in the file is refused (status unknown).
 
 use std::fs::File;
 use std::io::BufReader;
@@ -13,7 +17,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use rustls::RootCertStore;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
 
 /// A TLS setup that cannot be used.
@@ -30,6 +34,10 @@ pub enum TlsError {
     NoKey { path: PathBuf },
     #[error("{path}: bad client CA certificate: {reason}")]
     BadCa { path: PathBuf, reason: String },
+    #[error("{path}: no PEM certificate revocation list (X509 CRL) found")]
+    NoCrl { path: PathBuf },
+    #[error("{path}: the revocation lists do not make a certificate check: {reason}")]
+    BadCrl { path: PathBuf, reason: String },
     #[error("certificate {cert} and key {key} do not make a TLS config: {reason}")]
     Config {
         cert: PathBuf,
@@ -44,6 +52,8 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub client_ca: Option<PathBuf>,
+    /// PEM revocation lists for the client certificates (with `client_ca` only).
+    pub crl: Option<PathBuf>,
     pub require_client_cert: bool,
 }
 
@@ -98,14 +108,26 @@ fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
                 })?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = match &files.crl {
+                None => verifier,
+                Some(crl) => verifier
+                    .with_crls(read_crls(crl)?)
+                    .only_check_end_entity_revocation(),
+            };
             let verifier = if files.require_client_cert {
                 verifier
             } else {
                 verifier.allow_unauthenticated()
             };
-            let verifier = verifier.build().map_err(|e| TlsError::BadCa {
-                path: path.clone(),
-                reason: e.to_string(),
+            let verifier = verifier.build().map_err(|e| match &files.crl {
+                Some(crl) => TlsError::BadCrl {
+                    path: crl.clone(),
+                    reason: e.to_string(),
+                },
+                None => TlsError::BadCa {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                },
             })?;
             builder.with_client_cert_verifier(verifier)
         }
@@ -140,6 +162,22 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
+/// The revocation lists in a PEM file (`-----BEGIN X509 CRL-----`); at least one.
+fn read_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let crls = rustls_pemfile::crls(&mut open(path)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| TlsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if crls.is_empty() {
+        return Err(TlsError::NoCrl {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(crls)
+}
+
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     rustls_pemfile::private_key(&mut open(path)?)
         .map_err(|source| TlsError::Read {
@@ -152,12 +190,14 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 }
 
 /// `[cluster] tls_cert`, `tls_key`, `tls_ca`: this node's certificate chain and key (used
-/// both to accept and to connect) and the cluster CA (`tern_raft::tls`).
+/// both to accept and to connect) and the cluster CA (`tern_raft::tls`); `tls_crl`, the
+/// cluster CA's revocation lists.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterTlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub ca: PathBuf,
+    pub crl: Option<PathBuf>,
 }
 
 /// Reads the cluster port's TLS files, with the listeners' PEM reading.
@@ -165,7 +205,11 @@ pub fn cluster_tls(files: &ClusterTlsFiles) -> Result<tern_raft::ClusterTls, Tls
     let chain = read_certs(&files.cert)?;
     let key = read_key(&files.key)?;
     let ca = read_certs(&files.ca)?;
-    tern_raft::ClusterTls::new(chain, key, ca).map_err(|e| TlsError::Config {
+    let crls = match &files.crl {
+        Some(path) => read_crls(path)?,
+        None => Vec::new(),
+    };
+    tern_raft::ClusterTls::new(chain, key, ca, crls).map_err(|e| TlsError::Config {
         cert: files.cert.clone(),
         key: files.key.clone(),
         reason: e.to_string(),
@@ -201,6 +245,7 @@ mod tests {
             cert: cert_path.clone(),
             key: key_path.clone(),
             client_ca: None,
+            crl: None,
             require_client_cert: false,
         };
         let state = TlsState::load(files.clone()).unwrap();

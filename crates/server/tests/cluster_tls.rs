@@ -43,10 +43,14 @@ fn node_config(id: usize, ports: &[u16], tls: &NodePki, listeners: &str) -> Stri
     } else {
         listeners
     };
+    let crl = tls
+        .crl
+        .as_ref()
+        .map_or(String::new(), |c| format!("tls_crl = {c:?}\n"));
     format!(
         "{listeners}\n[http]\ntoken = \"{TOKEN}\"\n\n\
          [cluster]\nnode_id = {id}\n\
-         bind = \"127.0.0.1:{}\"\npeers = [{}]\ntls_cert = {:?}\ntls_key = {:?}\ntls_ca = {:?}\n",
+         bind = \"127.0.0.1:{}\"\npeers = [{}]\ntls_cert = {:?}\ntls_key = {:?}\ntls_ca = {:?}\n{crl}",
         ports[id - 1],
         peers.join(", "),
         tls.cert,
@@ -123,7 +127,7 @@ fn tls_of(pki: &NodePki, ca: &Path) -> ClusterTls {
     ))
     .unwrap()
     .unwrap();
-    ClusterTls::new(chain, key, read_ca(ca)).unwrap()
+    ClusterTls::new(chain, key, read_ca(ca), Vec::new()).unwrap()
 }
 
 fn read_ca(ca: &Path) -> Vec<rustls::pki_types::CertificateDer<'static>> {
@@ -339,7 +343,29 @@ fn a_node_with_another_ca_never_joins() {
     pki.extend(make_cluster(dir.path(), "other", &["n3"]));
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let nodes = start(&pki, &ports);
-    let leader = wait_leader(&nodes, &[0, 1]);
+    node_3_never_joins(&nodes);
+}
+
+/// `[cluster] tls_crl`: node 3's certificate is from the cluster CA, but the CA's revocation
+/// list, which every node checks, names it. (Without the CRL the same certificates form a
+/// cluster of three: `a_tls_cluster_hands_its_leadership_over`.)
+#[test]
+fn a_node_whose_certificate_is_revoked_never_joins() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pki = make_cluster(dir.path(), "good", &["n1", "n2", "n3"]);
+    let crl = pki[2].revoked_in.clone();
+    for node in &mut pki {
+        node.crl = Some(crl.clone());
+    }
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let nodes = start(&pki, &ports);
+    node_3_never_joins(&nodes);
+}
+
+/// Nodes 1 and 2 elect a leader and commit; node 3, whose certificate they refuse (and it
+/// theirs), is never reached and learns nothing.
+fn node_3_never_joins(nodes: &[Broker]) {
+    let leader = wait_leader(nodes, &[0, 1]);
     let leader_node = &nodes[usize::try_from(leader).unwrap() - 1];
     // Node 3 refuses the leader's connections (and they its): its log says so.
     wait_for("node 3 refusing a handshake", || {
@@ -424,6 +450,18 @@ fn bad_cluster_tls_settings_stop_the_start() {
                 pki[0].cert, pki[0].cert, pki[0].ca
             ),
             "no PEM private key",
+        ),
+        (
+            format!("tls_crl = {:?}\n", pki[0].revoked_in),
+            "needs tls_cert",
+        ),
+        (
+            // A file without a CRL in it.
+            format!(
+                "tls_cert = {:?}\ntls_key = {:?}\ntls_ca = {:?}\ntls_crl = {:?}\n",
+                pki[0].cert, pki[0].key, pki[0].ca, pki[0].ca
+            ),
+            "no PEM certificate revocation list",
         ),
         (
             // Another node's key: rustls checks that it matches the certificate.

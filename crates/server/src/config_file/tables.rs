@@ -53,17 +53,25 @@ struct ClusterTable {
     tls_cert: Option<std::path::PathBuf>,
     tls_key: Option<std::path::PathBuf>,
     tls_ca: Option<std::path::PathBuf>,
+    /// The cluster CA's revocation lists (with the three above).
+    tls_crl: Option<std::path::PathBuf>,
 }
 
 impl ClusterTable {
     /// The TLS files, if all three are set; an error if only some are.
     fn tls_files(&self) -> Result<Option<crate::tls::ClusterTlsFiles>, ConfigFileError> {
         match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (None, None, None) if self.tls_crl.is_some() => Err(bad(
+                "tls_crl",
+                "[cluster]",
+                "needs tls_cert, tls_key and tls_ca (mutual TLS on the cluster port)".into(),
+            )),
             (None, None, None) => Ok(None),
             (Some(cert), Some(key), Some(ca)) => Ok(Some(crate::tls::ClusterTlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 ca: ca.clone(),
+                crl: self.tls_crl.clone(),
             })),
             _ => Err(bad(
                 "tls_cert/tls_key/tls_ca",

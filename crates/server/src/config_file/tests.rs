@@ -331,7 +331,8 @@ fn every_listener_key_is_accepted() {
     let c = parse(
         "[[listener]]\nbind = \"127.0.0.1:0\"\n\
          [[listener]]\nbind = \"127.0.0.1:1\"\ntransport = \"ws\"\ntls_cert = \"c.pem\"\n\
-         tls_key = \"k.pem\"\ntls_client_ca = \"ca.pem\"\nrequire_client_cert = true\n\
+         tls_key = \"k.pem\"\ntls_client_ca = \"ca.pem\"\ntls_crl = \"crl.pem\"\n\
+         require_client_cert = true\n\
          use_identity_as_username = true\nallow_anonymous = false\nmax_connections = 5\n",
     )
     .unwrap();
@@ -342,6 +343,7 @@ fn every_listener_key_is_accepted() {
         tls_cert: Some("c.pem".into()),
         tls_key: Some("k.pem".into()),
         tls_client_ca: Some("ca.pem".into()),
+        tls_crl: Some("crl.pem".into()),
         require_client_cert: true,
         use_identity_as_username: true,
         allow_anonymous: Some(false),
