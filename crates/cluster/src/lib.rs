@@ -33,5 +33,5 @@ pub mod replica;
 pub use disk::ReplicatedDisk;
 pub use error::ClusterError;
 pub use limits::RefusedConnections;
-pub use node::{ClusterConfig, ClusterNode, EngineFactory, NodeParts};
+pub use node::{ClusterConfig, ClusterNode, EngineFactory, LEADER_WAIT_MS, NodeParts};
 pub use replica::Replica;

@@ -34,6 +34,13 @@ use crate::replica::Replica;
 /// How long a client connection waits for a leader (or this node's engine) to appear before
 /// it is closed.
 pub const LEADER_WAIT_MS: u64 = 10_000;
+/// How many election timeouts (`election_timeout_max_ms`) a client connection waits while
+/// its node serves nobody (no leader known, or leading cut off from the majority) before it
+/// is closed, so that its client tries another node: a majority that can elect has done so
+/// by then; a node on the minority side of a partition would hold it until `LEADER_WAIT_MS`
+/// (clients gave up first: paho-based ones after their CONNACK timeout, 3 s in
+/// cluster-check, which made the majority look unavailable for 5.5 s after a cut).
+pub const LEADERLESS_WAIT_ELECTION_TIMEOUTS: u64 = 2;
 /// How often the lifecycle looks at the role even without a change (a failed engine start is
 /// tried again at this pace).
 pub const ROLE_CHECK_INTERVAL_MS: u64 = 200;
@@ -369,8 +376,19 @@ impl ClusterNode {
     /// this node became the leader meanwhile).
     async fn forward(&self, index: usize, mut stream: TcpStream, peer: SocketAddr) {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(LEADER_WAIT_MS);
+        let mut leaderless_since = None;
         loop {
             let status = self.status();
+            if status.serving_nobody() {
+                let since = *leaderless_since.get_or_insert_with(tokio::time::Instant::now);
+                let wait_ms = LEADERLESS_WAIT_ELECTION_TIMEOUTS * status.quorum_ack_max_age_ms;
+                if since.elapsed() >= Duration::from_millis(wait_ms) {
+                    tracing::info!(%peer, wait_ms, "cluster: this node serves nobody (no leader, or no quorum); client closed");
+                    return;
+                }
+            } else {
+                leaderless_since = None;
+            }
             match status.leader {
                 Some(leader) if leader == status.node_id => {
                     match self.to_engine(index, AcceptedSocket::Tcp(stream), peer) {

@@ -98,6 +98,13 @@ impl ClusterStatus {
                 .quorum_ack_age_ms
                 .is_none_or(|ms| ms > 2 * self.quorum_ack_max_age_ms)
     }
+
+    /// This node can serve no client now: it knows no leader, or it leads cut off from its
+    /// majority. (A follower that knows a leader may not reach it either, but learns of a
+    /// new one within an election timeout.)
+    pub fn serving_nobody(&self) -> bool {
+        !self.has_leader() || self.leader_cut_off()
+    }
 }
 
 /// The outcome of a proposal.

@@ -2,16 +2,19 @@
 //! "Interface"): `/api/v1/cluster` agrees on every node, `/readyz` is 200 on followers that
 //! run no broker and 503 on a node left without a quorum, `/metrics` carries the
 //! `tern_cluster_*` families (a follower's page has them alone), a fourth node is added as a
-//! learner and promoted, then removed, and leader transfer answers 501 (openraft 0.9).
+//! learner and promoted, then removed, leadership is transferred, and a node left without a
+//! quorum closes the clients it cannot serve.
 
 mod common;
 
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::http::{Response, get, request, request_json};
 use common::{Broker, free_port};
 use serde_json::Value;
+use tern_cluster::LEADER_WAIT_MS;
 
 const TOKEN: &str = "test-token-0123456789";
 /// Bound on each wait for something that must happen (elections on a loaded machine).
@@ -206,4 +209,21 @@ fn the_operator_surface_on_three_processes() {
     let page =
         common::prom::parse(&get(http(&survivor), "/metrics").body).expect("valid exposition");
     assert_eq!(page.value("tern_cluster_quorum_reachable", &[]), Some(0.0));
+
+    // A client that connects to it anyway is closed (no CONNACK) after a couple of election
+    // timeouts, so that it tries another node; it was held until `LEADER_WAIT_MS` (10 s)
+    // before, past a client's patience (a minority side of a partition looked like an outage).
+    let mut stream = std::net::TcpStream::connect(survivor.addr).expect("the listener accepts");
+    stream
+        .write_all(&common::raw::connect_bytes(4, 0x02, 30, "lost-soul", &[]))
+        .expect("CONNECT sent");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(LEADER_WAIT_MS / 2)))
+        .expect("timeout");
+    let mut answer = Vec::new();
+    match stream.read_to_end(&mut answer) {
+        Ok(_) => assert!(answer.is_empty(), "answered {answer:?}"),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("still held after {} ms: {e}", LEADER_WAIT_MS / 2),
+    }
 }
