@@ -221,9 +221,12 @@ fn in_syscall_on_sees_a_thread_blocked_on_a_socket() {
     let (mut a, mut b) = std::os::unix::net::UnixStream::pair().expect("socket pair");
     let fd = b.as_raw_fd() as u64;
     let pid = std::process::id() as i32;
+    // The reader hands its socket back: closed, its fd number could be reused at once by
+    // the other test's sockets, with a thread of theirs blocked on it (a false "seen").
     let reader = std::thread::spawn(move || {
         let mut byte = [0u8; 1];
         b.read_exact(&mut byte).expect("read");
+        b
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !in_syscall_on(pid, fd) {
@@ -234,6 +237,6 @@ fn in_syscall_on_sees_a_thread_blocked_on_a_socket() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     a.write_all(b"x").expect("write");
-    reader.join().expect("reader");
+    let _still_open = reader.join().expect("reader");
     assert!(!in_syscall_on(pid, fd), "seen after the read returned");
 }
