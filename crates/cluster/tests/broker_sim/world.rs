@@ -348,9 +348,36 @@ async fn open_store(dir: &Path, disk: &SimDisk) -> Result<Store, String> {
         match Store::open_with_vfs(dir, disk.vfs()) {
             Ok(s) => return Ok(s),
             Err(e) if started.elapsed() > Duration::from_secs(5) => {
-                return Err(format!("the Raft store does not open: {e}"));
+                return Err(format!(
+                    "the Raft store does not open: {e} (threads alive: {})",
+                    live_threads()
+                ));
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
+}
+
+/// This process's threads by name, with counts ("node-1 x2, tern-store-raft-log"): when a
+/// crashed node's store stays locked (seed 7844, session 14), whose threads outlived it —
+/// its runtime's (`node-N`: workers and blocking pool) or a store writer (`tern-store-*`).
+fn live_threads() -> String {
+    let mut names = std::collections::BTreeMap::<String, usize>::new();
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            *names.entry(name.trim().to_string()).or_default() += 1;
+        }
+    }
+    names
+        .iter()
+        .map(|(n, c)| {
+            if *c > 1 {
+                format!("{n} x{c}")
+            } else {
+                n.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
