@@ -428,7 +428,6 @@ impl ClusterNode {
     }
 }
 
-#[path = "node_clients.rs"]
 mod clients;
 
 #[cfg(test)]
