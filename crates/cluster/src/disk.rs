@@ -24,7 +24,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use tern_raft::{Consensus, Proposal, Role};
-use tern_store::vfs::{RealVfs, VFile, Vfs};
+use tern_store::vfs::{RealVfs, SyncDone, VFile, Vfs};
 
 use crate::limits::DiskLimits;
 pub use crate::limits::{DiskStats, MAX_PENDING_BYTES, MAX_PROPOSALS_IN_FLIGHT};
@@ -86,6 +86,18 @@ struct State {
     in_flight: usize,
     stats: DiskStats,
     failed: Option<String>,
+    /// Started syncs (`VFile::start_sync`) to tell once the count they cover is committed.
+    sync_done: Vec<(u64, SyncDone)>,
+}
+
+/// The started syncs now done (all of them once failed), to call without the lock.
+fn take_done(st: &mut State) -> Vec<SyncDone> {
+    let (committed, failed) = (st.committed, st.failed.is_some());
+    let (done, waiting) = std::mem::take(&mut st.sync_done)
+        .into_iter()
+        .partition(|(target, _)| failed || *target <= committed);
+    st.sync_done = waiting;
+    done.into_iter().map(|(_, d)| d).collect()
 }
 
 struct Inner {
@@ -244,8 +256,14 @@ impl Inner {
 
     /// Returns once every operation recorded before the call is committed.
     fn sync(&self) -> io::Result<()> {
+        let target = lock(&self.state).recorded;
+        self.wait_committed(target)
+    }
+
+    /// Returns once the first `target` recorded operations are committed, or the disk failed
+    /// (then never `Ok`: a failed disk commits nothing more).
+    fn wait_committed(&self, target: u64) -> io::Result<()> {
         let mut st = lock(&self.state);
-        let target = st.recorded;
         loop {
             if st.committed >= target {
                 return Ok(());
@@ -262,9 +280,11 @@ impl Inner {
         if st.failed.is_none() {
             st.failed = Some(reason.to_string());
         }
+        let done = take_done(&mut st);
         drop(st);
         self.progress.notify_all();
         self.work.notify_all();
+        done.into_iter().for_each(|d| d());
     }
 
     /// Waits for operations and takes one proposal's worth: the encoded operations and the
@@ -326,8 +346,25 @@ impl Inner {
         debug_assert!(st.in_flight > 0 && st.in_flight <= self.limits.proposals_in_flight);
         st.committed = st.committed.max(upto);
         st.in_flight = st.in_flight.saturating_sub(1);
+        let done = take_done(&mut st);
         drop(st);
         self.progress.notify_all();
+        done.into_iter().for_each(|d| d());
+    }
+
+    /// The operations recorded so far, and `done` called once they are committed or the disk
+    /// failed (at once if that is so already).
+    fn on_committed(&self, done: SyncDone) -> u64 {
+        let mut st = lock(&self.state);
+        let target = st.recorded;
+        if st.committed >= target || st.failed.is_some() {
+            drop(st);
+            done();
+        } else {
+            // Bounded: each stream writer keeps at most its few syncs in flight.
+            st.sync_done.push((target, done));
+        }
+        target
     }
 }
 
@@ -485,108 +522,7 @@ fn commit_loop(
     }
 }
 
-struct ReplicatedFile {
-    path: RelPath,
-    file: Arc<dyn VFile>,
-    disk: Arc<Inner>,
-}
-
-impl fmt::Debug for ReplicatedFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ReplicatedFile({})", self.path.as_str())
-    }
-}
-
-impl VFile for ReplicatedFile {
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.disk.write(&self.path, self.file.as_ref(), buf, offset)
-    }
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.disk.sync()
-    }
-    fn file_len(&self) -> io::Result<u64> {
-        self.file.file_len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        let op = PendingOp::Other(Op::SetLen {
-            path: self.path.clone(),
-            len,
-        });
-        self.disk.change(op, || self.file.set_len(len))
-    }
-    fn allocate(&self, len_bytes: u64) -> io::Result<()> {
-        let op = PendingOp::Other(Op::Allocate {
-            path: self.path.clone(),
-            len: len_bytes,
-        });
-        self.disk.change(op, || self.file.allocate(len_bytes))
-    }
-}
-
-impl Vfs for ReplicatedDisk {
-    fn open_rw(&self, path: &Path, create_new: bool) -> io::Result<Arc<dyn VFile>> {
-        let rel = self.inner.rel(path)?;
-        let file = if create_new {
-            let op = PendingOp::Other(Op::Create(rel.clone()));
-            self.inner.change(op, || RealVfs.open_rw(path, true))?
-        } else {
-            RealVfs.open_rw(path, false)?
-        };
-        Ok(Arc::new(ReplicatedFile {
-            path: rel,
-            file,
-            disk: self.inner.clone(),
-        }))
-    }
-    fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
-        RealVfs.read_file(path)
-    }
-    fn write_file(&self, path: &Path, data: &[u8]) -> io::Result<()> {
-        let op = PendingOp::Other(Op::WriteFile {
-            path: self.inner.rel(path)?,
-            data: Bytes::copy_from_slice(data),
-        });
-        self.inner.change(op, || RealVfs.write_file(path, data))
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        let op = PendingOp::Other(Op::Remove(self.inner.rel(path)?));
-        self.inner.change(op, || RealVfs.remove_file(path))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let (rel_from, rel_to) = (self.inner.rel(from)?, self.inner.rel(to)?);
-        self.inner.change_then(|| {
-            RealVfs.rename(from, to)?;
-            let mut ops = self.inner.copy_ops(to, &rel_to)?;
-            ops.push(PendingOp::Other(Op::Remove(rel_from)));
-            Ok(((), ops))
-        })
-    }
-    /// Replicated as a copy: the replica's file does not follow later writes to `from` (the
-    /// store links only sealed blocks, into snapshots, which nothing writes again).
-    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let rel_to = self.inner.rel(to)?;
-        self.inner.change_then(|| {
-            RealVfs.hard_link(from, to)?;
-            Ok(((), self.inner.copy_ops(to, &rel_to)?))
-        })
-    }
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        if dir == self.inner.root {
-            return RealVfs.create_dir_all(dir);
-        }
-        let op = PendingOp::Other(Op::CreateDir(self.inner.rel(dir)?));
-        self.inner.change(op, || RealVfs.create_dir_all(dir))
-    }
-    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
-        self.inner.sync()
-    }
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
-        RealVfs.list_dir(dir)
-    }
-}
+mod vfs;
 
 #[cfg(test)]
 #[path = "disk_tests.rs"]

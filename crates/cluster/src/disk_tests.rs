@@ -160,6 +160,84 @@ fn a_sync_returns_only_once_the_writes_before_it_are_committed() {
     );
 }
 
+/// A flag a started sync's `done` sets.
+fn done_flag() -> (Arc<AtomicBool>, tern_store::vfs::SyncDone) {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
+    (flag, Box::new(move || set.store(true, Ordering::SeqCst)))
+}
+
+#[test]
+fn a_started_sync_is_done_only_once_the_writes_before_it_are_committed() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    fake.held.store(true, Ordering::SeqCst);
+    let disk = start(&fake, dir.path(), &rt);
+    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    f.write_all_at(b"one", 0).unwrap();
+    let (done1, tell1) = done_flag();
+    let first = f
+        .start_sync(tell1)
+        .expect("a replicated file overlaps its syncs");
+    // The next batch is written while the first sync runs.
+    f.write_all_at(b"two", 3).unwrap();
+    let (done2, tell2) = done_flag();
+    let second = f.start_sync(tell2).expect("overlaps");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        tx.send((first.wait().is_ok(), second.wait().is_ok()))
+            .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !done1.load(Ordering::SeqCst) && !done2.load(Ordering::SeqCst),
+        "done before commit"
+    );
+    assert!(
+        rx.try_recv().is_err(),
+        "a started sync returned before its commit"
+    );
+    fake.held.store(false, Ordering::SeqCst);
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        (true, true)
+    );
+    wait_until("both told done", || {
+        done1.load(Ordering::SeqCst) && done2.load(Ordering::SeqCst)
+    });
+    // Nothing left to commit: a sync started now is done at once.
+    let (done3, tell3) = done_flag();
+    let third = f.start_sync(tell3).expect("overlaps");
+    assert!(done3.load(Ordering::SeqCst));
+    third.wait().unwrap();
+}
+
+#[test]
+fn a_started_sync_over_a_failed_proposal_is_done_and_fails() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    fake.held.store(true, Ordering::SeqCst);
+    let disk = start(&fake, dir.path(), &rt);
+    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    f.write_all_at(b"one", 0).unwrap();
+    let (done, tell) = done_flag();
+    let sync = f.start_sync(tell).expect("overlaps");
+    fake.failing.store(true, Ordering::SeqCst);
+    fake.held.store(false, Ordering::SeqCst);
+    assert!(
+        sync.wait().is_err(),
+        "a started sync over a failed proposal succeeded"
+    );
+    wait_until("done told", || done.load(Ordering::SeqCst));
+    // Started after the failure: done at once, and failed.
+    let (done, tell) = done_flag();
+    let late = f.start_sync(tell).expect("overlaps");
+    assert!(done.load(Ordering::SeqCst));
+    assert!(late.wait().is_err());
+}
+
 #[test]
 fn contiguous_writes_merge_and_others_keep_their_order() {
     let rt = runtime();

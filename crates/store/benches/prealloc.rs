@@ -46,6 +46,12 @@ impl VFile for OtherFile {
     fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
+    fn start_sync(
+        &self,
+        _done: tern_store::vfs::SyncDone,
+    ) -> Option<Box<dyn tern_store::vfs::SyncInFlight>> {
+        None
+    }
     fn file_len(&self) -> io::Result<u64> {
         self.0.file_len()
     }

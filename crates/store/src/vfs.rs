@@ -23,6 +23,19 @@ pub trait VFile: Send + Sync + Debug {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// `fdatasync`.
     fn sync_data(&self) -> io::Result<()>;
+    /// Starts a sync of everything written to the file so far and returns without waiting
+    /// for it, where this file system can run syncs side by side: a replicated disk, where
+    /// a sync is a consensus round and rounds overlap, so a writer writes its next batch
+    /// while the last one commits. `None` where it cannot; the caller then calls
+    /// `sync_data`, which blocks.
+    ///
+    /// Contract: a handle's `wait` returns `Ok` only once everything written to this file
+    /// before `start_sync` was called is as durable as after `sync_data`; once one sync of a
+    /// file failed, no later one of it succeeds (what the failed one did not make durable
+    /// may never be); `done` is called exactly once, when `wait` would no longer block
+    /// (also when `None` is returned: then at once, or never — the caller must not count on
+    /// it); the caller waits for its handles in the order it started them.
+    fn start_sync(&self, done: SyncDone) -> Option<Box<dyn SyncInFlight>>;
     fn file_len(&self) -> io::Result<u64>;
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Reserves the file's first `len_bytes` bytes and makes it at least that long, reading
@@ -31,6 +44,17 @@ pub trait VFile: Send + Sync + Debug {
     /// (see `recovery::preallocate`). Fails with `ErrorKind::Unsupported` where the file
     /// system cannot reserve space. Like any size change, durable once the file is synced.
     fn allocate(&self, len_bytes: u64) -> io::Result<()>;
+}
+
+/// Told that a sync started by [`VFile::start_sync`] is done (succeeded or failed), on
+/// whatever thread finished it. It must not block.
+pub type SyncDone = Box<dyn FnOnce() + Send>;
+
+/// A sync started by [`VFile::start_sync`], not yet waited for.
+pub trait SyncInFlight: Send {
+    /// Blocks until the sync is done: `Ok` as [`VFile::start_sync`] promises, or why what it
+    /// covers may never be durable.
+    fn wait(self: Box<Self>) -> io::Result<()>;
 }
 
 /// Directory and file operations.
@@ -96,6 +120,11 @@ impl VFile for RealFile {
     fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
+    fn start_sync(&self, _done: SyncDone) -> Option<Box<dyn SyncInFlight>> {
+        // `fdatasync` blocks its caller; running it beside the writer would take a thread
+        // of its own, and one local disk gains little from two syncs at once.
+        None
+    }
     fn file_len(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
     }
@@ -159,6 +188,11 @@ pub struct FaultPlan {
     pub writes_left: AtomicU64,
     /// Syncs (file or directory) still allowed before one fails.
     pub syncs_left: AtomicU64,
+    /// Files answer [`VFile::start_sync`] (off by default: as a real file, `None`).
+    pub overlapping_syncs: std::sync::atomic::AtomicBool,
+    /// Started and not yet waited for, now and at most so far.
+    pub syncs_in_flight: AtomicU64,
+    pub max_syncs_in_flight: AtomicU64,
 }
 
 impl FaultPlan {
@@ -177,6 +211,28 @@ impl FaultPlan {
     }
 }
 
+/// A sync started by a [`FaultyVfs`] file: an `fdatasync` (or its injected failure) on a
+/// thread of its own.
+struct FaultySync {
+    sync: Option<std::thread::JoinHandle<io::Result<()>>>,
+    plan: Arc<FaultPlan>,
+}
+
+impl SyncInFlight for FaultySync {
+    fn wait(mut self: Box<Self>) -> io::Result<()> {
+        match self.sync.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(res)) => res,
+            _ => Err(io::Error::other("the sync thread panicked")),
+        }
+    }
+}
+
+impl Drop for FaultySync {
+    fn drop(&mut self) {
+        self.plan.syncs_in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A [`Vfs`] that fails the Nth write or sync, for fault-injection tests.
 #[derive(Debug, Clone)]
 pub struct FaultyVfs {
@@ -189,6 +245,9 @@ impl Default for FaultyVfs {
             plan: Arc::new(FaultPlan {
                 writes_left: AtomicU64::new(u64::MAX),
                 syncs_left: AtomicU64::new(u64::MAX),
+                overlapping_syncs: std::sync::atomic::AtomicBool::new(false),
+                syncs_in_flight: AtomicU64::new(0),
+                max_syncs_in_flight: AtomicU64::new(0),
             }),
         }
     }
@@ -202,6 +261,15 @@ impl FaultyVfs {
     /// After `n` more successful syncs, every sync fails.
     pub fn fail_sync_after(&self, n: u64) {
         self.plan.syncs_left.store(n, Ordering::SeqCst);
+    }
+    /// Files start syncs that run side by side with later writes ([`VFile::start_sync`]), as
+    /// a replicated disk's do.
+    pub fn overlap_syncs(&self) {
+        self.plan.overlapping_syncs.store(true, Ordering::SeqCst);
+    }
+    /// The most syncs started and not yet waited for at once so far.
+    pub fn max_syncs_in_flight(&self) -> u64 {
+        self.plan.max_syncs_in_flight.load(Ordering::SeqCst)
     }
 }
 
@@ -232,6 +300,31 @@ impl VFile for FaultyFile {
             return Err(injected("fsync"));
         }
         self.inner.sync_data()
+    }
+    fn start_sync(&self, done: SyncDone) -> Option<Box<dyn SyncInFlight>> {
+        if !self.plan.overlapping_syncs.load(Ordering::SeqCst) {
+            return None;
+        }
+        let file = self.inner.0.try_clone().ok()?;
+        let now = self.plan.syncs_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.plan
+            .max_syncs_in_flight
+            .fetch_max(now, Ordering::SeqCst);
+        // Its own thread, so that it runs beside the writer's next batch.
+        let plan = self.plan.clone();
+        let sync = std::thread::spawn(move || {
+            let res = if FaultPlan::take(&plan.syncs_left) {
+                Err(injected("fsync"))
+            } else {
+                file.sync_data()
+            };
+            done();
+            res
+        });
+        Some(Box::new(FaultySync {
+            sync: Some(sync),
+            plan: self.plan.clone(),
+        }))
     }
     fn file_len(&self) -> io::Result<u64> {
         self.inner.file_len()

@@ -47,7 +47,12 @@ impl Writer {
         self.start();
         let sh = self.sh.clone();
         loop {
+            // A sync in flight that is done completes its tickets before anything else.
+            self.settle_done();
             let q = self.wait_for_work(&sh);
+            if q.is_empty() && !q.closed && self.oldest_sync_done() {
+                continue;
+            }
             if self.turn_from_queue(q, false) {
                 self.finish();
                 return;
@@ -105,11 +110,12 @@ impl Writer {
                 .is_some_and(|at| self.sh.vfs.monotonic_ns() >= at)
     }
 
-    /// Sleeps until something is queued, the stream is closed or a timer is due.
+    /// Sleeps until something is queued, the stream is closed, a timer is due or the oldest
+    /// sync in flight is done.
     fn wait_for_work<'a>(&self, sh: &'a Shared) -> MutexGuard<'a, Queue> {
         let mut q = lock(&sh.queue);
         let mut timed_out = false;
-        while q.is_empty() && !q.closed && !timed_out {
+        while q.is_empty() && !q.closed && !timed_out && !self.oldest_sync_done() {
             q.writer_waiting = true;
             match self.next_timer_ns() {
                 None => q = sh.writer_cv.wait(q).unwrap_or_else(|e| e.into_inner()),

@@ -16,6 +16,8 @@ impl Writer {
 
     pub(super) fn fail(&mut self, e: StoreError) {
         self.failed = true;
+        // Syncs still running are never settled: what they cover is cut back below.
+        self.in_flight.clear();
         self.staged_run = None;
         self.out.clear();
         // After a failed write or sync the page cache may show data that is not on disk and,
@@ -58,6 +60,8 @@ impl Writer {
     /// sync per block): otherwise write-back may persist records of the new block without
     /// its first page, and recovery would quarantine a block whose header reads as zeros.
     pub(super) fn roll(&mut self, base_seq: u64) -> Result<()> {
+        // What is in flight belongs to the old block: settled while it is still active.
+        self.settle_all()?;
         let sh = self.sh.clone();
         let (old_path, ix, ix_path) = {
             let mut st = lock(&sh.state);
@@ -122,6 +126,11 @@ impl Writer {
     /// `buf` is the turn's inbox, which the staged run indexes.
     pub(super) fn commit(&mut self, buf: &[u8], force_sync: bool) -> Result<()> {
         let sh = self.sh.clone();
+        // Decided before the write: the first write into a block reserves it.
+        let pipeline = !force_sync && self.may_pipeline();
+        if !pipeline {
+            self.settle_all()?;
+        }
         // Only error messages need the path: look it up then, not on every commit.
         let active_path = || lock(&sh.state).active().path.clone();
         let run = self.staged_run.take();
@@ -156,6 +165,19 @@ impl Writer {
             SyncPolicy::Interval(_) => force_sync,
             SyncPolicy::Never => false,
         };
+        if pipeline {
+            if sync_now && self.file_dirty && self.start_pipelined_sync()? {
+                // Published when the sync settles (`pipeline`); only the accounting now.
+                let applied = self.inbox_applied - self.inbox_accounted;
+                self.inbox_accounted = self.inbox_applied;
+                sh.unwritten_bytes
+                    .fetch_sub(applied as u64, Ordering::Relaxed);
+                sh.written_seq.fetch_max(self.written_seq, Ordering::SeqCst);
+                return Ok(());
+            }
+            // Below, `synced_seq` becomes `written_seq`: only true once all before it is.
+            self.settle_all()?;
+        }
         if sync_now && self.file_dirty {
             if Injected::of(&sh).ack_before_fsync {
                 // The injected bug: tickets complete before their data is durable.

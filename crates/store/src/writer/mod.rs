@@ -6,7 +6,9 @@
 //! `fdatasync` (policy `Always`), moves blocks that removals emptied into `trash/` (then one
 //! directory fsync), and only then publishes the new durable sequence, which completes every
 //! ticket up to it in order. A block roll splits a turn in two commits, and the roll's own
-//! syncs run without the lock; compaction runs after the commit, also mostly unlocked.
+//! syncs run without the lock; compaction runs after the commit, also mostly unlocked. On a
+//! file system whose syncs overlap (a replicated disk), a turn of plain appends starts its
+//! sync and publishes it later, in order, while the next turns write (`pipeline`).
 //!
 //! # Invariants
 //! - Records reach the file in sequence order; a batch never spans two blocks.
@@ -46,6 +48,7 @@ mod compact;
 mod drive;
 mod io;
 mod limits;
+mod pipeline;
 mod snapshot;
 
 /// Defects the simulator's sensitivity tests ask the store to have (see `crate::vfs::Bugs`).
@@ -152,6 +155,8 @@ pub(crate) struct Writer {
     /// Hands trash to the reaper thread; `None` with stepped writers, which unlink inline.
     reaper: Option<SyncSender<Vec<PathBuf>>>,
     reaper_thread: Option<std::thread::JoinHandle<()>>,
+    /// Commits whose sync is still running, oldest first (`pipeline`).
+    in_flight: VecDeque<pipeline::InFlight>,
 }
 
 /// A duration in ns, saturating (a timer centuries away never fires).
@@ -221,6 +226,7 @@ impl Writer {
             compact_budget: 0,
             compact_replies: Vec::new(),
             snapshots: Vec::new(),
+            in_flight: VecDeque::new(),
         }
     }
 
@@ -293,6 +299,8 @@ impl Writer {
             return;
         }
         if self.compact_budget > 0 {
+            // A turn that compacts did not pipeline its commit (`may_pipeline`).
+            debug_assert!(self.in_flight.is_empty());
             let budget = std::mem::take(&mut self.compact_budget);
             let res = compact::compact(self, budget).and_then(|()| {
                 if self.unlink.is_empty() {

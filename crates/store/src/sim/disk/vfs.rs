@@ -86,6 +86,10 @@ impl VFile for SimFile {
     fn sync_data(&self) -> io::Result<()> {
         self.disk.file_sync(self)
     }
+    fn start_sync(&self, _done: crate::vfs::SyncDone) -> Option<Box<dyn crate::vfs::SyncInFlight>> {
+        // The simulated disk's syncs are steps of the simulation, one at a time.
+        None
+    }
     fn file_len(&self) -> io::Result<u64> {
         self.disk.file_len(self)
     }
