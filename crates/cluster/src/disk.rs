@@ -111,6 +111,8 @@ struct Inner {
     work: Condvar,
     /// The proposer thread, until [`ReplicatedDisk::join_proposer`] takes it.
     proposer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Becomes `true` when the disk fails: the committer stops waiting for commits then.
+    failed_tx: tokio::sync::watch::Sender<bool>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -282,6 +284,7 @@ impl Inner {
         }
         let done = take_done(&mut st);
         drop(st);
+        self.failed_tx.send_replace(true);
         self.progress.notify_all();
         self.work.notify_all();
         done.into_iter().for_each(|d| d());
@@ -411,6 +414,7 @@ impl ReplicatedDisk {
             progress: Condvar::new(),
             work: Condvar::new(),
             proposer: Mutex::new(None),
+            failed_tx: tokio::sync::watch::channel(false).0,
         });
         let proposer = inner.clone();
         let thread = std::thread::Builder::new()
@@ -426,8 +430,9 @@ impl ReplicatedDisk {
     }
 
     /// After [`ReplicatedDisk::fail`]: waits (blocking) until the proposer has stopped, so
-    /// that no proposal of this disk can enter the log after this returns (a proposal in
-    /// flight is waited for). Call it from a blocking thread.
+    /// that no proposal of this disk can enter the log after this returns (a submission in
+    /// progress is waited for; a submitted proposal is already ahead of anything proposed
+    /// later, and its commit is not: it may never come). Call it from a blocking thread.
     pub fn join_proposer(&self) {
         debug_assert!(self.failure().is_some(), "join_proposer before fail");
         let thread = self
@@ -514,10 +519,21 @@ fn commit_loop(
     rx: &std::sync::mpsc::Receiver<(Proposal, u64)>,
     runtime: &tokio::runtime::Handle,
 ) {
+    let mut failed = inner.failed_tx.subscribe();
     while let Ok((proposal, upto)) = rx.recv() {
-        match runtime.block_on(proposal) {
-            Ok(_) => inner.committed(upto),
-            Err(e) => return inner.fail(&format!("proposal failed: {e}")),
+        // Once the disk failed nobody waits for a commit (its syncs fail), and the proposal
+        // may never commit: a leader cut off from its followers keeps it pending until a new
+        // leader's term reaches it. Stopping the engine must not wait for that.
+        let outcome = runtime.block_on(async {
+            tokio::select! {
+                r = proposal => Some(r),
+                _ = failed.wait_for(|f| *f) => None,
+            }
+        });
+        match outcome {
+            Some(Ok(_)) => inner.committed(upto),
+            Some(Err(e)) => return inner.fail(&format!("proposal failed: {e}")),
+            None => return,
         }
     }
 }

@@ -295,6 +295,41 @@ fn a_failed_proposal_fails_the_disk_for_good() {
 }
 
 #[test]
+fn join_proposer_returns_while_a_proposal_never_commits() {
+    // The leader cut off from every follower: its last proposals never commit. Stopping the
+    // engine (shutdown, a lost quorum) must not wait for them: `tern serve` did not exit on
+    // SIGTERM when its followers had died under load (session 15).
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    fake.held.store(true, Ordering::SeqCst);
+    let disk = start(&fake, dir.path(), &rt);
+    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    f.write_all_at(b"stuck", 0).unwrap();
+    let syncing = f.clone();
+    let sync = std::thread::spawn(move || syncing.sync_data());
+    wait_until("the proposal submitted", || {
+        fake.submits.load(Ordering::SeqCst) >= 1
+    });
+    disk.fail("shutting down");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let joining = disk.clone();
+    std::thread::spawn(move || {
+        joining.join_proposer();
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "join_proposer still waits for a proposal that cannot commit"
+    );
+    assert!(
+        sync.join().unwrap().is_err(),
+        "a sync over an uncommitted proposal succeeded"
+    );
+    fake.held.store(false, Ordering::SeqCst); // lets the runtime's task finish
+}
+
+#[test]
 fn a_disk_of_an_old_term_proposes_nothing() {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();

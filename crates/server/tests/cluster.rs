@@ -413,3 +413,36 @@ fn a_rolling_restart_under_load_loses_nothing() {
     assert!(dup.is_empty(), "QoS 2 duplicates {dup:?}");
     assert!(order.is_empty(), "reordered {order:?}");
 }
+
+/// A leader whose followers died while it had proposals in flight: SIGTERM must still stop
+/// it. Its engine's stop waited for those proposals' commits, which cannot come without a
+/// quorum (`tern serve` hung for good, found by hand in session 15; the bound below is a
+/// hang detector, not a speed claim: it exits in ~0.1 s).
+#[test]
+fn a_leader_exits_on_sigterm_right_after_its_followers_died_under_load() {
+    let mut cluster = Cluster::start();
+    let leader = cluster.wait_leader(Duration::from_secs(20));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut p = Publisher::new("lone-pub", Protocol::V3_1_1, 1, "lone/x");
+    p.limit = u64::MAX;
+    let h = rt.spawn(p.run(cluster.addrs[leader], Duration::from_secs(10), false));
+    std::thread::sleep(Duration::from_millis(1500));
+    for (i, node) in cluster.nodes.iter_mut().enumerate() {
+        if i != leader {
+            node.kill();
+        }
+    }
+    // Before the node notices it lost its quorum (two election timeouts): proposals pend.
+    std::thread::sleep(Duration::from_millis(300));
+    cluster.nodes[leader].signal(libc::SIGTERM);
+    let status = cluster.nodes[leader].wait_exit(Duration::from_secs(20));
+    let p = rt.block_on(h).expect("publisher");
+    assert!(
+        !p.acked.is_empty(),
+        "the premise: the leader was under load"
+    );
+    assert!(
+        status.code().is_some(),
+        "exited by itself, not by a signal: {status:?}"
+    );
+}
