@@ -157,6 +157,8 @@ pub(crate) struct Writer {
     reaper_thread: Option<std::thread::JoinHandle<()>>,
     /// Commits whose sync is still running, oldest first (`pipeline`).
     in_flight: VecDeque<pipeline::InFlight>,
+    /// The file system runs no syncs side by side (`VFile::start_sync` said so once).
+    overlap_refused: bool,
 }
 
 /// A duration in ns, saturating (a timer centuries away never fires).
@@ -227,6 +229,7 @@ impl Writer {
             compact_replies: Vec::new(),
             snapshots: Vec::new(),
             in_flight: VecDeque::new(),
+            overlap_refused: false,
         }
     }
 

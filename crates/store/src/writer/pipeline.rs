@@ -40,7 +40,8 @@ impl Writer {
     /// Whether this commit may leave its sync running: the turn appended records and did
     /// nothing whose reply or follow-up needs its sync first.
     pub(super) fn may_pipeline(&self) -> bool {
-        self.sh.config.sync == SyncPolicy::Always
+        !self.overlap_refused
+            && self.sh.config.sync == SyncPolicy::Always
             && !self.sh.is_stepped()
             && !Injected::of(&self.sh).ack_before_fsync
             && self.active_reserved
@@ -61,6 +62,9 @@ impl Writer {
         }
         let done = Arc::new(AtomicBool::new(false));
         let Some(sync) = self.active_file.start_sync(wake_writer(&self.sh, &done)) else {
+            // The file system's answer for every file: not asked again (a real disk's
+            // commits pay nothing for the pipeline after the first).
+            self.overlap_refused = true;
             return Ok(false);
         };
         self.sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
