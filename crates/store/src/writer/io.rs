@@ -131,52 +131,16 @@ impl Writer {
         if !pipeline {
             self.settle_all()?;
         }
+        let reserved_bytes = self.write_staged(buf)?;
         // Only error messages need the path: look it up then, not on every commit.
         let active_path = || lock(&sh.state).active().path.clone();
-        let run = self.staged_run.take();
-        let data: &[u8] = match &run {
-            Some(run) => &buf[run.clone()],
-            None => &self.out,
-        };
-        let mut reserved_bytes = None;
-        if !data.is_empty() && !self.active_reserved {
-            // Once per block: the size change is durable with this commit's sync.
-            self.active_reserved = true;
-            let path = active_path();
-            reserved_bytes = Some(crate::recovery::preallocate(
-                &*self.active_file,
-                &path,
-                sh.config.block_size_bytes,
-            ));
-        }
-        if !data.is_empty() {
-            let len = data.len();
-            let res = self.active_file.write_all_at(data, self.active_len);
-            self.out.clear();
-            res.map_err(|e| StoreError::io("write", active_path(), &e))?;
-            self.active_len += len as u64;
-            let c = &sh.counters;
-            c.writes.fetch_add(1, Ordering::Relaxed);
-            c.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
-            self.file_dirty = true;
-        }
         let sync_now = match sh.config.sync {
             SyncPolicy::Always => true,
             SyncPolicy::Interval(_) => force_sync,
             SyncPolicy::Never => false,
         };
-        if pipeline {
-            if sync_now && self.file_dirty && self.start_pipelined_sync()? {
-                // Published when the sync settles (`pipeline`); only the accounting now.
-                let applied = self.inbox_applied - self.inbox_accounted;
-                self.inbox_accounted = self.inbox_applied;
-                sh.unwritten_bytes
-                    .fetch_sub(applied as u64, Ordering::Relaxed);
-                sh.written_seq.fetch_max(self.written_seq, Ordering::SeqCst);
-                return Ok(());
-            }
-            // Below, `synced_seq` becomes `written_seq`: only true once all before it is.
-            self.settle_all()?;
+        if pipeline && self.commit_pipelined(sync_now)? {
+            return Ok(());
         }
         if sync_now && self.file_dirty {
             if Injected::of(&sh).ack_before_fsync {
@@ -230,6 +194,42 @@ impl Writer {
             }
         }
         Ok(())
+    }
+
+    /// Writes the turn's staged bytes at the end of the active block (reserving the block
+    /// first, once); returns what the reservation made the block, if it ran.
+    fn write_staged(&mut self, buf: &[u8]) -> Result<Option<u64>> {
+        let sh = self.sh.clone();
+        // Only error messages need the path: look it up then, not on every commit.
+        let active_path = || lock(&sh.state).active().path.clone();
+        let run = self.staged_run.take();
+        let data: &[u8] = match &run {
+            Some(run) => &buf[run.clone()],
+            None => &self.out,
+        };
+        let mut reserved_bytes = None;
+        if !data.is_empty() && !self.active_reserved {
+            // Once per block: the size change is durable with this commit's sync.
+            self.active_reserved = true;
+            let path = active_path();
+            reserved_bytes = Some(crate::recovery::preallocate(
+                &*self.active_file,
+                &path,
+                sh.config.block_size_bytes,
+            ));
+        }
+        if !data.is_empty() {
+            let len = data.len();
+            let res = self.active_file.write_all_at(data, self.active_len);
+            self.out.clear();
+            res.map_err(|e| StoreError::io("write", active_path(), &e))?;
+            self.active_len += len as u64;
+            let c = &sh.counters;
+            c.writes.fetch_add(1, Ordering::Relaxed);
+            c.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
+            self.file_dirty = true;
+        }
+        Ok(reserved_bytes)
     }
 
     pub(super) fn final_sync(&mut self) {

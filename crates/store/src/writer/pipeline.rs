@@ -96,6 +96,24 @@ impl Writer {
         }
     }
 
+    /// The end of a commit that may be pipelined, its bytes written: starts their sync and
+    /// does the accounting (publishing waits for the settle). `false`: the commit goes on as
+    /// before, once every sync in flight has settled (it makes `synced_seq` the written one,
+    /// true only then).
+    pub(super) fn commit_pipelined(&mut self, sync_now: bool) -> Result<bool> {
+        if sync_now && self.file_dirty && self.start_pipelined_sync()? {
+            let applied = self.inbox_applied - self.inbox_accounted;
+            self.inbox_accounted = self.inbox_applied;
+            let sh = &self.sh;
+            sh.unwritten_bytes
+                .fetch_sub(applied as u64, Ordering::Relaxed);
+            sh.written_seq.fetch_max(self.written_seq, Ordering::SeqCst);
+            return Ok(true);
+        }
+        self.settle_all()?;
+        Ok(false)
+    }
+
     /// Waits for every sync in flight, publishing each.
     pub(super) fn settle_all(&mut self) -> Result<()> {
         while !self.in_flight.is_empty() {
