@@ -92,6 +92,9 @@ struct State {
 
 /// The started syncs now done (all of them once failed), to call without the lock.
 fn take_done(st: &mut State) -> Vec<SyncDone> {
+    if st.sync_done.is_empty() {
+        return Vec::new(); // most commits: nobody started a sync (no allocation)
+    }
     let (committed, failed) = (st.committed, st.failed.is_some());
     let (done, waiting) = std::mem::take(&mut st.sync_done)
         .into_iter()

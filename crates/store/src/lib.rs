@@ -119,6 +119,7 @@ pub use store::Store;
 pub use stream::{NewRecord, ReadBatch, Record, Stream, StreamInfo, StreamMetrics, TopicStats};
 pub use ticket::Ticket;
 pub use wake::DeferWakes;
+pub use writer::MAX_SYNCS_IN_FLIGHT;
 
 /// The process-wide switch of a crate's injectable bugs, for its simulator (the test-only
 /// cargo feature `inject` of tern-broker, tern-raft and tern-cluster): `inject_switch!(pub

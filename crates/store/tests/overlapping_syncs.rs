@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tern_store::vfs::FaultyVfs;
-use tern_store::{Store, StreamConfig};
+use tern_store::{MAX_SYNCS_IN_FLIGHT, Store, StreamConfig};
 
 fn cfg() -> StreamConfig {
     StreamConfig {
@@ -120,6 +120,12 @@ fn overlapping_syncs_lose_nothing_acknowledged_and_really_overlap() {
     assert!(
         vfs.max_syncs_in_flight() >= 2,
         "no two syncs overlapped (max {})",
+        vfs.max_syncs_in_flight()
+    );
+    // The limit: a writer never runs more than its named number of syncs at once.
+    assert!(
+        vfs.max_syncs_in_flight() <= MAX_SYNCS_IN_FLIGHT as u64,
+        "{} syncs in flight at once",
         vfs.max_syncs_in_flight()
     );
     check_reopened(dir.path(), &outcomes, &deleted);

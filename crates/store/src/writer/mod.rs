@@ -49,6 +49,7 @@ mod drive;
 mod io;
 mod limits;
 mod pipeline;
+pub use pipeline::MAX_SYNCS_IN_FLIGHT;
 mod snapshot;
 
 /// Defects the simulator's sensitivity tests ask the store to have (see `crate::vfs::Bugs`).

@@ -12,7 +12,8 @@
 //! - Syncs settle in the order they started; settling one publishes the block length and
 //!   sequence it covers, so `synced_len`, `synced_seq` and the durable sequence only grow,
 //!   and no ticket completes before a sync covering its record returned `Ok`.
-//! - At most `MAX_SYNCS_IN_FLIGHT` syncs are in flight; between turns at most one less.
+//! - At most `MAX_SYNCS_IN_FLIGHT` syncs are in flight: when that many are, the oldest
+//!   settles (blocking) before the next starts.
 //! - A failed sync fails the stream: `fail` cuts the active block back to the last settled
 //!   length, which is before every record of the failed sync and of those behind it.
 
@@ -23,7 +24,7 @@ use crate::vfs::SyncInFlight;
 
 /// Syncs one writer keeps running at once (a replicated disk runs up to its
 /// `MAX_PROPOSALS_IN_FLIGHT` rounds side by side, for every stream together).
-pub(super) const MAX_SYNCS_IN_FLIGHT: usize = 4;
+pub const MAX_SYNCS_IN_FLIGHT: usize = 4;
 
 /// A commit whose sync was started and not yet settled.
 pub(super) struct InFlight {
