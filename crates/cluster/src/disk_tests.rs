@@ -12,7 +12,7 @@ use bytes::Bytes;
 use tern_raft::{
     Applier, ClusterStatus, Committed, Consensus, ConsensusError, LogIndex, NodeId, Proposal, Role,
 };
-use tern_store::vfs::Vfs;
+use tern_store::vfs::{VFile, Vfs};
 
 use super::{DiskLimits, ReplicatedDisk};
 use crate::ops::Op;
@@ -128,15 +128,38 @@ fn start(fake: &Arc<Fake>, root: &Path, rt: &tokio::runtime::Runtime) -> Replica
     ReplicatedDisk::start(root.to_path_buf(), fake.clone(), 0, rt.handle().clone()).unwrap()
 }
 
-#[test]
-fn a_sync_returns_only_once_the_writes_before_it_are_committed() {
+/// A disk over a consensus whose commits wait (`held`), with file `a` just written `data`:
+/// its proposal is submitted (or about to be) and does not commit until released.
+struct HeldWrite {
+    fake: Arc<Fake>,
+    disk: ReplicatedDisk,
+    file: Arc<dyn VFile>,
+    dir: tempfile::TempDir,
+    /// Last: the proposer's and committer's runtime outlives the disk.
+    _rt: tokio::runtime::Runtime,
+}
+
+fn held_write(data: &[u8]) -> HeldWrite {
     let rt = runtime();
     let dir = tempfile::tempdir().unwrap();
     let fake = Arc::new(Fake::default());
     fake.held.store(true, Ordering::SeqCst);
     let disk = start(&fake, dir.path(), &rt);
-    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
-    f.write_all_at(b"hello", 0).unwrap();
+    let file = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    file.write_all_at(data, 0).unwrap();
+    HeldWrite {
+        fake,
+        disk,
+        file,
+        dir,
+        _rt: rt,
+    }
+}
+
+#[test]
+fn a_sync_returns_only_once_the_writes_before_it_are_committed() {
+    let h = held_write(b"hello");
+    let (fake, f, dir) = (&h.fake, &h.file, &h.dir);
     let (tx, rx) = std::sync::mpsc::channel();
     let syncing = f.clone();
     std::thread::spawn(move || tx.send(syncing.sync_data().is_ok()).unwrap());
@@ -169,13 +192,8 @@ fn done_flag() -> (Arc<AtomicBool>, tern_store::vfs::SyncDone) {
 
 #[test]
 fn a_started_sync_is_done_only_once_the_writes_before_it_are_committed() {
-    let rt = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let fake = Arc::new(Fake::default());
-    fake.held.store(true, Ordering::SeqCst);
-    let disk = start(&fake, dir.path(), &rt);
-    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
-    f.write_all_at(b"one", 0).unwrap();
+    let h = held_write(b"one");
+    let (fake, f) = (&h.fake, &h.file);
     let (done1, tell1) = done_flag();
     let first = f
         .start_sync(tell1)
@@ -215,13 +233,8 @@ fn a_started_sync_is_done_only_once_the_writes_before_it_are_committed() {
 
 #[test]
 fn a_started_sync_over_a_failed_proposal_is_done_and_fails() {
-    let rt = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let fake = Arc::new(Fake::default());
-    fake.held.store(true, Ordering::SeqCst);
-    let disk = start(&fake, dir.path(), &rt);
-    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
-    f.write_all_at(b"one", 0).unwrap();
+    let h = held_write(b"one");
+    let (fake, f) = (&h.fake, &h.file);
     let (done, tell) = done_flag();
     let sync = f.start_sync(tell).expect("overlaps");
     fake.failing.store(true, Ordering::SeqCst);
@@ -299,13 +312,8 @@ fn join_proposer_returns_while_a_proposal_never_commits() {
     // The leader cut off from every follower: its last proposals never commit. Stopping the
     // engine (shutdown, a lost quorum) must not wait for them: `tern serve` did not exit on
     // SIGTERM when its followers had died under load (session 15).
-    let rt = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let fake = Arc::new(Fake::default());
-    fake.held.store(true, Ordering::SeqCst);
-    let disk = start(&fake, dir.path(), &rt);
-    let f = disk.open_rw(&dir.path().join("a"), true).unwrap();
-    f.write_all_at(b"stuck", 0).unwrap();
+    let h = held_write(b"stuck");
+    let (fake, disk, f) = (&h.fake, &h.disk, &h.file);
     let syncing = f.clone();
     let sync = std::thread::spawn(move || syncing.sync_data());
     wait_until("the proposal submitted", || {
