@@ -97,6 +97,9 @@ impl Vfs for Other {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         RealVfs.rename(from, to)
     }
+    fn discard(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealVfs.discard(from, to)
+    }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         RealVfs.create_dir_all(dir)
     }

@@ -66,6 +66,13 @@ pub trait Vfs: Send + Sync + Debug {
     fn write_file(&self, path: &Path, data: &[u8]) -> io::Result<()>;
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Moves a file that is being thrown away from `from` to `to`, where nothing reads it
+    /// again and it is only removed later (the store's `trash/`). The contract is that of a
+    /// rename for `from` (gone, durably so once its directory is synced); of `to` only that
+    /// it may exist until removed. A file system may therefore keep `to`'s contents or not:
+    /// the replicated disk records only the removal of `from`, where a rename would copy
+    /// the data nobody reads through consensus.
+    fn discard(&self, from: &Path, to: &Path) -> io::Result<()>;
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// `fsync` of a directory, making creates, renames and removes in it durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
@@ -159,6 +166,9 @@ impl Vfs for RealVfs {
         fs::remove_file(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+    fn discard(&self, from: &Path, to: &Path) -> io::Result<()> {
         fs::rename(from, to)
     }
     fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -363,6 +373,9 @@ impl Vfs for FaultyVfs {
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         RealVfs.rename(from, to)
+    }
+    fn discard(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealVfs.discard(from, to)
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         RealVfs.create_dir_all(dir)

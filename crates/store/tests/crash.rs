@@ -307,6 +307,9 @@ impl Vfs for AckBeforeFsync {
     fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
         RealVfs.rename(from, to)
     }
+    fn discard(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        RealVfs.discard(from, to)
+    }
     fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
         RealVfs.create_dir_all(dir)
     }

@@ -113,6 +113,17 @@ impl Vfs for ReplicatedDisk {
             Ok(((), ops))
         })
     }
+    /// Replicated as the removal of `from` only: `to` is never read (the contract), so its
+    /// data is not copied through consensus; the replica has no `to`, and its later
+    /// removal is a removal of a missing file there (done).
+    fn discard(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let rel_from = self.inner.rel(from)?;
+        self.inner.rel(to)?;
+        self.inner.change_then(|| {
+            RealVfs.rename(from, to)?;
+            Ok(((), vec![PendingOp::Other(Op::Remove(rel_from))]))
+        })
+    }
     /// Replicated as a copy: the replica's file does not follow later writes to `from` (the
     /// store links only sealed blocks, into snapshots, which nothing writes again).
     fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {

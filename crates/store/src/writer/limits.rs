@@ -168,7 +168,8 @@ impl Writer {
     }
 
     /// Makes the removal of emptied blocks durable at a cost per block, not per byte: each
-    /// block file and its index are renamed into `trash/` (metadata changes) and the
+    /// block file and its index are moved into `trash/` (`Vfs::discard`: a rename on a real
+    /// disk, metadata changes; on a replicated disk only the removal is replicated) and the
     /// directory fsynced; freeing the data, which costs the kernel time in proportion to
     /// the file size, is left to the reaper thread (done inline by stepped writers), which
     /// touches nothing but `trash/` (so the stream directory changes only in the writer's
@@ -199,7 +200,7 @@ impl Writer {
             }
             renamed = true;
             let to = trash.join(name);
-            match sh.vfs.rename(&b.path, &to) {
+            match sh.vfs.discard(&b.path, &to) {
                 Ok(()) => reap.push(to),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(StoreError::io("rename block to trash", &b.path, &e)),
@@ -208,7 +209,7 @@ impl Writer {
             let ix = b.index_path();
             if let Some(name) = ix.file_name() {
                 let to = trash.join(name);
-                if sh.vfs.rename(&ix, &to).is_ok() {
+                if sh.vfs.discard(&ix, &to).is_ok() {
                     reap.push(to);
                 }
             }

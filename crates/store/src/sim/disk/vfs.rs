@@ -37,6 +37,10 @@ impl Vfs for SimVfs {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.disk.rename(self.boot, from, to)
     }
+    /// A rename, with a rename's crash behaviour: the strictest reading of the contract.
+    fn discard(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.disk.rename(self.boot, from, to)
+    }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         self.disk.create_dir_all(self.boot, dir)
     }
