@@ -72,6 +72,9 @@
 #       lose-ownership-on-takeover         a deposed leader's engine keeps serving its connections
 #       random-pubrel-order                a PUBREL jumps ahead of PUBRELs queued before it (the
 #                                          broker's bug above, seen through the cluster's checker)
+#       ack-at-sync-start                  the broker's store completes a pipelined commit's tickets
+#                                          when its sync starts on the replicated disk, not once a
+#                                          majority committed it (PUBACK before the commit)
 # Prints each seed's line with its digest (the disk's trace and every client packet: equal
 # digests, the same run), each failing seed (violations, replay command, plan, faults, the disk's events),
 # then the first failing seed, and ends with the line `sim: seeds=N violations=V` (V: seeds
@@ -167,7 +170,7 @@ run_cluster_seeds() {
 
 if [ "$CLUSTER" = broker ]; then
   case "$INJECT" in
-    ''|dedupe-on-leader-only|lose-ownership-on-takeover|random-pubrel-order) ;;
+    ''|dedupe-on-leader-only|lose-ownership-on-takeover|random-pubrel-order|ack-at-sync-start) ;;
     *) echo "sim.sh: unknown cluster broker bug '$INJECT' (see --help)" >&2; exit 2 ;;
   esac
   run_cluster_seeds tern-cluster broker_sim cluster_broker_seeds TERN_CBSIM cluster-broker '\['

@@ -15,6 +15,10 @@ pub enum Bug {
     /// disk still fails at its first write (the proposer checks the term), so nothing it
     /// writes reaches the log.
     LoseOwnershipOnTakeover = 1,
+    /// The broker's store completes a pipelined commit's tickets when its sync starts on the
+    /// replicated disk (`tern_store::vfs::Bugs::ack_at_sync_start`), not once the majority
+    /// committed it: a PUBACK or PUBREC for what a failover can still lose.
+    AckAtSyncStart = 2,
 }
 
 tern_store::inject_switch!(pub Bug);

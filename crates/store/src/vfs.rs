@@ -426,6 +426,9 @@ pub struct Bugs {
     pub skip_sync_on_roll: bool,
     /// Create a new block file without the directory fsync that makes its name durable.
     pub skip_dir_sync_on_roll: bool,
+    /// Complete a pipelined commit's tickets when its sync starts (`VFile::start_sync`), not
+    /// when it settles: on the cluster's replicated disk, a PUBACK before the majority commit.
+    pub ack_at_sync_start: bool,
 }
 
 #[cfg(feature = "sim")]
@@ -435,5 +438,6 @@ impl Bugs {
         ack_before_fsync: false,
         skip_sync_on_roll: false,
         skip_dir_sync_on_roll: false,
+        ack_at_sync_start: false,
     };
 }

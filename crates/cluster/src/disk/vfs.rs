@@ -140,6 +140,15 @@ impl Vfs for ReplicatedDisk {
         let op = PendingOp::Other(Op::CreateDir(self.inner.rel(dir)?));
         self.inner.change(op, || RealVfs.create_dir_all(dir))
     }
+    /// The store's injected bugs (the cluster simulator's `ack-at-sync-start`).
+    #[cfg(feature = "inject")]
+    fn injected_bugs(&self) -> tern_store::vfs::Bugs {
+        use crate::inject::{Bug, on};
+        tern_store::vfs::Bugs {
+            ack_at_sync_start: on(Bug::AckAtSyncStart),
+            ..tern_store::vfs::Bugs::NONE
+        }
+    }
     fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
         self.inner.sync()
     }

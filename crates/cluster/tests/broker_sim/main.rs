@@ -37,6 +37,10 @@ fn inject(name: &str) {
         // it: every engine a leader starts restores its sessions without it.
         "dedupe-on-leader-only" => broker::set(Some(broker::Bug::IgnoreReceivedSetAfterRestart)),
         "lose-ownership-on-takeover" => cluster::set(Some(cluster::Bug::LoseOwnershipOnTakeover)),
+        // The store's pipelined commit acknowledges at its sync's start (a PUBACK before the
+        // majority commit): what the real-process check (scripts/cluster-check.sh) rarely
+        // hits, ~1 ms of exposure per failover.
+        "ack-at-sync-start" => cluster::set(Some(cluster::Bug::AckAtSyncStart)),
         // The order check at cluster level: a PUBREL jumps ahead of PUBRELs queued before it,
         // so receivers that take a QoS 2 message at its PUBREL see it out of order.
         "random-pubrel-order" => broker::set(Some(broker::Bug::RandomPubrelOrder)),

@@ -59,6 +59,7 @@ struct Injected {
     ack_before_fsync: bool,
     skip_sync_on_roll: bool,
     skip_dir_sync_on_roll: bool,
+    ack_at_sync_start: bool,
 }
 
 impl Injected {
@@ -69,6 +70,7 @@ impl Injected {
             ack_before_fsync: b.ack_before_fsync,
             skip_sync_on_roll: b.skip_sync_on_roll,
             skip_dir_sync_on_roll: b.skip_dir_sync_on_roll,
+            ack_at_sync_start: b.ack_at_sync_start,
         }
     }
 

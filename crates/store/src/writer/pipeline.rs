@@ -109,6 +109,11 @@ impl Writer {
             sh.unwritten_bytes
                 .fetch_sub(applied as u64, Ordering::Relaxed);
             sh.written_seq.fetch_max(self.written_seq, Ordering::SeqCst);
+            if Injected::of(sh).ack_at_sync_start {
+                // The injected bug: tickets complete while their sync is still running.
+                lock(&sh.state).visible_seq = self.written_seq;
+                sh.publish_durable(self.written_seq);
+            }
             return Ok(true);
         }
         self.settle_all()?;
