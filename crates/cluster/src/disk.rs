@@ -544,5 +544,8 @@ fn commit_loop(
 mod vfs;
 
 #[cfg(test)]
+#[path = "disk_replica_tests.rs"]
+mod replica_tests;
+#[cfg(test)]
 #[path = "disk_tests.rs"]
 mod tests;

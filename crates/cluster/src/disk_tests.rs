@@ -1,6 +1,6 @@
-//! The replicated disk against a consensus that the tests control, and against the replica
-//! it feeds: what a fsync waits for, the order and merging of operations, failure for good,
-//! and live files equal to the replica's once committed (the store running on top).
+//! The replicated disk against a consensus that the tests control: what a fsync waits for,
+//! the order and merging of operations, failure for good, the limits on what is pending and
+//! in flight. With a replica behind it: `disk_replica_tests.rs`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -16,13 +16,11 @@ use tern_store::vfs::{VFile, Vfs};
 
 use super::{DiskLimits, ReplicatedDisk};
 use crate::ops::Op;
-use crate::replica::Replica;
-use crate::replica::tests::tree;
 
 /// A consensus of one: batches enter the log when submitted, commit (and are applied to
 /// `applier`, if any) when not `held`, and fail while `failing`.
 #[derive(Default)]
-struct FakeState {
+pub(super) struct FakeState {
     /// Commits wait while set (the batches are in the log).
     held: AtomicBool,
     /// Submissions wait while set (before the batch enters the log).
@@ -32,11 +30,11 @@ struct FakeState {
     failing: AtomicBool,
     term: AtomicU64,
     log: Mutex<Vec<Vec<Bytes>>>,
-    applier: Mutex<Option<Box<dyn Applier>>>,
+    pub(super) applier: Mutex<Option<Box<dyn Applier>>>,
 }
 
 #[derive(Default)]
-struct Fake(Arc<FakeState>);
+pub(super) struct Fake(Arc<FakeState>);
 
 impl std::ops::Deref for Fake {
     type Target = FakeState;
@@ -46,7 +44,7 @@ impl std::ops::Deref for Fake {
 }
 
 impl Fake {
-    fn ops(&self) -> Vec<Op> {
+    pub(super) fn ops(&self) -> Vec<Op> {
         let log = self.log.lock().unwrap();
         log.iter()
             .flatten()
@@ -115,7 +113,7 @@ impl Consensus for Fake {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(super) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -123,7 +121,7 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn start(fake: &Arc<Fake>, root: &Path, rt: &tokio::runtime::Runtime) -> ReplicatedDisk {
+pub(super) fn start(fake: &Arc<Fake>, root: &Path, rt: &tokio::runtime::Runtime) -> ReplicatedDisk {
     std::fs::create_dir_all(root).unwrap();
     ReplicatedDisk::start(root.to_path_buf(), fake.clone(), 0, rt.handle().clone()).unwrap()
 }
@@ -351,115 +349,6 @@ fn a_disk_of_an_old_term_proposes_nothing() {
     }
     assert!(disk.sync_dir(dir.path()).is_err());
     assert!(fake.ops().is_empty());
-}
-
-#[test]
-fn the_replica_holds_the_live_files_once_the_store_has_synced() {
-    let rt = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let (live, copy) = (dir.path().join("live"), dir.path().join("replica"));
-    let replica = Replica::open(copy.clone(), true).unwrap();
-    let fake = Arc::new(Fake::default());
-    *fake.applier.lock().unwrap() = Some(replica.applier());
-    let disk = start(&fake, &live, &rt);
-    {
-        let store = tern_store::Store::open_with_vfs(&live, Arc::new(disk.clone())).unwrap();
-        let stream = store
-            .stream("m", tern_store::StreamConfig::default())
-            .unwrap();
-        let kv = store.kv("k", tern_store::StreamConfig::default()).unwrap();
-        for i in 0..2_000u32 {
-            let t = stream.append(b"t/x", b"", &i.to_be_bytes()).unwrap();
-            if i % 100 == 0 {
-                kv.put(b"cursor", &i.to_be_bytes()).unwrap().wait().unwrap();
-                t.wait().unwrap();
-            }
-        }
-        stream.append(b"t/x", b"", b"last").unwrap().wait().unwrap();
-    }
-    // Renames and links are replicated as copies, whatever the source became afterwards.
-    let vfs: &dyn Vfs = &disk;
-    let f = vfs.open_rw(&live.join("tmp"), true).unwrap();
-    f.write_all_at(b"rewritten block", 0).unwrap();
-    vfs.rename(&live.join("tmp"), &live.join("renamed"))
-        .unwrap();
-    vfs.hard_link(&live.join("renamed"), &live.join("linked"))
-        .unwrap();
-    let g = vfs.open_rw(&live.join("tmp"), true).unwrap();
-    g.write_all_at(b"a new tmp", 0).unwrap();
-    vfs.sync_dir(&live).unwrap();
-    let (l, r) = (tree(&live), tree(&copy));
-    let lock_files: Vec<&String> = l.keys().filter(|k| !r.contains_key(*k)).collect();
-    assert!(
-        lock_files.len() <= 1,
-        "only the lock file is local: {lock_files:?}"
-    );
-    for (k, v) in &r {
-        assert_eq!(l.get(k), Some(v), "{k} differs between live and replica");
-    }
-}
-
-/// Blocks that retention empties are thrown away through `Vfs::discard`: the replica learns
-/// that they are gone, and their data is not copied through consensus into `trash/` (it was,
-/// as a rename: 4 MiB proposals on every retired block, the cluster's longest stalls).
-#[test]
-fn retired_blocks_are_replicated_as_removals_not_as_copies() {
-    let rt = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let (live, copy) = (dir.path().join("live"), dir.path().join("replica"));
-    let replica = Replica::open(copy.clone(), true).unwrap();
-    let fake = Arc::new(Fake::default());
-    *fake.applier.lock().unwrap() = Some(replica.applier());
-    let disk = start(&fake, &live, &rt);
-    let config = tern_store::StreamConfig {
-        block_size_bytes: 64 * 1024,
-        limits: tern_store::Limits {
-            max_msgs: Some(100),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    {
-        let store = tern_store::Store::open_with_vfs(&live, Arc::new(disk.clone())).unwrap();
-        let stream = store.stream("m", config).unwrap();
-        let payload = [7u8; 1024];
-        for _ in 0..1_000 {
-            stream
-                .append(b"t/x", b"", &payload)
-                .unwrap()
-                .wait()
-                .unwrap();
-        }
-    }
-    let ops = fake.ops();
-    let in_trash = |p: &crate::ops::RelPath| p.as_str().contains("/trash/");
-    let retired = ops
-        .iter()
-        .filter(|op| matches!(op, Op::Remove(p) if p.as_str().ends_with(".blk") && !in_trash(p)))
-        .count();
-    assert!(
-        retired >= 5,
-        "premise: retention retired blocks ({retired})"
-    );
-    let copied: usize = ops
-        .iter()
-        .map(|op| match op {
-            Op::Write { path, data, .. } | Op::WriteFile { path, data } if in_trash(path) => {
-                data.len()
-            }
-            _ => 0,
-        })
-        .sum();
-    assert_eq!(copied, 0, "bytes copied into trash/ through consensus");
-    // The replica has the stream's live blocks and nothing of the retired ones.
-    let (l, r) = (tree(&live), tree(&copy));
-    for (k, v) in &r {
-        let in_trash = k
-            .split_once("/trash/")
-            .is_some_and(|(_, name)| !name.is_empty());
-        assert!(!in_trash, "{k}: a retired block in the replica");
-        assert_eq!(l.get(k), Some(v), "{k} differs between live and replica");
-    }
 }
 
 /// Polls `done` until it holds (the tests wait on conditions; the bound only keeps a broken
