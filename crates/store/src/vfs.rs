@@ -412,9 +412,10 @@ pub(crate) fn path_in(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// Deliberate defects the store can be told to have, to prove that a checker finds them.
-/// They are read from [`Vfs::injected_bugs`], which only a [`SimDisk`](crate::sim::SimDisk)
-/// (or a test's own `Vfs`) answers with anything but "none"; they exist only in builds with
-/// the `sim` feature and no configuration can reach them. Defined here, beside the trait that
+/// They are read from [`Vfs::injected_bugs`], which only a [`SimDisk`](crate::sim::SimDisk),
+/// a test's own `Vfs` and tern-cluster's replicated disk under its test-only `inject`
+/// feature answer with anything but "none"; they exist only in builds with the `sim`
+/// feature and no configuration can reach them. Defined here, beside the trait that
 /// carries them, so the store below `sim` can read them (`sim` re-exports them).
 #[cfg(feature = "sim")]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
