@@ -168,6 +168,18 @@ impl Shared {
         self.space_cv.notify_all();
     }
 
+    /// Answers every op still queued with the stream's failure. For a writer thread that
+    /// died (it panicked): nobody else would take them, and their callers wait for the reply.
+    /// `Stream::op` checks the failure under the queue lock before it queues, so no op is
+    /// queued after this runs on a failed stream.
+    pub fn answer_queued_ops(&self) {
+        debug_assert!(self.failed.load(Ordering::SeqCst));
+        let ops = std::mem::take(&mut lock(&self.queue).ops);
+        for (_, queued) in ops {
+            let _ = queued.reply.try_send(Err(self.failed_error()));
+        }
+    }
+
     /// Completion state of `seq`: `None` while pending.
     pub fn outcome(&self, seq: u64, consume: bool) -> Option<Result<u64, StoreError>> {
         if self.durable_seq.load(Ordering::SeqCst) >= seq {

@@ -203,6 +203,8 @@ pub struct FaultPlan {
     /// Started and not yet waited for, now and at most so far.
     pub syncs_in_flight: AtomicU64,
     pub max_syncs_in_flight: AtomicU64,
+    /// Set by [`FaultyVfs::panic_in_next_sync`]: the next file sync waits on it, then panics.
+    pub sync_panic: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl FaultPlan {
@@ -258,6 +260,7 @@ impl Default for FaultyVfs {
                 overlapping_syncs: std::sync::atomic::AtomicBool::new(false),
                 syncs_in_flight: AtomicU64::new(0),
                 max_syncs_in_flight: AtomicU64::new(0),
+                sync_panic: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -280,6 +283,17 @@ impl FaultyVfs {
     /// The most syncs started and not yet waited for at once so far.
     pub fn max_syncs_in_flight(&self) -> u64 {
         self.plan.max_syncs_in_flight.load(Ordering::SeqCst)
+    }
+    /// The next file sync blocks until the returned sender sends (or is dropped), then
+    /// panics: a writer that dies in the middle of a turn, with work queued behind it.
+    pub fn panic_in_next_sync(&self) -> std::sync::mpsc::SyncSender<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        *self
+            .plan
+            .sync_panic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(rx);
+        tx
     }
 }
 
@@ -306,6 +320,16 @@ impl VFile for FaultyFile {
         self.inner.read_exact_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
+        let panic_on = self
+            .plan
+            .sync_panic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(release) = panic_on {
+            let _ = release.recv();
+            panic!("injected: a panic in fdatasync");
+        }
         if FaultPlan::take(&self.plan.syncs_left) {
             return Err(injected("fsync"));
         }

@@ -29,13 +29,14 @@ impl SteppedWriter for Writer {
     }
 }
 
-/// Fails the stream if a turn panics, so no ticket waits forever.
+/// Fails the stream if a turn panics, so no ticket and no queued op waits forever.
 struct FailOnPanic(Arc<Shared>);
 
 impl Drop for FailOnPanic {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.0.fail("the writer panicked".into());
+            self.0.answer_queued_ops();
         }
     }
 }
