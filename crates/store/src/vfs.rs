@@ -284,8 +284,9 @@ impl FaultyVfs {
     pub fn max_syncs_in_flight(&self) -> u64 {
         self.plan.max_syncs_in_flight.load(Ordering::SeqCst)
     }
-    /// The next file sync blocks until the returned sender sends (or is dropped), then
-    /// panics: a writer that dies in the middle of a turn, with work queued behind it.
+    /// The next `sync_data` of a file (not a sync started with `overlap_syncs`) blocks until
+    /// the returned sender sends (or is dropped), then panics: a writer that dies in the
+    /// middle of a turn, with work queued behind it.
     pub fn panic_in_next_sync(&self) -> std::sync::mpsc::SyncSender<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         *self
