@@ -289,11 +289,7 @@ impl FaultyVfs {
     /// middle of a turn, with work queued behind it.
     pub fn panic_in_next_sync(&self) -> std::sync::mpsc::SyncSender<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        *self
-            .plan
-            .sync_panic
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(rx);
+        *crate::shared::lock(&self.plan.sync_panic) = Some(rx);
         tx
     }
 }
@@ -321,12 +317,7 @@ impl VFile for FaultyFile {
         self.inner.read_exact_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
-        let panic_on = self
-            .plan
-            .sync_panic
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let panic_on = crate::shared::lock(&self.plan.sync_panic).take();
         if let Some(release) = panic_on {
             let _ = release.recv();
             panic!("injected: a panic in fdatasync");

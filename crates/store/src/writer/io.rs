@@ -144,9 +144,7 @@ impl Writer {
         }
         if sync_now && self.file_dirty {
             if Injected::of(&sh).ack_before_fsync {
-                // The injected bug: tickets complete before their data is durable.
-                lock(&sh.state).visible_seq = self.written_seq;
-                sh.publish_durable(self.written_seq);
+                self.publish_unsynced();
             }
             sh.counters.syncs.fetch_add(1, Ordering::Relaxed);
             let sync_started = Instant::now();

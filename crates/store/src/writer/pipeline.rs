@@ -110,14 +110,19 @@ impl Writer {
                 .fetch_sub(applied as u64, Ordering::Relaxed);
             sh.written_seq.fetch_max(self.written_seq, Ordering::SeqCst);
             if Injected::of(sh).ack_at_sync_start {
-                // The injected bug: tickets complete while their sync is still running.
-                lock(&sh.state).visible_seq = self.written_seq;
-                sh.publish_durable(self.written_seq);
+                self.publish_unsynced();
             }
             return Ok(true);
         }
         self.settle_all()?;
         Ok(false)
+    }
+
+    /// The injected bugs `ack_before_fsync` and `ack_at_sync_start`: completes the tickets of
+    /// everything written, before a sync made it durable. Never called otherwise.
+    pub(super) fn publish_unsynced(&self) {
+        lock(&self.sh.state).visible_seq = self.written_seq;
+        self.sh.publish_durable(self.written_seq);
     }
 
     /// Waits for every sync in flight, publishing each.
