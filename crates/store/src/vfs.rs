@@ -289,7 +289,12 @@ impl FaultyVfs {
     /// middle of a turn, with work queued behind it.
     pub fn panic_in_next_sync(&self) -> std::sync::mpsc::SyncSender<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        *crate::shared::lock(&self.plan.sync_panic) = Some(rx);
+        // Not `shared::lock`: `vfs` is the store's bottom layer (layering.rs).
+        *self
+            .plan
+            .sync_panic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(rx);
         tx
     }
 }
@@ -317,7 +322,12 @@ impl VFile for FaultyFile {
         self.inner.read_exact_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
-        let panic_on = crate::shared::lock(&self.plan.sync_panic).take();
+        let panic_on = self
+            .plan
+            .sync_panic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(release) = panic_on {
             let _ = release.recv();
             panic!("injected: a panic in fdatasync");
