@@ -23,14 +23,10 @@
 //! `(first u64, last u64)` sequence ranges that are removed; its seq field is the stream's
 //! highest assigned sequence when it was written (it does not consume a sequence).
 //!
-//! **Index file** `<base_seq:020>.idx`, written when a block is sealed and rebuildable from it:
-//! ```text
-//! magic "TERNIDX1", version u32, reserved u32, block_len u64,
-//! n_topics u32, n_entries u32, n_ranges u32, reserved u32,
-//! topics (len u16 + bytes)*, entries (seq u64, time u64, offset u32, len u32, topic u32, flags u32)*,
-//! delete ranges (first u64, last u64)*, crc32c u32 of everything before it
-//! ```
-//! The index is trusted only if its checksum holds and `block_len` equals the block's size.
+//! **Index file** `<base_seq:020>.idx`, written when a block is sealed and rebuildable from
+//! it: the block's length, topic table, entries and delete ranges, checksummed. Its two
+//! encodings (fixed-width version 1, delta-and-varint version 2) are in [`index`]. The index
+//! is trusted only if its checksum holds and `block_len` equals the block's size.
 //!
 //! # Invariants
 //! - A record is accepted only if `len` matches its three body lengths and the checksum holds.
@@ -41,6 +37,10 @@
 //!   believing it would make the next sequence overflow.
 
 use bytes::{BufMut, Bytes};
+
+mod index;
+
+pub use index::{Entry, IndexData, decode_index, encode_index};
 
 pub const BLOCK_MAGIC: &[u8; 8] = b"TERNBLK1";
 pub const INDEX_MAGIC: &[u8; 8] = b"TERNIDX1";
@@ -227,152 +227,6 @@ pub fn decode_record(buf: &Bytes, off: usize) -> Result<RawRecord, DecodeError> 
 /// Largest encoded record accepted by the decoder.
 pub const MAX_ENCODED_RECORD: usize = crate::config::MAX_RECORD_BYTES;
 
-/// One data record's place in its block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
-    pub seq: u64,
-    pub time_ns: u64,
-    pub offset: u32,
-    pub len: u32,
-    /// Index into the block's topic table.
-    pub topic: u32,
-    pub flags: u32,
-}
-
-/// Contents of an index file.
-#[derive(Debug, Clone, Default)]
-pub struct IndexData {
-    pub block_len: u64,
-    pub topics: Vec<Bytes>,
-    pub entries: Vec<Entry>,
-    pub deletes: Vec<(u64, u64)>,
-}
-
-pub fn encode_index(ix: &IndexData) -> Vec<u8> {
-    let mut out = Vec::with_capacity(48 + ix.entries.len() * 32 + ix.deletes.len() * 16);
-    out.extend_from_slice(INDEX_MAGIC);
-    out.put_u32_le(FORMAT_VERSION);
-    out.put_u32_le(0);
-    out.put_u64_le(ix.block_len);
-    out.put_u32_le(ix.topics.len() as u32);
-    out.put_u32_le(ix.entries.len() as u32);
-    out.put_u32_le(ix.deletes.len() as u32);
-    out.put_u32_le(0);
-    for t in &ix.topics {
-        out.put_u16_le(t.len() as u16);
-        out.extend_from_slice(t);
-    }
-    for e in &ix.entries {
-        out.put_u64_le(e.seq);
-        out.put_u64_le(e.time_ns);
-        out.put_u32_le(e.offset);
-        out.put_u32_le(e.len);
-        out.put_u32_le(e.topic);
-        out.put_u32_le(e.flags);
-    }
-    for &(a, b) in &ix.deletes {
-        out.put_u64_le(a);
-        out.put_u64_le(b);
-    }
-    let crc = crc32c::crc32c(&out);
-    out.put_u32_le(crc);
-    out
-}
-
-/// Decodes an index file; `None` if it is damaged in any way (the caller rebuilds it):
-/// besides the checksum, every entry must lie inside `block_len`, after the block header and
-/// after the previous entry, with a record length the decoder accepts, a rising sequence and
-/// only record flags (the other bits are the reader's own in-memory marks).
-pub fn decode_index(buf: &Bytes) -> Option<IndexData> {
-    if buf.len() < 44 || &buf[0..8] != INDEX_MAGIC {
-        return None;
-    }
-    let body = &buf[..buf.len() - 4];
-    let crc = u32::from_le_bytes(arr4(&buf[buf.len() - 4..]));
-    if crc32c::crc32c(body) != crc {
-        return None;
-    }
-    let mut r = Reader { b: body, at: 8 };
-    if r.u32()? != FORMAT_VERSION {
-        return None;
-    }
-    r.u32()?;
-    let block_len = r.u64()?;
-    let n_topics = r.u32()? as usize;
-    let n_entries = r.u32()? as usize;
-    let n_ranges = r.u32()? as usize;
-    r.u32()?;
-    let mut topics = Vec::with_capacity(n_topics.min(body.len()));
-    for _ in 0..n_topics {
-        let l = r.u16()? as usize;
-        let s = r.take(l)?;
-        topics.push(buf.slice_ref(s));
-    }
-    let mut entries: Vec<Entry> = Vec::with_capacity(n_entries.min(body.len() / 32));
-    // Readers size buffers and spans from these fields, so an index whose checksum holds
-    // but whose entries could not have come from a scan of its block is damaged too.
-    let mut min_offset = BLOCK_HEADER_LEN as u64;
-    for _ in 0..n_entries {
-        let e = Entry {
-            seq: r.u64()?,
-            time_ns: r.u64()?,
-            offset: r.u32()?,
-            len: r.u32()?,
-            topic: r.u32()?,
-            flags: r.u32()?,
-        };
-        let len = e.len as usize;
-        let end = u64::from(e.offset) + u64::from(e.len);
-        if e.topic as usize >= topics.len()
-            || !(RECORD_HEADER_LEN..=MAX_ENCODED_RECORD).contains(&len)
-            || u64::from(e.offset) < min_offset
-            || end > block_len
-            || entries.last().is_some_and(|p| p.seq >= e.seq)
-            || e.flags & !u32::from(FLAG_BATCH_MORE | FLAG_TOMBSTONE) != 0
-        {
-            return None;
-        }
-        min_offset = end;
-        entries.push(e);
-    }
-    let mut deletes = Vec::with_capacity(n_ranges.min(body.len() / 16));
-    for _ in 0..n_ranges {
-        deletes.push((r.u64()?, r.u64()?));
-    }
-    if r.at != body.len() {
-        return None;
-    }
-    Some(IndexData {
-        block_len,
-        topics,
-        entries,
-        deletes,
-    })
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.at.checked_add(n)?;
-        let s = self.b.get(self.at..end)?;
-        self.at = end;
-        Some(s)
-    }
-    fn u16(&mut self) -> Option<u16> {
-        self.take(2).map(|s| u16::from_le_bytes([s[0], s[1]]))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take(4).map(|s| u32::from_le_bytes(arr4(s)))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take(8).map(|s| u64::from_le_bytes(arr8(s)))
-    }
-}
-
 fn arr4(s: &[u8]) -> [u8; 4] {
     [s[0], s[1], s[2], s[3]]
 }
@@ -403,31 +257,6 @@ mod tests {
         for cut in 0..v.len() {
             assert!(decode_record(&Bytes::from(v[..cut].to_vec()), 0).is_err());
         }
-    }
-
-    #[test]
-    fn index_roundtrip() {
-        let ix = IndexData {
-            block_len: 1234,
-            topics: vec![Bytes::from_static(b"x"), Bytes::from_static(b"y/z")],
-            entries: vec![Entry {
-                seq: 1,
-                time_ns: 2,
-                offset: 32,
-                len: 40,
-                topic: 1,
-                flags: 0,
-            }],
-            deletes: vec![(5, 9)],
-        };
-        let enc = Bytes::from(encode_index(&ix));
-        let d = decode_index(&enc).unwrap();
-        assert_eq!(d.entries, ix.entries);
-        assert_eq!(d.topics, ix.topics);
-        assert_eq!(d.deletes, ix.deletes);
-        let mut bad = enc.to_vec();
-        bad[20] ^= 1;
-        assert!(decode_index(&Bytes::from(bad)).is_none());
     }
 
     #[test]
