@@ -38,79 +38,21 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
         bail!("--connections must be positive");
     }
     let addr = resolve(common).await?;
-    let protocol = common.protocol.wire();
     let tag = args.tag.clone().unwrap_or_else(run_tag);
     let rss_before = common
         .broker_pid
         .and_then(|pid| rss_bytes(Target::Pid(pid)));
     let cpu = CpuMark::now(common.broker_pid);
-    let tls = crate::tls::TlsClient::from_args(common)?;
-    let limit = Arc::new(Semaphore::new(common.connect_concurrency.max(1)));
     let done = Arc::new(AtomicU64::new(0));
     progress.counter("connected", u64::from(args.connections), done.clone());
 
     let started = Instant::now();
-    let mut tasks = JoinSet::new();
-    for index in 0..args.connections {
-        let limit = limit.clone();
-        let tls = tls.clone();
-        let done = done.clone();
-        let client_id = format!("{}-{tag}-c{index}", common.prefix);
-        let source = IpAddr::V4(source_for(args.first_source, args.per_source, index));
-        let keep_alive_s = args.keep_alive_s;
-        let persistent = common.persistent;
-        tasks.spawn(async move {
-            let _permit = limit.acquire_owned().await;
-            let options = ConnectOptions {
-                addr,
-                source: Some(source),
-                protocol,
-                client_id: &client_id,
-                keep_alive_s,
-                persistent,
-                tls,
-            };
-            let result = connect(&options).await;
-            done.fetch_add(1, Ordering::Relaxed);
-            result.map_err(|error| format!("{client_id} from {source}: {error}"))
-        });
-    }
-    let mut conns: Vec<Conn> = Vec::with_capacity(args.connections as usize);
-    let mut errors = Vec::new();
-    let mut failed = 0;
-    loop {
-        let joined = match tokio::time::timeout(STALL_TIMEOUT, tasks.join_next()).await {
-            Ok(Some(joined)) => joined,
-            Ok(None) => break,
-            Err(_) => {
-                // A broker that stops accepting would otherwise hold the run until --timeout-s
-                // and lose the report; count what is still pending as failed instead.
-                let pending = tasks.len() as u32;
-                tasks.abort_all();
-                failed += pending;
-                errors.push(format!(
-                    "{pending} connections pending with none completing for {} s (broker stopped accepting?)",
-                    STALL_TIMEOUT.as_secs()
-                ));
-                break;
-            }
-        };
-        match joined {
-            Ok(Ok(conn)) => conns.push(conn),
-            Ok(Err(error)) => {
-                failed += 1;
-                if errors.len() < MAX_REPORTED_ERRORS {
-                    errors.push(error);
-                }
-            }
-            Err(error) => {
-                failed += 1;
-                if errors.len() < MAX_REPORTED_ERRORS {
-                    errors.push(format!("connect task failed: {error}"));
-                }
-            }
-        }
-    }
+    let tasks = spawn_connects(args, addr, &tag, done.clone())?;
+    let Connected {
+        conns,
+        errors,
+        failed,
+    } = collect(tasks).await;
     let connect_elapsed = started.elapsed();
     // CPU of the connect phase only: the hold is idle by design.
     let cpu = cpu.usage();
@@ -152,6 +94,97 @@ pub async fn run(args: &ConnsArgs, progress: &Progress) -> anyhow::Result<ConnsR
         },
         cpu,
     })
+}
+
+type ConnectTasks = JoinSet<Result<Conn, String>>;
+
+/// Starts every connection, at most `--connect-concurrency` at a time, each counted in
+/// `done` when it completes either way.
+fn spawn_connects(
+    args: &ConnsArgs,
+    addr: std::net::SocketAddr,
+    tag: &str,
+    done: Arc<AtomicU64>,
+) -> anyhow::Result<ConnectTasks> {
+    let common = &args.common;
+    let protocol = common.protocol.wire();
+    let tls = crate::tls::TlsClient::from_args(common)?;
+    let limit = Arc::new(Semaphore::new(common.connect_concurrency.max(1)));
+    let mut tasks = JoinSet::new();
+    for index in 0..args.connections {
+        let limit = limit.clone();
+        let tls = tls.clone();
+        let done = done.clone();
+        let client_id = format!("{}-{tag}-c{index}", common.prefix);
+        let source = IpAddr::V4(source_for(args.first_source, args.per_source, index));
+        let keep_alive_s = args.keep_alive_s;
+        let persistent = common.persistent;
+        tasks.spawn(async move {
+            let _permit = limit.acquire_owned().await;
+            let options = ConnectOptions {
+                addr,
+                source: Some(source),
+                protocol,
+                client_id: &client_id,
+                keep_alive_s,
+                persistent,
+                tls,
+            };
+            let result = connect(&options).await;
+            done.fetch_add(1, Ordering::Relaxed);
+            result.map_err(|error| format!("{client_id} from {source}: {error}"))
+        });
+    }
+    Ok(tasks)
+}
+
+/// What the connect phase ended with.
+struct Connected {
+    conns: Vec<Conn>,
+    /// At most [`MAX_REPORTED_ERRORS`], verbatim.
+    errors: Vec<String>,
+    failed: u32,
+}
+
+/// Waits for every connection, giving up on the rest once none completes for
+/// [`STALL_TIMEOUT`].
+async fn collect(mut tasks: ConnectTasks) -> Connected {
+    let mut out = Connected {
+        conns: Vec::with_capacity(tasks.len()),
+        errors: Vec::new(),
+        failed: 0,
+    };
+    loop {
+        let joined = match tokio::time::timeout(STALL_TIMEOUT, tasks.join_next()).await {
+            Ok(Some(joined)) => joined,
+            Ok(None) => break,
+            Err(_) => {
+                // A broker that stops accepting would otherwise hold the run until --timeout-s
+                // and lose the report; count what is still pending as failed instead.
+                let pending = tasks.len() as u32;
+                tasks.abort_all();
+                out.failed += pending;
+                out.errors.push(format!(
+                    "{pending} connections pending with none completing for {} s (broker stopped accepting?)",
+                    STALL_TIMEOUT.as_secs()
+                ));
+                break;
+            }
+        };
+        let error = match joined {
+            Ok(Ok(conn)) => {
+                out.conns.push(conn);
+                continue;
+            }
+            Ok(Err(error)) => error,
+            Err(error) => format!("connect task failed: {error}"),
+        };
+        out.failed += 1;
+        if out.errors.len() < MAX_REPORTED_ERRORS {
+            out.errors.push(error);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

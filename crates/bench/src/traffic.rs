@@ -166,20 +166,89 @@ pub async fn run(
 ) -> anyhow::Result<TrafficReport> {
     plan.validate()?;
     let addr = resolve(common).await?;
-    let protocol = common.protocol.wire();
     let tag = run_tag();
-    let topic_base = format!("{}/{tag}", common.prefix);
-    let topics: Vec<String> = match plan.topics {
+    let topics = topics_of(plan, &format!("{}/{tag}", common.prefix));
+    let clients = connect_clients(common, plan, addr, &tag, &topics, progress).await?;
+    let clock = Clock::new();
+    let shared = Arc::new(Shared::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let cpu = CpuMark::now(common.broker_pid);
+    let mut sub_tasks = JoinSet::new();
+    for conn in clients.subscribers {
+        let sub_plan = SubscriberPlan {
+            publishers: plan.publishers,
+            messages_per_publisher: plan.messages_per_publisher,
+        };
+        sub_tasks.spawn(run_subscriber(
+            conn,
+            sub_plan,
+            plan.qos,
+            clock,
+            shared.clone(),
+            stop_rx.clone(),
+        ));
+    }
+    let mut pub_tasks =
+        spawn_publishers(common, plan, clients.publishers, &topics, clock, &shared)?;
+    let total_expected = u64::from(plan.publishers) * plan.messages_per_publisher;
+    progress.start(
+        shared.clone(),
+        total_expected,
+        u64::from(plan.subscribers) * total_expected,
+    );
+    let mut pub_results: Vec<PublisherResult> = Vec::new();
+    while let Some(joined) = pub_tasks.join_next().await {
+        pub_results.push(
+            joined
+                .context("publisher task panicked")?
+                .context("publisher")?,
+        );
+    }
+    let drain = Duration::from_millis(common.drain_ms);
+    let sub_results = drain_subscribers(&mut sub_tasks, &shared, drain, &stop_tx).await?;
+    let cpu = cpu.usage();
+    progress.finish();
+    let broker_rss_bytes = common
+        .broker_pid
+        .and_then(|pid| rss_bytes(Target::Pid(pid)));
+    let ended = Ended {
+        pub_results,
+        sub_results,
+        shared,
+        clock,
+        cpu,
+        broker_rss_bytes,
+        effective_window: clients.effective_window,
+    };
+    Ok(report(common, plan, ended))
+}
+
+/// Every topic the run publishes to under `topic_base`: one shared, or one per publisher.
+fn topics_of(plan: &TrafficPlan, topic_base: &str) -> Vec<String> {
+    match plan.topics {
         TopicMode::Shared => vec![format!("{topic_base}/all")],
         TopicMode::PerPublisher => (0..plan.publishers)
             .map(|p| format!("{topic_base}/{p}"))
             .collect(),
-    };
-    let topic_of = |publisher: u32| match plan.topics {
-        TopicMode::Shared => topics[0].clone(),
-        TopicMode::PerPublisher => topics[publisher as usize].clone(),
-    };
+    }
+}
 
+/// The run's connections, subscribed, and the window the publishers may use.
+struct Clients {
+    subscribers: Vec<Conn>,
+    publishers: Vec<Conn>,
+    /// `--window`, capped by the smallest receive maximum a publisher was granted.
+    effective_window: u32,
+}
+
+async fn connect_clients(
+    common: &Common,
+    plan: &TrafficPlan,
+    addr: SocketAddr,
+    tag: &str,
+    topics: &[String],
+    progress: &Progress,
+) -> anyhow::Result<Clients> {
     progress.phase(&format!("connecting {} subscribers", plan.subscribers));
     let sub_ids = (0..plan.subscribers)
         .map(|i| format!("{}-{tag}-s{i}", common.prefix))
@@ -189,7 +258,7 @@ pub async fn run(
         common,
         &sub_addrs,
         sub_ids,
-        Some((topics.clone(), plan.qos)),
+        Some((topics.to_vec(), plan.qos)),
     )
     .await?;
     progress.phase(&format!("connecting {} publishers", plan.publishers));
@@ -206,33 +275,33 @@ pub async fn run(
         })
         .min()
         .unwrap_or(plan.window);
+    Ok(Clients {
+        subscribers,
+        publishers,
+        effective_window,
+    })
+}
 
-    let clock = Clock::new();
-    let shared = Arc::new(Shared::default());
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let cpu = CpuMark::now(common.broker_pid);
-
-    let mut sub_tasks = JoinSet::new();
-    for conn in subscribers {
-        let sub_plan = SubscriberPlan {
-            publishers: plan.publishers,
-            messages_per_publisher: plan.messages_per_publisher,
-        };
-        sub_tasks.spawn(run_subscriber(
-            conn,
-            sub_plan,
-            plan.qos,
-            clock,
-            shared.clone(),
-            stop_rx.clone(),
-        ));
-    }
-    // Open loop: start a little in the future so every publisher is scheduled before its first due time.
+/// Starts every publisher; an open loop's start a little in the future, so that every
+/// publisher is scheduled before its first due time.
+fn spawn_publishers(
+    common: &Common,
+    plan: &TrafficPlan,
+    publishers: Vec<Conn>,
+    topics: &[String],
+    clock: Clock,
+    shared: &Arc<Shared>,
+) -> anyhow::Result<JoinSet<Result<PublisherResult, crate::mqtt::MqttError>>> {
+    let protocol = common.protocol.wire();
     let start_ns = clock.now_ns() + 10_000_000;
     let mut pub_tasks = JoinSet::new();
     for (id, conn) in publishers.into_iter().enumerate() {
         let id = id as u32;
-        let template = PublishTemplate::new(protocol, &topic_of(id), plan.qos, plan.payload_bytes)?;
+        let topic = match plan.topics {
+            TopicMode::Shared => &topics[0],
+            TopicMode::PerPublisher => &topics[id as usize],
+        };
+        let template = PublishTemplate::new(protocol, topic, plan.qos, plan.payload_bytes)?;
         let pace = plan.offered_rate_per_s.map(|rate| {
             let interval_ns = 1e9 * f64::from(plan.publishers) / rate as f64;
             Pace {
@@ -251,24 +320,17 @@ pub async fn run(
         };
         pub_tasks.spawn(run_publisher(conn, pub_plan, clock, shared.clone()));
     }
+    Ok(pub_tasks)
+}
 
-    let total_expected = u64::from(plan.publishers) * plan.messages_per_publisher;
-    progress.start(
-        shared.clone(),
-        total_expected,
-        u64::from(plan.subscribers) * total_expected,
-    );
-    let mut pub_results: Vec<PublisherResult> = Vec::new();
-    while let Some(joined) = pub_tasks.join_next().await {
-        pub_results.push(
-            joined
-                .context("publisher task panicked")?
-                .context("publisher")?,
-        );
-    }
-
-    // Drain: wait while deliveries still make progress.
-    let drain = Duration::from_millis(common.drain_ms);
+/// Collects the subscribers' results, telling them to stop once deliveries made no progress
+/// for `drain`.
+async fn drain_subscribers(
+    sub_tasks: &mut JoinSet<Result<SubscriberResult, crate::mqtt::MqttError>>,
+    shared: &Shared,
+    drain: Duration,
+    stop_tx: &watch::Sender<bool>,
+) -> anyhow::Result<Vec<SubscriberResult>> {
     let mut sub_results: Vec<SubscriberResult> = Vec::new();
     let mut last_delivered = shared.delivered.load(Ordering::Relaxed);
     loop {
@@ -286,12 +348,30 @@ pub async fn run(
             }
         }
     }
-    let cpu = cpu.usage();
-    progress.finish();
-    let broker_rss_bytes = common
-        .broker_pid
-        .and_then(|pid| rss_bytes(Target::Pid(pid)));
+    Ok(sub_results)
+}
 
+/// What a finished run hands to its report.
+struct Ended {
+    pub_results: Vec<PublisherResult>,
+    sub_results: Vec<SubscriberResult>,
+    shared: Arc<Shared>,
+    clock: Clock,
+    cpu: crate::procfs::CpuUsage,
+    broker_rss_bytes: Option<u64>,
+    effective_window: u32,
+}
+
+fn report(common: &Common, plan: &TrafficPlan, ended: Ended) -> TrafficReport {
+    let Ended {
+        pub_results,
+        sub_results,
+        shared,
+        clock,
+        cpu,
+        broker_rss_bytes,
+        effective_window,
+    } = ended;
     let mut counts = Counts::default();
     let mut deliveries = 0;
     let mut qos_mismatches = 0;
@@ -333,7 +413,7 @@ pub async fn run(
             "{qos_mismatches} deliveries at a QoS other than subscribed"
         ));
     }
-    Ok(TrafficReport {
+    TrafficReport {
         protocol: protocol_name(common.protocol),
         qos: plan.qos.level(),
         publishers: plan.publishers,
@@ -359,5 +439,5 @@ pub async fn run(
         // The drain after the last delivery is idle time; cores are over the active part.
         cpu: cpu.over_active_ms(elapsed_ns as f64 / 1e6),
         broker_rss_bytes,
-    })
+    }
 }

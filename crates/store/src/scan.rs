@@ -19,58 +19,19 @@ pub(crate) struct Scan {
 
 /// Parses a block's records; stops at the first damage or at an unfinished batch.
 pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
-    let mut topics: Vec<Bytes> = Vec::new();
-    let mut ids: HashMap<Bytes, u32> = HashMap::new();
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut deletes = Vec::new();
+    let mut p = Parse::new(base_seq);
     let mut off = BLOCK_HEADER_LEN;
-    let mut batch: Option<(usize, usize, usize)> = None;
     let mut damage = None;
     let mut torn_high_seq = 0;
-    let mut prev_seq = base_seq.saturating_sub(1);
     while off < raw.len() {
         match format::decode_record(raw, off) {
             Ok(r) => {
-                let ranges = r.delete_ranges();
-                if r.seq > MAX_SEQ || ranges.iter().any(|&(_, hi)| hi > MAX_SEQ) {
-                    damage = Some((off as u64, format!("sequence {} out of range", r.seq)));
+                let len = r.len;
+                if let Err(what) = p.take(r, off) {
+                    damage = Some((off as u64, what));
                     break;
                 }
-                if r.kind == KIND_DATA {
-                    if r.seq <= prev_seq && !(entries.is_empty() && r.seq == base_seq)
-                        || r.seq < base_seq
-                    {
-                        damage = Some((off as u64, format!("sequence {} out of order", r.seq)));
-                        break;
-                    }
-                    if r.flags & FLAG_BATCH_MORE != 0 && batch.is_none() {
-                        batch = Some((off, entries.len(), deletes.len()));
-                    }
-                    let tid = match ids.get(&r.topic[..]) {
-                        Some(&t) => t,
-                        None => {
-                            let t = topics.len() as u32;
-                            topics.push(r.topic.clone());
-                            ids.insert(r.topic.clone(), t);
-                            t
-                        }
-                    };
-                    entries.push(Entry {
-                        seq: r.seq,
-                        time_ns: r.time_ns,
-                        offset: off as u32,
-                        len: r.len as u32,
-                        topic: tid,
-                        flags: u32::from(r.flags),
-                    });
-                    prev_seq = r.seq;
-                    if r.flags & FLAG_BATCH_MORE == 0 {
-                        batch = None;
-                    }
-                } else {
-                    deletes.extend(ranges);
-                }
-                off += r.len;
+                off += len;
             }
             Err(_) if all_zero(raw, off) => {
                 // Reserved space never written (or whose writes were lost whole): the end
@@ -78,49 +39,138 @@ pub(crate) fn scan(raw: &Bytes, base_seq: u64) -> Scan {
                 break;
             }
             Err(e) => {
-                if raw.len() >= off + format::RECORD_HEADER_LEN {
-                    let s =
-                        u64::from_le_bytes(raw[off + 20..off + 28].try_into().unwrap_or([0; 8]));
-                    // An unverified header: believe it only if it is plausibly the next one.
-                    if s > prev_seq && s < prev_seq.saturating_add(1 << 20) {
-                        torn_high_seq = s;
-                    }
-                }
-                torn_high_seq = torn_high_seq.max(high_seq_past(raw, off));
-                let what = match e {
-                    DecodeError::Truncated => "truncated record".to_string(),
-                    DecodeError::Corrupt(d) => d,
-                };
+                let what;
+                (torn_high_seq, what) = torn_record(raw, off, p.prev_seq, e);
                 damage = Some((off as u64, what));
                 break;
             }
         }
     }
-    if let Some((boff, n_entries, n_deletes)) = batch {
-        // An unfinished batch: drop it whole.
-        if let Some(e) = entries.last() {
-            torn_high_seq = torn_high_seq.max(e.seq);
+    p.finish(raw.len(), off, damage, torn_high_seq)
+}
+
+/// What a scan has taken so far.
+struct Parse {
+    base_seq: u64,
+    topics: Vec<Bytes>,
+    ids: HashMap<Bytes, u32>,
+    entries: Vec<Entry>,
+    deletes: Vec<(u64, u64)>,
+    /// Where the batch still open started: its offset, and the entries and delete ranges
+    /// taken before it.
+    batch: Option<(usize, usize, usize)>,
+    prev_seq: u64,
+}
+
+impl Parse {
+    fn new(base_seq: u64) -> Parse {
+        Parse {
+            base_seq,
+            topics: Vec::new(),
+            ids: HashMap::new(),
+            entries: Vec::new(),
+            deletes: Vec::new(),
+            batch: None,
+            prev_seq: base_seq.saturating_sub(1),
         }
-        entries.truncate(n_entries);
-        deletes.truncate(n_deletes);
-        let what = damage
-            .map(|d| d.1)
-            .unwrap_or_else(|| "unfinished batch".into());
-        damage = Some((boff as u64, what));
     }
-    // Past the last record: the file's end, or where its zero tail starts.
-    let valid_len = damage.as_ref().map_or(off.min(raw.len()) as u64, |d| d.0);
-    // Topics whose only records were dropped stay in the table with no entries; harmless.
-    Scan {
-        ix: IndexData {
-            block_len: valid_len,
-            topics,
-            entries,
-            deletes,
-        },
-        damage,
-        torn_high_seq,
+
+    /// Takes the intact record found at `off`, or says why it is damage all the same.
+    fn take(&mut self, r: format::RawRecord, off: usize) -> Result<(), String> {
+        let ranges = r.delete_ranges();
+        if r.seq > MAX_SEQ || ranges.iter().any(|&(_, hi)| hi > MAX_SEQ) {
+            return Err(format!("sequence {} out of range", r.seq));
+        }
+        if r.kind != KIND_DATA {
+            self.deletes.extend(ranges);
+            return Ok(());
+        }
+        let first_at_base = self.entries.is_empty() && r.seq == self.base_seq;
+        if r.seq <= self.prev_seq && !first_at_base || r.seq < self.base_seq {
+            return Err(format!("sequence {} out of order", r.seq));
+        }
+        if r.flags & FLAG_BATCH_MORE != 0 && self.batch.is_none() {
+            self.batch = Some((off, self.entries.len(), self.deletes.len()));
+        }
+        let topic = self.topic_id(&r.topic);
+        self.entries.push(Entry {
+            seq: r.seq,
+            time_ns: r.time_ns,
+            offset: off as u32,
+            len: r.len as u32,
+            topic,
+            flags: u32::from(r.flags),
+        });
+        self.prev_seq = r.seq;
+        if r.flags & FLAG_BATCH_MORE == 0 {
+            self.batch = None;
+        }
+        Ok(())
     }
+
+    fn topic_id(&mut self, topic: &Bytes) -> u32 {
+        if let Some(&t) = self.ids.get(&topic[..]) {
+            return t;
+        }
+        let t = self.topics.len() as u32;
+        self.topics.push(topic.clone());
+        self.ids.insert(topic.clone(), t);
+        t
+    }
+
+    /// The scan's result, the scan having stopped at `off` of a `raw_len`-byte block.
+    fn finish(
+        mut self,
+        raw_len: usize,
+        off: usize,
+        mut damage: Option<(u64, String)>,
+        mut torn_high_seq: u64,
+    ) -> Scan {
+        if let Some((boff, n_entries, n_deletes)) = self.batch {
+            // An unfinished batch: drop it whole.
+            if let Some(e) = self.entries.last() {
+                torn_high_seq = torn_high_seq.max(e.seq);
+            }
+            self.entries.truncate(n_entries);
+            self.deletes.truncate(n_deletes);
+            let what = damage
+                .map(|d| d.1)
+                .unwrap_or_else(|| "unfinished batch".into());
+            damage = Some((boff as u64, what));
+        }
+        // Past the last record: the file's end, or where its zero tail starts.
+        let valid_len = damage.as_ref().map_or(off.min(raw_len) as u64, |d| d.0);
+        // Topics whose only records were dropped stay in the table with no entries; harmless.
+        Scan {
+            ix: IndexData {
+                block_len: valid_len,
+                topics: self.topics,
+                entries: self.entries,
+                deletes: self.deletes,
+            },
+            damage,
+            torn_high_seq,
+        }
+    }
+}
+
+/// The record at `off` does not decode: how far its tail's sequences reach, and what is
+/// wrong with it.
+fn torn_record(raw: &Bytes, off: usize, prev_seq: u64, e: DecodeError) -> (u64, String) {
+    let mut torn_high_seq = 0;
+    if raw.len() >= off + format::RECORD_HEADER_LEN {
+        let s = u64::from_le_bytes(raw[off + 20..off + 28].try_into().unwrap_or([0; 8]));
+        // An unverified header: believe it only if it is plausibly the next one.
+        if s > prev_seq && s < prev_seq.saturating_add(1 << 20) {
+            torn_high_seq = s;
+        }
+    }
+    torn_high_seq = torn_high_seq.max(high_seq_past(raw, off));
+    let what = match e {
+        DecodeError::Truncated => "truncated record".to_string(),
+        DecodeError::Corrupt(d) => d,
+    };
+    (torn_high_seq, what)
 }
 
 /// Highest sequence shown by the intact records that follow the damaged record at `off`

@@ -129,7 +129,53 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
     job.file
         .read_exact_at(&mut raw, 0)
         .map_err(|e| StoreError::io("read block", &job.path, &e))?;
-    let raw = Bytes::from(raw);
+    let Copied {
+        out,
+        topics,
+        entries,
+    } = copy_live(&job, &Bytes::from(raw))?;
+    let tmp = job.path.with_extension("compact");
+    let _ = sh.vfs.remove_file(&tmp);
+    let file = sh
+        .vfs
+        .open_rw(&tmp, true)
+        .map_err(|e| StoreError::io("create", &tmp, &e))?;
+    file.write_all_at(&out, 0)
+        .map_err(|e| StoreError::io("write", &tmp, &e))?;
+    file.sync_data()
+        .map_err(|e| StoreError::io("fdatasync", &tmp, &e))?;
+    let mut nb = Block::from_index(
+        job.base,
+        job.path,
+        file,
+        format::IndexData {
+            block_len: out.len() as u64,
+            topics,
+            entries,
+            deletes: Vec::new(),
+        },
+    );
+    nb.sealed = true;
+    replace_index(sh, &nb)?;
+    sh.vfs
+        .rename(&tmp, &nb.path)
+        .map_err(|e| StoreError::io("rename", &tmp, &e))?;
+    sh.vfs
+        .sync_dir(&sh.dir)
+        .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
+    Ok(nb)
+}
+
+/// A block's live records, copied into a new block's bytes with their index.
+struct Copied {
+    out: Vec<u8>,
+    topics: Vec<Bytes>,
+    entries: Vec<Entry>,
+}
+
+/// Copies the records `job` keeps out of the block's bytes `raw`, each checked against the
+/// index it was chosen from, with topics renumbered to those still used.
+fn copy_live(job: &Job, raw: &Bytes) -> Result<Copied> {
     let mut out = Vec::with_capacity(raw.len());
     out.extend_from_slice(&encode_block_header(job.base));
     let mut topics: Vec<Bytes> = Vec::new();
@@ -141,7 +187,7 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
             range: e.seq..=e.seq,
             detail,
         };
-        let r = format::decode_record(&raw, e.offset as usize)
+        let r = format::decode_record(raw, e.offset as usize)
             .map_err(|d| corrupt(format!("during compaction: {d:?}")))?;
         if r.seq != e.seq {
             return Err(corrupt("index and block disagree".into()));
@@ -184,36 +230,11 @@ fn rewrite(sh: &Shared, job: Job) -> Result<Block> {
             );
         }
     }
-    let tmp = job.path.with_extension("compact");
-    let _ = sh.vfs.remove_file(&tmp);
-    let file = sh
-        .vfs
-        .open_rw(&tmp, true)
-        .map_err(|e| StoreError::io("create", &tmp, &e))?;
-    file.write_all_at(&out, 0)
-        .map_err(|e| StoreError::io("write", &tmp, &e))?;
-    file.sync_data()
-        .map_err(|e| StoreError::io("fdatasync", &tmp, &e))?;
-    let mut nb = Block::from_index(
-        job.base,
-        job.path,
-        file,
-        format::IndexData {
-            block_len: out.len() as u64,
-            topics,
-            entries,
-            deletes: Vec::new(),
-        },
-    );
-    nb.sealed = true;
-    replace_index(sh, &nb)?;
-    sh.vfs
-        .rename(&tmp, &nb.path)
-        .map_err(|e| StoreError::io("rename", &tmp, &e))?;
-    sh.vfs
-        .sync_dir(&sh.dir)
-        .map_err(|e| StoreError::io("fsync directory", &sh.dir, &e))?;
-    Ok(nb)
+    Ok(Copied {
+        out,
+        topics,
+        entries,
+    })
 }
 
 /// Puts the rewritten block's index in place of the old one before the block itself is
