@@ -407,7 +407,20 @@ impl DiskState {
         self.stats.power_losses += 1;
         let pl = self.stats.power_losses;
         let mut summary = Vec::new();
-        // Names: per directory, a prefix (or a subset) of its unsynced changes survives.
+        self.lose_name_changes(pl, &mut summary);
+        let ns = self.surviving_names();
+        self.lose_pages(pl, &ns, &mut summary);
+        self.cache_ns = ns.clone();
+        self.durable_ns = ns;
+        self.boot += 1;
+        self.hold = None;
+        let e = format!("POWER LOSS #{pl} ({why}): {}", summary.join("; "));
+        self.event(e);
+    }
+
+    /// Names: per directory, a prefix (or a subset) of its unsynced changes survives into
+    /// `durable_ns`.
+    fn lose_name_changes(&mut self, pl: u64, summary: &mut Vec<String>) {
         let mut by_dir: BTreeMap<PathBuf, Vec<usize>> = BTreeMap::new();
         for (i, op) in self.pending.iter().enumerate() {
             by_dir.entry(op.dir.clone()).or_default().push(i);
@@ -446,7 +459,11 @@ impl DiskState {
                 }
             }
         }
-        // Entries whose directory did not survive go with it (parents sort before children).
+    }
+
+    /// The durable names whose directory survived too (parents sort before children); the
+    /// others go with it. Empties `durable_ns`.
+    fn surviving_names(&mut self) -> BTreeMap<PathBuf, Node> {
         let mut ns: BTreeMap<PathBuf, Node> = BTreeMap::new();
         for (p, n) in std::mem::take(&mut self.durable_ns) {
             let keep = p == self.root || p.parent().is_some_and(|d| ns.get(d) == Some(&Node::Dir));
@@ -454,16 +471,12 @@ impl DiskState {
                 ns.insert(p, n);
             }
         }
-        // Data: per file, what of its dirty pages reached the disk.
-        let live: BTreeSet<u64> = ns
-            .values()
-            .filter_map(|n| match n {
-                Node::File(i) => Some(*i),
-                Node::Dir => None,
-            })
-            .collect();
-        self.inodes.retain(|i, _| live.contains(i));
-        let ps = self.cfg.page_size;
+        ns
+    }
+
+    /// Data: per file still named in `ns`, what of its dirty pages reached the disk; the
+    /// files no name reaches are gone.
+    fn lose_pages(&mut self, pl: u64, ns: &BTreeMap<PathBuf, Node>, summary: &mut Vec<String>) {
         let names: HashMap<u64, PathBuf> = ns
             .iter()
             .filter_map(|(p, n)| match n {
@@ -471,6 +484,8 @@ impl DiskState {
                 Node::Dir => None,
             })
             .collect();
+        self.inodes.retain(|i, _| names.contains_key(i));
+        let ps = self.cfg.page_size;
         let traced: BTreeSet<u64> = names
             .iter()
             .filter(|(_, p)| !self.untraced(p))
@@ -506,11 +521,5 @@ impl DiskState {
             }
         }
         self.trace(&trace);
-        self.cache_ns = ns.clone();
-        self.durable_ns = ns;
-        self.boot += 1;
-        self.hold = None;
-        let e = format!("POWER LOSS #{pl} ({why}): {}", summary.join("; "));
-        self.event(e);
     }
 }
