@@ -10,15 +10,15 @@
 //! Entries, by version:
 //! - **1** (fixed width, 32 B each): `seq u64, time u64, offset u32, len u32, topic u32,
 //!   flags u32`.
-//! - **2** (written since it exists; 8-12 B for a typical record): LEB128 varints of
+//! - **2** (what the store writes; 8-12 B for a typical record): LEB128 varints of
 //!   `seq - previous seq` (the first: `seq`), zigzag `time - previous time` (wrapping; the
 //!   first against 0), `offset - end of the previous record` (the first: against the block
 //!   header's end), `len`, `topic`, `flags`.
 //!
 //! Why two: the index travels whole when a block is sealed, and on the replicated disk of a
-//! cluster that is a consensus round of ~0.9 MiB per 4 MiB block in version 1 (32 B per
-//! 100-byte message), the largest stall a publisher sees there. Version 2 carries the same
-//! entries in about a third of the bytes. Version 1 files stay readable, and are still what
+//! cluster that is a consensus round of ~0.9 MiB per 4 MiB block in version 1 (32 B for each
+//! ~150 B record), the largest stall a publisher saw there. Version 2 carries the same
+//! entries in a quarter to a third of the bytes. Version 1 files stay readable, and are still what
 //! [`encode_index`] writes for entries a scan could not have produced (out of order or
 //! overlapping, which only a hostile or buggy caller makes): deltas cannot express them, and
 //! a reader then rejects the file as it would any such index.
