@@ -3,9 +3,12 @@
 //! snapshot is the bytes the application produces from its own state, never a copy of the log.
 //!
 //! What is applied is recorded in the kv stream `raft-applied` (last applied log id and
-//! membership), under the log's sync policy, before `apply` returns. After a crash the entries
-//! after the recorded point are applied again: the [`Applier`] sees an index it may already
-//! have applied, and must skip it (its own state should carry its applied index).
+//! membership), under the log's sync policy, after [`Applier::persist`]: at most every
+//! [`RECORD_APPLIED_INTERVAL_MS`] while entries are applied, and before a snapshot built is
+//! handed to openraft, at the snapshot's own point (openraft may purge the log up to it next).
+//! The recorded point never goes back, except to an installed snapshot's. After a crash the
+//! entries after the recorded point are applied again: the [`Applier`] sees an index it may
+//! already have applied, and must skip it (its own state should carry its applied index).
 
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,6 +72,15 @@ struct Applied {
 
 type Meta = SnapshotMeta<NodeId, BasicNode>;
 
+/// How a record of the applied point treats the one before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    /// The applier's own progress: never recorded below the last record.
+    Forward,
+    /// An installed snapshot: its point replaces whatever was recorded.
+    Replace,
+}
+
 struct Inner {
     /// Held across a whole `apply` call, so a snapshot sees state and applied point together.
     applier: Mutex<Box<dyn Applier>>,
@@ -78,6 +90,8 @@ struct Inner {
     /// one from the application's state when it needs one).
     current: Mutex<Option<(Meta, Vec<u8>)>>,
     snapshots_built: AtomicU64,
+    /// The applied point last recorded; held while a record is written ([`StateMachine::record`]).
+    recorded: tokio::sync::Mutex<Option<LogId>>,
     /// When the applied point was last recorded.
     recorded_at: Mutex<std::time::Instant>,
     /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
@@ -119,10 +133,12 @@ impl StateMachine {
             })?,
             None => Applied::default(),
         };
+        let recorded = tokio::sync::Mutex::new(applied.last_applied);
         Ok(StateMachine {
             inner: Arc::new(Inner {
                 applier: Mutex::new(applier),
                 applied: Mutex::new(applied),
+                recorded,
                 kv,
                 current: Mutex::new(None),
                 snapshots_built: AtomicU64::new(0),
@@ -159,7 +175,7 @@ impl StateMachine {
             .await
             .map_err(StorageIOError::write_state_machine)?;
         *lock(&self.inner.recorded_at) = std::time::Instant::now();
-        self.record(applied).await
+        self.record(applied, Record::Forward).await
     }
 
     /// Runs `f` under the applier's lock on tokio's blocking pool. The applier's file work
@@ -181,14 +197,23 @@ impl StateMachine {
         }
     }
 
-    /// Records `applied` durably (under the sync policy).
-    async fn record(&self, applied: Applied) -> Result<(), StorageError> {
+    /// Records `applied` durably (under the sync policy). Records are serialized: an
+    /// `apply`'s and a snapshot's can be in flight together, and under [`Record::Forward`]
+    /// one older than the last recorded is dropped, so the recorded point never goes back
+    /// below a snapshot the log may have been purged to.
+    async fn record(&self, applied: Applied, rule: Record) -> Result<(), StorageError> {
         fn w(e: impl ToString) -> StorageError {
             StorageIOError::write_state_machine(any(e)).into()
+        }
+        let mut last = self.inner.recorded.lock().await;
+        let index = |l: Option<LogId>| l.map(|l| l.index);
+        if rule == Record::Forward && index(applied.last_applied) < index(*last) {
+            return Ok(());
         }
         let bytes = encode(&applied).map_err(w)?;
         let ticket = self.inner.kv.put(KEY_APPLIED, &bytes).map_err(w)?;
         ticket.await.map_err(w)?;
+        *last = applied.last_applied;
         Ok(())
     }
 
@@ -221,16 +246,23 @@ impl StateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        // The log before the snapshot may be purged next: the applied point must not be
-        // older than it after a crash.
-        self.persist_and_record().await?;
+        // The log up to the snapshot's point may be purged once this returns, and after a
+        // power loss the state machine starts again from the recorded point: that must not
+        // be older than the snapshot's. So the state is made durable, its point read and the
+        // snapshot taken under one hold of the applier (no apply in between), and that very
+        // point is recorded before the snapshot is handed over. (Recording first and taking
+        // the snapshot after let applies in between: the snapshot named a later point than
+        // the one recorded.)
         let (data, applied) = self
             .on_blocking_pool(|applier, inner| {
+                applier.persist()?;
                 let applied = lock(&inner.applied).clone();
                 Ok((applier.snapshot()?, applied))
             })
             .await
             .map_err(StorageIOError::read_state_machine)?;
+        *lock(&self.inner.recorded_at) = std::time::Instant::now();
+        self.record(applied.clone(), Record::Forward).await?;
         let n = self.inner.snapshots_built.fetch_add(1, Ordering::Relaxed);
         let meta = Meta {
             last_log_id: applied.last_applied,
@@ -297,7 +329,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             })
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
-        self.record(applied).await?;
+        // The state is the snapshot's now, whatever was recorded before.
+        self.record(applied, Record::Replace).await?;
         *lock(&self.inner.current) = Some((meta.clone(), data));
         Ok(())
     }
