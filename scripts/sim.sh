@@ -44,6 +44,10 @@
 #                 (interval-sync seeds stall, the harness's); finding 9 showed here
 #   --jobs J      seeds run at once (default: one per core; a seed is CPU-bound, virtual time)
 #   --first       stop at the first failing seed (how many seeds a bug takes to find)
+#   --stress H    keep H busy processes spinning beside the seeds, for CPU contention: the
+#                 cluster broker seeds run real threads in real time, and a race there may
+#                 need a loaded machine to open (session 17's snapshot bug, seed 12944:
+#                 1 run in 3 under three such processes, never on an idle machine)
 #   --verbose     print every seed's plan and fault log, not only the failing ones'
 #   --cluster     run the cluster seeds instead (issue 23; crates/raft/tests/sim, docs/simulation.md
 #                 "Cluster seeds"): 3 or 5 tern-raft nodes on simulated disks and a simulated
@@ -99,6 +103,7 @@ ALL=0
 WRITER_THREADS=0
 CLUSTER=0
 DEBUG=0
+STRESS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --debug) DEBUG=1; shift ;;
@@ -122,13 +127,31 @@ while [ $# -gt 0 ]; do
     --cluster) CLUSTER=1; shift ;;
     --cluster-broker) CLUSTER=broker; shift ;;
     --jobs) JOBS="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,78p' "$0"; exit 0 ;;
+    --stress) STRESS="${2:-}"; shift 2 ;;
+    -h|--help) sed -n '2,85p' "$0"; exit 0 ;;
     *) echo "sim.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-for n in "$SEEDS" "$BASE" "$JOBS" ${SEED:+"$SEED"}; do
-  case "$n" in ''|*[!0-9]*) echo "sim.sh: --seeds, --base, --jobs and --seed want a number" >&2; exit 2 ;; esac
+for n in "$SEEDS" "$BASE" "$JOBS" "$STRESS" ${SEED:+"$SEED"}; do
+  case "$n" in ''|*[!0-9]*) echo "sim.sh: --seeds, --base, --jobs, --stress and --seed want a number" >&2; exit 2 ;; esac
 done
+# What the script leaves behind goes at its exit: the test's log, the --stress processes.
+LOG=""
+HOGS=()
+cleanup() {
+  if [ -n "$LOG" ]; then rm -f "$LOG"; fi
+  if [ "${#HOGS[@]}" -gt 0 ]; then kill "${HOGS[@]}" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
+# start_stress: the --stress processes, once the test binary is built (a build under load
+# only takes longer).
+start_stress() {
+  local i
+  for ((i = 0; i < STRESS; i++)); do
+    (while :; do :; done) &
+    HOGS+=($!)
+  done
+}
 # sim_selection PACKAGE: cargo's package and profile arguments. Release builds the one package;
 # --debug selects the whole workspace, whose features `cargo test --workspace` built with
 # (one package alone unifies other features and rebuilds most dependencies). Other packages'
@@ -150,7 +173,7 @@ run_cluster_seeds() {
     "${prefix}_VERBOSE=$VERBOSE" "${prefix}_STOP_AT_FIRST=$FIRST" "${prefix}_JOBS=$JOBS"
   if [ -n "$SEED" ]; then export "${prefix}_SEED=$SEED"; else unset "${prefix}_SEED"; fi
   LOG="$(mktemp)"
-  trap 'rm -f "$LOG"' EXIT
+  start_stress
   set +e
   cargo test -q "${SEL[@]}" --test "$test" -- --exact "$fn" --nocapture >"$LOG" 2>&1
   status=$?
@@ -198,7 +221,7 @@ cargo test -q "${SEL[@]}" --test sim --no-run 2>/dev/null \
 export TERN_SIM_SEEDS="$SEEDS" TERN_SIM_SEED_BASE="$BASE" TERN_SIM_INJECT="$INJECT" TERN_SIM_VERBOSE="$VERBOSE" TERN_SIM_CRASH_ONLY="$CRASH_ONLY" TERN_SIM_LINGER="$LINGER" TERN_SIM_STOP_AT_FIRST="$FIRST" TERN_SIM_JOBS="$JOBS" TERN_SIM_NO_EIO="$NO_EIO" TERN_SIM_NO_BOUNDS="$NO_BOUNDS" TERN_SIM_GROUPS="$SHARE_GROUPS" TERN_SIM_RETENTION="$RETENTION" TERN_SIM_ALL="$ALL" TERN_SIM_WRITER_THREADS="$WRITER_THREADS"
 if [ -n "$SEED" ]; then export TERN_SIM_SEED="$SEED"; else unset TERN_SIM_SEED; fi
 LOG="$(mktemp)"
-trap 'rm -f "$LOG"' EXIT
+start_stress
 set +e
 cargo test -q "${SEL[@]}" --test sim -- --exact sim_seeds --nocapture >"$LOG" 2>&1
 STATUS=$?
