@@ -363,43 +363,40 @@ struct Ended {
 }
 
 fn report(common: &Common, plan: &TrafficPlan, ended: Ended) -> TrafficReport {
-    let Ended {
-        pub_results,
-        sub_results,
-        shared,
-        clock,
-        cpu,
-        broker_rss_bytes,
-        effective_window,
-    } = ended;
     let mut counts = Counts::default();
     let mut deliveries = 0;
     let mut qos_mismatches = 0;
     let mut last_delivery_ns = 0;
-    for result in &sub_results {
+    for result in &ended.sub_results {
         counts.add(&result.counts);
         deliveries += result.deliveries;
         qos_mismatches += result.qos_mismatches;
         last_delivery_ns = last_delivery_ns.max(result.last_delivery_ns);
     }
-    let first_send_ns = pub_results
+    let first_send_ns = ended
+        .pub_results
         .iter()
         .filter_map(|r| r.first_send_ns)
         .min()
         .unwrap_or(0);
-    let last_ack_ns = pub_results.iter().map(|r| r.last_ack_ns).max().unwrap_or(0);
+    let last_ack_ns = ended
+        .pub_results
+        .iter()
+        .map(|r| r.last_ack_ns)
+        .max()
+        .unwrap_or(0);
     let summary = |histogram: &std::sync::Mutex<Latency>| {
         histogram
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .summary()
     };
-    let sent: u64 = pub_results.iter().map(|r| r.sent).sum();
-    let acked: u64 = pub_results.iter().map(|r| r.acked).sum();
+    let sent: u64 = ended.pub_results.iter().map(|r| r.sent).sum();
+    let acked: u64 = ended.pub_results.iter().map(|r| r.acked).sum();
     let end_ns = if plan.subscribers > 0 {
         last_delivery_ns.max(last_ack_ns)
     } else {
-        last_ack_ns.max(clock.now_ns())
+        last_ack_ns.max(ended.clock.now_ns())
     };
     let elapsed_ns = end_ns.saturating_sub(first_send_ns);
     let publish_end_ns = if plan.qos == Qos::AtMostOnce {
@@ -420,7 +417,7 @@ fn report(common: &Common, plan: &TrafficPlan, ended: Ended) -> TrafficReport {
         subscribers: plan.subscribers,
         messages_per_publisher: plan.messages_per_publisher,
         payload_bytes: plan.payload_bytes,
-        window: (plan.qos != Qos::AtMostOnce).then_some(effective_window),
+        window: (plan.qos != Qos::AtMostOnce).then_some(ended.effective_window),
         topics: plan.topics,
         offered_rate_per_s: plan.offered_rate_per_s,
         sent,
@@ -430,14 +427,18 @@ fn report(common: &Common, plan: &TrafficPlan, ended: Ended) -> TrafficReport {
         delivered_per_s: rate_per_s(counts.received, elapsed_ns),
         published_per_s: rate_per_s(sent, publish_end_ns.saturating_sub(first_send_ns)),
         delivered_bytes_per_s: rate_per_s(counts.received, elapsed_ns) * plan.payload_bytes as f64,
-        e2e_latency: summary(&shared.e2e_latency),
-        ack_latency: summary(&shared.ack_latency),
-        delayed_by_backpressure: pub_results.iter().map(|r| r.delayed_by_backpressure).sum(),
+        e2e_latency: summary(&ended.shared.e2e_latency),
+        ack_latency: summary(&ended.shared.ack_latency),
+        delayed_by_backpressure: ended
+            .pub_results
+            .iter()
+            .map(|r| r.delayed_by_backpressure)
+            .sum(),
         qos_mismatches,
         counts,
         verdict,
         // The drain after the last delivery is idle time; cores are over the active part.
-        cpu: cpu.over_active_ms(elapsed_ns as f64 / 1e6),
-        broker_rss_bytes,
+        cpu: ended.cpu.over_active_ms(elapsed_ns as f64 / 1e6),
+        broker_rss_bytes: ended.broker_rss_bytes,
     }
 }
