@@ -126,6 +126,13 @@ impl Broker {
         crate::engine::reload::after_auth_reload(self.shared.clone())
     }
 
+    /// After a reload of the listeners' TLS files: disconnects (0x87) every client whose
+    /// certificate its listener would now refuse ([`crate::CertificateCheck`]): revoked by a
+    /// reloaded CRL, no longer under the client CA, or expired. Returns how many.
+    pub fn after_tls_reload(&self) -> usize {
+        crate::engine::reload::after_tls_reload(&self.shared)
+    }
+
     /// Marks the broker ready (`/readyz`) before [`Broker::serve_listeners`] runs: recovery is
     /// done when the broker is built, and a bound listener queues connections in the kernel,
     /// so the line that announces the listeners can promise readiness (a probe used to see
@@ -363,6 +370,7 @@ impl Broker {
                 }
             };
             info.peer_cn = upgraded.peer_cn;
+            info.client_cert = upgraded.client_cert;
             crate::connection::run(shared, upgraded.stream, info, stop, (live, slot)).await;
         });
     }

@@ -73,9 +73,9 @@ pub use model::{
 };
 pub use tern_store::{Limits, StreamConfig, SyncPolicy};
 pub use transport::{
-    AcceptedSocket, ByteStream, ConnectionInfo, Listener, ListenerContext, StreamRead,
-    StreamTransport, StreamWrite, Transport, TransportKind, TransportRead, TransportWrite, Upgrade,
-    UpgradeFuture, Upgraded, duplex,
+    AcceptedSocket, ByteStream, CertificateCheck, ClientCertificate, ConnectionInfo, Listener,
+    ListenerContext, StreamRead, StreamTransport, StreamWrite, Transport, TransportKind,
+    TransportRead, TransportWrite, Upgrade, UpgradeFuture, Upgraded, duplex,
 };
 
 /// Internals for this workspace's own tests, benchmarks and fuzz targets (the simulator, the

@@ -38,7 +38,8 @@ Config file keys (TOML, all optional; defaults shown):
     tls_key = \"server.key\"                PEM private key (PKCS#8, PKCS#1 or SEC1)
     tls_client_ca = \"ca.pem\"              ask for client certificates, verified against these CAs
     tls_crl = \"crl.pem\"                   with tls_client_ca: PEM CRLs; a client certificate they
-                                          list is refused (reloaded on SIGHUP, as mosquitto's crlfile)
+                                          list is refused (reloaded on SIGHUP, as mosquitto's crlfile;
+                                          connected clients it revokes are disconnected)
     require_client_cert = false           refuse a TLS handshake without a client certificate
     use_identity_as_username = false      the client certificate's CN is the username (password
                                           dropped); no certificate: CONNACK 4 / 0x86, as mosquitto

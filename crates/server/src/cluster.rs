@@ -77,7 +77,10 @@ pub(crate) async fn run(
     let current = Arc::new(Mutex::new(None::<Broker>));
     signals::on_hangup(vec![
         auth_reload(current.clone(), file.clone(), allow_anonymous),
-        crate::cert_reload(listeners::CertReloader::new(&prepared)),
+        crate::cert_reload(listeners::CertReloader::new(&prepared), {
+            let current = current.clone();
+            move || current.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        }),
     ])
     .context("cannot install the SIGHUP handler")?;
     let bound = listeners::bind(prepared, max_packet_size).await?;

@@ -10,10 +10,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use bytes::Bytes;
 use serde::Deserialize;
 use tern_broker::{
-    AcceptedSocket, ByteStream, Listener, ListenerContext, StreamTransport, TransportKind, Upgrade,
-    UpgradeFuture, Upgraded,
+    AcceptedSocket, ByteStream, CertificateCheck, ClientCertificate, Listener, ListenerContext,
+    StreamTransport, TransportKind, Upgrade, UpgradeFuture, Upgraded,
 };
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -237,52 +238,53 @@ struct StreamUpgrade {
 
 impl Upgrade for StreamUpgrade {
     fn upgrade(&self, socket: AcceptedSocket) -> UpgradeFuture {
-        let acceptor = self
-            .tls
-            .as_ref()
-            .map(|tls| TlsAcceptor::from(tls.current()));
+        let tls = self.tls.clone();
         let websocket = self.websocket;
         let max_packet = self.max_packet_size_bytes;
         match socket {
             AcceptedSocket::Tcp(socket) => {
                 let _ = socket.set_nodelay(true);
-                Box::pin(upgrade(socket, acceptor, websocket, max_packet))
+                Box::pin(upgrade(socket, tls, websocket, max_packet))
             }
             // A client forwarded over a TLS cluster link: this listener's own TLS and
             // WebSocket run inside it, as they would on the socket.
-            AcceptedSocket::Stream(stream) => {
-                Box::pin(upgrade(stream, acceptor, websocket, max_packet))
-            }
+            AcceptedSocket::Stream(stream) => Box::pin(upgrade(stream, tls, websocket, max_packet)),
         }
     }
 }
 
 async fn upgrade<S: ByteStream>(
     socket: S,
-    acceptor: Option<TlsAcceptor>,
+    tls: Option<Arc<TlsState>>,
     websocket: bool,
     max_packet: u32,
 ) -> std::io::Result<Upgraded> {
-    let Some(acceptor) = acceptor else {
+    let Some(state) = tls else {
         let ws = crate::ws::accept(socket, max_packet).await?;
         return Ok(Upgraded {
             stream: StreamTransport::new(ws),
             peer_cn: None,
+            client_cert: None,
         });
     };
-    let tls = acceptor.accept(socket).await?;
-    let peer_cn = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|chain| chain.first())
-        .and_then(crate::tls::common_name);
+    let tls = TlsAcceptor::from(state.current()).accept(socket).await?;
+    let chain = tls.get_ref().1.peer_certificates().unwrap_or_default();
+    let peer_cn = chain.first().and_then(crate::tls::common_name);
+    // Kept for the connection's life, checked again when the listener's files are reloaded.
+    let client_cert = (!chain.is_empty()).then(|| ClientCertificate {
+        chain: chain.iter().map(|c| Bytes::copy_from_slice(c)).collect(),
+        check: state as Arc<dyn CertificateCheck>,
+    });
     let stream = if websocket {
         StreamTransport::new(crate::ws::accept(tls, max_packet).await?)
     } else {
         StreamTransport::new(tls)
     };
-    Ok(Upgraded { stream, peer_cn })
+    Ok(Upgraded {
+        stream,
+        peer_cn,
+        client_cert,
+    })
 }
 
 #[cfg(test)]

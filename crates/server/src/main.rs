@@ -264,7 +264,10 @@ fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
         let shutdown = signals::install().context("cannot install signal handlers")?;
         signals::on_hangup(vec![
             auth_reload(&broker, file.auth.clone(), allow_anonymous),
-            cert_reload(listeners::CertReloader::new(&prepared)),
+            cert_reload(listeners::CertReloader::new(&prepared), {
+                let broker = broker.clone();
+                move || Some(broker.clone())
+            }),
         ])
         .context("cannot install the SIGHUP handler")?;
         let max_packet_size = broker.config().max_packet_size_bytes;
@@ -283,13 +286,20 @@ fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
     })
 }
 
-/// SIGHUP: every TLS listener's certificate, key and client CA (a listener whose files are bad
-/// keeps its old ones).
-fn cert_reload(reloader: listeners::CertReloader) -> signals::Reload {
+/// SIGHUP: every TLS listener's certificate, key, client CA and CRLs (a listener whose files
+/// are bad keeps its old ones); then the broker serving now (`serving`) disconnects the
+/// clients whose certificates the new files refuse.
+fn cert_reload(
+    reloader: listeners::CertReloader,
+    serving: impl Fn() -> Option<Broker> + Send + Sync + 'static,
+) -> signals::Reload {
     signals::Reload {
         name: "TLS certificates",
         apply: Box::new(move || {
             let failed = reloader.reload();
+            if let Some(broker) = serving() {
+                broker.after_tls_reload();
+            }
             if failed.is_empty() {
                 Ok(())
             } else {

@@ -5,8 +5,10 @@
 //! # Invariants
 //! - A reload either replaces a listener's whole config (certificate, key, client CA and CRLs
 //!   read and checked together) or leaves it as it was: a bad file never takes TLS down.
-//! - Handshakes take the config current when they start; connections already up keep theirs
-//!   (a certificate revoked by a reloaded CRL is refused from the next handshake on).
+//! - Handshakes take the config current when they start. A connection already up keeps its
+//!   session keys, but its client certificate is checked again by the verifier current after
+//!   a reload ([`CertificateCheck`]): one the new files refuse is disconnected
+//!   (`Broker::after_tls_reload`), as the next handshake with it would be refused.
 //! - With CRLs, a client certificate is checked as mosquitto's `crlfile` does: the end
 //!   certificate only, and one whose issuer has no CRL in the file is refused (status unknown).
 
@@ -15,10 +17,13 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use parking_lot::RwLock;
 use rustls::RootCertStore;
-use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use tern_broker::CertificateCheck;
 
 /// A TLS setup that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -60,32 +65,65 @@ pub struct TlsFiles {
 /// One listener's TLS config, replaceable while it serves.
 pub struct TlsState {
     files: TlsFiles,
-    current: RwLock<Arc<ServerConfig>>,
+    current: RwLock<Built>,
+}
+
+/// A listener's config as read from its files at one time.
+struct Built {
+    config: Arc<ServerConfig>,
+    /// The client-certificate verifier inside `config` (with a client CA only), kept to check
+    /// the certificates of connected clients again after a reload.
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
 }
 
 impl TlsState {
     pub fn load(files: TlsFiles) -> Result<TlsState, TlsError> {
-        let config = build(&files)?;
+        let built = build(&files)?;
         Ok(TlsState {
             files,
-            current: RwLock::new(config),
+            current: RwLock::new(built),
         })
     }
 
     /// The config for a handshake starting now.
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.current.read().clone()
+        self.current.read().config.clone()
     }
 
     /// Re-reads the files and swaps the config in; on error the old one stays.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let config = build(&self.files)?;
-        *self.current.write() = config;
+        let built = build(&self.files)?;
+        *self.current.write() = built;
         Ok(())
     }
 }
 
-fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+/// The same verification as a handshake starting now (client CA, CRLs, validity at this
+/// moment), so a reload that revokes a certificate reaches the connections made with it.
+impl CertificateCheck for TlsState {
+    fn still_valid(&self, chain: &[Bytes]) -> bool {
+        let Some(verifier) = self.current.read().verifier.clone() else {
+            // No client CA: this listener verifies no client certificate, so none is kept.
+            return true;
+        };
+        let Some((end_entity, intermediates)) = chain.split_first() else {
+            return false;
+        };
+        let intermediates: Vec<CertificateDer<'_>> = intermediates
+            .iter()
+            .map(|c| CertificateDer::from(c.as_ref()))
+            .collect();
+        verifier
+            .verify_client_cert(
+                &CertificateDer::from(end_entity.as_ref()),
+                &intermediates,
+                UnixTime::now(),
+            )
+            .is_ok()
+    }
+}
+
+fn build(files: &TlsFiles) -> Result<Built, TlsError> {
     let certs = read_certs(&files.cert)?;
     let key = read_key(&files.key)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -97,6 +135,7 @@ fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| config_error(e.to_string()))?;
+    let mut kept = None;
     let builder = match &files.client_ca {
         None => builder.with_no_client_auth(),
         Some(path) => {
@@ -129,13 +168,17 @@ fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
                     reason: e.to_string(),
                 },
             })?;
+            kept = Some(verifier.clone());
             builder.with_client_cert_verifier(verifier)
         }
     };
     let config = builder
         .with_single_cert(certs, key)
         .map_err(|e| config_error(e.to_string()))?;
-    Ok(Arc::new(config))
+    Ok(Built {
+        config: Arc::new(config),
+        verifier: kept,
+    })
 }
 
 fn open(path: &Path) -> Result<BufReader<File>, TlsError> {

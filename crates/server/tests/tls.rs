@@ -139,7 +139,8 @@ fn mutual_tls_and_require_client_cert() {
 
 /// `tls_crl`: a client certificate the CA's revocation list names is refused in the
 /// handshake, with mosquitto_pub; a CRL replaced and reloaded on SIGHUP refuses the next
-/// handshake of a certificate it has just revoked (connections already up keep theirs).
+/// handshake of a certificate it has just revoked (and cuts the connections already up with
+/// it: tests/tls_revocation.rs).
 #[test]
 fn a_revoked_client_certificate_is_refused_and_a_reloaded_crl_revokes() {
     let dir = tempfile::tempdir().unwrap();

@@ -23,9 +23,11 @@ use crate::metrics::Metrics;
 use crate::model::Ticket;
 use crate::read_order::ReadSlot;
 use crate::state::outbound::{WriterState, encode_packet};
-use crate::state::session::{ConnInfo, Credentials};
+use crate::state::session::{ConnInfo, Credentials, Proof};
 use crate::state::topic_alias::InboundAliases;
-use crate::transport::{ConnectionInfo, ListenerContext, TransportRead, TransportWrite};
+use crate::transport::{
+    ClientCertificate, ConnectionInfo, ListenerContext, TransportRead, TransportWrite,
+};
 
 pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
     shared: &Arc<Shared>,
@@ -40,6 +42,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
     let info_peer = info.peer;
     let allow_anonymous = info.listener.allow_anonymous;
     let listener = info.listener.clone();
+    let certificate = info.client_cert.clone();
     let identity = identity_username(info);
     let deadline = Instant::now() + config.connect_timeout();
     let mut connect = loop {
@@ -96,6 +99,7 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
         allow_anonymous,
         by_certificate,
         listener,
+        certificate,
     };
     accept(shared, *connect, writer, reader, client).await
 }
@@ -270,6 +274,8 @@ struct Client {
     /// The username is the client certificate's CN (`use_identity_as_username`).
     by_certificate: bool,
     listener: Arc<ListenerContext>,
+    /// The client certificate the listener's TLS verified, if one was sent.
+    certificate: Option<ClientCertificate>,
 }
 
 /// `max_connect_rate_per_ip`: takes a token of `peer`'s bucket, or counts and logs the refusal.
@@ -298,13 +304,13 @@ fn checked_credentials(
     client: &Client,
     username: Option<&Arc<str>>,
     password: Option<&bytes::Bytes>,
-) -> Option<Arc<Credentials>> {
+) -> Option<Credentials> {
     let username = username?;
     if client.by_certificate || shared.auth.rules().passwords.is_none() {
         return None;
     }
     let password = password.map_or(&[][..], |p| &p[..]);
-    Some(Arc::new(Credentials::new(username.clone(), password)))
+    Some(Credentials::new(username.clone(), password))
 }
 
 /// The credentials (password file) and the will's topic (ACL, write access), checked before
@@ -386,11 +392,14 @@ async fn accept<W: TransportWrite>(
         peer: client.peer,
         keep_alive_s: terms.keep_alive_s,
         connected_at_unix_ms: ConnInfo::unix_ms(std::time::SystemTime::now()),
-        credentials: checked_credentials(
-            shared,
-            &client,
-            username.as_ref(),
-            connect.password.as_ref(),
+        proof: Proof::new(
+            checked_credentials(
+                shared,
+                &client,
+                username.as_ref(),
+                connect.password.as_ref(),
+            ),
+            client.certificate.clone(),
         ),
     });
     // At most 65,535 s × 1.5: fits a u32 of milliseconds.

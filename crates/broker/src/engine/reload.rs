@@ -7,6 +7,11 @@
 //!   (its password changed, or its user is gone) is disconnected with 0x87 (Not authorized),
 //!   as mosquitto does.
 //!
+//! After a reload of the listeners' TLS files, a connected client whose certificate its
+//! listener would now refuse (revoked by a reloaded CRL, no longer under the client CA, or
+//! expired since it connected) is disconnected with 0x87 as well: a revoked key is cut off at
+//! the reload, not at its holder's next connection. mosquitto keeps such connections.
+//!
 //! In-flight deliveries are left to finish (MQTT-4.4.0-1: the client may hold them already).
 
 use std::sync::Arc;
@@ -16,7 +21,7 @@ use tern_wire::ReasonCode;
 use crate::auth::{Access, Verdict, Who};
 use crate::engine::Shared;
 use crate::metrics::Metrics;
-use crate::state::session::{ConnCtl, Credentials, Session};
+use crate::state::session::{ConnCtl, Proof, Session};
 
 /// Applies the reloaded rules to queued deliveries and connected clients. Returns how many
 /// deliveries were dropped and how many clients were disconnected.
@@ -66,16 +71,12 @@ async fn recheck_credentials(shared: &Shared, sessions: &[Arc<Session>]) -> usiz
     if shared.auth.rules().passwords.is_none() {
         return 0;
     }
-    let connected: Vec<(Arc<ConnCtl>, Arc<Credentials>)> = sessions
-        .iter()
-        .filter_map(|session| {
-            let ctl = session.state.lock().conn.clone()?;
-            let credentials = ctl.info()?.credentials.clone()?;
-            Some((ctl, credentials))
-        })
-        .collect();
+    let connected: Vec<(Arc<ConnCtl>, Arc<Proof>)> = connected_with_proof(sessions);
     let mut kicked = 0;
-    for (ctl, credentials) in connected {
+    for (ctl, proof) in connected {
+        let Some(credentials) = &proof.credentials else {
+            continue;
+        };
         let verdict = shared
             .auth
             .authenticate(
@@ -91,6 +92,46 @@ async fn recheck_credentials(shared: &Shared, sessions: &[Arc<Session>]) -> usiz
                 "credentials refused by the reloaded password file; client disconnected"
             );
         }
+    }
+    kicked
+}
+
+/// The connected clients that proved something when they connected (in this process: a
+/// client of a previous leader's broker is not here).
+fn connected_with_proof(sessions: &[Arc<Session>]) -> Vec<(Arc<ConnCtl>, Arc<Proof>)> {
+    sessions
+        .iter()
+        .filter_map(|session| {
+            let ctl = session.state.lock().conn.clone()?;
+            let proof = ctl.info()?.proof.clone()?;
+            Some((ctl, proof))
+        })
+        .collect()
+}
+
+/// Checks every connected client's certificate against its listener's verification as it
+/// stands after a TLS reload; those refused now are kicked with 0x87. Returns how many.
+pub(crate) fn after_tls_reload(shared: &Shared) -> usize {
+    let sessions: Vec<Arc<Session>> = shared.sessions.map.lock().values().cloned().collect();
+    let mut kicked = 0;
+    for (ctl, proof) in connected_with_proof(&sessions) {
+        let Some(certificate) = &proof.certificate else {
+            continue;
+        };
+        if !certificate.still_valid() && ctl.kick(ReasonCode::NOT_AUTHORIZED) {
+            kicked += 1;
+            let peer = ctl.info().map(|i| i.peer);
+            tracing::warn!(
+                ?peer,
+                "client certificate refused by the reloaded TLS files; client disconnected"
+            );
+        }
+    }
+    if kicked > 0 {
+        tracing::info!(
+            disconnected = kicked,
+            "reloaded TLS files applied to connected clients"
+        );
     }
     kicked
 }

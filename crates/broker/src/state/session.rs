@@ -21,6 +21,7 @@ use crate::hash::Map;
 use crate::model::SubRecord;
 use crate::model::message::Message;
 use crate::state::outbound::Outbound;
+use crate::transport::ClientCertificate;
 use signal::Signal;
 
 /// What the connection's task and the rest of the broker share about one live connection.
@@ -57,9 +58,34 @@ pub(crate) struct ConnInfo {
     /// `SystemTime` takes 16: the credentials below fit in what this saves, and every
     /// connection's control block keeps its size, `idle_connection_state_stays_small`).
     pub(crate) connected_at_unix_ms: u64,
-    /// The credentials a password file accepted, kept so that a reload of the file checks
-    /// them again (`engine::reload`); `None` for every other client.
-    pub(crate) credentials: Option<Arc<Credentials>>,
+    /// What the client proved when it connected, kept so that a reload (SIGHUP) checks it
+    /// again (`engine::reload`); `None` when it proved neither a password nor a certificate.
+    pub(crate) proof: Option<Arc<Proof>>,
+}
+
+/// What a connected client proved: one allocation behind one pointer, so that every
+/// connection's control block keeps its size (`idle_connection_state_stays_small`).
+#[derive(Debug)]
+pub(crate) struct Proof {
+    /// The username and password a password file accepted.
+    pub(crate) credentials: Option<Credentials>,
+    /// The client certificate the listener's TLS verified.
+    pub(crate) certificate: Option<ClientCertificate>,
+}
+
+impl Proof {
+    /// `None` when there is nothing to check again.
+    pub(crate) fn new(
+        credentials: Option<Credentials>,
+        certificate: Option<ClientCertificate>,
+    ) -> Option<Arc<Proof>> {
+        (credentials.is_some() || certificate.is_some()).then(|| {
+            Arc::new(Proof {
+                credentials,
+                certificate,
+            })
+        })
+    }
 }
 
 /// A client's username and password as the password file accepted them at CONNECT. Kept for

@@ -114,6 +114,8 @@ pub struct ConnectionInfo {
     pub(crate) peer: SocketAddr,
     /// The CN of the client certificate (TLS with a verified client certificate only).
     pub(crate) peer_cn: Option<Arc<str>>,
+    /// The verified client certificate (TLS with a client certificate only).
+    pub(crate) client_cert: Option<super::ClientCertificate>,
 }
 
 impl ConnectionInfo {
@@ -122,6 +124,7 @@ impl ConnectionInfo {
             listener,
             peer,
             peer_cn: None,
+            client_cert: None,
         }
     }
 }

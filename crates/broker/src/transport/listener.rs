@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{ByteStream, ListenerContext, StreamTransport};
@@ -26,6 +27,42 @@ pub struct Upgraded {
     pub stream: StreamTransport,
     /// The CN of the verified client certificate, if the client sent one.
     pub peer_cn: Option<Arc<str>>,
+    /// The verified client certificate, if the client sent one.
+    pub client_cert: Option<ClientCertificate>,
+}
+
+/// A listener's client-certificate verification as it stands now: after a reload of its TLS
+/// files (SIGHUP), the revocation lists, client CA and clock of the next handshake.
+pub trait CertificateCheck: Send + Sync {
+    /// Whether `chain` (DER, the end entity first, then the intermediates the client sent)
+    /// would pass a handshake on this listener now. `false` for a chain it cannot parse.
+    fn still_valid(&self, chain: &[Bytes]) -> bool;
+}
+
+/// A client certificate a TLS handshake verified, kept for the connection's life so that a
+/// reload of the listener's TLS files checks it again ([`crate::Broker::after_tls_reload`]):
+/// a certificate revoked since is cut off at the reload, not at its next connection.
+#[derive(Clone)]
+pub struct ClientCertificate {
+    /// DER, the end entity first, then the intermediates the client sent.
+    pub chain: Arc<[Bytes]>,
+    /// The listener's check, which a reload updates in place.
+    pub check: Arc<dyn CertificateCheck>,
+}
+
+impl ClientCertificate {
+    /// Whether the listener would accept this certificate now.
+    pub(crate) fn still_valid(&self) -> bool {
+        self.check.still_valid(&self.chain)
+    }
+}
+
+impl std::fmt::Debug for ClientCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCertificate")
+            .field("chain_len", &self.chain.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The future of one [`Upgrade::upgrade`].

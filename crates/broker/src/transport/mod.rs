@@ -42,7 +42,9 @@ use tokio::net::TcpStream;
 
 pub use context::{ConnectionInfo, ListenerContext, TransportKind};
 pub(crate) use listener::poll_accept_any;
-pub use listener::{AcceptedSocket, Listener, Upgrade, UpgradeFuture, Upgraded};
+pub use listener::{
+    AcceptedSocket, CertificateCheck, ClientCertificate, Listener, Upgrade, UpgradeFuture, Upgraded,
+};
 pub use stream::{ByteStream, StreamRead, StreamTransport, StreamWrite, duplex};
 
 /// At most this many parts go into one `write_vectored` call (Linux's `IOV_MAX` is 1024).
