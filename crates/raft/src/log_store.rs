@@ -19,8 +19,8 @@
 //!   [`MAX_CACHED_ENTRY_BYTES`], so that replication and the state machine, which read an entry
 //!   right after it is flushed and committed, do not read it back from the log stream.
 //! - The slots holding a copy are exactly those at and above `copies_from` (a suffix of the
-//!   log: appends add copies at the end, the oldest durable ones are dropped first), and
-//!   `copy_bytes` is the encoded size of their entries.
+//!   log: appends add copies at the end, the oldest durable ones are dropped first), which is
+//!   never below the first slot, and `copy_bytes` is the encoded size of their entries.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -88,7 +88,9 @@ impl Index {
     fn cut_from(&mut self, index: LogIndex) {
         let cut = self.slots.split_off(&index);
         self.copy_bytes -= copied_bytes(&cut);
-        self.copies_from = self.copies_from.min(index);
+        if !self.slots.is_empty() {
+            self.copies_from = self.copies_from.min(index);
+        }
     }
 
     /// Drops every slot up to `log_id` (purged).
@@ -102,7 +104,17 @@ impl Index {
 
     /// An appended entry, with its copy (at the end: `cut_from` its index first).
     fn push(&mut self, index: LogIndex, slot: Slot) {
-        debug_assert!(slot.copy.is_some() && self.copies_from <= index);
+        debug_assert!(slot.copy.is_some());
+        debug_assert!(
+            self.slots
+                .last_key_value()
+                .is_none_or(|(&l, _)| l + 1 == index)
+        );
+        // The first slot of an empty log starts the copies (the default 0 may lie below it,
+        // and the oldest copies are dropped from `copies_from` up).
+        if self.slots.is_empty() || self.copies_from > index {
+            self.copies_from = index;
+        }
         self.copy_bytes += slot.len_bytes;
         self.slots.insert(index, slot);
     }
@@ -157,6 +169,7 @@ impl Index {
         if let Some(p) = self.purged {
             debug_assert_eq!(first, p.index + 1, "hole after the purge point");
         }
+        debug_assert!(first <= self.copies_from, "copies_from below the log");
         // The copies are a suffix: the ends of its border only (O(log n)).
         if let Some(s) = self.slots.get(&self.copies_from) {
             debug_assert!(s.copy.is_some(), "no copy at copies_from");
