@@ -49,7 +49,11 @@ fi
 if wants rumqttd && ! command -v rumqttd >/dev/null; then
   [ -n "${NO_INSTALL:-}" ] && { log "missing: rumqttd"; exit 2; }
   log "installing rumqttd $RUMQTTD_VERSION from crates.io"
-  cargo install --locked rumqttd --version "$RUMQTTD_VERSION"
+  # rumqttd 0.20.0's own lockfile pins metrics 0.22.1, which current rustc refuses (E0521);
+  # without the lockfile cargo takes a later 0.22.x that builds.
+  cargo install --locked rumqttd --version "$RUMQTTD_VERSION" ||
+    { log "the locked build failed; installing with newer compatible dependencies";
+      cargo install rumqttd --version "$RUMQTTD_VERSION"; }
 fi
 
 # tern itself only when it is among the brokers measured.
