@@ -209,7 +209,7 @@ def draw(chart, brokers, runs):
     import matplotlib.pyplot as plt
 
     present = [b for b in ORDER if b in brokers]
-    colors = {"tern": "#d1495b", "mosquitto": "#00798c", "nats": "#edae49", "rumqttd": "#66a182"}
+    colors = {"tern": "#d1495b", "tern-base": "#8a8a8a", "mosquitto": "#00798c", "nats": "#edae49", "rumqttd": "#66a182"}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [4, 1]})
     width = 0.8 / max(len(present), 1)
     for i, broker in enumerate(present):
