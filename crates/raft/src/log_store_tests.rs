@@ -187,7 +187,11 @@ fn check_copies(log: &LogStore) {
             "slot {i}: not a suffix"
         );
     }
-    assert_eq!(ix.copy_bytes, super::copied_bytes(&ix.slots), "copy_bytes");
+    assert_eq!(
+        ix.copy_bytes,
+        super::index::copied_bytes(&ix.slots),
+        "copy_bytes"
+    );
     if let Some((&first, _)) = ix.slots.first_key_value() {
         assert!(ix.copies_from >= first, "copies_from below the log");
     }
