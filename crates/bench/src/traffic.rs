@@ -373,26 +373,26 @@ fn report(common: &Common, plan: &TrafficPlan, ended: Ended) -> TrafficReport {
         qos_mismatches += result.qos_mismatches;
         last_delivery_ns = last_delivery_ns.max(result.last_delivery_ns);
     }
-    let first_send_ns = ended
-        .pub_results
-        .iter()
-        .filter_map(|r| r.first_send_ns)
-        .min()
-        .unwrap_or(0);
-    let last_ack_ns = ended
-        .pub_results
-        .iter()
-        .map(|r| r.last_ack_ns)
-        .max()
-        .unwrap_or(0);
+    // One pass over the publishers (the earliest send, the latest ack, the totals).
+    let (mut first_send_ns, mut last_ack_ns) = (None::<u64>, 0);
+    let (mut sent, mut acked, mut delayed_by_backpressure) = (0u64, 0u64, 0);
+    for r in &ended.pub_results {
+        first_send_ns = match (first_send_ns, r.first_send_ns) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        last_ack_ns = last_ack_ns.max(r.last_ack_ns);
+        sent += r.sent;
+        acked += r.acked;
+        delayed_by_backpressure += r.delayed_by_backpressure;
+    }
+    let first_send_ns = first_send_ns.unwrap_or(0);
     let summary = |histogram: &std::sync::Mutex<Latency>| {
         histogram
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .summary()
     };
-    let sent: u64 = ended.pub_results.iter().map(|r| r.sent).sum();
-    let acked: u64 = ended.pub_results.iter().map(|r| r.acked).sum();
     let end_ns = if plan.subscribers > 0 {
         last_delivery_ns.max(last_ack_ns)
     } else {
@@ -429,11 +429,7 @@ fn report(common: &Common, plan: &TrafficPlan, ended: Ended) -> TrafficReport {
         delivered_bytes_per_s: rate_per_s(counts.received, elapsed_ns) * plan.payload_bytes as f64,
         e2e_latency: summary(&ended.shared.e2e_latency),
         ack_latency: summary(&ended.shared.ack_latency),
-        delayed_by_backpressure: ended
-            .pub_results
-            .iter()
-            .map(|r| r.delayed_by_backpressure)
-            .sum(),
+        delayed_by_backpressure,
         qos_mismatches,
         counts,
         verdict,
