@@ -164,43 +164,43 @@ impl LogStore {
         range: impl RangeBounds<u64>,
         max_bytes: usize,
     ) -> Result<Vec<Entry>, StorageError> {
-        enum Found {
-            Copy(Box<Entry>),
-            Seq(u64, LogIndex),
-        }
-        let mut found: Vec<Found> = Vec::new();
+        // The copies are a suffix of the log (module text): what the range needs from the
+        // stream comes first, the copies after it.
+        let mut from_stream: Vec<(u64, LogIndex)> = Vec::new();
+        let mut copies: Vec<Entry> = Vec::new();
         {
             let ix = self.index();
             let mut bytes = 0usize;
             for (&i, s) in ix.slots.range(range) {
-                if !found.is_empty() && bytes + s.len_bytes > max_bytes {
+                let taken = from_stream.len() + copies.len();
+                if taken > 0 && bytes + s.len_bytes > max_bytes {
                     break;
                 }
                 bytes += s.len_bytes;
-                found.push(match &s.copy {
-                    Some(e) => Found::Copy(Box::new(e.clone())),
-                    None => Found::Seq(s.seq, i),
-                });
-            }
-        }
-        let mut out = Vec::with_capacity(found.len());
-        for f in found {
-            match f {
-                Found::Copy(e) => out.push(*e),
-                Found::Seq(seq, i) => {
-                    let rec = self
-                        .inner
-                        .log
-                        .get(seq)
-                        .map_err(|e| StorageIOError::read_log_at_index(i, store_err(e)))?;
-                    // Purged meanwhile: the entries found so far are still consecutive.
-                    let Some(rec) = rec else { break };
-                    let e: Entry = decode(&rec.payload)
-                        .map_err(|e| StorageIOError::read_log_at_index(i, store_err(e)))?;
-                    out.push(e);
+                match &s.copy {
+                    Some(e) => copies.push(e.clone()),
+                    None => {
+                        debug_assert!(copies.is_empty(), "a copy below an entry without one");
+                        from_stream.push((s.seq, i));
+                    }
                 }
             }
         }
+        let mut out = Vec::with_capacity(from_stream.len() + copies.len());
+        for (seq, i) in from_stream {
+            let rec = self
+                .inner
+                .log
+                .get(seq)
+                .map_err(|e| StorageIOError::read_log_at_index(i, store_err(e)))?;
+            // Purged meanwhile: the entries found so far are still consecutive (the copies
+            // after the gap are not).
+            let Some(rec) = rec else { return Ok(out) };
+            let e: Entry = decode(&rec.payload)
+                .map_err(|e| StorageIOError::read_log_at_index(i, store_err(e)))?;
+            out.push(e);
+        }
+        out.extend(copies);
         Ok(out)
     }
 
