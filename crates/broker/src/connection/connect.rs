@@ -35,14 +35,14 @@ pub(super) async fn handshake<R: TransportRead, W: TransportWrite<Io = R>>(
     mut writer: W,
     buf: &mut BytesMut,
     stop: &mut watch::Receiver<bool>,
-    info: ConnectionInfo,
+    mut info: ConnectionInfo,
 ) -> Result<Accepted<W>, Refused> {
     let config = &shared.config;
     // Only what the CONNECT needs of `info` is kept across the reads below.
     let info_peer = info.peer;
     let allow_anonymous = info.listener.allow_anonymous;
     let listener = info.listener.clone();
-    let certificate = info.client_cert.clone();
+    let certificate = info.client_cert.take();
     let identity = identity_username(info);
     let deadline = Instant::now() + config.connect_timeout();
     let mut connect = loop {
@@ -399,7 +399,7 @@ async fn accept<W: TransportWrite>(
                 username.as_ref(),
                 connect.password.as_ref(),
             ),
-            client.certificate.clone(),
+            client.certificate,
         ),
     });
     // At most 65,535 s × 1.5: fits a u32 of milliseconds.
