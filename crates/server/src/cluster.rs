@@ -54,6 +54,27 @@ impl EngineFactory for ServerEngine {
     }
 }
 
+/// SIGHUP: the cluster port's certificate, key, CA and CRLs, read again; links to and from
+/// peers the new files refuse are cut (`tern_raft::tls`, "Reload").
+fn cluster_tls_reload(
+    tls: tern_raft::ClusterTls,
+    files: crate::tls::ClusterTlsFiles,
+) -> signals::Reload {
+    signals::Reload {
+        name: "cluster TLS",
+        apply: Box::new(move || {
+            let cut = crate::tls::reload_cluster_tls(&files, &tls).map_err(|e| e.to_string())?;
+            if cut > 0 {
+                tracing::warn!(
+                    cut,
+                    "cluster TLS: connections of peers the reloaded files refuse were cut"
+                );
+            }
+            Ok(())
+        }),
+    }
+}
+
 /// Runs this node until `shutdown` resolves.
 pub(crate) async fn run(
     node: tern_raft::NodeConfig,
@@ -75,14 +96,17 @@ pub(crate) async fn run(
     let cluster_addr = cluster_listener.local_addr().context("cluster address")?;
     let max_packet_size = file.broker.max_packet_size_bytes;
     let current = Arc::new(Mutex::new(None::<Broker>));
-    signals::on_hangup(vec![
+    let mut reloads = vec![
         auth_reload(current.clone(), file.clone(), allow_anonymous),
         crate::cert_reload(listeners::CertReloader::new(&prepared), {
             let current = current.clone();
             move || current.lock().unwrap_or_else(|e| e.into_inner()).clone()
         }),
-    ])
-    .context("cannot install the SIGHUP handler")?;
+    ];
+    if let (Some(tls), Some(files)) = (&config.raft.tls, &file.cluster_tls) {
+        reloads.push(cluster_tls_reload(tls.clone(), files.clone()));
+    }
+    signals::on_hangup(reloads).context("cannot install the SIGHUP handler")?;
     let bound = listeners::bind(prepared, max_packet_size).await?;
     let http_hook = http.clone();
     let engine = ServerEngine {

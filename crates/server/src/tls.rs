@@ -243,8 +243,15 @@ pub struct ClusterTlsFiles {
     pub crl: Option<PathBuf>,
 }
 
-/// Reads the cluster port's TLS files, with the listeners' PEM reading.
-pub fn cluster_tls(files: &ClusterTlsFiles) -> Result<tern_raft::ClusterTls, TlsError> {
+/// What the cluster port's TLS files hold, parsed: chain, key, CA, CRLs.
+type ClusterTlsParts = (
+    Vec<CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+    Vec<CertificateDer<'static>>,
+    Vec<rustls::pki_types::CertificateRevocationListDer<'static>>,
+);
+
+fn read_cluster_files(files: &ClusterTlsFiles) -> Result<ClusterTlsParts, TlsError> {
     let chain = read_certs(&files.cert)?;
     let key = read_key(&files.key)?;
     let ca = read_certs(&files.ca)?;
@@ -252,11 +259,33 @@ pub fn cluster_tls(files: &ClusterTlsFiles) -> Result<tern_raft::ClusterTls, Tls
         Some(path) => read_crls(path)?,
         None => Vec::new(),
     };
-    tern_raft::ClusterTls::new(chain, key, ca, crls).map_err(|e| TlsError::Config {
+    Ok((chain, key, ca, crls))
+}
+
+fn cluster_config_error(files: &ClusterTlsFiles, e: &tern_raft::ConsensusError) -> TlsError {
+    TlsError::Config {
         cert: files.cert.clone(),
         key: files.key.clone(),
         reason: e.to_string(),
-    })
+    }
+}
+
+/// Reads the cluster port's TLS files, with the listeners' PEM reading.
+pub fn cluster_tls(files: &ClusterTlsFiles) -> Result<tern_raft::ClusterTls, TlsError> {
+    let (chain, key, ca, crls) = read_cluster_files(files)?;
+    tern_raft::ClusterTls::new(chain, key, ca, crls).map_err(|e| cluster_config_error(files, &e))
+}
+
+/// SIGHUP: reads the cluster port's TLS files again into `tls` (and every clone of it), which
+/// cuts the live links to and from peers whose certificates they now refuse; returns how many
+/// were cut. Files that fail to read or build leave the old ones in force.
+pub fn reload_cluster_tls(
+    files: &ClusterTlsFiles,
+    tls: &tern_raft::ClusterTls,
+) -> Result<usize, TlsError> {
+    let (chain, key, ca, crls) = read_cluster_files(files)?;
+    tls.reload(chain, key, ca, crls)
+        .map_err(|e| cluster_config_error(files, &e))
 }
 
 /// The Common Name of a (verified) client certificate, for `use_identity_as_username`.

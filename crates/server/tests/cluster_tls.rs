@@ -398,6 +398,99 @@ fn node_3_never_joins(nodes: &[Broker]) {
     }
 }
 
+/// SIGHUP on the cluster's TLS files (docs/cluster.md "Security"): a CRL that revokes node 3,
+/// installed on nodes 1 and 2 and reloaded there, cuts node 3 off at once, although its
+/// connections were made before (without the cut, the leader's open Raft connection would
+/// keep replicating to it); the two go on committing. A reload whose files are bad first
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_cuts_off_a_node_whose_certificate_is_revoked_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    // A fourth certificate, never used: its CRL is the one in force at the start.
+    let mut pki = make_cluster(dir.path(), "good", &["n1", "n2", "n3", "unused"]);
+    let crl = dir.path().join("cluster-crl.pem");
+    std::fs::copy(&pki[3].revoked_in, &crl).unwrap();
+    pki.truncate(3);
+    for node in &mut pki {
+        node.crl = Some(crl.clone());
+    }
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let nodes = start(&pki, &ports);
+    let mut leader = wait_leader(&nodes, &[0, 1, 2]);
+    if leader == 3 {
+        let r = common::http::request_json(
+            nodes[2].http.unwrap(),
+            "POST",
+            "/api/v1/cluster/leader",
+            Some(TOKEN),
+            "{\"id\": 1}",
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        leader = wait_leader(&nodes, &[0, 1, 2]);
+    }
+    let leader_node = &nodes[usize::try_from(leader).unwrap() - 1];
+    let mut publisher = RawClient::v5(leader_node.addr, "crl-pub").await;
+    let publish = |id: u16| tern_wire::Packet::Publish(common::raw::publish("crl/t", b"m", 1, id));
+    let node3_match = |v: &Value| {
+        v["members"].as_array().and_then(|m| {
+            m.iter()
+                .find(|m| m["id"] == 3)
+                .and_then(|m| m["match_index"].as_u64())
+        })
+    };
+    let caught_up = || {
+        let v = try_view(leader_node)?;
+        (node3_match(&v)? >= v["commit_index"].as_u64()?).then_some(())
+    };
+
+    // Bad files: the CRL overwritten with garbage. The reload fails, nothing is cut.
+    std::fs::write(&crl, "not a CRL").unwrap();
+    nodes[0].signal(libc::SIGHUP);
+    wait_for("node 1's failed reload", || {
+        let log = nodes[0].log_tail(200);
+        (log.contains("reload failed") && log.contains("cluster TLS")).then_some(())
+    });
+    publisher.send(&publish(1)).await;
+    assert!(matches!(
+        publisher.expect_packet().await,
+        tern_wire::Packet::PubAck(_)
+    ));
+    wait_for("node 3 caught up after the failed reload", caught_up);
+
+    // Node 3's certificate revoked on nodes 1 and 2; node 3 is not told.
+    std::fs::copy(&pki[2].revoked_in, &crl).unwrap();
+    nodes[0].signal(libc::SIGHUP);
+    nodes[1].signal(libc::SIGHUP);
+    wait_for("the leader cutting its links to node 3", || {
+        leader_node
+            .log_tail(400)
+            .contains("cut after the reload")
+            .then_some(())
+    });
+    let cut_at = node3_match(&view(leader_node)).unwrap_or(0);
+    for id in 2..22 {
+        publisher.send(&publish(id)).await;
+        match publisher.expect_packet().await {
+            tern_wire::Packet::PubAck(a) => assert_eq!(a.packet_id, id),
+            p => panic!("expected PUBACK, got {}", common::raw::brief(&p)),
+        }
+    }
+    // Long enough for heartbeats and retries over any link still open (50-500 ms each).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = view(leader_node);
+    let commit = after["commit_index"].as_u64().unwrap();
+    assert!(commit >= cut_at + 20, "{after}");
+    assert!(
+        node3_match(&after).is_none_or(|m| m <= cut_at),
+        "node 3 still replicated to after the reload: {after}"
+    );
+    // The other of the two still follows the same leader.
+    assert_eq!(
+        view(&nodes[usize::try_from(leader % 2).unwrap()])["leader_id"],
+        leader
+    );
+}
+
 fn serve_with(config: &str, dir: &Path) -> common::Finished {
     let path = dir.join("tern.toml");
     std::fs::write(&path, config).unwrap();
