@@ -11,9 +11,10 @@
 #   REPEATS=3                          repetitions of the whole matrix (median is reported)
 #   RETRIES=2                          extra attempts for a cell that could not run (exit 2)
 #   BROKERS="tern mosquitto nats rumqttd"
-#   CELLS="q0 q1w1 q1w256 q2w1 q2w256 fanout conns tls_q1w256 tls_conns"
+#   CELLS="q0 q1w1 q1w256 q2w1 q2w256 fanout conns tls_q1w256 tls_conns tls_mconns"
 #                                      tls_*: tern and mosquitto over TLS (certificates made by
-#                                      openssl for the run, in the work directory)
+#                                      openssl for the run, in the work directory); tls_mconns:
+#                                      mutual TLS, every client presenting a certificate
 #   NO_INSTALL=1                       fail instead of installing missing brokers
 #   NO_REPORT=1                        only collect bench/results/*.jsonl
 #   NO_BUILD=1                         use the tern and tern-bench already in CARGO_TARGET_DIR
@@ -30,7 +31,7 @@ RESULTS="$BENCH/results"
 REPEATS=${REPEATS:-3}
 RETRIES=${RETRIES:-2}
 BROKERS=${BROKERS:-"tern mosquitto nats rumqttd"}
-CELLS=${CELLS:-"q0 q1w1 q1w256 q2w1 q2w256 fanout conns tls_q1w256 tls_conns"}
+CELLS=${CELLS:-"q0 q1w1 q1w256 q2w1 q2w256 fanout conns tls_q1w256 tls_conns tls_mconns"}
 RUMQTTD_VERSION=0.20.0
 
 need_nofile "$(ulimit -Hn)"
@@ -73,9 +74,11 @@ fi
 # ---- brokers ---------------------------------------------------------------------------------
 init_work
 
-# port_of NAME [CELL]: the broker's plain port, or its TLS port for a tls_* cell.
+# port_of NAME [CELL]: the broker's plain port, or its TLS port for a tls_* cell (its mutual-TLS
+# port for tls_mconns).
 port_of() {
   case "$1:${2:-}" in
+    tern:tls_mconns | tern-base:tls_mconns) echo 18843 ;; mosquitto:tls_mconns) echo 18844 ;;
     tern:tls_* | tern-base:tls_*) echo 18842 ;; mosquitto:tls_*) echo 18841 ;;
     tern:* | tern-base:*) echo 18832 ;; mosquitto:*) echo 18831 ;; rumqttd:*) echo 18833 ;; nats:*) echo 18835 ;;
   esac
@@ -93,15 +96,25 @@ make_tls() {
   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$d/ext.cnf"
   openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
     -out "$d/server.pem" -days 2 -extfile "$d/ext.cnf" 2>/dev/null
+  # A client certificate for the mutual-TLS listeners (tls_mconns).
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$d/client.key" -out "$d/client.csr" -subj "/CN=tern-bench" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\n' >"$d/client-ext.cnf"
+  openssl x509 -req -in "$d/client.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+    -out "$d/client.pem" -days 2 -extfile "$d/client-ext.cnf" 2>/dev/null
   chmod 644 "$d/server.key"
   # The brokers' configs plus a TLS listener each.
   { cat "$CONFIGS/tern.toml"
     printf '\n[[listener]]\nbind = "127.0.0.1:%s"\ntls_cert = "%s"\ntls_key = "%s"\n' \
       "$(port_of tern tls_)" "$d/server.pem" "$d/server.key"
+    printf '\n[[listener]]\nbind = "127.0.0.1:%s"\ntls_cert = "%s"\ntls_key = "%s"\ntls_client_ca = "%s"\nrequire_client_cert = true\n' \
+      "$(port_of tern tls_mconns)" "$d/server.pem" "$d/server.key" "$d/ca.pem"
   } >"$WORK/tern.toml"
   { cat "$CONFIGS/mosquitto.conf"
     printf '\nlistener %s 127.0.0.1\ncafile %s\ncertfile %s\nkeyfile %s\n' \
       "$(port_of mosquitto tls_)" "$d/ca.pem" "$d/server.pem" "$d/server.key"
+    printf '\nlistener %s 127.0.0.1\ncafile %s\ncertfile %s\nkeyfile %s\nrequire_certificate true\n' \
+      "$(port_of mosquitto tls_mconns)" "$d/ca.pem" "$d/server.pem" "$d/server.key"
   } >"$WORK/mosquitto.conf"
 }
 make_tls
@@ -160,6 +173,7 @@ cell_args() {
     # TLS (tern and mosquitto): QoS 1 window 256; connect rate and memory per idle connection.
     tls_q1w256) echo "pubsub --qos 1 --window 256 -n 300000 --tls-ca $WORK/tls/ca.pem" ;;
     tls_conns) echo "conns -n 5000 --first-source 127.0.1.1 --per-source 2500 --hold-s 2 --connect-concurrency 128 --tls-ca $WORK/tls/ca.pem" ;;
+    tls_mconns) echo "conns -n 5000 --first-source 127.0.1.1 --per-source 2500 --hold-s 2 --connect-concurrency 128 --tls-ca $WORK/tls/ca.pem --tls-cert $WORK/tls/client.pem --tls-key $WORK/tls/client.key" ;;
   esac
 }
 

@@ -28,6 +28,7 @@ CELLS = {
     "conns": "10,000 idle connections",
     "tls_q1w256": "TLS, QoS 1, window 256",
     "tls_conns": "TLS, 5,000 idle connections",
+    "tls_mconns": "mutual TLS, 5,000 idle connections",
 }
 TRAFFIC = ["q0", "q1w1", "q1w256", "q2w1", "q2w256", "fanout"]
 
@@ -159,6 +160,11 @@ def build(brokers, machine, runs):
         lines.append(row("TLS connects per second", "tls_conns", lambda r: r["connects_per_s"], fmt_int))
         lines.append(row("broker memory per idle TLS connection, bytes", "tls_conns",
                          lambda r: r["broker_bytes_per_connection"], fmt_int, False))
+        if any(cell == "tls_mconns" for (_, cell) in runs):
+            lines.append(row("mutual TLS connects per second (client certificate)", "tls_mconns",
+                             lambda r: r["connects_per_s"], fmt_int))
+            lines.append(row("broker memory per idle mutual-TLS connection, bytes", "tls_mconns",
+                             lambda r: r["broker_bytes_per_connection"], fmt_int, False))
     lines += ["", "**End-to-end latency at window 1** (p50 / p99; closed loop, one message in flight)", "", header, rule]
     for cell in ["q1w1", "q2w1"]:
         def latency_text(broker, cell=cell):

@@ -103,6 +103,13 @@ pub struct Common {
     /// The name the server certificate must carry (default: --host; an IP address works).
     #[arg(long, requires = "tls_ca")]
     pub tls_server_name: Option<String>,
+    /// With --tls-ca: present this client certificate chain (PEM), for listeners that ask
+    /// for one (`tls_client_ca`). Every connection of the run presents the same one.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, clap::Args)]

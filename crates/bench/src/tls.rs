@@ -28,10 +28,20 @@ impl TlsClient {
             return Ok(None);
         };
         let name = common.tls_server_name.as_deref().unwrap_or(&common.host);
-        Ok(Some(TlsClient::new(ca, name)?))
+        let identity = match (&common.tls_cert, &common.tls_key) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            _ => None,
+        };
+        Ok(Some(TlsClient::new(ca, name, identity)?))
     }
 
-    pub fn new(ca: &Path, server_name: &str) -> anyhow::Result<TlsClient> {
+    /// Trusting the CAs in `ca`, checking `server_name`; with `identity` (certificate chain
+    /// and key files), presenting that client certificate.
+    pub fn new(
+        ca: &Path,
+        server_name: &str,
+        identity: Option<(&Path, &Path)>,
+    ) -> anyhow::Result<TlsClient> {
         let file = std::fs::File::open(ca).with_context(|| format!("--tls-ca {}", ca.display()))?;
         let mut roots = rustls::RootCertStore::empty();
         for cert in rustls_pemfile::certs(&mut std::io::BufReader::new(file)) {
@@ -48,8 +58,16 @@ impl TlsClient {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+            .with_root_certificates(roots);
+        let config = match identity {
+            None => config.with_no_client_auth(),
+            Some((cert, key)) => {
+                let (chain, key) = read_identity(cert, key)?;
+                config
+                    .with_client_auth_cert(chain, key)
+                    .context("--tls-cert/--tls-key")?
+            }
+        };
         let server_name = ServerName::try_from(server_name.to_owned())
             .with_context(|| format!("--tls-server-name {server_name}"))?;
         Ok(TlsClient {
@@ -61,6 +79,33 @@ impl TlsClient {
     pub async fn handshake(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
         self.connector.connect(self.server_name.clone(), tcp).await
     }
+}
+
+/// The client certificate chain and its key, from PEM files.
+fn read_identity(
+    cert: &Path,
+    key: &Path,
+) -> anyhow::Result<(
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+)> {
+    let open = |p: &Path, what: &str| {
+        std::fs::File::open(p)
+            .map(std::io::BufReader::new)
+            .with_context(|| format!("{what} {}", p.display()))
+    };
+    let chain = rustls_pemfile::certs(&mut open(cert, "--tls-cert")?)
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("--tls-cert {}", cert.display()))?;
+    anyhow::ensure!(
+        !chain.is_empty(),
+        "--tls-cert {}: no certificate",
+        cert.display()
+    );
+    let key = rustls_pemfile::private_key(&mut open(key, "--tls-key")?)
+        .with_context(|| format!("--tls-key {}", key.display()))?
+        .with_context(|| format!("--tls-key {}: no private key", key.display()))?;
+    Ok((chain, key))
 }
 
 /// A connection's byte stream: plain TCP or TLS over TCP.

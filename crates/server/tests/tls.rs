@@ -137,6 +137,44 @@ fn mutual_tls_and_require_client_cert() {
     assert_eq!(text(&out.stdout).trim(), "with cert");
 }
 
+/// `tern bench` against a listener that requires client certificates: with `--tls-cert` and
+/// `--tls-key` its connections are taken and every QoS 1 message acknowledged and delivered;
+/// without them its handshakes are refused and the run fails.
+#[test]
+fn tern_bench_presents_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = certs::make(dir.path(), "bench", "client-bench");
+    let extra = format!(
+        "tls_client_ca = \"{}\"\nrequire_client_cert = true\n",
+        pki.ca.display()
+    );
+    let (_broker, addr) = start(&pki, &extra);
+    let bench = |identity: &[&Path]| {
+        let mut command = Command::new(common::bin());
+        command
+            .args(["bench", "pubsub", "--port", &addr.port().to_string()])
+            .args(["--qos", "1", "-n", "200", "--timeout-s", "20", "--json"])
+            .arg("--tls-ca")
+            .arg(&pki.ca);
+        for (name, path) in ["--tls-cert", "--tls-key"].iter().zip(identity) {
+            command.arg(name).arg(path);
+        }
+        run(&mut command, Duration::from_secs(60))
+    };
+    let out = bench(&[&pki.client_cert, &pki.client_key]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["acked"], 200, "{report}");
+    assert_eq!(report["deliveries"], 200, "{report}");
+    let out = bench(&[]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("CertificateRequired"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// `tls_crl`: a client certificate the CA's revocation list names is refused in the
 /// handshake, with mosquitto_pub; a CRL replaced and reloaded on SIGHUP refuses the next
 /// handshake of a certificate it has just revoked (and cuts the connections already up with
