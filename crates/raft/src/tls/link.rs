@@ -55,8 +55,8 @@ impl TlsLink {
         let chain = session
             .peer_certificates()
             .filter(|c| !c.is_empty())
-            .ok_or_else(|| io::Error::other("cluster TLS: the peer presented no certificate"))?
-            .to_vec();
+            .ok_or_else(|| io::Error::other("cluster TLS: the peer presented no certificate"))?;
+        let chain = links.intern(chain);
         let watch = Arc::new(LinkWatch {
             peer,
             side,
@@ -83,8 +83,9 @@ pub(super) enum Side {
 pub(super) struct LinkWatch {
     pub(super) peer: SocketAddr,
     pub(super) side: Side,
-    /// The peer's chain, end certificate first (as the handshake received it).
-    pub(super) chain: Vec<CertificateDer<'static>>,
+    /// The peer's chain, end certificate first (as the handshake received it); shared with
+    /// the other links of the same peer ([`Links::intern`]).
+    pub(super) chain: Arc<[CertificateDer<'static>]>,
     cut: AtomicBool,
     /// The tasks to wake when the link is cut while they wait on it (reads and writes may be
     /// polled by different tasks once the link is split).
@@ -120,7 +121,15 @@ fn cut_error() -> io::Error {
 #[derive(Default)]
 pub(super) struct Links {
     inner: Mutex<LinksInner>,
+    /// The peers' chains, one copy each: every forwarded client has a link of its own, and
+    /// all of a peer's links present the same chain (a copy per link was 621 B per forwarded
+    /// connection on each of the two nodes it crosses). At most [`MAX_INTERNED_CHAINS`].
+    chains: Mutex<Vec<Arc<[CertificateDer<'static>]>>>,
 }
+
+/// Most distinct peer chains kept for sharing: a cluster's members, with room for renewed
+/// certificates. A chain beyond them still works, with a copy of its own per link.
+pub(super) const MAX_INTERNED_CHAINS: usize = 32;
 
 #[derive(Default)]
 struct LinksInner {
@@ -130,6 +139,25 @@ struct LinksInner {
 }
 
 impl Links {
+    /// `chain` as one shared copy: the one kept if an equal chain is, else a new one, kept
+    /// if there is room (or a kept chain no link holds any more gives its place).
+    fn intern(&self, chain: &[CertificateDer<'_>]) -> Arc<[CertificateDer<'static>]> {
+        let mut chains = self.chains.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(kept) = chains.iter().find(|c| c[..] == chain[..]) {
+            return kept.clone();
+        }
+        let new: Arc<[CertificateDer<'static>]> =
+            chain.iter().map(|c| c.clone().into_owned()).collect();
+        if chains.len() >= MAX_INTERNED_CHAINS {
+            // Held by the list alone: no live link shares it.
+            chains.retain(|c| Arc::strong_count(c) > 1);
+        }
+        if chains.len() < MAX_INTERNED_CHAINS {
+            chains.push(new.clone());
+        }
+        new
+    }
+
     fn register(&self, watch: &Arc<LinkWatch>) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if inner.watches.len() >= (2 * inner.swept_len).max(64) {
@@ -223,5 +251,46 @@ impl AsyncWrite for Link {
             // A cut link may still say goodbye: closing is what its holder does next.
             Link::Tls(link) => Pin::new(&mut link.stream).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(n: u8) -> Vec<CertificateDer<'static>> {
+        vec![
+            CertificateDer::from(vec![n; 300]),
+            CertificateDer::from(vec![7; 10]),
+        ]
+    }
+
+    /// Equal chains share one copy; a full list takes a new chain only in the place of one
+    /// that no link holds; beyond that a chain gets a copy of its own.
+    #[test]
+    fn equal_chains_share_one_copy_and_the_list_stays_bounded() {
+        let links = Links::default();
+        let a = links.intern(&chain(1));
+        let again = links.intern(&chain(1));
+        assert!(Arc::ptr_eq(&a, &again));
+        assert_eq!(a[..], chain(1)[..]);
+        let b = links.intern(&chain(2));
+        assert!(!Arc::ptr_eq(&a, &b));
+
+        // Fill the list with chains held by "links".
+        let held: Vec<_> = (10..10 + MAX_INTERNED_CHAINS as u8 - 2)
+            .map(|n| links.intern(&chain(n)))
+            .collect();
+        assert_eq!(links.chains.lock().unwrap().len(), MAX_INTERNED_CHAINS);
+        let over = links.intern(&chain(200));
+        let over_again = links.intern(&chain(200));
+        assert!(!Arc::ptr_eq(&over, &over_again), "no room: not kept");
+        assert_eq!(over[..], chain(200)[..]);
+        // A kept chain no link holds gives its place.
+        drop(b);
+        let new = links.intern(&chain(201));
+        assert!(Arc::ptr_eq(&new, &links.intern(&chain(201))));
+        assert!(links.chains.lock().unwrap().len() <= MAX_INTERNED_CHAINS);
+        drop(held);
     }
 }
