@@ -72,6 +72,8 @@ struct Configs {
     connector: tokio_rustls::TlsConnector,
     client_verifier: Arc<dyn ClientCertVerifier>,
     server_verifier: Arc<CaOnlyVerifier>,
+    /// How many reloads came before these (0: the files read at start).
+    generation: u64,
 }
 
 impl std::fmt::Debug for ClusterTls {
@@ -107,18 +109,22 @@ impl ClusterTls {
         ca: Vec<CertificateDer<'static>>,
         crls: Vec<CertificateRevocationListDer<'static>>,
     ) -> Result<usize, ConsensusError> {
-        let configs = Configs::new(chain, key, ca, crls)?;
+        let mut configs = Configs::new(chain, key, ca, crls)?;
         let (client_verifier, server_verifier) = (
             configs.client_verifier.clone(),
             configs.server_verifier.clone(),
         );
-        // Swapped before the check: a link made from here on was made under the new rules,
-        // and one made before is in the list the check walks.
-        *self
-            .shared
-            .current
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = configs;
+        // Swapped before the check: a handshake that took the old configs and registers its
+        // link after the check's walk sees the new generation and checks itself (`admit`).
+        {
+            let mut current = self
+                .shared
+                .current
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            configs.generation = current.generation + 1;
+            *current = configs;
+        }
         let now = UnixTime::now();
         let mut cut = 0;
         for watch in self.shared.links.live() {
@@ -140,11 +146,14 @@ impl ClusterTls {
 
     /// The server side of the handshake on a connection a peer opened.
     pub async fn accept(&self, stream: TcpStream) -> std::io::Result<Link> {
-        let acceptor = self.configs().acceptor.clone();
+        let (acceptor, generation) = {
+            let configs = self.configs();
+            (configs.acceptor.clone(), configs.generation)
+        };
         let tls = acceptor.accept(stream).await?;
         let stream = tokio_rustls::TlsStream::Server(tls);
         let link = TlsLink::new(stream, Side::Accepted, &self.shared.links)?;
-        Ok(Link::Tls(Box::new(link)))
+        self.admit(link, generation)
     }
 
     /// The client side of the handshake on a connection to the peer at `addr`.
@@ -155,10 +164,44 @@ impl ClusterTls {
     ) -> std::io::Result<Link> {
         // Not checked (module documentation); the address is what a name would have been.
         let name = ServerName::IpAddress(addr.ip().into());
-        let connector = self.configs().connector.clone();
+        let (connector, generation) = {
+            let configs = self.configs();
+            (configs.connector.clone(), configs.generation)
+        };
         let tls = connector.connect(name, stream).await?;
         let stream = tokio_rustls::TlsStream::Client(tls);
         let link = TlsLink::new(stream, Side::Connected, &self.shared.links)?;
+        self.admit(link, generation)
+    }
+
+    /// A link whose handshake ran under the configs of `generation`, registered: if a reload
+    /// came since, its walk may have missed the link, so the link is checked here against
+    /// the configs in force (and refused as a handshake would be now).
+    fn admit(&self, link: TlsLink, generation: u64) -> std::io::Result<Link> {
+        let verifiers = {
+            let configs = self.configs();
+            (configs.generation != generation).then(|| {
+                (
+                    configs.client_verifier.clone(),
+                    configs.server_verifier.clone(),
+                )
+            })
+        };
+        if let Some((client_verifier, server_verifier)) = verifiers {
+            let now = UnixTime::now();
+            recheck(
+                link.watch(),
+                client_verifier.as_ref(),
+                &server_verifier,
+                now,
+            )
+            .map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("cluster TLS: refused by the files reloaded during the handshake: {e}"),
+                )
+            })?;
+        }
         Ok(Link::Tls(Box::new(link)))
     }
 }
@@ -240,6 +283,7 @@ impl Configs {
             connector: tokio_rustls::TlsConnector::from(Arc::new(client)),
             client_verifier,
             server_verifier,
+            generation: 0,
         })
     }
 }

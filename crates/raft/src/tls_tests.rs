@@ -261,3 +261,35 @@ async fn a_reload_cuts_the_live_links_of_the_certificates_it_revokes() {
         "b after the reload"
     );
 }
+
+/// A handshake under way through a reload ran with the old files: its link, registered after
+/// the reload's walk, is checked against the new ones before it is handed out.
+#[tokio::test]
+async fn a_handshake_that_straddles_a_reload_is_checked_against_the_new_files() {
+    let ca = Ca::new();
+    let (chain_a, key_a) = ca.issue("a", 1, both());
+    let trust = vec![ca.0.der().clone()];
+    let a = ClusterTls::new(
+        chain_a.clone(),
+        key_a.clone_key(),
+        trust.clone(),
+        vec![ca.crl(&[])],
+    )
+    .unwrap();
+    let c = ca.node_serial("c", 3, both(), &ca, vec![]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let server = a.clone();
+    let accepting = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        server.accept(s).await
+    });
+    // The accept has taken the old acceptor and waits for the client's hello.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(a.reload(chain_a, key_a, trust, vec![ca.crl(&[3])]).unwrap(), 0);
+    let _client = c.connect(addr, tcp).await;
+    let accepted = accepting.await.unwrap();
+    let error = accepted.expect_err("c's link was handed out after its revocation");
+    assert_eq!(error.kind(), std::io::ErrorKind::PermissionDenied, "{error}");
+}

@@ -68,6 +68,10 @@ impl TlsLink {
         links.register(&watch);
         Ok(TlsLink { stream, watch })
     }
+
+    pub(super) fn watch(&self) -> &LinkWatch {
+        &self.watch
+    }
 }
 
 /// Which end of the handshake this node was: what the peer's certificate was checked as.
