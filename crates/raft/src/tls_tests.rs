@@ -287,9 +287,16 @@ async fn a_handshake_that_straddles_a_reload_is_checked_against_the_new_files() 
     });
     // The accept has taken the old acceptor and waits for the client's hello.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    assert_eq!(a.reload(chain_a, key_a, trust, vec![ca.crl(&[3])]).unwrap(), 0);
+    assert_eq!(
+        a.reload(chain_a, key_a, trust, vec![ca.crl(&[3])]).unwrap(),
+        0
+    );
     let _client = c.connect(addr, tcp).await;
     let accepted = accepting.await.unwrap();
     let error = accepted.expect_err("c's link was handed out after its revocation");
-    assert_eq!(error.kind(), std::io::ErrorKind::PermissionDenied, "{error}");
+    assert_eq!(
+        error.kind(),
+        std::io::ErrorKind::PermissionDenied,
+        "{error}"
+    );
 }

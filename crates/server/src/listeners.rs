@@ -267,13 +267,15 @@ async fn upgrade<S: ByteStream>(
             client_cert: None,
         });
     };
-    let tls = TlsAcceptor::from(state.current()).accept(socket).await?;
+    let (config, verified_in) = state.current();
+    let tls = TlsAcceptor::from(config).accept(socket).await?;
     let chain = tls.get_ref().1.peer_certificates().unwrap_or_default();
     let peer_cn = chain.first().and_then(crate::tls::common_name);
     // Kept for the connection's life, checked again when the listener's files are reloaded.
     let client_cert = (!chain.is_empty()).then(|| ClientCertificate {
         chain: chain.iter().map(|c| Bytes::copy_from_slice(c)).collect(),
         check: state as Arc<dyn CertificateCheck>,
+        verified_in,
     });
     let stream = if websocket {
         StreamTransport::new(crate::ws::accept(tls, max_packet).await?)

@@ -71,6 +71,8 @@ pub struct TlsState {
 /// A listener's config as read from its files at one time.
 struct Built {
     config: Arc<ServerConfig>,
+    /// How many reloads came before it (0: read at start).
+    generation: u64,
     /// The client-certificate verifier inside `config` (with a client CA only), kept to check
     /// the certificates of connected clients again after a reload.
     verifier: Option<Arc<dyn ClientCertVerifier>>,
@@ -85,15 +87,20 @@ impl TlsState {
         })
     }
 
-    /// The config for a handshake starting now.
-    pub fn current(&self) -> Arc<ServerConfig> {
-        self.current.read().config.clone()
+    /// The config for a handshake starting now, and its generation
+    /// ([`CertificateCheck::generation`]).
+    pub fn current(&self) -> (Arc<ServerConfig>, u64) {
+        let built = self.current.read();
+        (built.config.clone(), built.generation)
     }
 
-    /// Re-reads the files and swaps the config in; on error the old one stays.
+    /// Re-reads the files and swaps the config in (the next generation); on error the old one
+    /// stays.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let built = build(&self.files)?;
-        *self.current.write() = built;
+        let mut built = build(&self.files)?;
+        let mut current = self.current.write();
+        built.generation = current.generation + 1;
+        *current = built;
         Ok(())
     }
 }
@@ -120,6 +127,10 @@ impl CertificateCheck for TlsState {
                 UnixTime::now(),
             )
             .is_ok()
+    }
+
+    fn generation(&self) -> u64 {
+        self.current.read().generation
     }
 }
 
@@ -177,6 +188,7 @@ fn build(files: &TlsFiles) -> Result<Built, TlsError> {
         .map_err(|e| config_error(e.to_string()))?;
     Ok(Built {
         config: Arc::new(config),
+        generation: 0,
         verifier: kept,
     })
 }
@@ -321,12 +333,12 @@ mod tests {
             require_client_cert: false,
         };
         let state = TlsState::load(files.clone()).unwrap();
-        let before = state.current();
+        let (before, _) = state.current();
         std::fs::write(&key_path, "not a key").unwrap();
         let error = state.reload().unwrap_err();
         assert!(matches!(error, TlsError::NoKey { .. }), "{error}");
         assert!(
-            Arc::ptr_eq(&before, &state.current()),
+            Arc::ptr_eq(&before, &state.current().0),
             "kept the old config"
         );
 

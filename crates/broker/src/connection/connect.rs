@@ -23,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::model::Ticket;
 use crate::read_order::ReadSlot;
 use crate::state::outbound::{WriterState, encode_packet};
-use crate::state::session::{ConnInfo, Credentials, Proof};
+use crate::state::session::{ConnCtl, ConnInfo, Credentials, Proof};
 use crate::state::topic_alias::InboundAliases;
 use crate::transport::{
     ClientCertificate, ConnectionInfo, ListenerContext, TransportRead, TransportWrite,
@@ -402,6 +402,7 @@ async fn accept<W: TransportWrite>(
             client.certificate,
         ),
     });
+    recheck_certificate(&attached.ctl);
     // At most 65,535 s × 1.5: fits a u32 of milliseconds.
     let keep_alive_ms = u32::from(terms.keep_alive_s) * 1500;
     let keep_alive = shared.keep_alive.watch(&attached.ctl, keep_alive_ms);
@@ -436,6 +437,18 @@ async fn accept<W: TransportWrite>(
         terms.client_alias_maximum,
     );
     Ok((conn, (writer, writer_state, connack_after)))
+}
+
+/// A TLS reload between `admit`'s certificate check and `set_info` walked the connected
+/// clients without this one: its certificate is checked again now that a later walk would see
+/// it, and a refused one kicked (0x87), as the walk would have.
+fn recheck_certificate(ctl: &ConnCtl) {
+    let proof = ctl.info().and_then(|i| i.proof.as_ref());
+    if let Some(certificate) = proof.and_then(|p| p.certificate.as_ref())
+        && !certificate.valid_now()
+    {
+        ctl.kick(ReasonCode::NOT_AUTHORIZED);
+    }
 }
 
 /// Takes the session over (or makes it) with the negotiated terms; the CONNACK's properties
@@ -499,6 +512,13 @@ async fn admit(
     if !admit_rate(shared, client.peer.ip(), &connect.client_id) {
         // 0x9F Connection rate exceeded; 3.1.1: return code 3, Server unavailable.
         return Err(Some(ReasonCode::CONNECTION_RATE_EXCEEDED));
+    }
+    if let Some(certificate) = &client.certificate
+        && !certificate.valid_now()
+    {
+        // Revoked (or the client CA changed) by a TLS reload after this client's handshake:
+        // refused as that reload would have disconnected it.
+        return Err(Some(ReasonCode::NOT_AUTHORIZED));
     }
     let username: Option<Arc<str>> = connect.username.as_deref().map(Arc::from);
     authorize(shared, connect, username.as_deref(), client)

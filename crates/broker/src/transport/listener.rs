@@ -37,6 +37,12 @@ pub trait CertificateCheck: Send + Sync {
     /// Whether `chain` (DER, the end entity first, then the intermediates the client sent)
     /// would pass a handshake on this listener now. `false` for a chain it cannot parse.
     fn still_valid(&self, chain: &[Bytes]) -> bool;
+
+    /// How many reloads of the listener's TLS files have been applied: a reload bumps it when
+    /// it swaps the files in, before the broker walks the connected clients. A certificate
+    /// verified under an earlier generation may have missed that walk (its connection was
+    /// still in its CONNECT) and is checked again ([`ClientCertificate::valid_now`]).
+    fn generation(&self) -> u64;
 }
 
 /// A client certificate a TLS handshake verified, kept for the connection's life so that a
@@ -48,12 +54,20 @@ pub struct ClientCertificate {
     pub chain: Arc<[Bytes]>,
     /// The listener's check, which a reload updates in place.
     pub check: Arc<dyn CertificateCheck>,
+    /// The check's generation the handshake verified the chain under.
+    pub verified_in: u64,
 }
 
 impl ClientCertificate {
     /// Whether the listener would accept this certificate now.
     pub(crate) fn still_valid(&self) -> bool {
         self.check.still_valid(&self.chain)
+    }
+
+    /// [`ClientCertificate::still_valid`], skipped (true) while no reload came since the
+    /// handshake: the CONNECT path's check, costing one load when nothing changed.
+    pub(crate) fn valid_now(&self) -> bool {
+        self.check.generation() == self.verified_in || self.still_valid()
     }
 }
 
