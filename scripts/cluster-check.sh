@@ -12,7 +12,7 @@
 #                                 [--seconds S] [--keep]
 #                                 [--broker tern|tern-single|nats] [--bin PATH] [--sync POLICY]
 #                                 [--wipe-on-kill] [--receiver-at-publish] [--seed N]
-#                                 [--rate MSGS_PER_S] [--window W]
+#                                 [--rate MSGS_PER_S] [--window W] [--tls] [--tls-reloads N]
 #   --kills N       SIGKILL the leader N times (found with GET /api/v1/cluster; a random live
 #                   node when no node answers), restarted after --restart-after-s (1 s)
 #   --pauses N      SIGSTOP a random node for 1-3 s, then SIGCONT, N times
@@ -39,6 +39,13 @@
 #                   a node back from a fault, or added, catches up by a snapshot install
 #   --seconds S     length of the load phase; the faults are spread evenly over it (default 40)
 #   --keep          keep the work directory (configs, data dirs, broker logs)
+#   --tls           mutual TLS on the cluster port ([cluster] tls_cert/tls_key/tls_ca/tls_crl:
+#                   a CA, a certificate per node and an empty CRL, made with openssl as
+#                   docs/cluster.md says): Raft traffic and forwarded clients over TLS
+#   --tls-reloads N  with --tls: SIGHUP every node N times under the load (each re-reads the
+#                   files and checks every open cluster link against them); as the files
+#                   revoke nothing, a link cut (reload_cuts) or a failed reload
+#                   (reload_failures) fails the run
 #   --broker B      tern (default: three nodes with [cluster]); tern-single (one node without
 #                   [cluster], killed and restarted in place: the checker's test bed); nats
 #                   (three routed nats-server with JetStream and MQTT, QoS 1 only)
@@ -75,8 +82,8 @@ while [ $# -gt 0 ]; do
     --broker) BROKER="$2"; ARGS+=("$1" "$2"); shift 2 ;;
     --bin) BIN="$2"; shift 2 ;;
     --partition | --keep | --wipe-on-kill | --receiver-at-publish | --power-loss-all | \
-      --membership) ARGS+=("$1"); shift ;;
-    --kills | --pauses | --transfers | --power-losses | --snapshot-every | --seconds | --sync | --seed | --rate | --window | --netns | \
+      --membership | --tls) ARGS+=("$1"); shift ;;
+    --kills | --pauses | --transfers | --power-losses | --snapshot-every | --seconds | --sync | --seed | --rate | --window | --netns | --tls-reloads | \
       --restart-after-s | --partition-s)
       ARGS+=("$1" "$2"); shift 2 ;;
     *) echo "cluster-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;

@@ -86,7 +86,16 @@ def parse_args(argv):
     p.add_argument("--rate", type=float, default=100.0, help="messages/s per publisher")
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--seed", type=int, default=None)
-    return p.parse_args(argv)
+    p.add_argument("--tls", action="store_true",
+                   help="tern: mutual TLS on the cluster port (openssl certificates, empty CRL)")
+    p.add_argument("--tls-reloads", type=int, default=0,
+                   help="with --tls: SIGHUP every node N times; nothing may be cut or fail")
+    a = p.parse_args(argv)
+    if a.tls_reloads and not a.tls:
+        p.error("--tls-reloads needs --tls")
+    if a.tls and a.broker != "tern":
+        p.error("--tls is for --broker tern")
+    return a
 
 
 class Run:
@@ -107,6 +116,7 @@ class Run:
         self.spares = []  # nodes not yet members (--membership)
         self.removed = []  # nodes removed from the cluster (stopped)
         self.membership = []  # {"t", "added", "add_status", "add_s", "removed", ...}
+        self.reloads = []  # {"t", "nodes"}: SIGHUPs (--tls-reloads)
         self.stop = threading.Event()
         self.exits = []  # nodes that exited without our SIGKILL
         self.pubs, self.subs = [], []
@@ -124,7 +134,7 @@ class Run:
             self.netns.setup()
         made = cn.make_nodes("nats" if a.broker == "nats" else a.broker, count, a.bin,
                              self.work, self.netns, a.sync, spares=spares,
-                             snapshot_every=a.snapshot_every)
+                             snapshot_every=a.snapshot_every, tls=a.tls)
         self.nodes, self.spares = made[:count], made[count:]
         if a.power_losses or a.power_loss_all:
             why = cluster_power.available()
@@ -245,6 +255,31 @@ class Run:
         node.resume()
         self.pauses.append({"t": self.clock.now(), "node": node.index, "s": round(pause_s, 2)})
 
+    def do_reload(self):
+        """SIGHUP to every node: with --tls the cluster port's files are read again and every
+        open link checked against them; they revoke nothing, so nothing may be cut."""
+        live = [n for n in self.nodes if n.alive()]
+        for node in live:
+            node.hangup()
+        log("SIGHUP " + ", ".join(n.name for n in live))
+        self.reloads.append({"t": self.clock.now(), "nodes": [n.index for n in live]})
+
+    def reload_outcome(self):
+        """Over every node's log: cluster TLS reloads done, links they cut, and reloads that
+        failed."""
+        done = cut = failed = 0
+        for node in self.nodes + self.spares + self.removed:
+            try:
+                with open(node.log_path, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            cut += text.count("cut after the reload")
+            lines = [line for line in text.splitlines() if "cluster TLS" in line]
+            done += sum(1 for line in lines if "reloaded" in line)
+            failed += sum(1 for line in lines if "reload failed" in line)
+        return done, cut, failed
+
     def do_partition(self):
         leader = self.wait_for_leader(10.0) or self.rng.choice(self.nodes)
         self.netns.partition(leader.index)
@@ -354,7 +389,7 @@ class Run:
     def faults(self):
         a = self.args
         events = (["kill"] * a.kills + ["pause"] * a.pauses + ["transfer"] * a.transfers
-                  + ["power"] * a.power_losses)
+                  + ["power"] * a.power_losses + ["reload"] * a.tls_reloads)
         self.rng.shuffle(events)
         if a.partition:
             events.insert(len(events) // 2, "partition")
@@ -372,7 +407,7 @@ class Run:
             {"kill": self.do_kill, "pause": self.do_pause, "partition": self.do_partition,
              "transfer": self.do_transfer, "power": self.do_power_loss,
              "power-all": lambda: self.do_power_loss(every_node=True),
-             "membership": self.do_membership}[ev]()
+             "membership": self.do_membership, "reload": self.do_reload}[ev]()
         while self.clock.now() - self.t_load < end:
             self.note_exits()
             time.sleep(0.1)
@@ -519,7 +554,10 @@ class Run:
             "reconnects": sum(max(0, c.conn_seq - 1) for c in self.pubs + self.subs),
             "failovers_s": fail, "seconds": a.seconds,
             "unexpected_exits": len(self.exits), "exits": self.exits,
+            "tls": a.tls, "tls_reloads": len(self.reloads),
         })
+        (result["reloads_done"], result["reload_cuts"],
+         result["reload_failures"]) = self.reload_outcome()
         ok = (result["lost"] == 0 and result["duplicates"] == 0 and result["reordered"] == 0
               and result["minority_acks"] == 0 and result["unfinished_publishers"] == 0
               and not self.exits
@@ -529,6 +567,10 @@ class Run:
               and all(x["writes_after_s"] is not None for x in self.power_losses)
               and all(x["add_status"] == 200 and x.get("remove_status") == 200
                       and x.get("writes_after_s") is not None for x in self.membership)
+              and result["reload_cuts"] == 0 and result["reload_failures"] == 0
+              # Each round of SIGHUPs reached at least one node's cluster TLS (a kill can
+              # take a node before it handles its signal): else the check saw nothing.
+              and result["reloads_done"] >= len(self.reloads)
               and (not fail or max(fail) <= FAILOVER_LIMIT_S))
         result["ok"] = ok
         if a.keep:

@@ -188,6 +188,11 @@ class Node:
                 self.kill()
         self.paused = False
 
+    def hangup(self):
+        """SIGHUP: the broker reads its files again (a paused one when it resumes)."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGHUP)
+
     def pause(self):
         if self.alive():
             self.proc.send_signal(signal.SIGSTOP)
@@ -229,11 +234,12 @@ class Node:
 
 
 class TernNode(Node):
-    def __init__(self, *args, peers=None, sync=None, snapshot_every=None, **kwargs):
+    def __init__(self, *args, peers=None, sync=None, snapshot_every=None, tls=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.peers = peers  # None: no [cluster] table (tern-single)
         self.sync = sync
         self.snapshot_every = snapshot_every
+        self.tls = tls  # None, or the node's cluster-port TLS files (make_cluster_certs)
         self.config = os.path.join(self.dir, "tern.toml")
 
     def write_config(self, binary):
@@ -260,6 +266,9 @@ class TernNode(Node):
                 # a new member catches up by a snapshot install, not by the log.
                 lines += [f"snapshot_every_entries = {self.snapshot_every}",
                           f"log_kept_behind_snapshot = {max(1, self.snapshot_every // 10)}"]
+            if self.tls:
+                lines += [f'{key} = "{self.tls[key]}"'
+                          for key in ("tls_cert", "tls_key", "tls_ca", "tls_crl")]
         with open(self.config, "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
         self.binary = binary
@@ -343,10 +352,47 @@ mqtt {{ listen: {self.host}:{self.mqtt_port} }}
             return (None, 0)
 
 
-def make_nodes(kind, count, binary, work, netns, sync, spares=0, snapshot_every=None):
+def make_cluster_certs(work, count):
+    """A cluster CA, a certificate for each of `count` nodes (serverAuth and clientAuth) and the
+    CA's revocation list, empty, made with openssl as docs/cluster.md says ("Security"): the
+    files of `[cluster] tls_*`, one dict per node."""
+    d = os.path.join(work, "cluster-tls")
+    os.makedirs(d, exist_ok=True)
+
+    def ssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-days", "2", "-subj", "/CN=cluster-check CA", "-keyout", "ca-key.pem", "-out", "ca.pem")
+    with open(os.path.join(d, "index.txt"), "w", encoding="utf-8"):
+        pass
+    with open(os.path.join(d, "crlnumber"), "w", encoding="utf-8") as f:
+        f.write("1000\n")
+    with open(os.path.join(d, "ca.cnf"), "w", encoding="utf-8") as f:
+        f.write("[ca]\ndefault_ca = c\n[c]\ndatabase = index.txt\ncrlnumber = crlnumber\n"
+                "default_md = sha256\ndefault_crl_days = 2\n")
+    ssl("ca", "-config", "ca.cnf", "-keyfile", "ca-key.pem", "-cert", "ca.pem", "-gencrl",
+        "-out", "ca-crl.pem")
+    made = []
+    for i in range(1, count + 1):
+        with open(os.path.join(d, f"ext{i}.cnf"), "w", encoding="utf-8") as f:
+            f.write(f"subjectAltName=DNS:node{i}\nextendedKeyUsage=serverAuth,clientAuth\n")
+        ssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-subj", f"/CN=node{i}", "-keyout", f"node{i}-key.pem", "-out", f"node{i}.csr")
+        ssl("x509", "-req", "-in", f"node{i}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+            "-CAcreateserial", "-days", "2", "-extfile", f"ext{i}.cnf", "-out", f"node{i}.pem")
+        made.append({"tls_cert": os.path.join(d, f"node{i}.pem"),
+                     "tls_key": os.path.join(d, f"node{i}-key.pem"),
+                     "tls_ca": os.path.join(d, "ca.pem"),
+                     "tls_crl": os.path.join(d, "ca-crl.pem")})
+    return made
+
+
+def make_nodes(kind, count, binary, work, netns, sync, spares=0, snapshot_every=None,
+               tls=False):
     """The nodes of one run, configured but not started: `count` initial members, then `spares`
     more (tern) whose `peers` name only the initial members: started later, they wait to be
-    added (POST /api/v1/cluster/members)."""
+    added (POST /api/v1/cluster/members). With `tls` (tern), mutual TLS on the cluster port."""
     ports = free_ports(4 * (count + spares))
     nodes = []
     for i in range(1, count + spares + 1):
@@ -360,9 +406,11 @@ def make_nodes(kind, count, binary, work, netns, sync, spares=0, snapshot_every=
     if kind in ("tern", "tern-single"):
         peers = ([f"{i}={h}:{c}" for (i, h, _m, c, _h, _p) in nodes[:count]]
                  if kind == "tern" else None)
+        certs = make_cluster_certs(work, len(nodes)) if tls and kind == "tern" else None
         for (i, h, m, c, hp, _p) in nodes:
             node = TernNode(i, h, m, c, hp, work, netns=netns, peers=peers, sync=sync,
-                            snapshot_every=snapshot_every)
+                            snapshot_every=snapshot_every,
+                            tls=certs[i - 1] if certs else None)
             node.write_config(binary)
             made.append(node)
     else:
