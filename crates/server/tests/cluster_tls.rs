@@ -416,28 +416,11 @@ async fn a_reload_cuts_off_a_node_whose_certificate_is_revoked_without_a_restart
     }
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let nodes = start(&pki, &ports);
-    let mut leader = wait_leader(&nodes, &[0, 1, 2]);
-    if leader == 3 {
-        let r = common::http::request_json(
-            nodes[2].http.unwrap(),
-            "POST",
-            "/api/v1/cluster/leader",
-            Some(TOKEN),
-            "{\"id\": 1}",
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
-        leader = wait_leader(&nodes, &[0, 1, 2]);
-    }
+    let leader = lead_away_from(&nodes, 3);
     let leader_node = &nodes[usize::try_from(leader).unwrap() - 1];
     let mut publisher = RawClient::v5(leader_node.addr, "crl-pub").await;
     let publish = |id: u16| tern_wire::Packet::Publish(common::raw::publish("crl/t", b"m", 1, id));
-    let node3_match = |v: &Value| {
-        v["members"].as_array().and_then(|m| {
-            m.iter()
-                .find(|m| m["id"] == 3)
-                .and_then(|m| m["match_index"].as_u64())
-        })
-    };
+    let node3_match = |v: &Value| match_index_of(v, 3);
     let caught_up = || {
         let v = try_view(leader_node)?;
         (node3_match(&v)? >= v["commit_index"].as_u64()?).then_some(())
@@ -489,6 +472,33 @@ async fn a_reload_cuts_off_a_node_whose_certificate_is_revoked_without_a_restart
         view(&nodes[usize::try_from(leader % 2).unwrap()])["leader_id"],
         leader
     );
+}
+
+/// The leader's id once every node names it, handed to the next node first if `not` led.
+fn lead_away_from(nodes: &[Broker], not: u64) -> u64 {
+    let leader = wait_leader(nodes, &[0, 1, 2]);
+    if leader != not {
+        return leader;
+    }
+    let to = not % 3 + 1;
+    let r = common::http::request_json(
+        nodes[usize::try_from(not).unwrap() - 1].http.unwrap(),
+        "POST",
+        "/api/v1/cluster/leader",
+        Some(TOKEN),
+        &format!("{{\"id\": {to}}}"),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let leader = wait_leader(nodes, &[0, 1, 2]);
+    assert_ne!(leader, not, "the transfer away from node {not}");
+    leader
+}
+
+/// A member's `match_index` in a `/api/v1/cluster` view (`None`: not known).
+fn match_index_of(view: &Value, id: u64) -> Option<u64> {
+    let members = view["members"].as_array()?;
+    let member = members.iter().find(|m| m["id"] == id)?;
+    member["match_index"].as_u64()
 }
 
 fn serve_with(config: &str, dir: &Path) -> common::Finished {
