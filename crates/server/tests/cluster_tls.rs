@@ -474,6 +474,112 @@ async fn a_reload_cuts_off_a_node_whose_certificate_is_revoked_without_a_restart
     );
 }
 
+/// A cluster CA rolled over with SIGHUPs and no restart, as docs/cluster.md says: every node
+/// trusts both CAs, then presents a certificate of the new one, then trusts the new one alone.
+/// After each step the cluster acknowledges a publish and all three nodes replicate; at the
+/// last, links made with certificates of the old CA are cut and made again with the new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_ca_is_rolled_over_with_reloads_and_no_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = make_cluster(dir.path(), "old", &["n1", "n2", "n3"]);
+    let new = make_cluster(dir.path(), "new", &["n1", "n2", "n3"]);
+    // The files the nodes read, rewritten in place between reloads.
+    let live: Vec<NodePki> = (1..=3)
+        .map(|i| {
+            let node = NodePki {
+                ca: dir.path().join("live-ca.pem"),
+                cert: dir.path().join(format!("live-n{i}.pem")),
+                key: dir.path().join(format!("live-n{i}-key.pem")),
+                revoked_in: old[i - 1].revoked_in.clone(),
+                crl: None,
+            };
+            std::fs::copy(&old[i - 1].cert, &node.cert).unwrap();
+            std::fs::copy(&old[i - 1].key, &node.key).unwrap();
+            node
+        })
+        .collect();
+    std::fs::copy(&old[0].ca, &live[0].ca).unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let nodes = start(&live, &ports);
+    let mut id = 0;
+    let mut reloads = 0;
+    let mut step = |what: &str| {
+        reloads += 1;
+        for node in &nodes {
+            node.signal(libc::SIGHUP);
+        }
+        for node in &nodes {
+            wait_for(&format!("{what}: the cluster TLS reload"), || {
+                let log = node.log_tail(2000);
+                let done = log
+                    .lines()
+                    .filter(|l| l.contains("cluster TLS") && l.contains("reloaded"))
+                    .count();
+                (done >= reloads).then_some(())
+            });
+        }
+    };
+    let both = format!(
+        "{}{}",
+        std::fs::read_to_string(&old[0].ca).unwrap(),
+        std::fs::read_to_string(&new[0].ca).unwrap()
+    );
+    std::fs::write(&live[0].ca, both).unwrap();
+    step("both CAs");
+    acknowledged_by_all_three(&nodes, &mut id).await;
+    for (node, fresh) in live.iter().zip(&new) {
+        std::fs::copy(&fresh.cert, &node.cert).unwrap();
+        std::fs::copy(&fresh.key, &node.key).unwrap();
+    }
+    step("the new certificates");
+    acknowledged_by_all_three(&nodes, &mut id).await;
+    std::fs::copy(&new[0].ca, &live[0].ca).unwrap();
+    step("the new CA alone");
+    acknowledged_by_all_three(&nodes, &mut id).await;
+    // The old CA's certificates had links at the last step: they were cut, not kept.
+    let cut: usize = nodes
+        .iter()
+        .map(|n| n.log_tail(2000).matches("cut after the reload").count())
+        .sum();
+    assert!(cut > 0, "no link of the old CA was cut at the last step");
+}
+
+/// A QoS 1 publish through the leader is acknowledged (sent again on a new connection, as a
+/// client would, if leadership moved under it), then every member's `match_index` reaches the
+/// commit index it made.
+async fn acknowledged_by_all_three(nodes: &[Broker], id: &mut u16) {
+    use common::raw::{Recv, connect_packet};
+    use tern_wire::{Packet, Protocol, ReasonCode};
+    let deadline = Instant::now() + MUST_WITHIN;
+    let leader_node = loop {
+        let leader = wait_leader(nodes, &[0, 1, 2]);
+        let leader_node = &nodes[usize::try_from(leader).unwrap() - 1];
+        *id += 1;
+        let connect = connect_packet(Protocol::V5, &format!("roll-{id}"), true, 0);
+        let (mut client, connack) = RawClient::connect_with(leader_node.addr, connect).await;
+        if matches!(&connack, Packet::ConnAck(c) if c.reason == ReasonCode::SUCCESS) {
+            let publish = common::raw::publish("roll/t", b"m", 1, *id);
+            client.send(&Packet::Publish(publish)).await;
+            if let Recv::Packet(Packet::PubAck(a)) = client.recv(MUST_WITHIN).await {
+                assert_eq!(a.packet_id, *id);
+                break leader_node;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no PUBACK within {MUST_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let commit = view(leader_node)["commit_index"].as_u64().unwrap();
+    wait_for("all three replicating", || {
+        let v = try_view(leader_node)?;
+        (1..=3)
+            .all(|m| match_index_of(&v, m).is_some_and(|i| i >= commit))
+            .then_some(())
+    });
+}
+
 /// The leader's id once every node names it, handed to the next node first if `not` led.
 fn lead_away_from(nodes: &[Broker], not: u64) -> u64 {
     let leader = wait_leader(nodes, &[0, 1, 2]);
