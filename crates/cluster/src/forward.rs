@@ -20,6 +20,9 @@ use tern_raft::{ClusterTls, Link};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+mod pipe;
+pub use pipe::{MAX_PIPE_BUFFER_BYTES, MIN_PIPE_BUFFER_BYTES};
+
 /// Longest client address text a preamble may carry.
 pub const MAX_PEER_TEXT_BYTES: usize = 128;
 /// How long a forwarding node may take to send its preamble.
@@ -82,9 +85,9 @@ pub async fn read_preamble(stream: &mut Link) -> io::Result<Preamble> {
 }
 
 /// Copies bytes both ways until either side closes.
-pub async fn pipe(mut client: TcpStream, mut leader: Link) {
+pub async fn pipe(client: TcpStream, leader: Link) {
     let _ = client.set_nodelay(true);
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut leader).await;
+    let _ = pipe::copy_both_ways(client, leader).await;
 }
 
 #[cfg(test)]
