@@ -98,6 +98,21 @@ def parse_args(argv):
     return a
 
 
+# Times a transfer answered 409 (leadership moved before the request) is asked again.
+TRANSFER_RETRIES = 3
+# Lines of a node's log printed when it exits by itself.
+EXIT_LOG_LINES = 25
+
+
+def log_tail(path, lines):
+    """The last `lines` lines of the file at `path` (none if it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()[-lines:]
+    except OSError:
+        return []
+
+
 class Run:
     def __init__(self, args):
         self.args = args
@@ -161,6 +176,10 @@ class Run:
                                    "status": code})
                 log(f"{node.name} exited by itself with status {code} (negative: signal); "
                     f"restarting it; see {node.log_path}")
+                # The work directory goes at the end of a run without --keep (as in CI):
+                # the broker's last words are printed here, where they stay.
+                for line in log_tail(node.log_path, EXIT_LOG_LINES):
+                    log(f"  {node.name}| {line}")
                 self.restart(node)
 
     def wait_for_leader(self, timeout_s=30.0):
@@ -316,6 +335,20 @@ class Run:
         status, body = leader.http_post("/api/v1/cluster/leader", {"id": to.index})
         took = round(self.clock.now() - t, 3)
         log(f"transfer {leader.name} -> {to.name}: {status} {body} ({took} s)")
+        # 409 "not the leader": leadership moved between finding the leader and asking it
+        # (the broker's answer is right; an operator asks the new leader). Asked again of
+        # whoever leads now, a few times; the transfer must still end in a 200.
+        for _ in range(TRANSFER_RETRIES):
+            if status != 409:
+                break
+            leader = self.wait_for_leader(10.0)
+            if leader is None:
+                break
+            if leader is to:  # it leads already: hand it on to the next, as planned
+                to = self.nodes[(self.nodes.index(leader) + 1) % len(self.nodes)]
+            status, body = leader.http_post("/api/v1/cluster/leader", {"id": to.index})
+            took = round(self.clock.now() - t, 3)
+            log(f"  asked again: {leader.name} -> {to.name}: {status} {body} ({took} s)")
         deadline = time.monotonic() + FAILOVER_GIVE_UP_S
         while self.acks_after(t) is None and time.monotonic() < deadline:
             time.sleep(0.05)
