@@ -56,6 +56,7 @@ pub struct Replica {
 impl Replica {
     /// The replica below `root` (created if missing).
     pub fn open(root: PathBuf, sync: bool) -> io::Result<Replica> {
+        finish_cut_install(&root, sync)?;
         fs::create_dir_all(&root)?;
         Ok(Replica {
             state: Arc::new(Mutex::new(State {
@@ -138,10 +139,7 @@ impl Applier for ReplicaApplier {
         st.touched_files.clear();
         st.touched_dirs.clear();
         let root = st.root.clone();
-        if root.exists() {
-            fs::remove_dir_all(&root).map_err(|e| bad(&e))?;
-        }
-        write_tree(&root, &tree, st.sync).map_err(|e| bad(&e))?;
+        swap_in(&root, &tree, st.sync).map_err(|e| bad(&e))?;
         st.applied = Some(index);
         tracing::info!(
             index,
@@ -335,6 +333,81 @@ fn read_tree(root: &Path, max_bytes: usize) -> io::Result<Tree> {
     let mut budget = max_bytes;
     walk(root, "", &mut tree, &mut budget)?;
     Ok(tree)
+}
+
+/// Where a snapshot's tree is written before it replaces the replica.
+const STAGING_SUFFIX: &str = "installing";
+/// Where the replaced tree waits while the new one takes its name.
+const REPLACED_SUFFIX: &str = "replaced";
+/// The replaced tree once the new one is in place, removed at the next open or install.
+const REMOVED_SUFFIX: &str = "removed";
+
+/// `root`'s sibling named `<root's name>.<suffix>`.
+fn sibling(root: &Path, suffix: &str) -> PathBuf {
+    let mut name = root.file_name().unwrap_or_default().to_os_string();
+    name.push(".");
+    name.push(suffix);
+    root.with_file_name(name)
+}
+
+fn remove_tree_if_any(path: &Path) -> io::Result<()> {
+    ignore_missing(fs::remove_dir_all(path))
+}
+
+fn sync_parent(root: &Path) -> io::Result<()> {
+    File::open(parent_of(root))?.sync_all()
+}
+
+/// Replaces the tree at `root` by `tree` so that a failure, or a crash before the last rename,
+/// leaves the old tree at `root` once [`finish_cut_install`] has run: the new tree is written
+/// (and synced) beside it, the old one renamed aside, the new one renamed in, and only then
+/// the old one renamed to its removal name (deleted at the next open or install). Left: a
+/// crash after that last rename and before the caller has recorded the snapshot's applied
+/// point (one kv record) keeps the new tree under the old point.
+fn swap_in(root: &Path, tree: &Tree, sync: bool) -> io::Result<()> {
+    let staged = sibling(root, STAGING_SUFFIX);
+    let aside = sibling(root, REPLACED_SUFFIX);
+    let removed = sibling(root, REMOVED_SUFFIX);
+    remove_tree_if_any(&staged)?;
+    remove_tree_if_any(&removed)?;
+    if let Err(e) = write_tree(&staged, tree, sync) {
+        let _ = remove_tree_if_any(&staged);
+        return Err(e);
+    }
+    if root.exists() {
+        fs::rename(root, &aside)?;
+    }
+    fs::rename(&staged, root)?;
+    if sync {
+        sync_parent(root)?;
+    }
+    if aside.exists() {
+        fs::rename(&aside, &removed)?;
+    }
+    if sync {
+        sync_parent(root)?;
+    }
+    Ok(())
+}
+
+/// After a crash in [`swap_in`]: a staged tree is dropped; a replaced tree still aside means
+/// the swap had not finished (the snapshot's applied point was not recorded), so it is put
+/// back in place of whatever stands at `root`; a removed tree is deleted.
+fn finish_cut_install(root: &Path, sync: bool) -> io::Result<()> {
+    let staged = sibling(root, STAGING_SUFFIX);
+    let aside = sibling(root, REPLACED_SUFFIX);
+    let removed = sibling(root, REMOVED_SUFFIX);
+    let cut = staged.exists() || aside.exists();
+    remove_tree_if_any(&staged)?;
+    if aside.exists() {
+        remove_tree_if_any(root)?;
+        fs::rename(&aside, root)?;
+        tracing::warn!(replica = %root.display(), "cluster: a snapshot install cut short was undone");
+    }
+    if cut && sync {
+        sync_parent(root)?;
+    }
+    remove_tree_if_any(&removed)
 }
 
 fn write_tree(root: &Path, tree: &Tree, sync: bool) -> io::Result<()> {

@@ -205,3 +205,92 @@ fn a_snapshot_above_its_byte_budget_is_refused_not_truncated() {
     };
     assert!(err.to_string().contains("MAX_SNAPSHOT_BYTES"), "{err}");
 }
+
+/// A snapshot that cannot be installed whole (here a path that would leave the replica, after
+/// a good file: a broken or hostile peer) leaves the replica as it was, not wiped or half
+/// written; so does an install cut short by a crash, whose leftovers `open` clears. (Before,
+/// the replica directory was removed first and the tree written in its place: a failure or a
+/// crash midway left a partial tree under the applied point recorded before it, and a node
+/// replaying its log onto it failed on every restart: session 19's CI.)
+#[test]
+fn a_snapshot_install_that_fails_or_is_cut_short_leaves_the_replica_as_it_was() {
+    let mut rng = Rng(7);
+    let ops = ops(&mut rng, 100);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let replica = Replica::open(root.clone(), true).unwrap();
+    apply_all(&replica, 0, &ops);
+    let before = tree(&root);
+    assert!(!before.is_empty());
+
+    let hostile = super::Tree {
+        dirs: vec!["d".into()],
+        files: vec![
+            super::TreeFile {
+                path: "d/new".into(),
+                len: 3,
+                chunks: vec![(0, Bytes::from_static(b"new"))],
+            },
+            super::TreeFile {
+                path: "../escape".into(),
+                len: 1,
+                chunks: vec![],
+            },
+        ],
+    };
+    let data = postcard::to_allocvec(&hostile).unwrap();
+    assert!(replica.applier().install_snapshot(9, &data).is_err());
+    assert_eq!(tree(&root), before, "a failed install changed the replica");
+    assert!(!dir.path().join("escape").exists());
+
+    // Leftovers of an install cut short before its swap: the staged tree is dropped.
+    let staged = super::sibling(&root, super::STAGING_SUFFIX);
+    std::fs::create_dir_all(staged.join("d")).unwrap();
+    std::fs::write(staged.join("d/partial"), b"half").unwrap();
+    let reopened = Replica::open(root.clone(), true).unwrap();
+    assert_eq!(tree(&root), before);
+    assert!(!staged.exists());
+    drop(reopened);
+
+    // Cut between the swap's two renames: the old tree is moved back.
+    let aside = super::sibling(&root, super::REPLACED_SUFFIX);
+    std::fs::rename(&root, &aside).unwrap();
+    std::fs::create_dir_all(&staged).unwrap();
+    let reopened = Replica::open(root.clone(), true).unwrap();
+    assert_eq!(tree(&root), before);
+    assert!(!aside.exists() && !staged.exists());
+    drop(reopened);
+
+    // Cut after the swap, before the old tree was removed (so before the snapshot's applied
+    // point was recorded): the swap is undone, the old tree and its applied point stand.
+    std::fs::rename(&root, &aside).unwrap();
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::write(root.join("d/new"), b"new").unwrap();
+    Replica::open(root.clone(), true).unwrap();
+    assert_eq!(tree(&root), before);
+    assert!(!aside.exists());
+
+    // A finished install's old tree, not yet deleted: deleted, the replica untouched.
+    let removed = super::sibling(&root, super::REMOVED_SUFFIX);
+    std::fs::create_dir_all(removed.join("d")).unwrap();
+    Replica::open(root.clone(), true).unwrap();
+    assert_eq!(tree(&root), before);
+    assert!(!removed.exists());
+
+    // And a whole install still replaces the files, leaving nothing beside them.
+    let data = replica.applier().snapshot().unwrap();
+    let other = Replica::open(dir.path().join("o"), true).unwrap();
+    std::fs::write(dir.path().join("o/stale"), b"old").unwrap();
+    other.applier().install_snapshot(11, &data).unwrap();
+    assert_eq!(tree(&dir.path().join("o")), before);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n == "r" || n == "o" || n == "o.removed"),
+        "{names:?}"
+    );
+}
