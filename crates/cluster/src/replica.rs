@@ -378,12 +378,16 @@ fn swap_in(root: &Path, tree: &Tree, sync: bool) -> io::Result<()> {
         fs::rename(root, &aside)?;
     }
     fs::rename(&staged, root)?;
+    // Synced before the next rename: a power loss must not keep the old tree's removal name
+    // without the new tree in place.
     if sync {
         sync_parent(root)?;
     }
     if aside.exists() {
         fs::rename(&aside, &removed)?;
     }
+    // Synced before the caller records the snapshot's applied point: a replaced tree still
+    // aside after a power loss would be put back by `open` under the new point.
     if sync {
         sync_parent(root)?;
     }

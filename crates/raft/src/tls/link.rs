@@ -269,6 +269,46 @@ mod tests {
         ]
     }
 
+    fn watch() -> Arc<LinkWatch> {
+        Arc::new(LinkWatch {
+            peer: "127.0.0.1:1".parse().unwrap(),
+            side: Side::Accepted,
+            chain: chain(1).into(),
+            cut: AtomicBool::new(false),
+            reader: AtomicWaker::new(),
+            writer: AtomicWaker::new(),
+        })
+    }
+
+    /// The registry's bound: dropped links leave dead entries that a registration sweeps once
+    /// the list has doubled since the last sweep, so it never holds more than twice the links
+    /// alive at that sweep (or 64), however many came and went.
+    #[test]
+    fn the_registry_holds_at_most_twice_the_live_links() {
+        let links = Links::default();
+        let len = || links.inner.lock().unwrap().watches.len();
+        for _ in 0..10_000 {
+            let w = watch();
+            links.register(&w);
+        }
+        assert!(len() <= 64, "{} entries for 0 live links", len());
+        let kept: Vec<_> = (0..100).map(|_| watch()).collect();
+        for w in &kept {
+            links.register(w);
+        }
+        for _ in 0..10_000 {
+            let w = watch();
+            links.register(&w);
+            assert!(
+                len() <= 2 * 100 + 64,
+                "{} entries for 100 live links",
+                len()
+            );
+        }
+        assert_eq!(links.live().len(), 100);
+        assert_eq!(len(), 100, "live() sweeps the dead");
+    }
+
     /// Equal chains share one copy; a full list takes a new chain only in the place of one
     /// that no link holds; beyond that a chain gets a copy of its own.
     #[test]
