@@ -4,7 +4,8 @@
 //!
 //! Module map, one layer per line, lowest first: a module imports only its own line and the
 //! lines before it (`crates/server/tests/layering.rs` holds the same order and enforces it).
-//! - [`error`]: typed errors; [`inject`]: test-only bugs for the simulator; [`types`]: node ids, the openraft type configuration, the entry
+//! - [`error`]: typed errors; `applied_point`: the log is never purged past the applied
+//!   point the state machine recorded (the wait between the two); [`inject`]: test-only bugs for the simulator; [`types`]: node ids, the openraft type configuration, the entry
 //!   payload (a batch of opaque operations), the binary codec; [`tls`]: mutual TLS between
 //!   nodes and the connection type (TCP or TLS) both ends use; `sim_seeds` (feature `sim`,
 //!   test-only): the seed runner both cluster simulators share.
@@ -23,6 +24,7 @@
 //! - The log is synced under `[state] sync` (`NodeConfig::sync`): with `Always` each append's
 //!   group commit is fsynced before openraft counts this node's copy.
 
+mod applied_point;
 pub mod consensus;
 pub mod error;
 pub mod incarnation;

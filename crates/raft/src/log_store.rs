@@ -9,7 +9,9 @@
 //! - **Vote and purge point**: the kv stream `raft-meta`, always synced (`SyncPolicy::Always`)
 //!   whatever the log's policy: a vote forgotten in a crash lets a node vote twice in a term.
 //!   Purge records the purged log id there first, then drops whole blocks below the first
-//!   entry kept (what a crash leaves behind is skipped on open).
+//!   entry kept (what a crash leaves behind is skipped on open). Never past the applied point
+//!   the state machine has recorded ([`crate::applied_point`]): a purge beyond it (a snapshot
+//!   install under way) is made durable once the point is recorded, and appends wait for it.
 //!
 //! # Invariants
 //! - The in-memory index holds consecutive indexes above the purge point, no hole.
@@ -31,6 +33,7 @@ use openraft::{AnyError, LogState, OptionalSend, RaftLogReader, StorageIOError};
 use tern_store::config::{MAX_BATCH_BYTES, MAX_BATCH_RECORDS};
 use tern_store::{KvStream, NewRecord, Store, StoreError, Stream, StreamConfig, SyncPolicy};
 
+use crate::applied_point::PurgeGate;
 use crate::inject::{self, Bug};
 use crate::types::{Entry, LogId, LogIndex, StorageError, TypeConfig, Vote, decode, encode};
 
@@ -73,6 +76,13 @@ struct Inner {
     index: Mutex<Index>,
     /// Set under the injected bug `DeliverUncommitted` only.
     early: Mutex<Early>,
+    /// Where a purge waits for the state machine's recorded applied point to cover it (set
+    /// by the node; a log opened alone, to be read, has none).
+    purge_gate: Mutex<Option<PurgeGate>>,
+    /// The purge point last made durable; held while one is written (never goes back).
+    durable_purge: tokio::sync::Mutex<Option<LogId>>,
+    /// A purge waiting for the state machine to record its point (module `purge`).
+    deferred: tokio::sync::watch::Sender<purge::Deferred>,
     /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
     /// are released.
     canary: Arc<()>,
@@ -120,12 +130,16 @@ impl LogStore {
         }
         index::rebuild(&log, &mut index)?;
         index.debug_check();
+        let purged = index.purged;
         Ok(LogStore {
             inner: Arc::new(Inner {
                 log,
                 meta,
                 index: Mutex::new(index),
                 early: Mutex::default(),
+                purge_gate: Mutex::default(),
+                durable_purge: tokio::sync::Mutex::new(purged),
+                deferred: tokio::sync::watch::Sender::new(purge::Deferred::None),
                 canary: Arc::new(()),
             }),
         })
@@ -142,6 +156,16 @@ impl LogStore {
     /// The injected bug `DeliverUncommitted`: every appended entry goes to `deliver` too.
     pub(crate) fn deliver_early(&self, deliver: EarlyDelivery) {
         self.inner.early.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(deliver);
+    }
+
+    /// From now on a purge waits until `gate` shows the state machine's recorded applied
+    /// point at or past it (module [`crate::applied_point`]).
+    pub(crate) fn purge_after(&self, gate: PurgeGate) {
+        *self
+            .inner
+            .purge_gate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(gate);
     }
 
     /// Gone once every clone is dropped and with them the streams and the store's lock.
@@ -339,6 +363,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.log_io_completed(Ok(()));
             return Ok(());
         }
+        self.wait_deferred_purge().await?;
         let mut recs = Vec::with_capacity(entries.len());
         for e in &entries {
             let w = |x: postcard::Error| StorageIOError::write_log_entry(e.log_id, store_err(x));
@@ -418,27 +443,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let bytes = encode(&log_id).map_err(write_logs_err)?;
-        self.inner
-            .meta
-            .put(KEY_PURGED, &bytes)
-            .map_err(write_logs_err)?
-            .await
-            .map_err(write_logs_err)?;
-        let floor = {
-            let mut ix = self.index();
-            ix.purge_through(log_id);
-            ix.debug_check();
-            ix.slots.values().next().map(|s| s.seq)
-        };
-        // Whole blocks below the first entry kept go; what a crash leaves is skipped on open.
-        let floor = floor.unwrap_or_else(|| self.inner.log.next_seq());
-        self.inner.log.queue_remove_blocks_below(floor);
-        Ok(())
+        self.purge_or_defer(log_id).await
     }
 }
 
 mod index;
+mod purge;
 
 #[cfg(test)]
 #[path = "log_store_tests.rs"]

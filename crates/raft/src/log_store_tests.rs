@@ -271,3 +271,69 @@ async fn copies_stay_bounded_and_every_read_sees_the_log() {
         "the bound never dropped a copy: the test proves nothing"
     );
 }
+
+/// openraft 0.9 asks for a purge up to an installed snapshot's point while the install runs.
+/// Until the state machine has recorded that point, the purge stays in memory: a crash then
+/// finds every entry the restart re-applies, and an append (which would leave a hole on disk
+/// below it) waits. Seen failing with the purge made durable at once (the reopened log was
+/// purged to 5 while the recorded point was 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_past_the_recorded_applied_point_reaches_the_disk_once_the_point_is_recorded() {
+    use crate::applied_point::AppliedRecords;
+    for recorded in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let (_store, mut log) = open(dir.path());
+            let records = AppliedRecords::new(Some(2));
+            log.purge_after(records.gate());
+            log.blocking_append((1..=6).map(|i| entry(1, i)))
+                .await
+                .expect("append");
+            log.purge(log_id(1, 5))
+                .await
+                .expect("purge returns at once");
+            let state = log.get_log_state().await.expect("state");
+            assert_eq!(state.last_purged_log_id, Some(log_id(1, 5)), "in memory");
+            let mut appender = log.clone();
+            let appending =
+                tokio::spawn(async move { appender.blocking_append([entry(1, 7)]).await });
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert!(!appending.is_finished(), "the append waits for the purge");
+            if recorded {
+                records.recorded(Some(5));
+                appending
+                    .await
+                    .expect("task")
+                    .expect("append after the purge");
+            } else {
+                // The state machine goes (a crash): the append fails, nothing reaches disk.
+                drop(records);
+                assert!(appending.await.expect("task").is_err());
+            }
+            // The deferred purge's task lets go of the log (and the store's lock) once done.
+            let live = log.liveness();
+            drop(log);
+            for _ in 0..1000 {
+                if live.strong_count() == 0 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+        let (_store, mut log) = open(dir.path());
+        let state = log.get_log_state().await.expect("state");
+        if recorded {
+            assert_eq!(state.last_purged_log_id, Some(log_id(1, 5)));
+            assert_eq!(terms(&mut log, 0..10).await, vec![(1, 6), (1, 7)]);
+        } else {
+            assert_eq!(
+                state.last_purged_log_id, None,
+                "purged past the recorded point"
+            );
+            assert_eq!(
+                terms(&mut log, 0..10).await,
+                (1..=6).map(|i| (1, i)).collect::<Vec<_>>()
+            );
+        }
+    }
+}

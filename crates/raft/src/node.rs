@@ -440,6 +440,7 @@ async fn open<N: RaftNetworkFactory<TypeConfig>>(
     if inject::on(Bug::DeliverUncommitted) {
         log.deliver_early(Arc::new(sm.early_delivery()));
     }
+    log.purge_after(sm.purge_gate());
     let storage = vec![log.liveness(), sm.liveness()];
     let raft = Raft::new(
         config.node_id,

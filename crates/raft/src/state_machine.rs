@@ -23,6 +23,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tern_store::{KvStream, Store, StoreError, StreamConfig, SyncPolicy};
 
+use crate::applied_point::{AppliedRecords, PurgeGate};
 use crate::types::{Entry, LogId, LogIndex, NodeId, StorageError, TypeConfig, decode, encode};
 
 /// The kv stream recording the applied point.
@@ -94,6 +95,8 @@ struct Inner {
     recorded: tokio::sync::Mutex<Option<LogId>>,
     /// When the applied point was last recorded.
     recorded_at: Mutex<std::time::Instant>,
+    /// Each recorded point, published for the log's purges (crate::applied_point).
+    records: AppliedRecords,
     /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
     /// are released.
     canary: Arc<()>,
@@ -134,6 +137,7 @@ impl StateMachine {
             None => Applied::default(),
         };
         let recorded = tokio::sync::Mutex::new(applied.last_applied);
+        let records = AppliedRecords::new(applied.last_applied.map(|l| l.index));
         Ok(StateMachine {
             inner: Arc::new(Inner {
                 applier: Mutex::new(applier),
@@ -143,6 +147,7 @@ impl StateMachine {
                 current: Mutex::new(None),
                 snapshots_built: AtomicU64::new(0),
                 recorded_at: Mutex::new(std::time::Instant::now()),
+                records,
                 canary: Arc::new(()),
             }),
         })
@@ -157,6 +162,11 @@ impl StateMachine {
                 let _ = lock(&inner.applier).apply(e.log_id.index, &batch.0);
             }
         }
+    }
+
+    /// Where the log's purges wait for the applied point recorded here to cover them.
+    pub(crate) fn purge_gate(&self) -> PurgeGate {
+        self.inner.records.gate()
     }
 
     /// Gone once every clone is dropped and with them the kv stream and the store's lock.
@@ -210,10 +220,17 @@ impl StateMachine {
         if rule == Record::Forward && index(applied.last_applied) < index(*last) {
             return Ok(());
         }
-        let bytes = encode(&applied).map_err(w)?;
-        let ticket = self.inner.kv.put(KEY_APPLIED, &bytes).map_err(w)?;
-        ticket.await.map_err(w)?;
+        let written = async {
+            let bytes = encode(&applied).map_err(w)?;
+            let ticket = self.inner.kv.put(KEY_APPLIED, &bytes).map_err(w)?;
+            ticket.await.map_err(w)
+        };
+        if let Err(e) = written.await {
+            self.inner.records.failed(&e);
+            return Err(e);
+        }
         *last = applied.last_applied;
+        self.inner.records.recorded(index(applied.last_applied));
         Ok(())
     }
 
@@ -328,7 +345,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 Ok(data)
             })
             .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
+            .map_err(|e| {
+                // A purge up to this snapshot may be waiting for its point (applied_point).
+                self.inner.records.failed(&e);
+                StorageIOError::write_snapshot(Some(meta.signature()), e)
+            })?;
         // The state is the snapshot's now, whatever was recorded before.
         self.record(applied, Record::Replace).await?;
         *lock(&self.inner.current) = Some((meta.clone(), data));

@@ -195,7 +195,14 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
     (
         "raft",
         &[
-            &["error", "types", "inject", "tls", "sim_seeds"],
+            &[
+                "error",
+                "types",
+                "inject",
+                "tls",
+                "sim_seeds",
+                "applied_point",
+            ],
             &["log_store", "state_machine", "network", "sim_net"],
             &["incarnation"],
             &["node"],

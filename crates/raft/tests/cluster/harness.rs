@@ -3,7 +3,7 @@
 //! node's restart, as the broker's stores do).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,7 +21,65 @@ const POLL: Duration = Duration::from_millis(20);
 /// What one node's applier saw: (index, ops), in order.
 pub type Applied = Arc<Mutex<Vec<(LogIndex, Vec<Bytes>)>>>;
 
-pub struct Recorder(pub Applied);
+pub struct Recorder(pub Applied, pub InstallGate);
+
+/// Holds a node's snapshot installs while closed, so a test can act in the middle of one.
+#[derive(Clone, Default)]
+pub struct InstallGate(Arc<(Mutex<GateState>, Condvar)>);
+
+#[derive(Default)]
+struct GateState {
+    gate: Gate,
+    /// Installs that have come to the gate, passed or not.
+    arrived: usize,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    #[default]
+    Open,
+    Closed,
+    /// Installs fail (at once, or the one waiting at the gate).
+    Failing,
+}
+
+impl InstallGate {
+    fn set(&self, to: Gate) {
+        self.0.0.lock().unwrap().gate = to;
+        self.0.1.notify_all();
+    }
+
+    /// Installs that have come to the gate so far.
+    pub fn arrived(&self) -> usize {
+        self.0.0.lock().unwrap().arrived
+    }
+
+    pub fn close(&self) {
+        self.set(Gate::Closed);
+    }
+
+    pub fn open(&self) {
+        self.set(Gate::Open);
+    }
+
+    pub fn fail(&self) {
+        self.set(Gate::Failing);
+    }
+
+    /// Waits while closed (at most [`WAIT_LIMIT`]).
+    fn pass(&self) -> Result<(), ApplyError> {
+        let (state, cv) = &*self.0;
+        let mut state = state.lock().unwrap();
+        state.arrived += 1;
+        let (state, _) = cv
+            .wait_timeout_while(state, WAIT_LIMIT, |s| s.gate == Gate::Closed)
+            .unwrap();
+        match state.gate {
+            Gate::Open => Ok(()),
+            Gate::Closed | Gate::Failing => Err(ApplyError("install failed at the gate".into())),
+        }
+    }
+}
 
 impl Applier for Recorder {
     fn apply(&mut self, index: LogIndex, ops: &[Bytes]) -> Result<(), ApplyError> {
@@ -48,6 +106,7 @@ impl Applier for Recorder {
     }
 
     fn install_snapshot(&mut self, _index: LogIndex, mut data: &[u8]) -> Result<(), ApplyError> {
+        self.1.pass()?;
         let bad = || ApplyError("truncated snapshot".into());
         let mut take = |n: usize| -> Result<Vec<u8>, ApplyError> {
             if data.len() < n {
@@ -88,6 +147,8 @@ pub struct Cluster {
     pub addrs: Vec<SocketAddr>,
     pub nodes: Vec<Option<RaftNode>>,
     pub applied: Vec<Applied>,
+    /// Each node's snapshot installs pass here (open unless a test closes it).
+    pub install_gates: Vec<InstallGate>,
     pub voters: usize,
 }
 
@@ -132,6 +193,9 @@ impl Cluster {
             addrs,
             nodes: (0..voters + spares).map(|_| None).collect(),
             applied: (0..voters + spares).map(|_| Applied::default()).collect(),
+            install_gates: (0..voters + spares)
+                .map(|_| InstallGate::default())
+                .collect(),
             voters,
             tune,
             disks: None,
@@ -195,7 +259,10 @@ impl Cluster {
     ) -> impl Future<Output = Result<RaftNode, ConsensusError>> + Send + 'static {
         let vfs = self.disks.as_ref().map(|d| d[i].vfs());
         let config = self.config(i);
-        let applier = Box::new(Recorder(self.applied[i].clone()));
+        let applier = Box::new(Recorder(
+            self.applied[i].clone(),
+            self.install_gates[i].clone(),
+        ));
         async move { RaftNode::start_on(config, listener, applier, vfs).await }
     }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tern_raft::sim_net::NetFactory;
 use tern_raft::{Consensus, ConsensusError, NodeConfig, RaftNode, Role};
 
-use crate::harness::{Applied, Recorder, id, op, wait_until};
+use crate::harness::{Applied, InstallGate, Recorder, id, op, wait_until};
 
 /// Three nodes on the simulators' in-process network (`tern_raft::sim_net`, without delays
 /// or losses here); a cut puts a node on a side of its own.
@@ -69,9 +69,14 @@ impl Net {
                 net: self.sim.clone(),
                 me: id(i),
             };
-            let node = RaftNode::start_with(cfg, Box::new(Recorder(applied[i].clone())), net, None)
-                .await
-                .expect("start");
+            let node = RaftNode::start_with(
+                cfg,
+                Box::new(Recorder(applied[i].clone(), InstallGate::default())),
+                net,
+                None,
+            )
+            .await
+            .expect("start");
             self.sim
                 .handlers
                 .lock()
