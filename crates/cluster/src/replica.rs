@@ -361,9 +361,12 @@ fn sync_parent(root: &Path) -> io::Result<()> {
 /// Replaces the tree at `root` by `tree` so that a failure, or a crash before the last rename,
 /// leaves the old tree at `root` once [`finish_cut_install`] has run: the new tree is written
 /// (and synced) beside it, the old one renamed aside, the new one renamed in, and only then
-/// the old one renamed to its removal name (deleted at the next open or install). Left: a
-/// crash after that last rename and before the caller has recorded the snapshot's applied
-/// point (one kv record) keeps the new tree under the old point.
+/// the old one renamed to its removal name (deleted at the next open or install). A crash
+/// after that last rename and before the caller has recorded the snapshot's applied point
+/// (one kv record) keeps the new tree under the old point: the entries after that point are
+/// still in the log (tern-raft purges none past the recorded point) and are applied again
+/// over the new tree, which converges like any replay (test
+/// `entries_applied_again_over_a_snapshot_installed_before_a_crash_converge`).
 fn swap_in(root: &Path, tree: &Tree, sync: bool) -> io::Result<()> {
     let staged = sibling(root, STAGING_SUFFIX);
     let aside = sibling(root, REPLACED_SUFFIX);
