@@ -24,6 +24,14 @@ pub enum Fault {
     /// A membership change under load: the spare node joins as a learner, is promoted once
     /// caught up, and voter `old` is removed (at most once a seed).
     Replace { old: usize },
+    /// A node falls behind (cut off for `lag_ms`, and until a leader's log is purged past
+    /// it), and once back, loses power in the middle of the snapshot install that catches it
+    /// up; it restarts after `down_ms`. Planned only with small snapshots.
+    CrashInInstall {
+        node: usize,
+        lag_ms: u64,
+        down_ms: u64,
+    },
     /// Bad weather: messages lost and delayed more than usual.
     Storm {
         drop_pct: u64,
@@ -102,6 +110,17 @@ impl Plan {
             faults.push((wait, f));
         }
         let snapshots = (r.below(3) == 0).then(|| (r.range(20, 300), r.range(0, 50)));
+        // Drawn apart, so the plans of seeds from before this fault existed stay as they were.
+        let mut r2 = SimRng::keyed(&[seed, 0x696e7374]);
+        if snapshots.is_some() && r2.below(2) == 0 {
+            let at = r2.below(faults.len() as u64 + 1) as usize;
+            let fault = Fault::CrashInInstall {
+                node: r2.below(nodes as u64) as usize,
+                lag_ms: r2.range(500, 2_000),
+                down_ms: r2.range(0, 1_000),
+            };
+            faults.insert(at, (r2.range(100, 1_000), fault));
+        }
         Plan {
             nodes,
             clients: r.range(1, 4) as usize,

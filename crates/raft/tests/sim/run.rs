@@ -166,6 +166,11 @@ async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) -> Option<String> {
                 id(*old)
             ));
         }
+        Fault::CrashInInstall {
+            node,
+            lag_ms,
+            down_ms,
+        } => return crash_in_install(w, *node, ms(*lag_ms), ms(*down_ms)).await,
         Fault::Storm {
             drop_pct,
             max_delay_ms,
@@ -183,6 +188,73 @@ async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) -> Option<String> {
         }
     }
     None
+}
+
+/// How long `CrashInInstall` keeps its node cut off at most, and then waits for its install.
+const INSTALL_WAIT: Duration = Duration::from_secs(5);
+
+/// `Fault::CrashInInstall`: cuts `node` off for `lag` and until a leader's log is purged past
+/// it, heals, and cuts its power once its install is under way: its log purged past what it
+/// has applied (openraft purges as it hands the snapshot to the state machine, and counts it
+/// applied once installed).
+async fn crash_in_install(
+    w: &mut World,
+    node: usize,
+    lag: Duration,
+    down: Duration,
+) -> Option<String> {
+    w.net.links.lock().unwrap().side.insert(id(node), 1);
+    tokio::time::sleep(lag).await;
+    let deadline = tokio::time::Instant::now() + INSTALL_WAIT;
+    while tokio::time::Instant::now() < deadline && !purged_past(w, node) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let behind = purged_past(w, node);
+    w.net.links.lock().unwrap().side.clear();
+    let deadline = tokio::time::Instant::now() + INSTALL_WAIT;
+    loop {
+        let Some(st) = w.node(node).map(|n| n.status()) else {
+            return Some(format!("node {} down: no install to crash in", id(node)));
+        };
+        if st.purged_index > st.applied_index {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let st: Vec<_> = (0..w.total())
+                .filter_map(|i| w.node(i))
+                .map(|n| {
+                    let s = n.status();
+                    (
+                        s.node_id.0,
+                        s.role,
+                        s.last_log_index,
+                        s.applied_index,
+                        s.purged_index,
+                    )
+                })
+                .collect();
+            return Some(format!(
+                "no install on node {} to crash in (behind: {behind}): {st:?}",
+                id(node)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    w.kill(node, true).await;
+    tokio::time::sleep(down).await;
+    w.start(node).await;
+    Some(format!("node {} lost power in an install", id(node)))
+}
+
+/// A leader has purged its log past the end of `node`'s.
+fn purged_past(w: &World, node: usize) -> bool {
+    let Some(last) = w.node(node).map(|n| n.status().last_log_index) else {
+        return false;
+    };
+    (0..w.total()).filter_map(|i| w.node(i)).any(|n| {
+        let st = n.status();
+        st.role == Role::Leader && st.purged_index > last
+    })
 }
 
 /// Adds the spare as a learner, promotes it, removes voter `old`, each step retried through
