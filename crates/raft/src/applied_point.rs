@@ -57,11 +57,13 @@ impl AppliedRecords {
         }
     }
 
-    /// `at` is durably recorded. Points only go up here: an installed snapshot's point, the
-    /// only record that may replace a later one, is always above what was applied before.
+    /// `at` is durably recorded (called with the records serialized, so the last call is the
+    /// point on disk). It is published as it is, even below the previous one (an installed
+    /// snapshot's record replaces whatever was recorded; openraft installs only snapshots
+    /// past what was applied, but the gate must not claim more than the disk holds).
     pub(crate) fn recorded(&self, at: Option<LogIndex>) {
         self.tx.send_if_modified(|r| match r {
-            Recorded::At(prev) if *prev < at => {
+            Recorded::At(prev) if *prev != at => {
                 *r = Recorded::At(at);
                 true
             }
@@ -136,9 +138,10 @@ mod tests {
         assert!(!waiting.is_finished(), "19 does not cover 20");
         records.recorded(Some(20));
         waiting.await.expect("task").expect("20 covers 20");
-        // A point never goes back.
+        // A record that replaced a later one (an install) is what the disk holds: shown.
         records.recorded(Some(3));
-        assert!(gate.covers(20));
+        assert!(!gate.covers(20));
+        assert!(gate.covers(3));
     }
 
     #[tokio::test]

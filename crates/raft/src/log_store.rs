@@ -158,8 +158,8 @@ impl LogStore {
         self.inner.early.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(deliver);
     }
 
-    /// From now on a purge waits until `gate` shows the state machine's recorded applied
-    /// point at or past it (module [`crate::applied_point`]).
+    /// From now on a purge past the state machine's recorded applied point, as `gate` shows
+    /// it, reaches the disk only once the point covers it (module [`crate::applied_point`]).
     pub(crate) fn purge_after(&self, gate: PurgeGate) {
         *self
             .inner
