@@ -9,16 +9,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::cluster::{TOKEN, view as cluster_view, wait_for};
 use common::http::{Response, get, request, request_json};
 use common::{Broker, free_port};
 use serde_json::Value;
 use tern_cluster::LEADER_WAIT_MS;
-
-const TOKEN: &str = "test-token-0123456789";
-/// Bound on each wait for something that must happen (elections on a loaded machine).
-const MUST_WITHIN: Duration = Duration::from_secs(30);
 
 /// Node `id`'s config; `peers` are the initial voters (a node not among them is a newcomer).
 fn node_config(id: u16, cluster_port: u16, peers: &[u16]) -> String {
@@ -42,27 +39,6 @@ fn start(id: u16, cluster_port: u16, peers: &[u16]) -> Broker {
 
 fn http(node: &Broker) -> SocketAddr {
     node.http.expect("the node printed `tern http on ADDR`")
-}
-
-/// Polls `f` until it gives a value, for at most [`MUST_WITHIN`].
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + MUST_WITHIN;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {MUST_WITHIN:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn cluster_view(node: &Broker) -> Value {
-    let r = get(http(node), "/api/v1/cluster");
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.json()
 }
 
 fn voters(view: &Value) -> Vec<u64> {

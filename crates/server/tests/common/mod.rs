@@ -14,6 +14,7 @@
 
 pub mod certs;
 pub mod chatty;
+pub mod cluster;
 pub mod durable;
 pub mod http;
 pub mod prom;
