@@ -23,6 +23,8 @@
 //! - The vote is always fsynced before it is acted on, whatever the log's policy.
 //! - The log is synced under `[state] sync` (`NodeConfig::sync`): with `Always` each append's
 //!   group commit is fsynced before openraft counts this node's copy.
+//! - The log is never purged on disk past the applied point the state machine has recorded,
+//!   so a restart finds every entry it must apply again (`applied_point`).
 
 mod applied_point;
 pub mod consensus;
