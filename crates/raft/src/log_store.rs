@@ -10,7 +10,7 @@
 //!   whatever the log's policy: a vote forgotten in a crash lets a node vote twice in a term.
 //!   Purge records the purged log id there first, then drops whole blocks below the first
 //!   entry kept (what a crash leaves behind is skipped on open). Never past the applied point
-//!   the state machine has recorded ([`crate::applied_point`]): a purge beyond it (a snapshot
+//!   the state machine has recorded (module `applied_point`): a purge beyond it (a snapshot
 //!   install under way) is made durable once the point is recorded, and appends wait for it.
 //!
 //! # Invariants
