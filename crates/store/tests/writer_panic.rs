@@ -35,7 +35,14 @@ fn a_writer_that_panics_answers_its_queued_ops_and_tickets_with_errors() {
     });
     // Premise: the removal is queued (not refused) before the writer dies. A removal that
     // came after would be refused at once, and the test would prove less.
-    std::thread::sleep(Duration::from_millis(200));
+    let deadline = std::time::Instant::now() + GIVE_UP;
+    while s.queued_ops() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "premise: the removal was never queued"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert!(
         done_rx.try_recv().is_err(),
         "premise: the removal waits for the writer"

@@ -89,6 +89,12 @@ impl Stream {
         }
     }
 
+    /// Operations (removals, truncations) queued for the writer and not taken yet: each
+    /// caller of one waits for the writer's reply.
+    pub fn queued_ops(&self) -> usize {
+        lock(&self.sh().queue).ops.len()
+    }
+
     /// The writer's fsync latency and group-commit batch size histograms (lock-free reads).
     pub fn histograms(&self) -> crate::histogram::StreamHistograms {
         let c = &self.sh().counters;
