@@ -78,7 +78,7 @@ struct Inner {
     early: Mutex<Early>,
     /// Where a purge waits for the state machine's recorded applied point to cover it (set
     /// by the node; a log opened alone, to be read, has none).
-    purge_gate: Mutex<Option<PurgeGate>>,
+    purge_gate: std::sync::OnceLock<PurgeGate>,
     /// The purge point last made durable; held while one is written (never goes back).
     durable_purge: tokio::sync::Mutex<Option<LogId>>,
     /// A purge waiting for the state machine to record its point (module `purge`).
@@ -137,7 +137,7 @@ impl LogStore {
                 meta,
                 index: Mutex::new(index),
                 early: Mutex::default(),
-                purge_gate: Mutex::default(),
+                purge_gate: std::sync::OnceLock::new(),
                 durable_purge: tokio::sync::Mutex::new(purged),
                 deferred: tokio::sync::watch::Sender::new(purge::Deferred::None),
                 canary: Arc::new(()),
@@ -161,11 +161,11 @@ impl LogStore {
     /// From now on a purge past the state machine's recorded applied point, as `gate` shows
     /// it, reaches the disk only once the point covers it (module [`crate::applied_point`]).
     pub(crate) fn purge_after(&self, gate: PurgeGate) {
-        *self
-            .inner
-            .purge_gate
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(gate);
+        let set = self.inner.purge_gate.set(gate);
+        debug_assert!(
+            set.is_ok(),
+            "a log store's purge gate is set once, by its node"
+        );
     }
 
     /// Gone once every clone is dropped and with them the streams and the store's lock.

@@ -337,3 +337,20 @@ async fn a_purge_past_the_recorded_applied_point_reaches_the_disk_once_the_point
         }
     }
 }
+
+/// The index's purge point never goes back: a purge deferred for an install may be made
+/// durable after a later one (`log_store/purge.rs`), and must not undo it.
+#[tokio::test]
+async fn an_older_purge_point_leaves_the_index_as_it_is() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_store, mut log) = open(dir.path());
+    log.blocking_append((1..=8).map(|i| entry(1, i)))
+        .await
+        .expect("append");
+    log.index().purge_through(log_id(1, 5));
+    log.index().purge_through(log_id(1, 3));
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 5)));
+    assert_eq!(terms(&mut log, 0..10).await, vec![(1, 6), (1, 7), (1, 8)]);
+    log.index().debug_check();
+}

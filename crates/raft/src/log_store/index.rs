@@ -52,8 +52,12 @@ impl Index {
         }
     }
 
-    /// Drops every slot up to `log_id` (purged).
+    /// Drops every slot up to `log_id` (purged). A point below the current one changes
+    /// nothing: a purge deferred for a snapshot install may be made durable after a later one.
     pub(super) fn purge_through(&mut self, log_id: LogId) {
+        if self.purged > Some(log_id) {
+            return;
+        }
         let kept = self.slots.split_off(&(log_id.index + 1));
         let gone = std::mem::replace(&mut self.slots, kept);
         self.copy_bytes -= copied_bytes(&gone);

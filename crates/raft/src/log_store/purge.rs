@@ -27,12 +27,7 @@ impl LogStore {
     /// `RaftLogStorage::purge`: durable now when the recorded applied point covers `log_id`,
     /// else taken in memory now and made durable later.
     pub(super) async fn purge_or_defer(&self, log_id: LogId) -> Result<(), StorageError> {
-        let gate = self
-            .inner
-            .purge_gate
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let gate = self.inner.purge_gate.get().cloned();
         let Some(gate) = gate.filter(|g| !g.covers(log_id.index)) else {
             return self.purge_durably(log_id).await;
         };
@@ -42,10 +37,8 @@ impl LogStore {
         );
         {
             let mut ix = self.index();
-            if ix.purged < Some(log_id) {
-                ix.purge_through(log_id);
-                ix.debug_check();
-            }
+            ix.purge_through(log_id);
+            ix.debug_check();
         }
         self.inner.deferred.send_replace(Deferred::Waiting(log_id));
         let log = self.clone();
@@ -81,9 +74,7 @@ impl LogStore {
         *durable = Some(log_id);
         let floor = {
             let mut ix = self.index();
-            if ix.purged < Some(log_id) {
-                ix.purge_through(log_id);
-            }
+            ix.purge_through(log_id);
             ix.debug_check();
             ix.slots.values().next().map(|s| s.seq)
         };
@@ -93,8 +84,12 @@ impl LogStore {
         Ok(())
     }
 
-    /// Returns once no purge is waiting for the state machine (at once, nearly always).
+    /// Returns once no purge is waiting for the state machine (at once, nearly always: one
+    /// read of the watch per append, no receiver made).
     pub(super) async fn wait_deferred_purge(&self) -> Result<(), StorageError> {
+        if *self.inner.deferred.borrow() == Deferred::None {
+            return Ok(());
+        }
         let mut rx = self.inner.deferred.subscribe();
         let seen = rx
             .wait_for(|d| !matches!(d, Deferred::Waiting(_)))
