@@ -298,6 +298,23 @@ impl Cluster {
         .await
     }
 
+    /// Proposes 12 batches (`{prefix}0`..) through `leader` and waits until it has purged its
+    /// log past index 5: with `snapshot_every_entries = 5` and nothing kept behind a snapshot,
+    /// a node that missed them can catch up only by a snapshot.
+    pub async fn write_until_purged(&self, leader: usize, prefix: &str) {
+        for k in 0..12 {
+            self.node(leader)
+                .propose(vec![op(&format!("{prefix}{k}"))])
+                .await
+                .expect("propose");
+        }
+        wait_until("the leader snapshots and purges its log", || {
+            let st = self.status(leader);
+            st.purged_index.is_some_and(|p| p >= 5).then_some(())
+        })
+        .await;
+    }
+
     /// The ops node `i` has applied, in order, flattened.
     pub fn ops(&self, i: usize) -> Vec<Bytes> {
         self.applied[i]

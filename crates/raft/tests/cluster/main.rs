@@ -376,17 +376,7 @@ async fn a_learner_added_after_a_purge_is_sent_a_snapshot_of_the_application_sta
     })
     .await;
     let leader = c.leader().await;
-    for k in 0..12 {
-        c.node(leader)
-            .propose(vec![op(&format!("s{k}"))])
-            .await
-            .expect("propose");
-    }
-    wait_until("the leader snapshots and purges its log", || {
-        let st = c.status(leader);
-        st.purged_index.is_some_and(|p| p >= 5).then_some(())
-    })
-    .await;
+    c.write_until_purged(leader, "s").await;
     let want = c.ops(leader);
     c.start_node(3, None).await;
     c.node(leader)

@@ -83,19 +83,7 @@ async fn a_power_loss_in_the_middle_of_a_snapshot_install_leaves_a_node_that_cat
     let leader = c.leader().await;
     let f = (leader + 1) % 3;
     c.kill(f).await;
-    for k in 0..12 {
-        c.node(leader)
-            .propose(vec![op(&format!("p{k}"))])
-            .await
-            .expect("propose");
-    }
-    wait_until("the leader snapshots and purges its log", || {
-        c.status(leader)
-            .purged_index
-            .is_some_and(|p| p >= 5)
-            .then_some(())
-    })
-    .await;
+    c.write_until_purged(leader, "p").await;
 
     // The follower comes back behind the purge: it is sent a snapshot, held at the gate.
     let gate = c.install_gates[f].clone();
