@@ -83,10 +83,19 @@ mod tests {
         assert_eq!(next_len(MIN_PIPE_BUFFER_BYTES, 1), MIN_PIPE_BUFFER_BYTES);
     }
 
+    /// Bound on the test below: a half-close that does not travel leaves a read waiting.
+    const MUST_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
     /// A megabyte each way at once, through pipes that deliver little per read, arrives
     /// intact; then one side's half-close reaches the other, which can still answer.
     #[tokio::test]
     async fn bytes_cross_both_ways_intact_and_a_half_close_travels() {
+        tokio::time::timeout(MUST_WITHIN, cross_both_ways_and_half_close())
+            .await
+            .expect("a read still waits: a half-close did not travel");
+    }
+
+    async fn cross_both_ways_and_half_close() {
         let (client, client_far) = tokio::io::duplex(3000);
         let (leader, leader_far) = tokio::io::duplex(5000);
         let piping = tokio::spawn(copy_both_ways(client, leader));
