@@ -104,13 +104,18 @@ TRANSFER_RETRIES = 3
 EXIT_LOG_LINES = 25
 
 
-def log_tail(path, lines):
-    """The last `lines` lines of the file at `path` (none if it cannot be read)."""
+def read_log(path):
+    """A node's log as text ("" if it cannot be read)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().splitlines()[-lines:]
+            return f.read()
     except OSError:
-        return []
+        return ""
+
+
+def log_tail(path, lines):
+    """The last `lines` lines of the file at `path` (none if it cannot be read)."""
+    return read_log(path).splitlines()[-lines:]
 
 
 class Run:
@@ -288,11 +293,7 @@ class Run:
         failed."""
         done = cut = failed = 0
         for node in self.nodes + self.spares + self.removed:
-            try:
-                with open(node.log_path, encoding="utf-8", errors="replace") as f:
-                    text = f.read()
-            except OSError:
-                continue
+            text = read_log(node.log_path)
             cut += text.count("cut after the reload")
             lines = [line for line in text.splitlines() if "cluster TLS" in line]
             done += sum(1 for line in lines if "reloaded" in line)
