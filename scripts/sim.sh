@@ -59,6 +59,8 @@
 #       vote-not-synced                    the Raft vote is written but never fsynced
 #       deliver-uncommitted                entries reach the Applier as they are appended, before commit
 #       flush-before-sync                  the log reports an append flushed before its fsync
+#       purge-before-record                a log purge is durable past the applied point recorded
+#                                          (openraft's purge during a snapshot install)
 #                 A cluster seed's plan (faults, workload) is the seed's, but its execution is
 #                 not replayed exactly (openraft's election timeouts use a random source of its own).
 #   --cluster-broker  run the cluster broker seeds instead (issue 23; crates/cluster/tests/broker_sim,
@@ -201,7 +203,7 @@ if [ "$CLUSTER" = broker ]; then
 fi
 if [ "$CLUSTER" = 1 ]; then
   case "$INJECT" in
-    ''|ack-before-commit|vote-not-synced|deliver-uncommitted|flush-before-sync) ;;
+    ''|ack-before-commit|vote-not-synced|deliver-uncommitted|flush-before-sync|purge-before-record) ;;
     *) echo "sim.sh: unknown cluster bug '$INJECT' (see --help)" >&2; exit 2 ;;
   esac
   run_cluster_seeds tern-raft sim cluster_seeds TERN_CSIM cluster ''

@@ -24,6 +24,11 @@ pub enum Bug {
     /// its group commit has made them durable: a node's copy counts toward the majority
     /// while it is still in the page cache (`log_store.rs`).
     FlushBeforeSync = 8,
+    /// A purge of the log is made durable at once, even past the applied point the state
+    /// machine has recorded: openraft 0.9 purges up to an installed snapshot's point while
+    /// the install still runs, and a power loss in between leaves a log the node cannot start
+    /// from (`log_store/purge.rs`; the bug fixed in 010dec4).
+    PurgeBeforeRecord = 16,
 }
 
 tern_store::inject_switch!(pub Bug);

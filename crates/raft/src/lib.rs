@@ -47,6 +47,6 @@ pub use consensus::{
 };
 pub use error::ConsensusError;
 pub use node::{Member, NodeConfig, RaftNode, StatusChanges};
-pub use state_machine::{Applier, ApplyError, RECORD_APPLIED_INTERVAL_MS};
+pub use state_machine::{Applier, ApplierWork, ApplyError, RECORD_APPLIED_INTERVAL_MS};
 pub use tls::{ClusterTls, Link};
 pub use types::{Batch, LogIndex, NodeId};

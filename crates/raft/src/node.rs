@@ -25,7 +25,7 @@ use crate::incarnation::{self, Incarnations};
 use crate::inject::{self, Bug};
 use crate::log_store::LogStore;
 use crate::network::{self, TcpNetwork, serve};
-use crate::state_machine::{Applier, StateMachine};
+use crate::state_machine::{Applier, ApplierWork, StateMachine};
 use crate::tls::ClusterTls;
 use crate::types::{NodeId, Raft, TypeConfig};
 
@@ -62,6 +62,8 @@ pub struct NodeConfig {
     pub log_kept_behind_snapshot: u64,
     /// Mutual TLS on the cluster port, both ways (`[cluster] tls_*`); `None`: plain TCP.
     pub tls: Option<ClusterTls>,
+    /// Where the applier's file work runs (a simulator's is in its own time).
+    pub applier_work: ApplierWork,
 }
 
 impl NodeConfig {
@@ -85,6 +87,7 @@ impl NodeConfig {
             snapshot_every_entries: DEFAULT_SNAPSHOT_EVERY_ENTRIES,
             log_kept_behind_snapshot: DEFAULT_LOG_KEPT_BEHIND_SNAPSHOT,
             tls: None,
+            applier_work: ApplierWork::BlockingPool,
         }
     }
 
@@ -436,7 +439,7 @@ async fn open<N: RaftNetworkFactory<TypeConfig>>(
 ) -> Result<(Raft, Store, Vec<Weak<()>>), ConsensusError> {
     config.validate()?;
     let log = LogStore::open(&store, config.sync)?;
-    let sm = StateMachine::open(&store, config.sync, applier)?;
+    let sm = StateMachine::open(&store, config.sync, applier, config.applier_work)?;
     if inject::on(Bug::DeliverUncommitted) {
         log.deliver_early(Arc::new(sm.early_delivery()));
     }

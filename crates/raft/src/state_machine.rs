@@ -42,8 +42,8 @@ pub struct ApplyError(pub String);
 /// run; after a restart, batches after the last recorded applied point are applied again, so
 /// an implementation skips an index at or below the one its own durable state has reached.
 /// Calls are serialized. `apply` runs on the Raft state machine's task, so it should be
-/// quick; `snapshot`, `install_snapshot` and `persist` (file work, fsyncs) run on tokio's
-/// blocking pool.
+/// quick; `snapshot`, `install_snapshot` and `persist` (file work, fsyncs) run where
+/// [`ApplierWork`] says: tokio's blocking pool, but in a simulator.
 pub trait Applier: Send + 'static {
     /// Applies a committed batch of operations, at Raft log `index`.
     fn apply(&mut self, index: LogIndex, ops: &[Bytes]) -> Result<(), ApplyError>;
@@ -64,6 +64,23 @@ pub trait Applier: Send + 'static {
 /// contract).
 pub const RECORD_APPLIED_INTERVAL_MS: u64 = 200;
 
+/// Where the state machine runs the [`Applier`]'s file work (`persist`, `snapshot`,
+/// `install_snapshot`): time, injected, as TigerBeetle injects it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ApplierWork {
+    /// On tokio's blocking pool: the work blocks on files and fsyncs, and would otherwise
+    /// hold one of the runtime's workers (two on a 2-core machine) for its length.
+    #[default]
+    BlockingPool,
+    /// On the state machine's own task, after `latency_ms` of the runtime's clock. For a
+    /// simulator on tokio's paused clock: that clock stands still while a blocking-pool task
+    /// runs (`inhibit_auto_advance`), so an install there takes no time at all and no fault
+    /// can strike in the middle of one. Here it takes `latency_ms`, during which the rest of
+    /// the node (its Raft core, its log's purges and syncs) goes on.
+    #[cfg(feature = "sim")]
+    Simulated { latency_ms: u64 },
+}
+
 /// The applied point, as recorded in `raft-applied`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Applied {
@@ -72,6 +89,23 @@ struct Applied {
 }
 
 type Meta = SnapshotMeta<NodeId, BasicNode>;
+
+fn read_applied(kv: &KvStream) -> Result<Applied, StoreError> {
+    Ok(match kv.get(KEY_APPLIED)? {
+        Some(b) => decode(&b).map_err(|e| {
+            StoreError::InvalidConfig(format!("raft applied: undecodable record: {e}"))
+        })?,
+        None => Applied::default(),
+    })
+}
+
+/// The applied point recorded in `store`, where a restart starts applying from, read without
+/// a state machine: for checks of the rule that the log is never purged past it (the
+/// cluster simulator reads a node's disk with it before each restart).
+pub fn recorded_applied(store: &Store) -> Result<Option<LogId>, StoreError> {
+    let kv = store.kv(APPLIED_KV, StreamConfig::default())?;
+    Ok(read_applied(&kv)?.last_applied)
+}
 
 /// How a record of the applied point treats the one before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +131,7 @@ struct Inner {
     recorded_at: Mutex<std::time::Instant>,
     /// Each recorded point, published for the log's purges (crate::applied_point).
     records: AppliedRecords,
+    work: ApplierWork,
     /// Declared last, so dropped last: once it is gone the streams (and the store's lock)
     /// are released.
     canary: Arc<()>,
@@ -117,11 +152,13 @@ fn any(e: impl ToString) -> AnyError {
 }
 
 impl StateMachine {
-    /// Opens the applied record in `store` (under `sync`, the log's policy).
+    /// Opens the applied record in `store` (under `sync`, the log's policy); the applier's
+    /// file work runs where `work` says.
     pub fn open(
         store: &Store,
         sync: SyncPolicy,
         applier: Box<dyn Applier>,
+        work: ApplierWork,
     ) -> Result<StateMachine, StoreError> {
         let kv = store.kv(
             APPLIED_KV,
@@ -130,12 +167,7 @@ impl StateMachine {
                 ..StreamConfig::default()
             },
         )?;
-        let applied = match kv.get(KEY_APPLIED)? {
-            Some(b) => decode(&b).map_err(|e| {
-                StoreError::InvalidConfig(format!("raft applied: undecodable record: {e}"))
-            })?,
-            None => Applied::default(),
-        };
+        let applied = read_applied(&kv)?;
         let recorded = tokio::sync::Mutex::new(applied.last_applied);
         let records = AppliedRecords::new(applied.last_applied.map(|l| l.index));
         Ok(StateMachine {
@@ -148,6 +180,7 @@ impl StateMachine {
                 snapshots_built: AtomicU64::new(0),
                 recorded_at: Mutex::new(std::time::Instant::now()),
                 records,
+                work,
                 canary: Arc::new(()),
             }),
         })
@@ -178,7 +211,7 @@ impl StateMachine {
     /// policy): the point never runs ahead of the state it names.
     async fn persist_and_record(&self) -> Result<(), StorageError> {
         let applied = self
-            .on_blocking_pool(|applier, inner| {
+            .run_work(|applier, inner| {
                 applier.persist()?;
                 Ok(lock(&inner.applied).clone())
             })
@@ -188,22 +221,27 @@ impl StateMachine {
         self.record(applied, Record::Forward).await
     }
 
-    /// Runs `f` under the applier's lock on tokio's blocking pool. The applier's file work
-    /// (a snapshot's files written and synced, the fsyncs of `persist`) would otherwise hold
-    /// one of the runtime's workers for its length, and the Raft core, replication and the
-    /// client connections share those (two on a 2-core machine).
-    async fn on_blocking_pool<T: Send + 'static>(
+    /// Runs `f` under the applier's lock, where [`ApplierWork`] says.
+    async fn run_work<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut dyn Applier, &Inner) -> Result<T, ApplyError> + Send + 'static,
     ) -> Result<T, AnyError> {
         let inner = self.inner.clone();
-        let job = tokio::task::spawn_blocking(move || {
+        let run = move || {
             let mut applier = lock(&inner.applier);
             f(applier.as_mut(), &inner)
-        });
-        match job.await {
-            Ok(done) => done.map_err(any),
-            Err(e) => Err(any(format!("the applier's task failed: {e}"))),
+        };
+        match self.inner.work {
+            ApplierWork::BlockingPool => match tokio::task::spawn_blocking(run).await {
+                Ok(done) => done.map_err(any),
+                Err(e) => Err(any(format!("the applier's task failed: {e}"))),
+            },
+            #[cfg(feature = "sim")]
+            ApplierWork::Simulated { latency_ms } => {
+                // The lock is taken after the wait: nothing is held across it.
+                tokio::time::sleep(std::time::Duration::from_millis(latency_ms)).await;
+                run().map_err(any)
+            }
         }
     }
 
@@ -271,7 +309,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         // the snapshot after let applies in between: the snapshot named a later point than
         // the one recorded.)
         let (data, applied) = self
-            .on_blocking_pool(|applier, inner| {
+            .run_work(|applier, inner| {
                 applier.persist()?;
                 let applied = lock(&inner.applied).clone();
                 Ok((applier.snapshot()?, applied))
@@ -339,7 +377,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         let installed = applied.clone();
         let data = self
-            .on_blocking_pool(move |applier, inner| {
+            .run_work(move |applier, inner| {
                 applier.install_snapshot(index, &data)?;
                 *lock(&inner.applied) = installed;
                 Ok(data)

@@ -64,8 +64,13 @@ async fn a_snapshot_install_and_build_leave_the_runtime_thread_free() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("store");
     let (tx, rx) = mpsc::channel();
-    let mut sm =
-        StateMachine::open(&store, SyncPolicy::Always, Box::new(Gated { gate: rx })).expect("sm");
+    let mut sm = StateMachine::open(
+        &store,
+        SyncPolicy::Always,
+        Box::new(Gated { gate: rx }),
+        ApplierWork::BlockingPool,
+    )
+    .expect("sm");
 
     let last = LogId::new(CommittedLeaderId::new(3, NodeId(2)), 40);
     let meta = Meta {
@@ -130,8 +135,13 @@ fn normal_entry(index: LogIndex) -> Entry {
 async fn a_snapshot_never_names_a_point_past_the_recorded_applied_point() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("store");
-    let mut sm =
-        StateMachine::open(&store, SyncPolicy::Always, Box::new(Counting { at: 0 })).expect("sm");
+    let mut sm = StateMachine::open(
+        &store,
+        SyncPolicy::Always,
+        Box::new(Counting { at: 0 }),
+        ApplierWork::BlockingPool,
+    )
+    .expect("sm");
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut applying = sm.clone();
     let stop_applying = stop.clone();
@@ -169,8 +179,13 @@ async fn a_snapshot_never_names_a_point_past_the_recorded_applied_point() {
 async fn the_recorded_point_goes_back_only_to_an_installed_snapshot() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("store");
-    let sm =
-        StateMachine::open(&store, SyncPolicy::Always, Box::new(Counting { at: 0 })).expect("sm");
+    let sm = StateMachine::open(
+        &store,
+        SyncPolicy::Always,
+        Box::new(Counting { at: 0 }),
+        ApplierWork::BlockingPool,
+    )
+    .expect("sm");
     let at = |index: LogIndex| Applied {
         last_applied: Some(normal_entry(index).log_id),
         membership: StoredMembership::default(),

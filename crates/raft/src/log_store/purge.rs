@@ -9,6 +9,7 @@
 //! restart cannot rebuild. openraft's core is not held meanwhile (0.10 holds its queued log
 //! commands behind such a purge, and goes on answering peers).
 
+use crate::inject::{self, Bug};
 use crate::types::{LogId, StorageError};
 
 use super::{LogStore, write_logs_err};
@@ -28,6 +29,7 @@ impl LogStore {
     /// else taken in memory now and made durable later.
     pub(super) async fn purge_or_defer(&self, log_id: LogId) -> Result<(), StorageError> {
         let gate = self.inner.purge_gate.get().cloned();
+        let gate = gate.filter(|_| !inject::on(Bug::PurgeBeforeRecord));
         let Some(gate) = gate.filter(|g| !g.covers(log_id.index)) else {
             return self.purge_durably(log_id).await;
         };

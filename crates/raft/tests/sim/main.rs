@@ -23,6 +23,7 @@ fn bug(name: &str) -> Option<Bug> {
         "vote-not-synced" => Some(Bug::VoteNotSynced),
         "deliver-uncommitted" => Some(Bug::DeliverUncommitted),
         "flush-before-sync" => Some(Bug::FlushBeforeSync),
+        "purge-before-record" => Some(Bug::PurgeBeforeRecord),
         other => panic!("unknown cluster bug {other:?}"),
     }
 }

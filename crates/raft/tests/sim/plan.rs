@@ -26,11 +26,13 @@ pub enum Fault {
     Replace { old: usize },
     /// A node falls behind (cut off for `lag_ms`, and until a leader's log is purged past
     /// it), and once back, loses power in the middle of the snapshot install that catches it
-    /// up; it restarts after `down_ms`. Planned only with small snapshots.
+    /// up, `at_pct` percent into the install's length; it restarts after `down_ms`. Planned
+    /// only with small snapshots.
     CrashInInstall {
         node: usize,
         lag_ms: u64,
         down_ms: u64,
+        at_pct: u64,
     },
     /// Bad weather: messages lost and delayed more than usual.
     Storm {
@@ -114,12 +116,19 @@ impl Plan {
         let mut r2 = SimRng::keyed(&[seed, 0x696e7374]);
         if snapshots.is_some() && r2.below(2) == 0 {
             let at = r2.below(faults.len() as u64 + 1) as usize;
+            let (node, lag_ms, down_ms) = (
+                r2.below(nodes as u64) as usize,
+                r2.range(500, 2_000),
+                r2.range(0, 1_000),
+            );
+            let wait = r2.range(100, 1_000);
             let fault = Fault::CrashInInstall {
-                node: r2.below(nodes as u64) as usize,
-                lag_ms: r2.range(500, 2_000),
-                down_ms: r2.range(0, 1_000),
+                node,
+                lag_ms,
+                down_ms,
+                at_pct: r2.below(100),
             };
-            faults.insert(at, (r2.range(100, 1_000), fault));
+            faults.insert(at, (wait, fault));
         }
         Plan {
             nodes,

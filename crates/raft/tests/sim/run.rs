@@ -170,7 +170,11 @@ async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) -> Option<String> {
             node,
             lag_ms,
             down_ms,
-        } => return crash_in_install(w, *node, ms(*lag_ms), ms(*down_ms)).await,
+            at_pct,
+        } => {
+            let into = ms(w.applier_work_ms * at_pct / 100);
+            return crash_in_install(w, *node, ms(*lag_ms), into, ms(*down_ms)).await;
+        }
         Fault::Storm {
             drop_pct,
             max_delay_ms,
@@ -194,13 +198,15 @@ async fn inflict(w: &mut World, plan: &Plan, fault: &Fault) -> Option<String> {
 const INSTALL_WAIT: Duration = Duration::from_secs(5);
 
 /// `Fault::CrashInInstall`: cuts `node` off for `lag` and until a leader's log is purged past
-/// it, heals, and cuts its power once its install is under way: its log purged past what it
-/// has applied (openraft purges as it hands the snapshot to the state machine, and counts it
-/// applied once installed).
+/// it, heals, and cuts its power `into` its install: from when the install shows (its log
+/// purged past what it has applied: openraft purges as it hands the snapshot to the state
+/// machine, and counts it applied once installed). An install takes the world's
+/// `applier_work_ms` (`ApplierWork::Simulated`), while the node's log goes on.
 async fn crash_in_install(
     w: &mut World,
     node: usize,
     lag: Duration,
+    into: Duration,
     down: Duration,
 ) -> Option<String> {
     w.net.links.lock().unwrap().side.insert(id(node), 1);
@@ -240,10 +246,15 @@ async fn crash_in_install(
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    tokio::time::sleep(into).await;
     w.kill(node, true).await;
     tokio::time::sleep(down).await;
     w.start(node).await;
-    Some(format!("node {} lost power in an install", id(node)))
+    Some(format!(
+        "node {} lost power {} ms into an install",
+        id(node),
+        into.as_millis()
+    ))
 }
 
 /// A leader has purged its log past the end of `node`'s.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use openraft::storage::RaftLogStorage;
 use tern_raft::log_store::LogStore;
-use tern_raft::{NodeConfig, NodeId, RaftNode};
+use tern_raft::{ApplierWork, NodeConfig, NodeId, RaftNode};
 use tern_store::sim::{SimConfig, SimDisk};
 use tern_store::{Store, SyncPolicy};
 
@@ -22,11 +22,17 @@ pub fn id(i: usize) -> NodeId {
     NodeId(i as u64 + 1)
 }
 
+/// An applier's file work (an install writes and syncs several files) takes this many of the
+/// disk's turns.
+const APPLIER_WORK_DISK_TURNS: u64 = 4;
+
 pub struct World {
     /// The initial voters; one more node (position `n`) is a spare, started only to join.
     pub n: usize,
     /// Entries between snapshots and kept behind one, if not the defaults.
     pub snapshots: Option<(u64, u64)>,
+    /// How long the applier's file work (an install, a persist) takes, in virtual time.
+    pub applier_work_ms: u64,
     pub net: Net,
     pub dirs: Vec<tempfile::TempDir>,
     pub disks: Vec<SimDisk>,
@@ -68,6 +74,7 @@ impl World {
         World {
             n,
             snapshots: None,
+            applier_work_ms: disk_step_ms * APPLIER_WORK_DISK_TURNS,
             net,
             dirs,
             disks,
@@ -93,6 +100,9 @@ impl World {
         let peers = (0..self.n).map(|j| (id(j), World::addr(j))).collect();
         let mut cfg = NodeConfig::new(id(i), World::addr(i), peers, self.dirs[i].path().into());
         cfg.sync = SyncPolicy::Always;
+        cfg.applier_work = ApplierWork::Simulated {
+            latency_ms: self.applier_work_ms,
+        };
         if let Some((every, kept)) = self.snapshots {
             cfg.snapshot_every_entries = every;
             cfg.log_kept_behind_snapshot = kept;
@@ -112,7 +122,7 @@ impl World {
     /// is not behind the vote the node has shown its peers.
     pub async fn start(&mut self, i: usize) {
         let vfs = self.disks[i].vfs();
-        self.check_vote(i, &vfs).await;
+        self.check_disk(i, &vfs).await;
         let app = App {
             node: id(i),
             state: self.apps[i].clone(),
@@ -151,7 +161,39 @@ impl World {
         self.nodes.lock().unwrap()[i] = Some(node);
     }
 
-    async fn check_vote(&self, i: usize, vfs: &Arc<dyn tern_store::vfs::Vfs>) {
+    /// What node `i`'s disk holds before it restarts: its vote is not behind the vote it has
+    /// shown its peers, and its log is not purged past the applied point recorded (the
+    /// entries a restart re-applies from there must still be in it; openraft refuses such a
+    /// log, in debug builds at once).
+    async fn check_disk(&self, i: usize, vfs: &Arc<dyn tern_store::vfs::Vfs>) {
+        let read = async {
+            let store = Store::open_with_vfs(self.dirs[i].path(), vfs.clone())?;
+            let mut log = LogStore::open(&store, SyncPolicy::Always)?;
+            let vote = log.read_vote().await.ok().flatten();
+            let purged = log
+                .get_log_state()
+                .await
+                .ok()
+                .and_then(|s| s.last_purged_log_id);
+            let applied = tern_raft::state_machine::recorded_applied(&store)?;
+            Ok::<_, tern_store::StoreError>((vote, purged, applied))
+        };
+        let (durable, purged, applied) = match read.await {
+            Ok(r) => r,
+            Err(e) => {
+                self.violation(format!("node {}: its disk does not open: {e}", id(i)));
+                return;
+            }
+        };
+        if purged.map(|p| p.index) > applied.map(|a| a.index) {
+            self.violation(format!(
+                "log purged past the applied point: node {}'s disk has its log purged through \
+                 {} and the applied point recorded at {}",
+                id(i),
+                purged.map_or(0, |p| p.index),
+                applied.map_or("none".to_string(), |a| a.index.to_string())
+            ));
+        }
         let shown = self
             .net
             .seen
@@ -161,15 +203,6 @@ impl World {
             .get(&id(i))
             .copied();
         let Some(shown) = shown else { return };
-        let durable = match Store::open_with_vfs(self.dirs[i].path(), vfs.clone())
-            .and_then(|s| LogStore::open(&s, SyncPolicy::Always))
-        {
-            Ok(mut log) => log.read_vote().await.ok().flatten(),
-            Err(e) => {
-                self.violation(format!("node {}: its disk does not open: {e}", id(i)));
-                return;
-            }
-        };
         if !durable.is_some_and(|d| d >= shown) {
             self.violation(format!(
                 "vote went backwards: node {} answered a candidate with vote {shown}, its disk \
