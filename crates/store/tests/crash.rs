@@ -1,7 +1,7 @@
 //! Crash tests: damage the active block at every byte of its last records (truncation and
 //! bit flips) and check what recovery serves; kill a child process in the middle of group
 //! commits and check that every completed ticket survived (which, the page cache surviving
-//! SIGKILL, holds even when tickets complete before their fsync: `tests/power_loss.rs`
+//! SIGKILL, holds even when tickets complete before their fsync: `tests/power_loss/`
 //! simulates power loss for that).
 
 use std::io::{BufRead, BufReader};
@@ -278,7 +278,7 @@ fn kill_during_group_commit_keeps_every_completed_ticket() {
     );
 }
 
-/// Why `tests/power_loss.rs` simulates power loss: with the store told to complete tickets
+/// Why `tests/power_loss/` simulates power loss: with the store told to complete tickets
 /// before their fdatasync (`tern_store::sim::Bugs::ack_before_fsync`), the `kill -9` test
 /// above still passes. SIGKILL keeps the page cache, so a record written but never synced
 /// survives it; only a power loss (or a failed fsync) tells the two apart.

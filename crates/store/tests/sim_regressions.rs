@@ -1,4 +1,4 @@
-//! Store bugs the power-loss checker (`tests/power_loss.rs`) found, each as a scenario of its
+//! Store bugs the power-loss checker (`tests/power_loss/`) found, each as a scenario of its
 //! own on the simulated disk, with the seed that found it. Where the outcome of a power loss
 //! matters, a scenario runs over many disk seeds (each decides differently what of the
 //! unsynced state survives).
