@@ -3,26 +3,11 @@
 use tern_wire::{Ack, ReasonCode};
 
 use super::{Close, Conn};
+use crate::state::outbound::Outbound;
 
 impl Conn {
     pub(super) fn on_puback(&mut self, ack: Ack) -> Result<(), Close> {
-        let done = {
-            let mut state = self.session.state.lock();
-            if state.conn_gen != self.conn_gen {
-                return Ok(());
-            }
-            let done = state.out.on_puback(ack.packet_id).is_some();
-            self.shared.changed_sessions.note(&self.session, &state);
-            done
-        };
-        if done {
-            self.shared
-                .store
-                .exchanges
-                .outbound_completed(&self.session.client_id, ack.packet_id);
-            self.ctl.wake.notify(); // the window opened
-        }
-        Ok(())
+        self.complete_outbound(ack, |out, id| out.on_puback(id).is_some())
     }
 
     pub(super) fn on_pubrec(&mut self, ack: Ack) -> Result<(), Close> {
@@ -72,12 +57,23 @@ impl Conn {
     }
 
     pub(super) fn on_pubcomp(&mut self, ack: Ack) -> Result<(), Close> {
+        self.complete_outbound(ack, |out, id| out.on_pubcomp(id).is_some())
+    }
+
+    /// The last acknowledgement of an outbound exchange (PUBACK, PUBCOMP): `done` ends it in
+    /// the session's outbound window (false: not in flight, ignored); an ended exchange is
+    /// completed in the store and the window reopens.
+    fn complete_outbound(
+        &mut self,
+        ack: Ack,
+        done: impl FnOnce(&mut Outbound, u16) -> bool,
+    ) -> Result<(), Close> {
         let done = {
             let mut state = self.session.state.lock();
             if state.conn_gen != self.conn_gen {
                 return Ok(());
             }
-            let done = state.out.on_pubcomp(ack.packet_id).is_some();
+            let done = done(&mut state.out, ack.packet_id);
             self.shared.changed_sessions.note(&self.session, &state);
             done
         };
@@ -86,7 +82,7 @@ impl Conn {
                 .store
                 .exchanges
                 .outbound_completed(&self.session.client_id, ack.packet_id);
-            self.ctl.wake.notify();
+            self.ctl.wake.notify(); // the window opened
         }
         Ok(())
     }
