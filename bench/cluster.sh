@@ -30,6 +30,8 @@
 # Environment knobs:
 #   REPEATS=1  SYSTEMS="tern3 tern1 nats3 nats1"  CELLS="q1w256 q2w256 fanout failover"
 #   KILLS=3 (failover cell)  NO_BUILD=1 (use the binaries in CARGO_TARGET_DIR)  NO_REPORT=1
+#   TERN3_WORKER_THREADS=N: [runtime] worker_threads = N on each cluster node (unset: one
+#   per core, as tern1 always runs; 1 suits three nodes sharing one machine, docs/cluster.md)
 #   Messages per cell (64-byte payloads, MQTT 3.1.1): N_NATS=5000 for nats3's pubsub cells
 #   (it runs ~100x slower than the others; throughput is a rate, the count only sets the
 #   length), N_TERN=200000 for everyone else's; FANOUT_N=1000 messages to 1,000 subscribers,
@@ -118,6 +120,9 @@ launch_tern() { # SYSTEM
     if is_tern3 "$sys"; then
       printf '\n[cluster]\nnode_id = %s\nbind = "127.0.0.1:%s"\npeers = [%s]\n' \
         "$i" "$((TERN_CLUSTER + i))" "${peers%, }" >>"$cfg"
+    fi
+    if is_tern3 "$sys" && [ -n "${TERN3_WORKER_THREADS:-}" ]; then
+      printf '\n[runtime]\nworker_threads = %s\n' "$TERN3_WORKER_THREADS" >>"$cfg"
     fi
     if [ "$sys" = tern3tls ]; then
       cluster_pki

@@ -230,7 +230,11 @@ fn run(plan: Plan, data_dir: &Path) -> anyhow::Result<()> {
         allow_anonymous,
         http,
     } = plan;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = file.worker_threads {
+        builder.worker_threads(threads);
+    }
+    let runtime = builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

@@ -312,3 +312,36 @@ fn a_relative_data_dir_of_one_component_starts() {
     );
     assert!(cwd.path().join("data").is_dir());
 }
+
+/// `[runtime] worker_threads` sizes the broker's runtime: `/metrics` shows it (one more than
+/// the cores, which the default never is), and the broker serves a QoS 1 round trip on it.
+/// An out-of-range value exits 2 naming the key.
+#[tokio::test]
+async fn worker_threads_sizes_the_runtime() {
+    use common::raw::*;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores + 1;
+    let b = Broker::start_with_args(
+        &format!("[runtime]\nworker_threads = {threads}\n"),
+        &["--bind", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+    );
+    let page = common::http::get(b.http.expect("an http listener"), "/metrics");
+    let page = common::prom::parse(&page.body).expect("a valid exposition");
+    assert_eq!(
+        page.value("tern_runtime_worker_threads", &[]),
+        Some(threads as f64)
+    );
+    let mut s = RawClient::v5(b.addr, "w-sub").await;
+    s.sub("w/#", 1).await;
+    let mut p = RawClient::v4(b.addr, "w-pub").await;
+    p.publish_acked(publish("w/1", b"one", 1, 1)).await;
+    assert_eq!(s.expect_publish().await.payload.as_ref(), b"one");
+
+    let out = serve_with_config("[runtime]\nworker_threads = 0\n");
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("`worker_threads` in [runtime]"),
+        "{}",
+        out.stderr
+    );
+}

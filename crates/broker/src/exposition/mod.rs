@@ -46,6 +46,16 @@ fn clients(e: &mut TextEncoder, shared: &Shared, listeners: &[Arc<ListenerContex
         "Seconds since the broker started.",
     );
     e.sample_f64("uptime_seconds", &[], uptime_ms as f64 / 1e3);
+    // Rendered on the broker's runtime (the HTTP listener's handler); a render outside one
+    // (a unit test's) leaves it out.
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        e.single(
+            "runtime_worker_threads",
+            Kind::Gauge,
+            "The async runtime's worker threads ([runtime] worker_threads; one per core unset).",
+            runtime.metrics().num_workers() as u64,
+        );
+    }
     e.family(
         "connections",
         Kind::Gauge,

@@ -25,6 +25,7 @@ fn an_unknown_key_names_key_and_table() {
         ("[sys]\ninterval = 1\n", "interval", "[sys]"),
         ("[state]\ninterval_ms = 1\n", "interval_ms", "[state]"),
         ("[store]\nmax_bytes = 1\n", "max_bytes", "[store]"),
+        ("[runtime]\nthreads = 1\n", "threads", "[runtime]"),
         ("[http]\nport = 1\n", "port", "[http]"),
         ("[auth]\npasswd = \"x\"\n", "passwd", "[auth]"),
         (
@@ -158,6 +159,32 @@ fn a_table_of_the_wrong_shape_is_refused_naming_it() {
     ] {
         assert_eq!(refused(text), format!("{place}{says}"));
     }
+}
+
+#[test]
+fn worker_threads_bounds() {
+    assert_eq!(parse("").unwrap().worker_threads, None, "one per core");
+    let c = parse("[runtime]\nworker_threads = 1\n").unwrap();
+    assert_eq!(c.worker_threads, Some(1));
+    let most = format!(
+        "[runtime]\nworker_threads = {}\n",
+        tables::MAX_WORKER_THREADS
+    );
+    assert_eq!(
+        parse(&most).unwrap().worker_threads,
+        Some(tables::MAX_WORKER_THREADS)
+    );
+    let over = format!(
+        "[runtime]\nworker_threads = {}\n",
+        tables::MAX_WORKER_THREADS + 1
+    );
+    for text in ["[runtime]\nworker_threads = 0\n", over.as_str()] {
+        let e = refused(text);
+        assert_names(&e, "worker_threads", "[runtime]");
+        assert!(e.contains("between 1 and 1024"), "{e}");
+    }
+    let e = refused("[runtime]\nworker_threads = -1\n");
+    assert_names(&e, "worker_threads", "[runtime]");
 }
 
 /// The smallest budget, 64 KiB, is accepted when no written stream's block is larger; a

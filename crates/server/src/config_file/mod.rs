@@ -1,5 +1,5 @@
 //! The TOML config file: `[listener]` or `[[listener]]`, `[limits]`, `[sys]`, `[state]`,
-//! `[store]`, `[http]`, `[auth]` and any number of `[[stream]]`.
+//! `[store]`, `[runtime]`, `[http]`, `[auth]`, `[cluster]` and any number of `[[stream]]`.
 //!
 //! serde reads the file into one derived struct per table (`tables.rs`, each with
 //! `deny_unknown_fields`); small functions then check ranges and build a [`FileConfig`]. Every
@@ -29,6 +29,9 @@ pub struct FileConfig {
     /// `[store] max_disk_bytes`: the message streams' disk budget (not the state streams');
     /// `None` (the default, or 0 in the file) means none.
     pub max_disk_bytes: Option<u64>,
+    /// `[runtime] worker_threads`: the async runtime's worker threads; `None`: one per core
+    /// (tokio's default, which also reads `TOKIO_WORKER_THREADS`).
+    pub worker_threads: Option<usize>,
     /// `[auth]` (crate::auth_config).
     pub auth: crate::auth_config::AuthConfig,
     /// `[http]`: the admin HTTP listener (`crate::http::config`).
@@ -49,6 +52,7 @@ impl Default for FileConfig {
             streams: Vec::new(),
             state_sync: SyncPolicy::Always,
             max_disk_bytes: None,
+            worker_threads: None,
             auth: Default::default(),
             http: None,
             cluster: None,

@@ -29,6 +29,8 @@ pub(super) struct FileTables {
     state: StateTable,
     #[serde(default)]
     store: StoreTable,
+    #[serde(default)]
+    runtime: RuntimeTable,
     http: Option<HttpSection>,
     #[serde(default)]
     auth: AuthConfig,
@@ -271,6 +273,29 @@ struct StoreTable {
     max_disk_bytes: Option<u64>,
 }
 
+/// `[runtime]`: the async runtime's worker threads (unset: one per core).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [runtime] table")]
+struct RuntimeTable {
+    worker_threads: Option<usize>,
+}
+
+/// Most worker threads `[runtime] worker_threads` takes: past the cores they only contend.
+pub(super) const MAX_WORKER_THREADS: usize = 1024;
+
+impl RuntimeTable {
+    fn worker_threads(&self) -> Result<Option<usize>, ConfigFileError> {
+        match self.worker_threads {
+            Some(n) if n == 0 || n > MAX_WORKER_THREADS => Err(bad(
+                "worker_threads",
+                "[runtime]",
+                format!("{n} is not between 1 and {MAX_WORKER_THREADS}"),
+            )),
+            n => Ok(n),
+        }
+    }
+}
+
 /// `[[stream]]`: an array of tables (`[stream]`, one table, is the likely slip it names).
 #[derive(Debug, Default)]
 struct StreamTables(Vec<StreamTable>);
@@ -392,6 +417,7 @@ impl FileTables {
         }
         config.state_sync = sync(self.state.sync, self.state.sync_interval_ms, "[state]")?;
         config.max_disk_bytes = self.store.max_disk_bytes.filter(|&bytes| bytes != 0);
+        config.worker_threads = self.runtime.worker_threads()?;
         config.http = self.http;
         config.auth = self.auth;
         if let Some(table) = self.cluster {

@@ -162,7 +162,7 @@ fn unknown_key_is_named() {
     assert!(
         e.to_string().starts_with(
             "`limitz` at the top level, line 1: unknown field `limitz`, expected one of \
-             `listener`, `limits`, `sys`, `state`, `store`, `http`, `auth`, `stream`"
+             `listener`, `limits`, `sys`, `state`, `store`, `runtime`, `http`, `auth`, `stream`"
         ),
         "{e}"
     );
