@@ -464,8 +464,10 @@ impl ReplicatedDisk {
 /// [`DiskLimits::proposals_in_flight`] batches uncommitted (a slot is taken before the batch:
 /// each one gathers whatever was recorded while the ones before it were in flight, the group
 /// commit of the single node, one level up, pipelined); each only while this node still
-/// leads in `term`. The committer thread waits for them in order, moves `committed` and
-/// frees their slots.
+/// leads in `term`. The committer, a task on `runtime`, waits for them in order, moves
+/// `committed` and frees their slots. (A task, not a thread: a proposal is answered on the
+/// runtime, by the Raft state machine's task, and a thread waiting for it was one more thread
+/// woken on every commit.)
 fn propose_loop<C: Consensus>(
     inner: &Arc<Inner>,
     consensus: &C,
@@ -474,15 +476,8 @@ fn propose_loop<C: Consensus>(
 ) {
     // Never full: a proposal is sent only with a slot, and at most that many are taken.
     let in_flight = inner.limits.proposals_in_flight;
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(Proposal, u64)>(in_flight);
-    let committer = inner.clone();
-    let handle = runtime.clone();
-    let committing = std::thread::Builder::new()
-        .name("tern-commit".into())
-        .spawn(move || commit_loop(&committer, &rx, &handle));
-    let Ok(committing) = committing else {
-        return inner.fail("cannot start the committer thread");
-    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<(Proposal, u64)>(in_flight);
+    let committing = runtime.spawn(commit_loop(inner.clone(), rx));
     while inner.slot()
         && let Some(taken) = inner.take()
     {
@@ -503,8 +498,8 @@ fn propose_loop<C: Consensus>(
         }
         match runtime.block_on(consensus.submit(ops)) {
             Ok(proposal) => {
-                if tx.send((proposal, upto)).is_err() {
-                    break; // the committer stopped on a failure
+                if tx.try_send((proposal, upto)).is_err() {
+                    break; // the committer stopped on a failure (the channel has room)
                 }
             }
             Err(e) => {
@@ -514,25 +509,32 @@ fn propose_loop<C: Consensus>(
         }
     }
     drop(tx);
-    let _ = committing.join();
+    let _ = runtime.block_on(committing);
 }
 
-fn commit_loop(
-    inner: &Inner,
-    rx: &std::sync::mpsc::Receiver<(Proposal, u64)>,
-    runtime: &tokio::runtime::Handle,
-) {
+/// Fails the disk when the committer ends, however it ends: cancelled with its runtime (a
+/// process shutting down, a test's runtime dropped) the writers waiting in `sync` would
+/// otherwise wait for a commit nobody will tell them of. (It ends on its own only once the
+/// disk has failed: the proposer stops only then.)
+struct FailWhenDone(Arc<Inner>);
+
+impl Drop for FailWhenDone {
+    fn drop(&mut self) {
+        self.0.fail("the replicated disk's committer stopped");
+    }
+}
+
+async fn commit_loop(inner: Arc<Inner>, mut rx: tokio::sync::mpsc::Receiver<(Proposal, u64)>) {
+    let _fail_when_done = FailWhenDone(inner.clone());
     let mut failed = inner.failed_tx.subscribe();
-    while let Ok((proposal, upto)) = rx.recv() {
+    while let Some((proposal, upto)) = rx.recv().await {
         // Once the disk failed nobody waits for a commit (its syncs fail), and the proposal
         // may never commit: a leader cut off from its followers keeps it pending until a new
         // leader's term reaches it. Stopping the engine must not wait for that.
-        let outcome = runtime.block_on(async {
-            tokio::select! {
-                r = proposal => Some(r),
-                _ = failed.wait_for(|f| *f) => None,
-            }
-        });
+        let outcome = tokio::select! {
+            r = proposal => Some(r),
+            _ = failed.wait_for(|f| *f) => None,
+        };
         match outcome {
             Some(Ok(_)) => inner.committed(upto),
             Some(Err(e)) => return inner.fail(&format!("proposal failed: {e}")),

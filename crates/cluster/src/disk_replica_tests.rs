@@ -20,7 +20,8 @@ struct WithReplica {
     live: std::path::PathBuf,
     copy: std::path::PathBuf,
     _dir: tempfile::TempDir,
-    /// Last: the proposer's and committer's runtime outlives the disk.
+    /// Last: the proposer's and committer's runtime outlives the disk. (Bound by name where
+    /// the struct is taken apart: `..` dropped it, and the temporary directory, at once.)
     _rt: tokio::runtime::Runtime,
 }
 
@@ -49,7 +50,8 @@ fn the_replica_holds_the_live_files_once_the_store_has_synced() {
         disk,
         live,
         copy,
-        ..
+        _dir,
+        _rt,
     } = with_replica();
     {
         let store = tern_store::Store::open_with_vfs(&live, Arc::new(disk.clone())).unwrap();
@@ -98,7 +100,8 @@ fn retired_blocks_are_replicated_as_removals_not_as_copies() {
         disk,
         live,
         copy,
-        ..
+        _dir,
+        _rt,
     } = with_replica();
     let config = tern_store::StreamConfig {
         block_size_bytes: 64 * 1024,
