@@ -99,6 +99,11 @@ pub fn s(text: &str) -> Str {
     Str::copy_from(text).expect("test strings have no U+0000")
 }
 
+/// A clean-start v5 CONNECT without keep alive; tests adjust the other fields.
+pub fn v5_connect(client_id: &str) -> Connect {
+    connect_packet(Protocol::V5, client_id, true, 0)
+}
+
 /// A CONNECT with the given basics; tests adjust the other fields.
 pub fn connect_packet(
     protocol: Protocol,
