@@ -1,6 +1,6 @@
 //! Sessions: clean start / clean session, session present, v5 session expiry, queued QoS>0
 //! messages for offline persistent sessions, in-flight resend with DUP in order, outbound
-//! PUBREL resend, per-session queue limit.
+//! PUBREL resend, per-session queue limit, takeover of a connected client's session.
 
 mod common;
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::Broker;
 use common::raw::*;
-use common::rumq::v4;
+use common::rumq::{v4, v5};
 
 fn persistent_v5(id: &str, expiry_s: u32) -> Connect {
     let mut c = connect_packet(Protocol::V5, id, true, 0);
@@ -381,4 +381,43 @@ async fn outbound_window_is_capped_by_config() {
     }
     assert_eq!(&s.receive_acked().await.payload[..], b"4");
     assert_eq!(&s.receive_acked().await.payload[..], b"5");
+}
+
+/// (3.1.1) MQTT-3.1.4-2: a CONNECT with the client id of a connected client disconnects the
+/// existing client; the new one is accepted.
+#[tokio::test]
+async fn v311_takeover_closes_existing_connection() {
+    let b = Broker::start();
+    let mut old = RawClient::v4(b.addr, "dup-v4").await;
+    let (mut new, ca) =
+        RawClient::connect_ok(b.addr, connect_packet(Protocol::V3_1_1, "dup-v4", true, 0)).await;
+    assert!(!ca.session_present);
+    old.expect_closed_silently().await;
+    assert!(new.ping().await.is_empty(), "new connection stays usable");
+}
+
+/// (v5) MQTT-3.1.4-3: the existing client receives DISCONNECT 0x8E (Session taken over) and
+/// its connection is closed.
+#[tokio::test]
+async fn v5_takeover_sends_disconnect_0x8e() {
+    let b = Broker::start();
+    let mut old = RawClient::v5(b.addr, "dup-v5").await;
+    let mut new = RawClient::v5(b.addr, "dup-v5").await;
+    assert_eq!(
+        old.expect_disconnect().await,
+        ReasonCode::SESSION_TAKEN_OVER
+    );
+    assert!(new.ping().await.is_empty());
+}
+
+/// Takeover through rumqttc v5: the old client's event loop sees DISCONNECT 0x8E.
+#[tokio::test]
+async fn v5_takeover_seen_by_rumqttc() {
+    let b = Broker::start();
+    let mut old = v5::connect(v5::options(b.addr, "dup-rumq")).await;
+    let _new = v5::connect(v5::options(b.addr, "dup-rumq")).await;
+    assert_eq!(
+        old.expect_closed().await,
+        Some(v5::DisconnectReasonCode::SessionTakenOver)
+    );
 }
