@@ -345,3 +345,22 @@ async fn worker_threads_sizes_the_runtime() {
         out.stderr
     );
 }
+
+/// The configs the repository ships are valid: the commented example with every key, and the
+/// three nodes of the one-machine cluster (docs/cluster.md).
+#[test]
+fn contrib_configs_pass_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib");
+    let files = [
+        "tern.toml",
+        "cluster/node1.toml",
+        "cluster/node2.toml",
+        "cluster/node3.toml",
+    ];
+    for file in files {
+        let path = format!("{root}/{file}");
+        let f = run_to_exit(&["serve", "--check-config", &path], dir.path(), T);
+        assert_eq!(f.status.code(), Some(0), "contrib/{file}: {}", f.stderr);
+    }
+}
