@@ -175,7 +175,7 @@ fn power_loss_checker() {
 }
 
 /// Seeds (and run lengths) that found store bugs, each also a scenario of its own in
-/// `tests/sim_regressions.rs`: 3 a new block's unsynced header, 34 `never` sealing without a
+/// `tests/sim_regressions/`: 3 a new block's unsynced header, 34 `never` sealing without a
 /// sync, 62 recovery building on an unsynced block name, 134 compaction's index and rename
 /// order, 138 and 428 a failed fsync's dropped pages, 140 `seal()` replying before its
 /// roll, 286 compaction leaving a dangling batch flag, 5066 a batch of block removals
