@@ -25,6 +25,7 @@ mod sim {
     pub mod eio;
     pub mod exchanges;
     pub mod findings;
+    pub mod host;
     pub mod offline;
     pub mod plan;
     pub mod probes;
