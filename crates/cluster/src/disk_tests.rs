@@ -490,3 +490,33 @@ fn no_more_proposals_than_the_limit_are_in_flight() {
     let st = super::lock(&disk.inner.state);
     assert_eq!(st.committed, st.recorded);
 }
+
+/// The committer is a task on the runtime: when that runtime goes away (a process shutting
+/// down, a test's runtime dropped) with a proposal still uncommitted, the task is dropped, and
+/// the disk fails with it (`FailWhenDone`), so a writer waiting in `sync` gets an error rather
+/// than waiting forever. Seen hanging with the guard taken out.
+#[test]
+fn a_sync_fails_when_the_committers_runtime_goes_away() {
+    let HeldWrite {
+        fake,
+        disk,
+        file,
+        dir: _dir,
+        _rt,
+    } = held_write(b"orphaned");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let syncing = file.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(syncing.sync_data());
+    });
+    wait_until("the proposal submitted", || {
+        fake.submits.load(Ordering::SeqCst) >= 1
+    });
+    drop(_rt);
+    let synced = rx.recv_timeout(Duration::from_secs(10));
+    assert!(
+        matches!(synced, Ok(Err(_))),
+        "the sync must fail once its committer is gone: {synced:?}"
+    );
+    assert!(disk.failure().is_some());
+}
