@@ -147,10 +147,11 @@ impl Subscriber {
         if Qos::from_wire(publish.qos) != self.env.qos {
             self.result.qos_mismatches += 1;
         }
-        let header = Header::read(&publish.payload).ok();
-        let Some((header, check)) =
-            header.and_then(|h| Some((h, self.checks.get_mut(h.publisher_id as usize)?)))
-        else {
+        let Ok(header) = Header::read(&publish.payload) else {
+            self.malformed_payloads += 1;
+            return;
+        };
+        let Some(check) = self.checks.get_mut(header.publisher_id as usize) else {
             self.malformed_payloads += 1;
             return;
         };

@@ -167,21 +167,25 @@ impl World {
     /// log, in debug builds at once).
     async fn check_disk(&self, i: usize, vfs: &Arc<dyn tern_store::vfs::Vfs>) {
         let read = async {
-            let store = Store::open_with_vfs(self.dirs[i].path(), vfs.clone())?;
-            let mut log = LogStore::open(&store, SyncPolicy::Always)?;
+            let opened = Store::open_with_vfs(self.dirs[i].path(), vfs.clone())
+                .and_then(|store| Ok((LogStore::open(&store, SyncPolicy::Always)?, store)));
+            let (mut log, store) = opened.map_err(|e| format!("its disk does not open: {e}"))?;
             let vote = log.read_vote().await.ok().flatten();
+            // A log that cannot say what it purged is a violation as much as a disk that does
+            // not open: the check must not pass by not looking.
             let purged = log
                 .get_log_state()
                 .await
-                .ok()
-                .and_then(|s| s.last_purged_log_id);
-            let applied = tern_raft::state_machine::recorded_applied(&store)?;
-            Ok::<_, tern_store::StoreError>((vote, purged, applied))
+                .map_err(|e| format!("its log's state does not read: {e}"))?
+                .last_purged_log_id;
+            let applied = tern_raft::state_machine::recorded_applied(&store)
+                .map_err(|e| format!("its applied point does not read: {e}"))?;
+            Ok::<_, String>((vote, purged, applied))
         };
         let (durable, purged, applied) = match read.await {
             Ok(r) => r,
             Err(e) => {
-                self.violation(format!("node {}: its disk does not open: {e}", id(i)));
+                self.violation(format!("node {}: {e}", id(i)));
                 return;
             }
         };
