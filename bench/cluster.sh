@@ -30,8 +30,10 @@
 # Environment knobs:
 #   REPEATS=1  SYSTEMS="tern3 tern1 nats3 nats1"  CELLS="q1w256 q2w256 fanout failover"
 #   KILLS=3 (failover cell)  NO_BUILD=1 (use the binaries in CARGO_TARGET_DIR)  NO_REPORT=1
-#   TERN3_WORKER_THREADS=N: [runtime] worker_threads = N on each cluster node (unset: one
-#   per core, as tern1 always runs; 1 suits three nodes sharing one machine, docs/cluster.md)
+#   TERN3_WORKER_THREADS=1: [runtime] worker_threads on each cluster node. 1 by default: the
+#   three nodes share this machine, where docs/cluster.md recommends one worker each (+7-9%
+#   here, BENCHMARKS.md "Session 21"); empty for one per core, as tern1 always runs (and the
+#   cluster nodes did before session 22).
 #   Messages per cell (64-byte payloads, MQTT 3.1.1): N_NATS=5000 for nats3's pubsub cells
 #   (it runs ~100x slower than the others; throughput is a rate, the count only sets the
 #   length), N_TERN=200000 for everyone else's; FANOUT_N=1000 messages to 1,000 subscribers,
@@ -121,8 +123,8 @@ launch_tern() { # SYSTEM
       printf '\n[cluster]\nnode_id = %s\nbind = "127.0.0.1:%s"\npeers = [%s]\n' \
         "$i" "$((TERN_CLUSTER + i))" "${peers%, }" >>"$cfg"
     fi
-    if is_tern3 "$sys" && [ -n "${TERN3_WORKER_THREADS:-}" ]; then
-      printf '\n[runtime]\nworker_threads = %s\n' "$TERN3_WORKER_THREADS" >>"$cfg"
+    if is_tern3 "$sys" && [ -n "${TERN3_WORKER_THREADS-1}" ]; then
+      printf '\n[runtime]\nworker_threads = %s\n' "${TERN3_WORKER_THREADS-1}" >>"$cfg"
     fi
     if [ "$sys" = tern3tls ]; then
       cluster_pki
@@ -296,9 +298,9 @@ for sys in $SYSTEMS; do
   case $sys in tern*) v=$("$TERN" --version | head -1) ;; nats*) v=$(nats-server --version | head -1) ;; esac
   printf '{"type":"broker","broker":"%s","version":"%s","nodes":%s}\n' "$sys" "$v" "$(nodes_of "$sys" | wc -w)" >>"$OUT"
 done
-printf '{"type":"machine","cpus":%s,"kernel":"%s","repeats":%s,"started":"%s","loadavg_start":"%s","commit":"%s"}\n' \
+printf '{"type":"machine","cpus":%s,"kernel":"%s","repeats":%s,"started":"%s","loadavg_start":"%s","commit":"%s","tern3_worker_threads":"%s"}\n' \
   "$(nproc)" "$(uname -r)" "$REPEATS" "$STAMP" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-  "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" >>"$OUT"
+  "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" "${TERN3_WORKER_THREADS-1}" >>"$OUT"
 
 for rep in $(seq "$REPEATS"); do
   for sys in $SYSTEMS; do

@@ -77,6 +77,15 @@ def mark(runs):
     return f" ({', '.join(notes)})" if notes else ""
 
 
+def workers_note(machine):
+    """How many runtime workers each of Tern's cluster nodes ran (bench/cluster.sh's
+    TERN3_WORKER_THREADS; runs before session 22 did not record it: one per core)."""
+    n = machine.get("tern3_worker_threads")
+    if n is None or n == "":
+        return "Tern's cluster nodes ran one runtime worker per core."
+    return f"Tern's cluster nodes ran {n} runtime worker thread(s) each (`[runtime] worker_threads`)."
+
+
 def build(systems, machine, runs, command):
     present = [s for s in ORDER if s in systems]
 
@@ -116,7 +125,7 @@ def build(systems, machine, runs, command):
         f"{machine.get('kernel', '?')}); every figure is the median of "
         f"{machine.get('repeats', '?')} repetition(s), each cell against freshly started nodes "
         "with empty data dirs. All nodes and tern-bench share the machine's cores; MQTT 3.1.1, "
-        "64-byte payloads, loopback. Load average (1/5/15 min) "
+        "64-byte payloads, loopback. " + workers_note(machine) + " Load average (1/5/15 min) "
         f"{machine.get('loadavg_start', '?')} at the start, {machine.get('loadavg_end', '?')} at "
         "the end.",
         "",
