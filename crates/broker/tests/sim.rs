@@ -32,6 +32,7 @@ mod sim {
     pub mod probes_a;
     pub mod probes_b;
     pub mod probes_c;
+    pub mod publisher;
     pub mod run;
     pub mod settle;
     pub mod subscriber;

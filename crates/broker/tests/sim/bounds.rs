@@ -14,8 +14,9 @@ use tern_broker::__internal::{Counter, Shared};
 use tern_broker::DurableStore;
 
 use super::check::matches;
-use super::client::{PubSpec, payload};
+use super::client::payload;
 use super::plan::Plan;
+use super::publisher::PubSpec;
 use super::subscriber::SubSpec;
 
 /// How far the whole directory may pass the budget: the budget counts the message streams

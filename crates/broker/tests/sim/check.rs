@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::client::{PubSpec, PubState};
+use super::publisher::{PubSpec, PubState};
 use super::subscriber::{Delivery, SubSpec, SubState};
 
 pub type Pubs = [(PubSpec, Arc<Mutex<PubState>>)];

@@ -8,7 +8,7 @@ use tern_broker::SyncPolicy;
 use tern_store::sim::{Bugs, MetadataOrder, OpKind, SimRng};
 use tern_wire::Protocol;
 
-use super::client::PubSpec;
+use super::publisher::PubSpec;
 use super::subscriber::{Deliver, SubSpec};
 
 /// Bugs the simulator can inject (`scripts/sim.sh --inject NAME`), with what they do.

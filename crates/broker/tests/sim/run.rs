@@ -20,9 +20,10 @@ use tern_store::sim::{FaultAction, ScriptedFault, SimConfig, SimDisk};
 
 use super::bounds::Gauges;
 use super::check::{self, Context};
-use super::client::{BROKER_HOST, Endpoint, Net, PubSpec, PubState, run_publisher};
+use super::client::{BROKER_HOST, Endpoint, Net};
 use super::host::{broker_software, writer_threads};
 use super::plan::{Fault, Features, Injected, Plan, plan};
+use super::publisher::{PubSpec, PubState, run_publisher};
 use super::settle::{check_retained, settle};
 use super::subscriber::{SubSpec, SubState, run_subscriber};
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tern_wire::Protocol;
 
 use super::check;
-use super::client::{Net, PubSpec};
+use super::client::Net;
+use super::publisher::PubSpec;
 use super::run::Run;
 
 /// The retained value of `p`'s topic, read by a new clean-start client, is the last message
