@@ -474,10 +474,18 @@ fn propose_loop<C: Consensus>(
     term: u64,
     runtime: &tokio::runtime::Handle,
 ) {
+    // The loop ends only once the disk failed; this covers a panic (a `block_on` on a
+    // runtime that is gone), which would otherwise leave the syncs waiting.
+    let _fail_when_done = FailWhenDone(inner.clone(), "the replicated disk's proposer stopped");
     // Never full: a proposal is sent only with a slot, and at most that many are taken.
     let in_flight = inner.limits.proposals_in_flight;
     let (tx, rx) = tokio::sync::mpsc::channel::<(Proposal, u64)>(in_flight);
-    let committing = runtime.spawn(commit_loop(inner.clone(), rx));
+    // The guard goes into the task's future as an argument, so it fails the disk even if
+    // the runtime drops the task before its first poll (seen: a test's runtime dropped right
+    // after the first submission left the sync waiting, about 1 run in 8 of the crate's tests
+    // in parallel).
+    let guard = FailWhenDone(inner.clone(), "the replicated disk's committer stopped");
+    let committing = runtime.spawn(commit_loop(guard, inner.clone(), rx));
     while inner.slot()
         && let Some(taken) = inner.take()
     {
@@ -512,20 +520,24 @@ fn propose_loop<C: Consensus>(
     let _ = runtime.block_on(committing);
 }
 
-/// Fails the disk when the committer ends, however it ends: cancelled with its runtime (a
-/// process shutting down, a test's runtime dropped) the writers waiting in `sync` would
-/// otherwise wait for a commit nobody will tell them of. (It ends on its own only once the
-/// disk has failed: the proposer stops only then.)
-struct FailWhenDone(Arc<Inner>);
+/// Fails the disk (with its reason) when the committer or the proposer ends, however it
+/// ends: cancelled with its runtime (a process shutting down, a test's runtime dropped) or
+/// panicking, the writers waiting in `sync` would otherwise wait for a commit nobody will
+/// tell them of. (Each ends on its own only once the disk has failed, and `fail` keeps the
+/// first reason.)
+struct FailWhenDone(Arc<Inner>, &'static str);
 
 impl Drop for FailWhenDone {
     fn drop(&mut self) {
-        self.0.fail("the replicated disk's committer stopped");
+        self.0.fail(self.1);
     }
 }
 
-async fn commit_loop(inner: Arc<Inner>, mut rx: tokio::sync::mpsc::Receiver<(Proposal, u64)>) {
-    let _fail_when_done = FailWhenDone(inner.clone());
+async fn commit_loop(
+    _fail_when_done: FailWhenDone,
+    inner: Arc<Inner>,
+    mut rx: tokio::sync::mpsc::Receiver<(Proposal, u64)>,
+) {
     let mut failed = inner.failed_tx.subscribe();
     while let Some((proposal, upto)) = rx.recv().await {
         // Once the disk failed nobody waits for a commit (its syncs fail), and the proposal

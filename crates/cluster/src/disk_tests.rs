@@ -495,6 +495,39 @@ fn no_more_proposals_than_the_limit_are_in_flight() {
 /// down, a test's runtime dropped) with a proposal still uncommitted, the task is dropped, and
 /// the disk fails with it (`FailWhenDone`), so a writer waiting in `sync` gets an error rather
 /// than waiting forever. Seen hanging with the guard taken out.
+/// The same when the committer's task is dropped before its first poll: on a current-thread
+/// runtime nobody drives, the committer is spawned but never runs, and dropping the runtime
+/// drops it unpolled. Its guard must be in the task's future from the start (as an argument),
+/// not made in its body: made in the body, this test's sync waited forever, and the test
+/// above failed about 1 run in 8 of this crate's tests in parallel (session 22).
+#[test]
+fn a_sync_fails_when_the_committer_is_dropped_before_it_ran() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    let disk = start(&fake, dir.path(), &rt);
+    let file = disk.open_rw(&dir.path().join("a"), true).unwrap();
+    file.write_all_at(b"never run", 0).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let syncing = file.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(syncing.sync_data());
+    });
+    wait_until("the proposal submitted", || {
+        fake.submits.load(Ordering::SeqCst) >= 1
+    });
+    drop(rt);
+    let synced = rx.recv_timeout(Duration::from_secs(10));
+    assert!(
+        matches!(synced, Ok(Err(_))),
+        "the sync must fail once its committer is dropped unpolled: {synced:?}"
+    );
+    assert!(disk.failure().is_some());
+}
+
 #[test]
 fn a_sync_fails_when_the_committers_runtime_goes_away() {
     let HeldWrite {
