@@ -16,6 +16,10 @@ pub enum ClusterError {
     /// The broker engine could not be opened or stopped with an error.
     #[error("engine: {0}")]
     Engine(String),
+    /// The Raft core stopped on its own: this node takes no part in consensus until it is
+    /// started again (a supervisor restarts the process).
+    #[error("the consensus engine stopped: {0}")]
+    ConsensusStopped(String),
 }
 
 impl ClusterError {

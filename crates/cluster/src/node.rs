@@ -225,14 +225,30 @@ impl ClusterNode {
         }
         tasks.push(tokio::spawn(node.clone().forwarded_loop(forward_rx)));
         let lifecycle = tokio::spawn(node.clone().lifecycle());
-        shutdown.await;
+        // A node whose Raft core stopped on its own would linger: serving no engine, voting
+        // in no election, its clients forwarded nowhere. It stops, with the reason, and the
+        // process's supervisor starts it again (a fresh core).
+        let raft = node.shared.raft.clone();
+        let core_stopped = tokio::select! {
+            () = shutdown => None,
+            why = raft.core_stopped() => Some(why),
+        };
         for t in &tasks {
             t.abort();
         }
         lifecycle.abort();
         let _ = lifecycle.await;
-        node.stop_engine("shutting down").await;
-        Ok(())
+        match core_stopped {
+            None => {
+                node.stop_engine("shutting down").await;
+                Ok(())
+            }
+            Some(why) => {
+                tracing::error!(reason = %why, "cluster: the Raft core stopped; this node stops");
+                node.stop_engine("the Raft core stopped").await;
+                Err(ClusterError::ConsensusStopped(why))
+            }
+        }
     }
 
     /// This node's view of the cluster.

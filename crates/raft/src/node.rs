@@ -387,6 +387,24 @@ impl RaftNode {
         StatusChanges(self.raft.metrics())
     }
 
+    /// Resolves once the Raft core has stopped on its own (not by [`RaftNode::shutdown`]),
+    /// with the reason: a storage error, or a fault inside openraft (0.9.25 quits the core
+    /// when a snapshot is due to a follower whose replication stream ended a moment before,
+    /// on that follower's higher vote: seed 45,780 of the cluster simulator). Such a node takes
+    /// no part in consensus until it is started again, so whoever runs it should stop the
+    /// process rather than let it linger (`ClusterNode::run` returns an error).
+    pub async fn core_stopped(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "the Raft core ended".to_string();
+            }
+        }
+    }
+
     /// The address peers reach this node on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr

@@ -125,3 +125,30 @@ async fn a_power_loss_in_the_middle_of_a_snapshot_install_leaves_a_node_that_cat
 /// How long the test holds the install before the power loss (several heartbeats; the purge,
 /// when it ran early, was durable within milliseconds).
 const HELD_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A Raft core that stops on its own (here its disk is gone under it: every write fails) is
+/// reported by `RaftNode::core_stopped`, with the reason, and the node says `Stopped`: what
+/// `ClusterNode::run` waits for, to stop the process rather than leave a node that takes no
+/// part in consensus (seed 45,780: openraft 0.9.25 quit a leader's core on a snapshot for a
+/// follower whose replication stream had just ended). A running core is not reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_core_that_stops_on_its_own_is_reported_with_its_reason() {
+    use std::time::Duration;
+    let c = Cluster::start_sim(3, 0, |cfg| cfg.sync = SyncPolicy::Always).await;
+    let leader = c.leader().await;
+    let follower = (leader + 1) % 3;
+    let running = tokio::time::timeout(Duration::from_millis(300), c.node(follower).core_stopped());
+    assert!(running.await.is_err(), "a running core reported as stopped");
+    c.disks.as_ref().expect("sim disks")[leader].power_loss();
+    let proposal = c.node(leader).propose(vec![op("after the disk is gone")]);
+    let _ = tokio::time::timeout(Duration::from_secs(2), proposal).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), c.node(leader).core_stopped());
+    let why = stopped
+        .await
+        .expect("the core did not stop on a failed write");
+    assert!(
+        why.contains("EIO"),
+        "the reason does not name the failure: {why}"
+    );
+    assert_eq!(c.status(leader).role, tern_raft::Role::Stopped);
+}

@@ -5,7 +5,9 @@
 //!
 //! Environment: TERN_CSIM_SEEDS (default 6), TERN_CSIM_SEED_BASE, TERN_CSIM_SEED (one seed),
 //! TERN_CSIM_INJECT (a bug of `tern_raft::inject`), TERN_CSIM_JOBS, TERN_CSIM_VERBOSE,
-//! TERN_CSIM_STOP_AT_FIRST. Last line: `sim: seeds=N violations=V`.
+//! TERN_CSIM_STOP_AT_FIRST, TERN_CSIM_TRACE (the faults as they strike), TERN_CSIM_LOG (an
+//! env-filter for the nodes' log lines, openraft's included). Last line: `sim: seeds=N
+//! violations=V`.
 
 mod app;
 mod check;
@@ -47,8 +49,18 @@ fn one(seed: u64) -> Result<run::Outcome, String> {
     })
 }
 
+fn init_log() {
+    if let Ok(filter) = std::env::var("TERN_CSIM_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
 #[test]
 fn cluster_seeds() {
+    init_log();
     let inject_name = std::env::var("TERN_CSIM_INJECT").unwrap_or_default();
     inject::set(bug(&inject_name));
     let campaign = Campaign {

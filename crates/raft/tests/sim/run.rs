@@ -68,6 +68,7 @@ pub async fn run_seed(seed: u64) -> Outcome {
         if let Some(note) = inflict(&mut w, &plan, fault).await {
             log.push(format!("    {note}"));
         }
+        restart_stopped(&mut w, &mut log).await;
     }
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     stop.store(true, Ordering::Relaxed);
@@ -75,13 +76,14 @@ pub async fn run_seed(seed: u64) -> Outcome {
         let _ = c.await;
     }
     trace("settling");
-    let barrier = settle(&w).await;
+    let barrier = settle(&mut w, &mut log).await;
     trace(&format!("settled at {barrier:?}"));
     let acked = acked.lock().unwrap().clone();
     match barrier {
-        Some((b, members)) => check::check(&w, &acked, b, &members),
-        None => w.violation(format!(
-            "no settling: the healed cluster did not commit and apply a batch everywhere within {SETTLE_LIMIT:?}"
+        Ok((b, members)) => check::check(&w, &acked, b, &members),
+        Err(why) => w.violation(format!(
+            "no settling: the healed cluster did not commit and apply a batch everywhere within {SETTLE_LIMIT:?}: {why}; {}",
+            nodes_now(&w)
         )),
     }
     let shared_terms = check::terms_with_several_leaders(&w);
@@ -89,10 +91,11 @@ pub async fn run_seed(seed: u64) -> Outcome {
     let stats = {
         let seen = w.net.seen.lock().unwrap();
         format!(
-            "messages={} dropped={} terms={} terms_with_several_leaders={shared_terms}",
+            "messages={} dropped={} terms={} terms_with_several_leaders={shared_terms} core_stops={}",
             seen.messages,
             seen.dropped,
-            seen.leaders.len()
+            seen.leaders.len(),
+            w.core_stops
         )
     };
     log.push(stats);
@@ -344,12 +347,13 @@ async fn client(
 /// Commits one more batch through whichever node leads (so the last term has an entry of
 /// its own), then waits until every member (voter or learner, as the leader sees them) has
 /// applied it. Returns its index and the members' positions.
-async fn settle(w: &World) -> Option<(LogIndex, Vec<usize>)> {
+async fn settle(w: &mut World, log: &mut Vec<String>) -> Result<(LogIndex, Vec<usize>), String> {
     let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
     let mut attempt = 0u64;
     let (index, members) = loop {
+        restart_stopped(w, log).await;
         if tokio::time::Instant::now() >= deadline {
-            return None;
+            return Err(format!("no barrier committed ({attempt} proposed)"));
         }
         let leader = (0..w.total())
             .filter_map(|i| w.node(i))
@@ -368,18 +372,66 @@ async fn settle(w: &World) -> Option<(LogIndex, Vec<usize>)> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     loop {
+        restart_stopped(w, log).await;
         let all = members.iter().all(|&i| {
             w.node(i)
                 .is_some_and(|n| n.status().applied_index.is_some_and(|a| a >= index))
         });
         if all {
-            return Some((index, members));
+            return Ok((index, members));
         }
         if tokio::time::Instant::now() >= deadline {
-            return None;
+            return Err(format!(
+                "barrier {index} committed, not applied on all of members {members:?}"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The supervisor of a real node's process: a node whose Raft core stopped on its own (not
+/// by the world) exits (`ClusterNode::run` returns an error) and is started again, here as
+/// a crash without a power loss. Noted in the seed's log, and in `core_stops=`.
+async fn restart_stopped(w: &mut World, log: &mut Vec<String>) {
+    for i in 0..w.total() {
+        let Some(node) = w.node(i) else { continue };
+        if node.status().role != Role::Stopped {
+            continue;
+        }
+        let why = node.core_stopped().await;
+        drop(node);
+        log.push(format!(
+            "    node {}'s Raft core stopped on its own ({why}): restarted, as its supervisor would",
+            id(i)
+        ));
+        w.core_stops += 1;
+        w.kill(i, false).await;
+        w.start(i).await;
+    }
+}
+
+/// Every node as it is now (a failed settling's explanation): down, or its role, term,
+/// leader, log, applied and purged points and membership.
+fn nodes_now(w: &World) -> String {
+    let one = |i: usize| match w.node(i) {
+        None => format!("node {i}: down"),
+        Some(n) => {
+            let st = n.status();
+            format!(
+                "node {i}: {:?} term {} leader {:?} last log {:?} applied {:?} purged {:?} snapshot {:?} voters {:?} learners {:?}",
+                st.role,
+                st.term,
+                st.leader,
+                st.last_log_index,
+                st.applied_index,
+                st.purged_index,
+                st.snapshot_index,
+                st.voters,
+                st.learners
+            )
+        }
+    };
+    (0..w.total()).map(one).collect::<Vec<_>>().join("; ")
 }
 
 /// With TERN_CSIM_TRACE set, prints progress (with the virtual time) as it happens.

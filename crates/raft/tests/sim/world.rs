@@ -44,6 +44,8 @@ pub struct World {
     boots: Vec<u64>,
     pub apps: Vec<app::Shared>,
     pub violations: Arc<Mutex<Vec<String>>>,
+    /// Raft cores that stopped on their own (`run::restart_stopped` restarted their nodes).
+    pub core_stops: u64,
     stepper: tokio::task::JoinHandle<()>,
 }
 
@@ -83,6 +85,7 @@ impl World {
             boots: vec![0; total],
             apps: (0..total).map(|_| app::Shared::default()).collect(),
             violations: Arc::default(),
+            core_stops: 0,
             stepper,
         }
     }
