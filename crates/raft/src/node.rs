@@ -387,12 +387,14 @@ impl RaftNode {
         StatusChanges(self.raft.metrics())
     }
 
-    /// Resolves once the Raft core has stopped on its own (not by [`RaftNode::shutdown`]),
-    /// with the reason: a storage error, or a fault inside openraft (0.9.25 quits the core
-    /// when a snapshot is due to a follower whose replication stream ended a moment before,
-    /// on that follower's higher vote: seed 45,780 of the cluster simulator). Such a node takes
-    /// no part in consensus until it is started again, so whoever runs it should stop the
-    /// process rather than let it linger (`ClusterNode::run` returns an error).
+    /// Resolves once the Raft core has stopped, with the reason. Other than by
+    /// [`RaftNode::shutdown`] (which cannot run while the node is shared; its reason is
+    /// openraft's "raft stopped"), the core stops on a storage error or a fault inside
+    /// openraft: 0.9.25 quits the core when a snapshot is due to a follower whose replication
+    /// stream ended a moment before, on that follower's higher vote (seed 45,780 of the
+    /// cluster simulator). Such a node takes no part in consensus until it is started again,
+    /// so whoever runs it should stop the process rather than let it linger
+    /// (`ClusterNode::run` returns an error).
     pub async fn core_stopped(&self) -> String {
         let mut metrics = self.raft.metrics();
         loop {
