@@ -238,17 +238,13 @@ impl ClusterNode {
         }
         lifecycle.abort();
         let _ = lifecycle.await;
-        match core_stopped {
-            None => {
-                node.stop_engine("shutting down").await;
-                Ok(())
-            }
-            Some(why) => {
-                tracing::error!(reason = %why, "cluster: the Raft core stopped; this node stops");
-                node.stop_engine("the Raft core stopped").await;
-                Err(ClusterError::ConsensusStopped(why))
-            }
-        }
+        let Some(why) = core_stopped else {
+            node.stop_engine("shutting down").await;
+            return Ok(());
+        };
+        tracing::error!(reason = %why, "cluster: the Raft core stopped; this node stops");
+        node.stop_engine("the Raft core stopped").await;
+        Err(ClusterError::ConsensusStopped(why))
     }
 
     /// This node's view of the cluster.
