@@ -1,11 +1,14 @@
 //! Straightforward behaviour of streams, reads, limits and keyed state. Tickets, the write
-//! queue and concurrent use are in tickets.rs.
+//! queue and concurrent use are in `basic/tickets.rs`, a module of this binary.
 
 use std::time::Duration;
 
 use tern_store::{
     Discard, FilterSet, Limits, NewRecord, Store, StoreError, StreamConfig, SyncPolicy,
 };
+
+#[path = "basic/tickets.rs"]
+mod tickets;
 
 fn cfg() -> StreamConfig {
     StreamConfig {

@@ -1,16 +1,12 @@
 //! Tickets (futures, polled or waited, completing in order, sharing syncs), the write queue
-//! (full, waited for) and handles used from several threads at once.
+//! (full, waited for) and handles used from several threads at once. A module of `basic.rs`'s
+//! test binary.
 
 use std::time::Duration;
 
 use tern_store::{FilterSet, Limits, Store, StoreError, StreamConfig};
 
-fn cfg() -> StreamConfig {
-    StreamConfig {
-        block_size_bytes: 4096,
-        ..Default::default()
-    }
-}
+use super::cfg;
 
 #[test]
 fn tickets_are_futures() {
